@@ -1,0 +1,1 @@
+//! Consul backend (in progress).

@@ -1,0 +1,205 @@
+//! Errors and loss reasons.
+//!
+//! [`Error`] is what an operation that talks to a backend can fail with; every variant says what
+//! to do about it. [`LostReason`] is why a held lease stopped being held; it is what
+//! [`Lease::lost`](crate::Lease::lost) resolves to and what [`Lease::run`](crate::Lease::run)
+//! returns when it cancels the work.
+
+use std::time::Duration;
+
+use crate::spec::{MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};
+
+/// A boxed error from a transport or client library, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why an operation on a lease or backend failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lease is held elsewhere and the spec said not to wait, or the wait ran out.
+    #[error("lease {key:?} is held elsewhere (waited {waited:?}); retry later or wait longer")]
+    Busy {
+        /// The key or prefix.
+        key: String,
+        /// How long acquire waited.
+        waited: Duration,
+    },
+
+    /// The lease was lost (see the reason).
+    #[error("lease lost: {0}")]
+    Lost(#[from] LostReason),
+
+    /// The key or prefix breaks the key rule of [`LeaseSpec::validate`](crate::LeaseSpec::validate).
+    #[error("invalid lease key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key as given.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A session TTL outside Consul's range, or not a whole number of seconds.
+    #[error("invalid session TTL {ttl:?}: use whole seconds from {MIN_TTL:?} to {MAX_TTL:?}")]
+    InvalidTtl {
+        /// The TTL given.
+        ttl: Duration,
+    },
+
+    /// A lock-delay above Consul's maximum (Consul 1.8 accepts it silently and clamps it).
+    #[error("invalid lock-delay {lock_delay:?}: use at most {MAX_LOCK_DELAY:?}")]
+    InvalidLockDelay {
+        /// The lock-delay given.
+        lock_delay: Duration,
+    },
+
+    /// A semaphore limit of zero, or a value the backend cannot represent.
+    #[error("invalid semaphore limit {limit} for {key:?}: use at least 1")]
+    InvalidLimit {
+        /// The semaphore's prefix or name.
+        key: String,
+        /// The limit given.
+        limit: u64,
+    },
+
+    /// The key already carries another kind of lock (its flags say so); we never take it over.
+    #[error(
+        "key {key:?} is used by another kind of lock (flags {found:#x}, expected {expected:#x}); \
+         use a different key, or remove the other lock"
+    )]
+    FlagsConflict {
+        /// The key.
+        key: String,
+        /// The flags found on the key.
+        found: u64,
+        /// The flags this kind of lock uses.
+        expected: u64,
+    },
+
+    /// The semaphore exists with another limit.
+    #[error(
+        "semaphore {key:?} has limit {stored}, but this contender asked for {requested}; \
+         every contender must use the same limit"
+    )]
+    LimitMismatch {
+        /// The semaphore's prefix or name.
+        key: String,
+        /// The limit stored in the semaphore.
+        stored: u64,
+        /// The limit requested.
+        requested: u64,
+    },
+
+    /// The semaphore's coordinating value cannot be read; it is left untouched.
+    #[error(
+        "semaphore lock key {key:?} holds a value that cannot be read ({reason}); \
+         it was left untouched: inspect or delete it"
+    )]
+    CorruptLockValue {
+        /// The lock key.
+        key: String,
+        /// What is wrong with the value.
+        reason: String,
+    },
+
+    /// The backend refused the operation for lack of permission.
+    #[error(
+        "permission denied to {operation}: {message}; use a token (CONSUL_HTTP_TOKEN) or credentials that allow it"
+    )]
+    PermissionDenied {
+        /// What was attempted, naming the key or session.
+        operation: String,
+        /// The backend's message.
+        message: String,
+    },
+
+    /// The backend could not be reached.
+    #[error("cannot reach {backend} at {address}: {source}; is it running? ({hint})")]
+    Unreachable {
+        /// `Consul` or `RabbitMQ`.
+        backend: &'static str,
+        /// The address tried (never carries credentials).
+        address: String,
+        /// How to point the client elsewhere.
+        hint: &'static str,
+        /// The transport error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The backend answered something this client does not expect.
+    #[error("{backend} refused to {operation}: {message}")]
+    Backend {
+        /// `Consul` or `RabbitMQ`.
+        backend: &'static str,
+        /// What was attempted.
+        operation: String,
+        /// The status and body of the answer, or the protocol error.
+        message: String,
+    },
+
+    /// The client configuration (environment or builder) is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// No backend was given and no process-wide default is set.
+    #[error(
+        "no lease backend: pass one explicitly or call lease_core::set_default_backend at start-up"
+    )]
+    NoDefaultBackend,
+}
+
+impl Error {
+    /// True for [`Error::Busy`]: the lease is held elsewhere.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Busy { .. })
+    }
+}
+
+/// Why a held lease stopped being held.
+///
+/// Every variant but [`LostReason::Released`] means the lease was taken away; the work guarded by
+/// it must stop, and [`Lease::run`](crate::Lease::run) has already dropped it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The session was invalidated: destroyed by an operator, expired, or its health checks failed.
+    #[error("the session was invalidated")]
+    SessionInvalidated,
+    /// The key was deleted.
+    #[error("the key was deleted")]
+    KeyDeleted,
+    /// The lock on the key was released by someone else (an operator's `?release=`).
+    #[error("the lock was released by someone else")]
+    KeyReleased,
+    /// The key is now held by another acquisition.
+    #[error(
+        "the key is now held by another acquisition (lock index {lock_index}, session {session})"
+    )]
+    KeyTaken {
+        /// The new holder's LockIndex.
+        lock_index: u64,
+        /// The new holder's session.
+        session: String,
+    },
+    /// A semaphore holder was removed from the holder set (pruned or removed by an operator).
+    #[error("this holder was removed from the semaphore's holders")]
+    HolderPruned,
+    /// An AMQP semaphore slot was removed by an administrator.
+    #[error("the semaphore slot was removed")]
+    SlotRemoved,
+    /// The connection or channel carrying the lease closed.
+    #[error("the connection to the backend closed")]
+    ConnectionClosed,
+    /// The session could not be confirmed for nearly a TTL; the lease was given up before the
+    /// backend could hand it to someone else.
+    #[error(
+        "the backend was unreachable for {unconfirmed_for:?}; self-fenced before the session TTL could expire"
+    )]
+    SelfFenced {
+        /// How long since the session was last confirmed.
+        unconfirmed_for: Duration,
+    },
+    /// The lease was released by its holder (an explicit release, or a drop).
+    #[error("the lease was released")]
+    Released,
+}
