@@ -33,6 +33,7 @@ pub struct Proxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
+    faulted: watch::Sender<Vec<String>>,
     accept: AbortHandle,
 }
 
@@ -43,17 +44,20 @@ impl Proxy {
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Forward);
         let connections = Arc::new(Mutex::new(Vec::new()));
+        let (faulted, _) = watch::channel(Vec::new());
         let accept = tokio::spawn(accept_loop(
             listener,
             upstream,
             mode.subscribe(),
             Arc::clone(&connections),
+            faulted.clone(),
         ))
         .abort_handle();
         Ok(Proxy {
             addr,
             mode,
             connections,
+            faulted,
             accept,
         })
     }
@@ -85,6 +89,14 @@ impl Proxy {
         }
     }
 
+    /// Waits until a request whose first line contains `needle` has been answered with 500.
+    pub async fn answered_500(&self, needle: &str) {
+        let mut rx = self.faulted.subscribe();
+        let _ = rx
+            .wait_for(|lines| lines.iter().any(|l| l.contains(needle)))
+            .await;
+    }
+
     /// Resets every open connection.
     pub fn cut_all(&self) {
         for conn in self.connections.lock().unwrap().drain(..) {
@@ -105,13 +117,17 @@ async fn accept_loop(
     upstream: SocketAddr,
     mode: watch::Receiver<Mode>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
+    faulted: watch::Sender<Vec<String>>,
 ) {
     while let Ok((client, _)) = listener.accept().await {
         let _ = client.set_nodelay(true);
         let mode = mode.clone();
+        let faulted = faulted.clone();
         let task = tokio::spawn(async move {
             if *mode.borrow() == Mode::Http500 {
-                let _ = answer_500(client).await;
+                if let Ok(line) = answer_500(client).await {
+                    faulted.send_modify(|lines| lines.push(line));
+                }
                 return;
             }
             let Ok(server) = TcpStream::connect(upstream).await else {
@@ -150,14 +166,15 @@ async fn pump(
     }
 }
 
-async fn answer_500(mut client: TcpStream) -> io::Result<()> {
+/// Answers one request with 500; returns its request line.
+async fn answer_500(mut client: TcpStream) -> io::Result<String> {
     // Read the request head so the client sees an answer to its request, not a reset.
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
         let n = client.read(&mut buf).await?;
         if n == 0 {
-            return Ok(());
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
         head.extend_from_slice(&buf[..n]);
     }
@@ -167,5 +184,7 @@ async fn answer_500(mut client: TcpStream) -> io::Result<()> {
         body.len()
     );
     client.write_all(response.as_bytes()).await?;
-    client.shutdown().await
+    client.shutdown().await?;
+    let head = String::from_utf8_lossy(&head);
+    Ok(head.lines().next().unwrap_or_default().to_owned())
 }

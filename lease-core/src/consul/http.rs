@@ -294,6 +294,27 @@ impl ConsulHttp {
         Ok(sessions.is_some_and(|s| !s.is_empty()))
     }
 
+    /// `GET /v1/session/info/<id>?consistent&index=`: blocks until the session changes; returns
+    /// whether it still exists and the index to block on next.
+    pub(crate) async fn session_watch(
+        &self,
+        id: &str,
+        blocking: Blocking,
+    ) -> Result<(bool, u64), ApiError> {
+        let mut url = self.url(["session", "info", id]);
+        url.query_pairs_mut()
+            .append_key_only("consistent")
+            .append_pair("index", &blocking.index.to_string())
+            .append_pair("wait", &format!("{}ms", blocking.wait.as_millis().max(1)));
+        let timeout = blocking.wait + blocking.wait / 16 + REQUEST_TIMEOUT;
+        let response = self.send(Method::GET, url, None, timeout).await?;
+        let (status, index, bytes) = read(response).await?;
+        expect_ok(status, &bytes)?;
+        let index = index.ok_or_else(|| ApiError::Malformed("no X-Consul-Index header".into()))?;
+        let sessions: Option<Vec<serde_json::Value>> = parse_json(&bytes)?;
+        Ok((sessions.is_some_and(|s| !s.is_empty()), index))
+    }
+
     /// `PUT /v1/session/destroy/<id>`. Destroying a session that is gone succeeds.
     pub(crate) async fn session_destroy(&self, id: &str) -> Result<(), ApiError> {
         let (status, _, bytes) = self
@@ -340,11 +361,13 @@ impl ConsulHttp {
         }
         let response = self.send(Method::GET, url, None, timeout).await?;
         let (status, index, bytes) = read(response).await?;
+        if status != StatusCode::NOT_FOUND {
+            expect_ok(status, &bytes)?;
+        }
         let index = index.ok_or_else(|| ApiError::Malformed("no X-Consul-Index header".into()))?;
         if status == StatusCode::NOT_FOUND {
             return Ok((Vec::new(), index));
         }
-        expect_ok(status, &bytes)?;
         Ok((parse_json(&bytes)?, index))
     }
 

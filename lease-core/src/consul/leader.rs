@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry};
-use super::session::{KeepAlive, Session, SessionEnd};
+use super::session::{self, KeepAlive, Session, SessionEnd};
 use crate::lease::{self, Checker, Hold};
 use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Wait};
 
@@ -257,10 +257,12 @@ struct LeaderHold {
 impl Hold for LeaderHold {
     async fn watch(&mut self) -> LostReason {
         // The renew loop is polled here, in the same task, so the self-fencing deadline fires even
-        // while the blocking query hangs on a dead network.
+        // while the blocking queries hang on a dead network. The session's own watch names an
+        // invalidation at once; the key's watch catches every other way to lose the key.
         tokio::select! {
             biased;
             end = &mut self.keep_alive => end.into(),
+            end = session::watch_invalidation(self.session.http(), self.session.id()) => end.into(),
             reason = monitor_key(&self.session, &self.key, self.lock_index, &mut self.index) => reason,
         }
     }

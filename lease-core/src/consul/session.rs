@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, ConsulHttp};
+use super::http::{Behavior, Blocking, ConsulHttp};
 use crate::{Error, LeaseSpec, LostReason};
 
 /// How long before the TTL runs out the client gives up on an unconfirmed session: a tenth of
@@ -183,6 +183,35 @@ async fn keep_alive(
                     unconfirmed_for: Instant::now() - confirmed,
                     last_error: Some("the renew request did not complete".into()),
                 };
+            }
+        }
+    }
+}
+
+/// Blocks on the session until Consul no longer knows it; returns only then.
+///
+/// Watching the session beside the key lets a holder name the reason for a loss without a
+/// further read: when an operator destroys the session, this answers `SessionInvalidated` while
+/// the key's watch only sees the lock released. Failures are retried; the renew loop is what
+/// self-fences when they last.
+pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEnd {
+    let mut index = 0;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let blocking = Blocking {
+            index,
+            wait: Duration::from_secs(300),
+        };
+        match http.session_watch(id, blocking).await {
+            Ok((false, _)) => return SessionEnd::Invalidated,
+            Ok((true, new_index)) => {
+                pause = Duration::from_millis(50);
+                index = if new_index < index { 0 } else { new_index };
+            }
+            Err(error) => {
+                tracing::debug!(session = %id, %error, "watching the session failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
         }
     }

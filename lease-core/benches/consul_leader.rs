@@ -1,0 +1,247 @@
+//! Consul leader lease vs `consul lock`, side by side on one dev agent.
+//!
+//! `cargo bench -p lease-core --bench consul_leader --features consul`
+//!
+//! - loss → cancel: an operator destroys the holder's session; we time until the guarded future is
+//!   dropped (ours) or until `consul lock`'s child receives its signal.
+//! - hand-off gap: 16 contenders each hold 20 ms and release; the gap between one holder's end and
+//!   the next holder's start.
+//!
+//! Timestamps that cross processes are wall-clock nanoseconds (`SystemTime`), taken on one machine.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lease_core::consul::Consul;
+use lease_core::{Backend, LeaseSpec};
+use lease_tests::consul::Agent;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const LOSS_TRIALS: usize = 50;
+const CONTENDERS: usize = 16;
+const HOLD: Duration = Duration::from_millis(20);
+const ROUNDS: usize = 3;
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+struct DropStamp(Arc<Mutex<Option<u128>>>);
+
+impl Drop for DropStamp {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(now_ns());
+    }
+}
+
+async fn ours_loss_to_cancel(agent: &Agent, consul: &Consul) -> Vec<f64> {
+    let mut samples = Vec::new();
+    for trial in 0..LOSS_TRIALS {
+        let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}")).lock_delay(Duration::ZERO);
+        let lease = consul.acquire(&spec).await.unwrap();
+        let dropped = Arc::new(Mutex::new(None));
+        let stamp = DropStamp(Arc::clone(&dropped));
+        let session = lease.sequencer().holder().to_owned();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let runner = tokio::spawn(async move {
+            let work = async move {
+                let _stamp = stamp;
+                let _ = ready_tx.send(());
+                std::future::pending::<()>().await
+            };
+            let result = lease.run(work).await;
+            assert!(result.is_err());
+        });
+        ready_rx.await.unwrap();
+        let t0 = now_ns();
+        agent.destroy_session(&session).await;
+        runner.await.unwrap();
+        let t1 = dropped.lock().unwrap().expect("work dropped");
+        samples.push((t1.saturating_sub(t0)) as f64 / 1e6);
+    }
+    sorted(samples)
+}
+
+/// A child for `consul lock` that reports when it is signalled (and when it started).
+const SIGNAL_CHILD: &str = r#"python3 -u -c 'import signal,sys,time
+def h(*_):
+    print("signal", time.time_ns(), flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)
+print("ready", flush=True)
+while True: time.sleep(1)'"#;
+
+async fn consul_lock_loss_to_signal(agent: &Agent) -> Vec<f64> {
+    let mut samples = Vec::new();
+    for trial in 0..LOSS_TRIALS {
+        let prefix = format!("bench/loss/cl-{trial}");
+        let mut child = agent
+            .command()
+            .args(["lock", &prefix, SIGNAL_CHILD])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == "ready" {
+                break;
+            }
+        }
+        let entry = agent.key(&format!("{prefix}/.lock")).await;
+        let session = entry["Session"]
+            .as_str()
+            .expect("consul lock holds the key")
+            .to_owned();
+        let t0 = now_ns();
+        agent.destroy_session(&session).await;
+        let mut signalled = None;
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(ts) = line.strip_prefix("signal ") {
+                signalled = ts.trim().parse::<u128>().ok();
+                break;
+            }
+        }
+        let _ = child.kill().await;
+        if let Some(t1) = signalled {
+            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
+        }
+    }
+    sorted(samples)
+}
+
+/// Gaps between consecutive holders, from (start, end) stamps in ns.
+fn gaps(mut spans: Vec<(u128, u128)>) -> Vec<f64> {
+    spans.sort_unstable();
+    spans
+        .windows(2)
+        .map(|w| w[1].0.saturating_sub(w[0].1) as f64 / 1e6)
+        .collect()
+}
+
+async fn ours_handoff(consul: &Consul) -> Vec<f64> {
+    let mut all = Vec::new();
+    for round in 0..ROUNDS {
+        let spec =
+            LeaseSpec::leader(format!("bench/handoff/ours-{round}")).lock_delay(Duration::ZERO);
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..CONTENDERS {
+            let (consul, spec, spans) = (consul.clone(), spec.clone(), Arc::clone(&spans));
+            tasks.push(tokio::spawn(async move {
+                let lease = consul.acquire(&spec).await.unwrap();
+                let start = now_ns();
+                tokio::time::sleep(HOLD).await;
+                let end = now_ns();
+                spans.lock().unwrap().push((start, end));
+                lease.release().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        all.extend(gaps(spans.lock().unwrap().clone()));
+    }
+    sorted(all)
+}
+
+async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {
+    let mut all = Vec::new();
+    let dir = std::env::temp_dir().join(format!("lease-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for round in 0..ROUNDS {
+        let prefix = format!("bench/handoff/cl-{round}");
+        let file = dir.join(format!("spans-{round}"));
+        let _ = std::fs::remove_file(&file);
+        // `date` rather than an interpreter, so child start-up does not count against consul lock.
+        let child = format!(
+            "s=$(date +%s%N); sleep {}; echo \"$s $(date +%s%N)\" >> {}",
+            HOLD.as_secs_f64(),
+            file.display()
+        );
+        let mut procs = Vec::new();
+        for _ in 0..CONTENDERS {
+            procs.push(
+                agent
+                    .command()
+                    .args(["lock", &prefix, &child])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        for mut p in procs {
+            let _ = tokio::time::timeout(Duration::from_secs(120), p.wait()).await;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let spans = text
+            .lines()
+            .filter_map(|l| {
+                let (s, e) = l.split_once(' ')?;
+                Some((s.parse().ok()?, e.trim().parse().ok()?))
+            })
+            .collect();
+        all.extend(gaps(spans));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    sorted(all)
+}
+
+fn row(name: &str, ours: &[f64], theirs: &[f64]) {
+    println!(
+        "{name:<28} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6}",
+        percentile(ours, 50.0),
+        percentile(ours, 99.0),
+        percentile(theirs, 50.0),
+        percentile(theirs, 99.0),
+        ours.len(),
+        theirs.len()
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let agent = Agent::start().await;
+    let consul = Consul::builder().address(agent.url()).build().unwrap();
+
+    let ours_loss = ours_loss_to_cancel(&agent, &consul).await;
+    let cl_loss = consul_lock_loss_to_signal(&agent).await;
+    let ours_gap = ours_handoff(&consul).await;
+    let cl_gap = consul_lock_handoff(&agent).await;
+
+    println!(
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6}",
+        "ms", "ours p50", "ours p99", "cl p50", "cl p99", "n", "cl n"
+    );
+    row("loss -> cancel", &ours_loss, &cl_loss);
+    row("hand-off gap", &ours_gap, &cl_gap);
+    println!(
+        "ratios: loss->cancel p99 consul lock/ours = {:.1}x; hand-off p50 consul lock/ours = {:.1}x",
+        percentile(&cl_loss, 99.0) / percentile(&ours_loss, 99.0),
+        percentile(&cl_gap, 50.0) / percentile(&ours_gap, 50.0)
+    );
+    println!(
+        "RESULT loss_cancel_p99_ms={:.2} consul_lock_loss_p99_ms={:.2} handoff_p50_ms={:.2} consul_lock_handoff_p50_ms={:.2}",
+        percentile(&ours_loss, 99.0),
+        percentile(&cl_loss, 99.0),
+        percentile(&ours_gap, 50.0),
+        percentile(&cl_gap, 50.0)
+    );
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every check and every test, starting or installing what the tests need:
+# Consul (fetched into tools/ when missing) and RabbitMQ (started, or installed, when not running).
+#
+#   bash scripts/test.sh            # everything CI runs
+#   bash scripts/test.sh -- NAME    # extra arguments go to `cargo test` (after its own `--`)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "Consul"
+CONSUL_BIN=$(bash scripts/ensure-consul.sh)
+export CONSUL_BIN
+"$CONSUL_BIN" version | head -n1 >&2
+
+step "RabbitMQ"
+bash scripts/ensure-rabbitmq.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+
+step "cargo test"
+cargo test --workspace --all-features "$@"
