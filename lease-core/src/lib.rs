@@ -36,6 +36,9 @@ mod spec;
 
 #[cfg(feature = "consul")]
 pub mod consul;
+pub mod leader;
+#[cfg(feature = "memory")]
+pub mod memory;
 
 pub use backend::Backend;
 pub use error::{BoxError, Error, LostReason};
