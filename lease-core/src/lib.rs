@@ -7,7 +7,10 @@
 //! Backends, one cargo feature each:
 //!
 //! - `consul`: Consul sessions + KV ([`consul::Consul`]), interoperating with `consul lock`.
-//! - `memory` (default): in-process, no server, the same semantics.
+//! - `memory` (default): in-process, no server, the same semantics ([`memory::Memory`]).
+//!
+//! [`leader`] runs a worker only while this node leads ([`leader::Campaign`]) and lets any node
+//! observe who leads ([`Backend::observe_leader`]).
 //!
 //! # Example
 //!
@@ -36,6 +39,9 @@ mod spec;
 
 #[cfg(feature = "consul")]
 pub mod consul;
+pub mod leader;
+#[cfg(feature = "memory")]
+pub mod memory;
 
 pub use backend::Backend;
 pub use error::{BoxError, Error, LostReason};
