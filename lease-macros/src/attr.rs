@@ -193,11 +193,11 @@ impl LeaseArgs {
                 RawArg::Positional(value) => {
                     let at = value.span();
                     if named_seen {
+                        // Still read below, so the user is not also told the key is missing.
                         errors.push(syn::Error::new(
                             at,
                             "positional arguments must come before named ones",
                         ));
-                        continue;
                     }
                     let Some(name) = kind.positional().get(positional_seen) else {
                         errors.push(syn::Error::new(at, unexpected_positional(kind)));
@@ -226,9 +226,19 @@ impl LeaseArgs {
         }
 
         let call_site = Span::call_site();
-        key.missing(kind.missing_target_hint(), &mut errors);
-        if kind == Kind::Semaphore {
-            limit.missing(kind.missing_target_hint(), &mut errors);
+        if kind == Kind::Semaphore && !key.given && !limit.given {
+            errors.push(syn::Error::new(
+                call_site,
+                format!(
+                    "missing `name` and `limit`: write {}",
+                    kind.missing_target_hint()
+                ),
+            ));
+        } else {
+            key.missing(kind.missing_target_hint(), &mut errors);
+            if kind == Kind::Semaphore {
+                limit.missing(kind.missing_target_hint(), &mut errors);
+            }
         }
         errors.into_result()?;
         let target = match (kind, key.value, limit.value) {
@@ -387,7 +397,12 @@ fn parse_duration(text: &LitStr, also: &str) -> syn::Result<Millis> {
             ),
         )
     };
-    let too_long = || syn::Error::new(text.span(), "duration too long");
+    let too_long = || {
+        syn::Error::new(
+            text.span(),
+            "duration too long: it must fit in 2^64 milliseconds",
+        )
+    };
     let value = text.value();
     let mut rest = value.as_str();
     if rest.is_empty() {
