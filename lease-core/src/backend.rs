@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::leader::LeaderObserver;
 use crate::{BoxFuture, Error, Lease, LeaseSpec};
 
 /// A place leases are acquired from.
@@ -20,16 +21,42 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Cancel safe: if the future is dropped, whatever it had created (a session, a half-taken
     /// slot) is given back in the background, and no lease is left held.
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>>;
+
+    /// Watches who holds the leader key `key`, without campaigning for it.
+    ///
+    /// The observer's value is the current [`Leader`](crate::leader::Leader) (its sequencer and the
+    /// value it advertises), or `None` while nobody holds the key; it is kept fresh by the
+    /// backend's watch until the observer is dropped.
+    ///
+    /// The default body returns [`Error::Unsupported`], so a backend that cannot observe yet still
+    /// implements the trait.
+    fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
+        let _ = key;
+        Box::pin(async {
+            Err(Error::Unsupported {
+                backend: std::any::type_name::<Self>(),
+                operation: "observing a leader key",
+            })
+        })
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
         (**self).acquire(spec)
     }
+
+    fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
+        (**self).observe_leader(key)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
         (**self).acquire(spec)
+    }
+
+    fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
+        (**self).observe_leader(key)
     }
 }

@@ -141,6 +141,25 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// The backend does not offer this operation.
+    #[error(
+        "{backend} does not support {operation}; use a backend that does (memory, or Consul once it implements it)"
+    )]
+    Unsupported {
+        /// The backend's type name.
+        backend: &'static str,
+        /// What was attempted.
+        operation: &'static str,
+    },
+
+    /// A [`LeaderObserver`](crate::leader::LeaderObserver) stopped receiving updates: the backend's
+    /// watch of the key ended.
+    #[error("the observation of leader key {key:?} ended; observe the key again")]
+    ObserverClosed {
+        /// The leader key.
+        key: String,
+    },
+
     /// No backend was given and no process-wide default is set.
     #[error(
         "no lease backend: pass one explicitly or call lease_core::set_default_backend at start-up"

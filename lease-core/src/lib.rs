@@ -38,6 +38,9 @@ mod spec;
 
 #[cfg(feature = "consul")]
 pub mod consul;
+pub mod leader;
+#[cfg(feature = "memory")]
+pub mod memory;
 
 pub use backend::Backend;
 pub use default_backend::{default_backend, set_default_backend};
