@@ -86,7 +86,8 @@ impl From<GuardError> for Error {
 ///
 /// ```
 /// # #[cfg(feature = "memory")]
-/// # async fn example() -> Result<(), lease_core::GuardError> {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lease_core::GuardError> {
 /// use lease_core::{LeaseSpec, Wait, guarded, memory::Memory};
 ///
 /// let backend = Memory::new();
@@ -100,6 +101,8 @@ impl From<GuardError> for Error {
 /// assert_eq!(rows, 42);
 /// # Ok(())
 /// # }
+/// # #[cfg(not(feature = "memory"))]
+/// # fn main() {}
 /// ```
 pub async fn guarded<F: Future>(
     backend: &dyn Backend,
