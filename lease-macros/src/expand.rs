@@ -7,7 +7,7 @@
 //! `return` and `?` inside it keep their meaning. Every path in the output is absolute
 //! (`::lease_core::…`, `::core::…`), so names in the user's crate cannot capture them.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
@@ -83,25 +83,28 @@ fn guarded_fn(args: LeaseArgs, func: GuardedFn) -> TokenStream {
     };
 
     let spec = spec(&args);
+    // Mixed-site hygiene: the user's body cannot see (or shadow) these locals.
+    let spec_var = Ident::new("__lease_spec", Span::mixed_site());
+    let backend_var = Ident::new("__lease_backend", Span::mixed_site());
     let body = quote_spanned! {block.span()=>
         ::lease_core::__private::body::<#body_output, _>(async move #block)
     };
     let run = match &args.backend {
         None => quote! {
-            ::lease_core::guarded_by_default(&__lease_spec, #body).await
+            ::lease_core::guarded_by_default(&#spec_var, #body).await
         },
         Some(backend) => quote! {
             // Method-call syntax lets a backend, a reference to one or an `Arc` of one all work.
             use ::lease_core::__private::AsDynBackend as _;
-            let __lease_backend = &(#backend);
-            ::lease_core::guarded(__lease_backend.__as_dyn_backend(), &__lease_spec, #body).await
+            let #backend_var = &(#backend);
+            ::lease_core::guarded(#backend_var.__as_dyn_backend(), &#spec_var, #body).await
         },
     };
     quote! {
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            let __lease_spec = #spec;
+            let #spec_var = #spec;
             #run
         }
     }
