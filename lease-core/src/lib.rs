@@ -32,7 +32,9 @@
 //! ```
 
 mod backend;
+mod default_backend;
 mod error;
+mod guard;
 mod lease;
 mod sequencer;
 mod spec;
@@ -44,7 +46,14 @@ pub mod leader;
 pub mod memory;
 
 pub use backend::Backend;
+pub use default_backend::{default_backend, set_default_backend};
 pub use error::{BoxError, Error, LostReason};
+#[doc(hidden)]
+pub use guard::__private;
+pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_by_default};
 pub use lease::{BoxFuture, Lease, LeaseWatcher};
 pub use sequencer::{BackendKind, ParseSequencerError, Sequencer};
 pub use spec::{LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait};
+
+#[cfg(feature = "macros")]
+pub use lease_macros::{leader_only, semaphore};

@@ -1,0 +1,194 @@
+//! Guarded work: acquire a lease, run a future under it, give the lease back.
+//!
+//! This is what `#[leader_only]` and `#[semaphore]` expand to, and it is usable by hand:
+//! [`guarded`] acquires from a given backend, [`guarded_by_default`] from the process-wide default
+//! (see [`set_default_backend`](crate::set_default_backend)). The work runs under
+//! [`Lease::run`](crate::Lease::run), so it is dropped at its next await point the moment the lease
+//! is known lost, and the caller learns which of the four outcomes happened from
+//! `Result<T, GuardError>`. While the work runs, [`current_sequencer`] and [`current_lease`] reach
+//! the lease it runs under.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{Backend, Error, LeaseSpec, LeaseWatcher, LostReason, Sequencer, default_backend};
+
+tokio::task_local! {
+    static CURRENT_LEASE: LeaseWatcher;
+}
+
+/// Why guarded work did not run to completion.
+///
+/// `Ok(value)` means the work ran under the lease and finished while the lease was held; each
+/// variant here says why not, and whether the work started at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GuardError {
+    /// The lease is held elsewhere and the wait ran out (or was `never`): the work did not run.
+    #[error("lease {key:?} is held elsewhere (waited {waited:?}); the work did not run")]
+    Busy {
+        /// The key (leader) or prefix (semaphore).
+        key: String,
+        /// How long the acquisition waited.
+        waited: Duration,
+    },
+
+    /// The lease was lost while the work ran: the work was cancelled at its next await point.
+    #[error("the lease was lost ({0}); the work was cancelled")]
+    Lost(#[source] LostReason),
+
+    /// The lease could not be acquired (backend unreachable, invalid spec, no default backend…):
+    /// the work did not run.
+    #[error("the lease could not be acquired: {0}; the work did not run")]
+    Backend(#[source] Error),
+}
+
+impl GuardError {
+    /// True for [`GuardError::Busy`]: held elsewhere, the work did not run.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, GuardError::Busy { .. })
+    }
+
+    /// True for [`GuardError::Lost`]: the work started and was cancelled.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, GuardError::Lost(_))
+    }
+}
+
+impl From<GuardError> for Error {
+    /// Folds the outcome back into the backend error type, for callers that propagate with `?`.
+    fn from(error: GuardError) -> Self {
+        match error {
+            GuardError::Busy { key, waited } => Error::Busy { key, waited },
+            GuardError::Lost(reason) => Error::Lost(reason),
+            GuardError::Backend(error) => error,
+        }
+    }
+}
+
+/// Acquires `spec` from `backend`, runs `work` under the lease, then releases it.
+///
+/// - `Ok(output)`: the work ran to completion while the lease was held.
+/// - [`GuardError::Busy`]: held elsewhere past `spec`'s wait; the work was not started.
+/// - [`GuardError::Lost`]: the lease was lost first; the work was dropped at its next await
+///   point (or never started, if the lease was lost before it was first polled).
+/// - [`GuardError::Backend`]: acquiring failed; the work was not started.
+///
+/// After the work completes the lease is released before this returns, so the next guarded call
+/// can take it at once. A failed release does not discard the work's output: the holder task logs
+/// it, and the backend frees the lease when the session expires.
+///
+/// # Cancel safety
+///
+/// Dropping the returned future drops `work` and releases the lease in the background.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "memory")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lease_core::GuardError> {
+/// use lease_core::{LeaseSpec, Wait, guarded, memory::Memory};
+///
+/// let backend = Memory::new();
+/// let spec = LeaseSpec::leader("jobs/compact").wait(Wait::Never);
+/// let rows = guarded(&backend, &spec, async {
+///     let token = lease_core::current_sequencer();
+///     assert!(token.is_some());
+///     42
+/// })
+/// .await?;
+/// assert_eq!(rows, 42);
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "memory"))]
+/// # fn main() {}
+/// ```
+pub async fn guarded<F: Future>(
+    backend: &dyn Backend,
+    spec: &LeaseSpec,
+    work: F,
+) -> Result<F::Output, GuardError> {
+    let lease = backend.acquire(spec).await.map_err(|error| match error {
+        Error::Busy { key, waited } => GuardError::Busy { key, waited },
+        other => GuardError::Backend(other),
+    })?;
+    let outcome = CURRENT_LEASE.scope(lease.watcher(), lease.run(work)).await;
+    match outcome {
+        Ok(output) => {
+            // Already logged by the holder task; the output is still what the caller asked for.
+            let _ = lease.release().await;
+            Ok(output)
+        }
+        Err(reason) => Err(GuardError::Lost(reason)),
+    }
+}
+
+/// [`guarded`] on the process-wide default backend (see
+/// [`set_default_backend`](crate::set_default_backend)).
+///
+/// Fails with `GuardError::Backend(Error::NoDefaultBackend)` if none was set; the work does not
+/// run.
+///
+/// # Cancel safety
+///
+/// As [`guarded`].
+pub async fn guarded_by_default<F: Future>(
+    spec: &LeaseSpec,
+    work: F,
+) -> Result<F::Output, GuardError> {
+    let backend = default_backend().map_err(GuardError::Backend)?;
+    guarded(&*backend, spec, work).await
+}
+
+/// The sequencer of the lease the current guarded work runs under, or `None` outside guarded
+/// work.
+///
+/// Hand it to downstream systems as a fencing token. It is task-local: work spawned onto other
+/// tasks does not see it; pass the value along instead.
+pub fn current_sequencer() -> Option<Sequencer> {
+    CURRENT_LEASE
+        .try_with(|lease| lease.sequencer().clone())
+        .ok()
+}
+
+/// A watcher of the lease the current guarded work runs under, or `None` outside guarded work.
+///
+/// Use it to check [`is_held`](LeaseWatcher::is_held) before an irreversible step, or to hand
+/// [`lost`](LeaseWatcher::lost) to a task the work spawns.
+pub fn current_lease() -> Option<LeaseWatcher> {
+    CURRENT_LEASE.try_with(LeaseWatcher::clone).ok()
+}
+
+/// Support for the code the attribute macros generate. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    use std::future::Future;
+
+    use crate::Backend;
+
+    /// Returns the guarded body unchanged, pinning its output to the function's declared type so
+    /// that `?` and `return` inside it infer as they did before the attribute was added.
+    pub fn body<T, F: Future<Output = T>>(body: F) -> F {
+        body
+    }
+
+    /// Turns whatever `backend = <expr>` evaluates to (a backend, a reference to one, an `Arc` of
+    /// one) into `&dyn Backend` through method-call auto-deref, so users need not write `&*`.
+    pub trait AsDynBackend {
+        /// The backend as a trait object.
+        fn __as_dyn_backend(&self) -> &dyn Backend;
+    }
+
+    impl<B: Backend> AsDynBackend for B {
+        fn __as_dyn_backend(&self) -> &dyn Backend {
+            self
+        }
+    }
+
+    impl AsDynBackend for dyn Backend {
+        fn __as_dyn_backend(&self) -> &dyn Backend {
+            self
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Generation only: the guarded function, built from checked arguments and the parsed function.
+//!
+//! `async fn f(args) -> T { body }` becomes
+//! `async fn f(args) -> Result<T, ::lease_core::GuardError> { <acquire, run body, release> }`.
+//! The signature is rewritten in place, so rustdoc and rust-analyzer show the real one; the body
+//! moves unchanged into an `async move` block that `lease_core::guarded` runs under the lease, so
+//! `return` and `?` inside it keep their meaning. Every path in the output is absolute
+//! (`::lease_core::…`, `::core::…`), so names in the user's crate cannot capture them.
+
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{AttrStyle, LitInt, ReturnType, Type};
+
+use crate::attr::{Errors, GuardedFn, Kind, LeaseArgs, Millis, RawArgs, TargetArg, WaitArg};
+
+/// The whole attribute: parse, check, generate. On any error the function is emitted unchanged
+/// next to the errors, so the rest of the crate (and the IDE) still sees it.
+pub(crate) fn lease_attribute(kind: Kind, args: TokenStream, item: TokenStream) -> TokenStream {
+    let func = match syn::parse2::<GuardedFn>(item.clone()) {
+        Ok(func) => func,
+        Err(error) => {
+            let error = error.into_compile_error();
+            return quote!(#item #error);
+        }
+    };
+    let mut errors = Errors::default();
+    let args = syn::parse2::<RawArgs>(args).and_then(|raw| LeaseArgs::from_raw(kind, raw));
+    let args = match args {
+        Ok(args) => Some(args),
+        Err(error) => {
+            errors.push(error);
+            None
+        }
+    };
+    if func.sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            func.sig.fn_token.span,
+            format!(
+                "{} can only guard an `async fn`: the lease is acquired and watched \
+                 asynchronously; write `async fn`",
+                kind.attribute()
+            ),
+        ));
+    }
+    match (errors.into_result(), args) {
+        (Ok(()), Some(args)) => guarded_fn(args, func),
+        (result, _) => {
+            let error = result.err().map(syn::Error::into_compile_error);
+            quote!(#item #error)
+        }
+    }
+}
+
+fn guarded_fn(args: LeaseArgs, func: GuardedFn) -> TokenStream {
+    let GuardedFn {
+        attrs,
+        vis,
+        mut sig,
+        block,
+    } = func;
+    let (outer_attrs, inner_attrs): (Vec<_>, Vec<_>) = attrs
+        .into_iter()
+        .partition(|attr| matches!(attr.style, AttrStyle::Outer));
+
+    // The body's own type, with `impl Trait` left to inference: it is named again below, where
+    // an opaque type cannot be written.
+    let (output, output_span) = match &sig.output {
+        ReturnType::Default => (quote!(()), sig.ident.span()),
+        ReturnType::Type(_, ty) => (ty.to_token_stream(), ty.span()),
+    };
+    let body_output = match &sig.output {
+        ReturnType::Default => quote!(()),
+        ReturnType::Type(_, ty) => {
+            let mut ty = (**ty).clone();
+            EraseImplTrait.visit_type_mut(&mut ty);
+            ty.into_token_stream()
+        }
+    };
+    sig.output = syn::parse_quote_spanned! {output_span=>
+        -> ::core::result::Result<#output, ::lease_core::GuardError>
+    };
+
+    let spec = spec(&args);
+    // Mixed-site hygiene: the user's body cannot see (or shadow) these locals.
+    let spec_var = Ident::new("__lease_spec", Span::mixed_site());
+    let backend_var = Ident::new("__lease_backend", Span::mixed_site());
+    let body = quote_spanned! {block.span()=>
+        ::lease_core::__private::body::<#body_output, _>(async move #block)
+    };
+    let run = match &args.backend {
+        None => quote! {
+            ::lease_core::guarded_by_default(&#spec_var, #body).await
+        },
+        Some(backend) => quote! {
+            // Method-call syntax lets a backend, a reference to one or an `Arc` of one all work.
+            use ::lease_core::__private::AsDynBackend as _;
+            let #backend_var = &(#backend);
+            ::lease_core::guarded(#backend_var.__as_dyn_backend(), &#spec_var, #body).await
+        },
+    };
+    quote! {
+        #(#outer_attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            let #spec_var = #spec;
+            #run
+        }
+    }
+}
+
+/// `::lease_core::LeaseSpec::…(…)` with a setter per option given; each part spanned at the
+/// user's token, so a type error points there.
+fn spec(args: &LeaseArgs) -> TokenStream {
+    let mut spec = match &args.target {
+        TargetArg::Leader { key } => quote_spanned! {key.span()=>
+            ::lease_core::LeaseSpec::leader(#key)
+        },
+        TargetArg::Semaphore { name, limit } => {
+            // Re-emitted unsuffixed: `3u64` was accepted as a number, not as a type.
+            let limit = LitInt::new(limit.base10_digits(), limit.span());
+            quote_spanned! {name.span()=>
+                ::lease_core::LeaseSpec::semaphore(#name, #limit)
+            }
+        }
+    };
+    if let Some(wait) = &args.wait {
+        let wait = match wait {
+            WaitArg::Forever => quote!(::lease_core::Wait::Forever),
+            WaitArg::Never => quote!(::lease_core::Wait::Never),
+            WaitArg::UpTo(up_to) => {
+                let up_to = duration(up_to);
+                quote_spanned!(up_to.span()=> ::lease_core::Wait::UpTo(#up_to))
+            }
+        };
+        spec.extend(quote!(.wait(#wait)));
+    }
+    if let Some(ttl) = &args.ttl {
+        let ttl = duration(ttl);
+        spec.extend(quote!(.ttl(#ttl)));
+    }
+    if let Some(lock_delay) = &args.lock_delay {
+        let lock_delay = duration(lock_delay);
+        spec.extend(quote!(.lock_delay(#lock_delay)));
+    }
+    spec
+}
+
+fn duration(millis: &Millis) -> TokenStream {
+    let value = LitInt::new(&format!("{}u64", millis.millis), millis.span);
+    quote_spanned!(millis.span=> ::core::time::Duration::from_millis(#value))
+}
+
+/// Replaces every `impl Trait` in a type with `_`.
+struct EraseImplTrait;
+
+impl VisitMut for EraseImplTrait {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::ImplTrait(impl_trait) = ty {
+            let underscore = syn::Token![_](impl_trait.span());
+            *ty = syn::parse_quote!(#underscore);
+            return;
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
+    }
+}

@@ -1,0 +1,162 @@
+//! `#[leader_only]` and `#[semaphore]`: run an `async fn` only while holding a lease.
+//!
+//! Use them through `lease-core` with its `macros` feature (`lease_core::leader_only`,
+//! `lease_core::semaphore`); this crate only holds the macros. The generated code calls
+//! [`lease_core::guarded`](https://docs.rs/lease-core), which acquires the lease, runs the body
+//! under it, cancels the body the moment the lease is known lost, and releases the lease when the
+//! body is done.
+//!
+//! # What the attribute does to your function
+//!
+//! ```text
+//! #[leader_only(key = "jobs/compact")]
+//! async fn compact(db: &Db) -> T { body }
+//! ```
+//!
+//! becomes exactly
+//!
+//! ```text
+//! async fn compact(db: &Db) -> Result<T, lease_core::GuardError> { … }
+//! ```
+//!
+//! (`()` when there is no return type). The signature is rewritten in the source, so rustdoc,
+//! rust-analyzer and the compiler all see the `Result`. Calling the function:
+//!
+//! 1. acquires the lease, waiting as `wait` says;
+//! 2. runs `body` under it; `lease_core::current_sequencer()` returns the lease's fencing token;
+//! 3. if the lease is lost first, drops `body` at its next `.await` (its destructors run);
+//! 4. releases the lease, then returns.
+//!
+//! | outcome | result | did the body run? |
+//! | --- | --- | --- |
+//! | finished while the lease was held | `Ok(value)` | yes, to the end |
+//! | held elsewhere past `wait` | `Err(GuardError::Busy { .. })` | no |
+//! | the lease was lost | `Err(GuardError::Lost(reason))` | started, cancelled |
+//! | the backend failed, no default backend… | `Err(GuardError::Backend(error))` | no |
+//!
+//! A body that itself returns `Result<U, E>` gives `Result<Result<U, E>, GuardError>`: the two
+//! kinds of failure stay apart. `impl Trait` return types keep their meaning
+//! (`Result<impl Trait, GuardError>`), and `return` and `?` in the body behave as before.
+//!
+//! # Arguments
+//!
+//! | argument | meaning | default |
+//! | --- | --- | --- |
+//! | `key = "…"` (`#[leader_only]`, or first positional) | the leader key | required |
+//! | `name = "…"` (`#[semaphore]`, or first positional) | the semaphore's prefix | required |
+//! | `limit = N` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295 | required |
+//! | `wait = "30s"` / `"forever"` / `"never"` | how long to wait when held elsewhere | `"forever"` |
+//! | `ttl = "15s"` | session TTL, whole seconds, 10s to 24h | `"15s"` |
+//! | `lock_delay = "0s"` | lock-delay after loss, at most 60s | `"15s"` |
+//! | `backend = <expr>` | the backend to acquire from | the process-wide default |
+//!
+//! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations and
+//! limits are checked at compile time, with the error at your token; the function is still
+//! emitted, so the rest of your crate keeps compiling against it.
+//!
+//! `backend` is evaluated on every call, inside the function, so it may use the arguments and
+//! `self` (`backend = &self.backend`). It may be a backend, a reference to one, or an `Arc` of
+//! one. With a `&mut self` or `self` receiver, give it a value that does not borrow `self`
+//! (`backend = self.backend.clone()`), because the body takes `self`. Without `backend`, the
+//! lease comes from the backend set with `lease_core::set_default_backend` at start-up; if none
+//! was set, the call returns `Err(GuardError::Backend(Error::NoDefaultBackend))` and the body
+//! does not run.
+//!
+//! # Examples
+//!
+//! A job that runs on one node at a time; the others skip it:
+//!
+//! ```
+//! use lease_core::{GuardError, leader_only, memory::Memory};
+//!
+//! #[leader_only(key = "jobs/compact", wait = "never")]
+//! async fn compact(tables: u32) -> u32 {
+//!     // The fencing token to pass to the storage layer, so it can refuse a stale leader.
+//!     let token = lease_core::current_sequencer().expect("inside a guarded fn");
+//!     println!("compacting {tables} tables as {token}");
+//!     tables
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! lease_core::set_default_backend(Memory::new());
+//! match compact(3).await {
+//!     Ok(done) => println!("compacted {done} tables"),
+//!     Err(GuardError::Busy { .. }) => println!("another node is compacting"),
+//!     Err(GuardError::Lost(reason)) => eprintln!("cancelled: {reason}"),
+//!     Err(error) => eprintln!("not run: {error}"),
+//! }
+//! # }
+//! ```
+//!
+//! At most three reports at a time, waiting up to 30 seconds for a slot, on a backend held by
+//! the service:
+//!
+//! ```
+//! use lease_core::{GuardError, memory::Memory, semaphore};
+//!
+//! struct Reports {
+//!     backend: Memory,
+//! }
+//!
+//! impl Reports {
+//!     #[semaphore("reports", 3, wait = "30s", backend = &self.backend)]
+//!     async fn render(&self, id: u64) -> Result<String, std::fmt::Error> {
+//!         Ok(format!("report {id}"))
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), GuardError> {
+//! let reports = Reports { backend: Memory::new() };
+//! let rendered: Result<String, std::fmt::Error> = reports.render(7).await?;
+//! assert_eq!(rendered.as_deref(), Ok("report 7"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Where it can be used
+//!
+//! On any `async fn` with a body: free functions, methods taking `&self`, `&mut self` or `self`,
+//! generic functions, methods in impl blocks, and provided methods of traits. A trait method
+//! without a body cannot be guarded; put the attribute on the implementation. The function's
+//! future is `Send` when its body's is.
+
+mod attr;
+mod expand;
+
+use proc_macro::TokenStream;
+
+use crate::attr::Kind;
+
+/// Runs the `async fn` only while holding the leader lease on `key`; see the [crate] docs.
+///
+/// `async fn f(..) -> T` becomes `async fn f(..) -> Result<T, lease_core::GuardError>`.
+///
+/// ```
+/// # use lease_core::leader_only;
+/// #[leader_only(key = "jobs/nightly", wait = "never", ttl = "30s", lock_delay = "0s")]
+/// async fn nightly() {}
+/// ```
+#[proc_macro_attribute]
+pub fn leader_only(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::lease_attribute(Kind::Leader, args.into(), item.into()).into()
+}
+
+/// Runs the `async fn` only while holding one of `limit` slots of the semaphore `name`; see the
+/// [crate] docs.
+///
+/// `async fn f(..) -> T` becomes `async fn f(..) -> Result<T, lease_core::GuardError>`.
+///
+/// ```
+/// # use lease_core::semaphore;
+/// #[semaphore(name = "reports", limit = 3, wait = "1m")]
+/// async fn report() {}
+///
+/// #[semaphore("exports", 2)]
+/// async fn export() {}
+/// ```
+#[proc_macro_attribute]
+pub fn semaphore(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::lease_attribute(Kind::Semaphore, args.into(), item.into()).into()
+}
