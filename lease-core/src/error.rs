@@ -89,6 +89,17 @@ pub enum Error {
         requested: u64,
     },
 
+    /// The semaphore still has live holders, so it was not destroyed.
+    #[error(
+        "semaphore {key:?} still has {holders} live holder(s); release them (or wait) before destroying it"
+    )]
+    SemaphoreInUse {
+        /// The semaphore's prefix or name.
+        key: String,
+        /// How many live holders remain.
+        holders: usize,
+    },
+
     /// The semaphore's coordinating value cannot be read; it is left untouched.
     #[error(
         "semaphore lock key {key:?} holds a value that cannot be read ({reason}); \

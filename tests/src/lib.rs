@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 pub mod consul;
+pub mod overlap;
 pub mod proxy;
 
 use std::time::Duration;
