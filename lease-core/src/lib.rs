@@ -7,6 +7,7 @@
 //! Backends, one cargo feature each:
 //!
 //! - `consul`: Consul sessions + KV ([`consul::Consul`]), interoperating with `consul lock`.
+//! - `amqp`: the RabbitMQ persistent semaphore ([`amqp::Amqp`]), leader = one slot.
 //! - `memory` (default): in-process, no server, the same semantics.
 //!
 //! # Example
@@ -36,6 +37,9 @@ mod spec;
 
 #[cfg(feature = "consul")]
 pub mod consul;
+
+#[cfg(feature = "amqp")]
+pub mod amqp;
 
 pub use backend::Backend;
 pub use error::{BoxError, Error, LostReason};

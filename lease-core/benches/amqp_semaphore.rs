@@ -1,0 +1,2 @@
+//! Placeholder, replaced by the AMQP semaphore benchmark.
+fn main() {}
