@@ -1,1 +1,34 @@
-//! placeholder
+//! Support code for the integration tests: real services, started and faulted on demand.
+//!
+//! - [`consul`]: a `consul agent -dev` per test on free ports, stopped when dropped, and the
+//!   operator actions tests perform on it (destroy a session, delete a key, list sessions).
+//! - [`proxy`]: a TCP proxy between a client and a service that can stop forwarding, cut every
+//!   connection, or answer HTTP requests with 500 — the faults the leases must survive or detect.
+//!
+//! Helpers here panic with a message that says how to fix the environment: a test that cannot
+//! reach its service fails; it never passes by skipping.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+pub mod consul;
+pub mod proxy;
+
+use std::time::Duration;
+
+/// Awaits `fut` for at most `limit`, panicking with `what` if it does not complete in time.
+pub async fn within<F: std::future::Future>(limit: Duration, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// Installs a tracing subscriber for test output (`RUST_LOG` filters it); safe to call repeatedly.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "lease_core=debug".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}

@@ -1,0 +1,263 @@
+//! Where the Consul agent is and how to talk to it, configured like Consul's own CLI.
+//!
+//! [`ConsulBuilder::from_env`] reads the variables `consul` itself reads; each builder method
+//! overrides one of them:
+//!
+//! | variable | builder method | meaning |
+//! | --- | --- | --- |
+//! | `CONSUL_HTTP_ADDR` | [`address`](ConsulBuilder::address) | `host:port` or a URL; default `127.0.0.1:8500` |
+//! | `CONSUL_HTTP_SSL` | [`ssl`](ConsulBuilder::ssl) | `true` to use `https` for a `host:port` address |
+//! | `CONSUL_HTTP_TOKEN` | [`token`](ConsulBuilder::token) | ACL token, sent as the `X-Consul-Token` header |
+//! | `CONSUL_HTTP_TOKEN_FILE` | [`token_file`](ConsulBuilder::token_file) | a file holding the token |
+//! | `CONSUL_CACERT` | [`ca_cert`](ConsulBuilder::ca_cert) | a PEM file of the CA that signed the agent's certificate |
+//! | `CONSUL_DATACENTER` | [`datacenter`](ConsulBuilder::datacenter) | the datacenter to use (`?dc=`) |
+//!
+//! The token is never put in a URL, never logged, and never shown by `Debug`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::Error;
+
+use super::Consul;
+use super::http::ConsulHttp;
+
+/// An ACL token: sent as a header, never displayed.
+#[derive(Clone)]
+pub(crate) struct Token(String);
+
+impl Token {
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+#[derive(Clone, Debug)]
+enum TokenSource {
+    Value(Token),
+    File(PathBuf),
+}
+
+/// Configuration for a [`Consul`] backend.
+///
+/// # Examples
+///
+/// ```
+/// use lease_core::consul::Consul;
+///
+/// let consul = Consul::builder()
+///     .address("https://consul.internal:8501")
+///     .token("s3cr3t")
+///     .datacenter("eu-west")
+///     .build()
+///     .unwrap();
+/// // The token is never shown.
+/// assert!(!format!("{consul:?}").contains("s3cr3t"));
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct ConsulBuilder {
+    address: Option<String>,
+    ssl: Option<bool>,
+    token: Option<TokenSource>,
+    ca_cert: Option<PathBuf>,
+    datacenter: Option<String>,
+    node_checks: Option<Vec<String>>,
+}
+
+impl ConsulBuilder {
+    /// A builder with Consul's defaults (`127.0.0.1:8500`, no token), ignoring the environment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A builder seeded from `CONSUL_HTTP_ADDR`, `CONSUL_HTTP_SSL`, `CONSUL_HTTP_TOKEN`,
+    /// `CONSUL_HTTP_TOKEN_FILE`, `CONSUL_CACERT` and `CONSUL_DATACENTER`, as the `consul` CLI
+    /// reads them. Empty variables count as unset.
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let mut builder = Self::new();
+        builder.address = var("CONSUL_HTTP_ADDR");
+        builder.ssl =
+            var("CONSUL_HTTP_SSL").map(|v| matches!(v.as_str(), "1" | "true" | "TRUE" | "True"));
+        builder.token = var("CONSUL_HTTP_TOKEN")
+            .map(|t| TokenSource::Value(Token(t)))
+            .or_else(|| var("CONSUL_HTTP_TOKEN_FILE").map(|p| TokenSource::File(p.into())));
+        builder.ca_cert = var("CONSUL_CACERT").map(PathBuf::from);
+        builder.datacenter = var("CONSUL_DATACENTER");
+        builder
+    }
+
+    /// The agent's address: `host:port`, or a URL `http://host:port` / `https://host:port`.
+    pub fn address(mut self, address: impl Into<String>) -> Self {
+        self.address = Some(address.into());
+        self
+    }
+
+    /// Use `https` for an address given as `host:port`.
+    pub fn ssl(mut self, ssl: bool) -> Self {
+        self.ssl = Some(ssl);
+        self
+    }
+
+    /// The ACL token, sent as `X-Consul-Token`.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(TokenSource::Value(Token(token.into())));
+        self
+    }
+
+    /// A file holding the ACL token (read once, by [`build`](Self::build)).
+    pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.token = Some(TokenSource::File(path.into()));
+        self
+    }
+
+    /// A PEM file with the CA certificate to trust for `https`.
+    pub fn ca_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_cert = Some(path.into());
+        self
+    }
+
+    /// The datacenter, sent as `?dc=` on every request.
+    pub fn datacenter(mut self, datacenter: impl Into<String>) -> Self {
+        self.datacenter = Some(datacenter.into());
+        self
+    }
+
+    /// The node health checks sessions are tied to. Default: Consul's (`serfHealth`). An empty
+    /// list ties sessions to their TTL alone.
+    pub fn node_checks<I, S>(mut self, checks: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.node_checks = Some(checks.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Validates the configuration and builds the backend. No request is sent.
+    pub fn build(self) -> Result<Consul, Error> {
+        let base = base_url(self.address.as_deref(), self.ssl.unwrap_or(false))?;
+        let token = match self.token {
+            None => None,
+            Some(TokenSource::Value(t)) => Some(t),
+            Some(TokenSource::File(path)) => {
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    Error::Config(format!(
+                        "cannot read the Consul token file {} (CONSUL_HTTP_TOKEN_FILE): {e}",
+                        path.display()
+                    ))
+                })?;
+                Some(Token(text.trim().to_owned()))
+            }
+        }
+        .filter(|t| !t.0.is_empty());
+        if let Some(t) = &token {
+            if reqwest::header::HeaderValue::from_str(t.expose()).is_err() {
+                return Err(Error::Config(
+                    "the Consul token contains characters not allowed in an HTTP header".into(),
+                ));
+            }
+        }
+        let mut client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60));
+        if let Some(path) = &self.ca_cert {
+            let pem = std::fs::read(path).map_err(|e| {
+                Error::Config(format!("cannot read CONSUL_CACERT {}: {e}", path.display()))
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                Error::Config(format!(
+                    "CONSUL_CACERT {} is not a PEM certificate: {e}",
+                    path.display()
+                ))
+            })?;
+            client = client.add_root_certificate(cert);
+        }
+        let client = client
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Consul::from_http(ConsulHttp::new(
+            client,
+            base,
+            token,
+            self.datacenter,
+            self.node_checks,
+        )))
+    }
+}
+
+/// `http://127.0.0.1:8500` from `CONSUL_HTTP_ADDR`-style input.
+fn base_url(address: Option<&str>, ssl: bool) -> Result<reqwest::Url, Error> {
+    let address = address.unwrap_or("127.0.0.1:8500").trim();
+    let text = if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("{}://{address}", if ssl { "https" } else { "http" })
+    };
+    let url = reqwest::Url::parse(&text).map_err(|e| {
+        Error::Config(format!(
+            "invalid Consul address {address:?} (CONSUL_HTTP_ADDR): {e}"
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Error::Config(format!(
+            "invalid Consul address {address:?}: use http://, https:// or host:port (unix sockets are not supported)"
+        )));
+    }
+    if url.host_str().is_none() || url.query().is_some() || !matches!(url.path(), "" | "/") {
+        return Err(Error::Config(format!(
+            "invalid Consul address {address:?}: give only scheme, host and port"
+        )));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::Config(
+            "do not put credentials in CONSUL_HTTP_ADDR; use CONSUL_HTTP_TOKEN".into(),
+        ));
+    }
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_like_the_cli() {
+        assert_eq!(
+            base_url(None, false).unwrap().as_str(),
+            "http://127.0.0.1:8500/"
+        );
+        assert_eq!(
+            base_url(Some("10.0.0.1:8501"), true).unwrap().as_str(),
+            "https://10.0.0.1:8501/"
+        );
+        assert_eq!(
+            base_url(Some("http://h:1"), true).unwrap().as_str(),
+            "http://h:1/"
+        );
+        for bad in [
+            "unix:///tmp/c.sock",
+            "http://h:1/v1",
+            "http://u:p@h:1",
+            "http://h:notaport",
+            "ftp://h",
+        ] {
+            assert!(base_url(Some(bad), false).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn token_is_redacted() {
+        let b = ConsulBuilder::new().token("abc-secret");
+        assert!(!format!("{b:?}").contains("abc-secret"));
+    }
+}

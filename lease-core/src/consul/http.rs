@@ -1,0 +1,448 @@
+//! The Consul HTTP API calls this crate makes, one method each, and what their answers mean.
+//!
+//! Everything that comes back over the network is parsed without panicking: an answer we cannot
+//! read becomes an [`ApiError`], which knows whether retrying could help (transport errors and 5xx
+//! answers: Consul electing a leader, a proxy in trouble) or not (a 403, a 400).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use reqwest::{Method, StatusCode, Url};
+use serde::Deserialize;
+
+use super::config::Token;
+use crate::Error;
+
+/// Timeout of a request that does not block server-side.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One KV entry as `GET /v1/kv/<key>` returns it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct KvEntry {
+    pub(crate) key: String,
+    #[serde(default)]
+    pub(crate) flags: u64,
+    #[serde(default)]
+    pub(crate) value: Option<String>,
+    #[serde(default)]
+    pub(crate) session: Option<String>,
+    #[serde(default)]
+    pub(crate) lock_index: u64,
+    #[serde(default)]
+    pub(crate) modify_index: u64,
+}
+
+impl KvEntry {
+    /// The holder session, with Consul's empty string read as none.
+    pub(crate) fn holder(&self) -> Option<&str> {
+        self.session.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// The decoded value (Consul sends it base64-encoded; `null` for an empty value).
+    pub(crate) fn decoded_value(&self) -> Result<Vec<u8>, String> {
+        match &self.value {
+            None => Ok(Vec::new()),
+            Some(v) => base64::engine::general_purpose::STANDARD
+                .decode(v)
+                .map_err(|e| format!("the value is not valid base64: {e}")),
+        }
+    }
+}
+
+/// A session's behaviour when it is invalidated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Behavior {
+    /// Locks are released (leader locks, as `consul lock` does).
+    Release,
+    /// Keys are deleted (semaphore contender keys, as `consul lock -n` does).
+    Delete,
+}
+
+/// Why a call failed, before it is given the context of what the caller was doing.
+#[derive(Debug)]
+pub(crate) enum ApiError {
+    Transport(reqwest::Error),
+    Status(StatusCode, String),
+    Malformed(String),
+}
+
+impl ApiError {
+    /// Worth retrying: the agent or the network may answer differently in a moment.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            ApiError::Transport(_) => true,
+            ApiError::Status(status, _) => {
+                status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::Malformed(_) => false,
+        }
+    }
+
+    /// The public error, saying what we were doing.
+    pub(crate) fn into_error(self, http: &ConsulHttp, operation: impl fmt::Display) -> Error {
+        match self {
+            ApiError::Transport(source) => Error::Unreachable {
+                backend: "Consul",
+                address: http.address(),
+                hint: "start an agent, or point CONSUL_HTTP_ADDR at one",
+                source: Box::new(source.without_url()),
+            },
+            ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
+                operation: operation.to_string(),
+                message,
+            },
+            ApiError::Status(status, message) => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: format!("{status}: {message}"),
+            },
+            ApiError::Malformed(message) => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: format!("unexpected answer: {message}"),
+            },
+        }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiError::Transport(e) => write!(f, "{}", DisplayChain(e)),
+            ApiError::Status(status, body) => write!(f, "{status}: {body}"),
+            ApiError::Malformed(m) => write!(f, "unexpected answer: {m}"),
+        }
+    }
+}
+
+struct DisplayChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
+/// A blocking query: wait until the index moves past `index`, at most `wait`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Blocking {
+    pub(crate) index: u64,
+    pub(crate) wait: Duration,
+}
+
+/// The Consul HTTP API, as this crate uses it.
+pub(crate) struct ConsulHttp {
+    client: reqwest::Client,
+    base: Url,
+    token: Option<Token>,
+    datacenter: Option<String>,
+    node_checks: Option<Vec<String>>,
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for ConsulHttp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulHttp")
+            .field("address", &self.base.as_str())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("datacenter", &self.datacenter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsulHttp {
+    pub(crate) fn new(
+        client: reqwest::Client,
+        base: Url,
+        token: Option<Token>,
+        datacenter: Option<String>,
+        node_checks: Option<Vec<String>>,
+    ) -> Arc<Self> {
+        Arc::new(ConsulHttp {
+            client,
+            base,
+            token,
+            datacenter,
+            node_checks,
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// The agent's address, for messages.
+    pub(crate) fn address(&self) -> String {
+        self.base.as_str().trim_end_matches('/').to_owned()
+    }
+
+    /// How many requests this client has sent.
+    pub(crate) fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn url<'a>(&self, path: impl IntoIterator<Item = &'a str>) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.clear().push("v1").extend(path);
+        }
+        if let Some(dc) = &self.datacenter {
+            url.query_pairs_mut().append_pair("dc", dc);
+        }
+        url
+    }
+
+    fn kv_url(&self, key: &str) -> Url {
+        self.url(std::iter::once("kv").chain(key.split('/')))
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, ApiError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut request = self.client.request(method, url).timeout(timeout);
+        if let Some(token) = &self.token {
+            request = request.header("X-Consul-Token", token.expose());
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        request.send().await.map_err(ApiError::Transport)
+    }
+
+    /// Sends and returns the body of a 2xx answer, or the status and body of another.
+    async fn call(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
+        let response = self.send(method, url, body, REQUEST_TIMEOUT).await?;
+        read(response).await
+    }
+
+    /// `PUT /v1/session/create`; returns the new session's ID.
+    pub(crate) async fn session_create(
+        &self,
+        name: &str,
+        ttl: Duration,
+        lock_delay: Duration,
+        behavior: Behavior,
+    ) -> Result<String, ApiError> {
+        let mut body = serde_json::json!({
+            "Name": name,
+            "TTL": format!("{}s", ttl.as_secs()),
+            // Consul reads a duration string; "0s" really disables the delay.
+            "LockDelay": format!("{}ms", lock_delay.as_millis()),
+            "Behavior": match behavior {
+                Behavior::Release => "release",
+                Behavior::Delete => "delete",
+            },
+        });
+        if let Some(checks) = &self.node_checks {
+            body["NodeChecks"] = serde_json::json!(checks);
+        }
+        let body = serde_json::to_vec(&body).map_err(|e| ApiError::Malformed(e.to_string()))?;
+        let (status, _, bytes) = self
+            .call(Method::PUT, self.url(["session", "create"]), Some(body))
+            .await?;
+        expect_ok(status, &bytes)?;
+        #[derive(Deserialize)]
+        struct Created {
+            #[serde(rename = "ID")]
+            id: String,
+        }
+        let created: Created = parse_json(&bytes)?;
+        if created.id.is_empty() {
+            return Err(ApiError::Malformed(
+                "session/create returned an empty ID".into(),
+            ));
+        }
+        Ok(created.id)
+    }
+
+    /// `PUT /v1/session/renew/<id>`: `Ok(false)` if the session no longer exists.
+    pub(crate) async fn session_renew(&self, id: &str) -> Result<bool, ApiError> {
+        let (status, _, bytes) = self
+            .call(Method::PUT, self.url(["session", "renew", id]), None)
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
+        expect_ok(status, &bytes)?;
+        Ok(true)
+    }
+
+    /// `GET /v1/session/info/<id>?consistent`: whether the session exists.
+    pub(crate) async fn session_exists(&self, id: &str) -> Result<bool, ApiError> {
+        let mut url = self.url(["session", "info", id]);
+        url.query_pairs_mut().append_key_only("consistent");
+        let (status, _, bytes) = self.call(Method::GET, url, None).await?;
+        expect_ok(status, &bytes)?;
+        let sessions: Option<Vec<serde_json::Value>> = parse_json(&bytes)?;
+        Ok(sessions.is_some_and(|s| !s.is_empty()))
+    }
+
+    /// `PUT /v1/session/destroy/<id>`. Destroying a session that is gone succeeds.
+    pub(crate) async fn session_destroy(&self, id: &str) -> Result<(), ApiError> {
+        let (status, _, bytes) = self
+            .call(Method::PUT, self.url(["session", "destroy", id]), None)
+            .await?;
+        expect_ok(status, &bytes)
+    }
+
+    /// `GET /v1/kv/<key>?consistent`, blocking if asked; returns the entry (none if the key does
+    /// not exist) and the index to block on next.
+    pub(crate) async fn kv_get(
+        &self,
+        key: &str,
+        blocking: Option<Blocking>,
+    ) -> Result<(Option<KvEntry>, u64), ApiError> {
+        let (entries, index) = self.kv_read(self.kv_url(key), blocking).await?;
+        Ok((entries.into_iter().find(|e| e.key == key), index))
+    }
+
+    /// `GET /v1/kv/<prefix>?recurse&consistent`, blocking if asked.
+    pub(crate) async fn kv_list(
+        &self,
+        prefix: &str,
+        blocking: Option<Blocking>,
+    ) -> Result<(Vec<KvEntry>, u64), ApiError> {
+        let mut url = self.kv_url(prefix);
+        url.query_pairs_mut().append_key_only("recurse");
+        self.kv_read(url, blocking).await
+    }
+
+    async fn kv_read(
+        &self,
+        mut url: Url,
+        blocking: Option<Blocking>,
+    ) -> Result<(Vec<KvEntry>, u64), ApiError> {
+        url.query_pairs_mut().append_key_only("consistent");
+        let mut timeout = REQUEST_TIMEOUT;
+        if let Some(b) = blocking {
+            url.query_pairs_mut()
+                .append_pair("index", &b.index.to_string())
+                .append_pair("wait", &format!("{}ms", b.wait.as_millis().max(1)));
+            // Consul adds up to wait/16 of jitter before answering.
+            timeout = b.wait + b.wait / 16 + REQUEST_TIMEOUT;
+        }
+        let response = self.send(Method::GET, url, None, timeout).await?;
+        let (status, index, bytes) = read(response).await?;
+        let index = index.ok_or_else(|| ApiError::Malformed("no X-Consul-Index header".into()))?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok((Vec::new(), index));
+        }
+        expect_ok(status, &bytes)?;
+        Ok((parse_json(&bytes)?, index))
+    }
+
+    /// `PUT /v1/kv/<key>?acquire=<session>&flags=<flags>` with `value`.
+    pub(crate) async fn kv_acquire(
+        &self,
+        key: &str,
+        session: &str,
+        flags: u64,
+        value: &[u8],
+    ) -> Result<bool, ApiError> {
+        let mut url = self.kv_url(key);
+        url.query_pairs_mut()
+            .append_pair("acquire", session)
+            .append_pair("flags", &flags.to_string());
+        self.kv_write(url, value.to_vec()).await
+    }
+
+    /// `PUT /v1/kv/<key>?release=<session>&flags=<flags>` (the value is emptied, as `consul lock`
+    /// does, so no stale leader stays advertised).
+    pub(crate) async fn kv_release(
+        &self,
+        key: &str,
+        session: &str,
+        flags: u64,
+    ) -> Result<bool, ApiError> {
+        let mut url = self.kv_url(key);
+        url.query_pairs_mut()
+            .append_pair("release", session)
+            .append_pair("flags", &flags.to_string());
+        self.kv_write(url, Vec::new()).await
+    }
+
+    /// `PUT /v1/kv/<key>?cas=<index>&flags=<flags>` with `value`.
+    pub(crate) async fn kv_cas(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        flags: u64,
+        cas: u64,
+    ) -> Result<bool, ApiError> {
+        let mut url = self.kv_url(key);
+        url.query_pairs_mut()
+            .append_pair("cas", &cas.to_string())
+            .append_pair("flags", &flags.to_string());
+        self.kv_write(url, value).await
+    }
+
+    /// `DELETE /v1/kv/<key>`, with `?cas=<index>` if given.
+    pub(crate) async fn kv_delete(&self, key: &str, cas: Option<u64>) -> Result<bool, ApiError> {
+        let mut url = self.kv_url(key);
+        if let Some(cas) = cas {
+            url.query_pairs_mut().append_pair("cas", &cas.to_string());
+        }
+        let (status, _, bytes) = self.call(Method::DELETE, url, None).await?;
+        expect_ok(status, &bytes)?;
+        parse_bool(&bytes)
+    }
+
+    async fn kv_write(&self, url: Url, value: Vec<u8>) -> Result<bool, ApiError> {
+        let (status, _, bytes) = self.call(Method::PUT, url, Some(value)).await?;
+        expect_ok(status, &bytes)?;
+        parse_bool(&bytes)
+    }
+}
+
+async fn read(response: reqwest::Response) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
+    let status = response.status();
+    let index = response
+        .headers()
+        .get("X-Consul-Index")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let bytes = response.bytes().await.map_err(ApiError::Transport)?;
+    Ok((status, index, bytes.to_vec()))
+}
+
+fn expect_ok(status: StatusCode, body: &[u8]) -> Result<(), ApiError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    // Consul's error bodies are short plain text; keep at most a line of it.
+    let text = String::from_utf8_lossy(body);
+    let text: String = text.trim().chars().take(300).collect();
+    Err(ApiError::Status(status, text))
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::Malformed(e.to_string()))
+}
+
+fn parse_bool(bytes: &[u8]) -> Result<bool, ApiError> {
+    match bytes.trim_ascii() {
+        b"true" => Ok(true),
+        b"false" => Ok(false),
+        other => Err(ApiError::Malformed(format!(
+            "expected true or false, got {:?}",
+            String::from_utf8_lossy(&other[..other.len().min(100)])
+        ))),
+    }
+}

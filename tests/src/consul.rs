@@ -1,0 +1,311 @@
+//! A real `consul agent -dev` per test, on free loopback ports, killed when dropped.
+//!
+//! The binary comes from `CONSUL_BIN`, else `consul` on `PATH`, else `scripts/ensure-consul.sh`
+//! (which fetches Debian's consul 1.8.7 into `tools/`). The agent's output goes to a log file
+//! under `target/consul-logs/` whose path is printed when a test fails to start it.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use lease_core::consul::Consul;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+/// The consul binary the tests use, found once per process.
+pub fn consul_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("CONSUL_BIN") {
+            return PathBuf::from(bin);
+        }
+        let script = workspace_root().join("scripts/ensure-consul.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "Consul is needed for this test and {} could not provide it; install consul 1.8 \
+             and put it on PATH, or set CONSUL_BIN",
+            script.display()
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_path_buf()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// How an agent is started.
+#[derive(Clone, Debug, Default)]
+pub struct AgentOptions {
+    /// Enable ACLs with default deny and this management token.
+    pub acl_master_token: Option<String>,
+}
+
+/// A running dev agent.
+#[derive(Debug)]
+pub struct Agent {
+    child: Child,
+    http_addr: SocketAddr,
+    http: reqwest::Client,
+    token: Option<String>,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts a dev agent and waits (up to 30 s) until it has a cluster leader.
+    pub async fn start() -> Agent {
+        Self::start_with(AgentOptions::default()).await
+    }
+
+    /// Starts a dev agent with options.
+    pub async fn start_with(options: AgentOptions) -> Agent {
+        let mut last = String::new();
+        // Free ports can be taken between choosing and binding; a few attempts make that moot.
+        for _ in 0..3 {
+            match Self::try_start(&options).await {
+                Ok(agent) => return agent,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start a Consul dev agent: {last}");
+    }
+
+    async fn try_start(options: &AgentOptions) -> Result<Agent, String> {
+        let http_port = free_port();
+        let mut hcl = format!(
+            "ports {{ http = {http_port} dns = -1 grpc = -1 serf_lan = {} serf_wan = {} server = {} }}",
+            free_port(),
+            free_port(),
+            free_port()
+        );
+        if let Some(token) = &options.acl_master_token {
+            hcl.push_str(&format!(
+                " acl {{ enabled = true default_policy = \"deny\" tokens {{ master = \"{token}\" agent = \"{token}\" }} }}"
+            ));
+        }
+        let logs = workspace_root().join("target/consul-logs");
+        std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
+        let log = logs.join(format!("agent-{http_port}.log"));
+        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let child = Command::new(consul_bin())
+            .args([
+                "agent",
+                "-dev",
+                "-client",
+                "127.0.0.1",
+                "-bind",
+                "127.0.0.1",
+            ])
+            .args(["-log-level", "warn", "-hcl", &hcl])
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", consul_bin().display()))?;
+        let mut agent = Agent {
+            child,
+            http_addr: SocketAddr::from(([127, 0, 0, 1], http_port)),
+            http: reqwest::Client::new(),
+            token: options.acl_master_token.clone(),
+            log,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        // The agent offers no readiness event; poll its leader status until a leader exists.
+        loop {
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                return Err(format!(
+                    "the agent exited with {status}; see {}",
+                    agent.log.display()
+                ));
+            }
+            let leader = agent.get("/v1/status/leader").await.ok();
+            if leader
+                .as_ref()
+                .is_some_and(|l| l.as_str().is_some_and(|s| !s.is_empty()))
+            {
+                return Ok(agent);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "no cluster leader after 30 s; see {}",
+                    agent.log.display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The HTTP address, `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    /// A backend talking to this agent (with the management token if ACLs are on).
+    pub fn backend(&self) -> Consul {
+        let mut builder = Consul::builder().address(self.url());
+        if let Some(token) = &self.token {
+            builder = builder.token(token);
+        }
+        builder.build().expect("valid test configuration")
+    }
+
+    /// A `consul` command whose `CONSUL_HTTP_ADDR` (and token) point at this agent.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(consul_bin());
+        cmd.env("CONSUL_HTTP_ADDR", self.http_addr.to_string())
+            .env_remove("CONSUL_HTTP_TOKEN")
+            .env_remove("CONSUL_HTTP_TOKEN_FILE")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(token) = &self.token {
+            cmd.env("CONSUL_HTTP_TOKEN", token);
+        }
+        cmd
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let mut req = self.http.request(method, format!("{}{path}", self.url()));
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        req
+    }
+
+    async fn get(&self, path: &str) -> Result<Value, String> {
+        let resp = self
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(Value::Null);
+        }
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+    }
+
+    async fn put(&self, path: &str, body: Vec<u8>) -> Value {
+        let resp = self
+            .request(reqwest::Method::PUT, path)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("PUT {path}: {e}"));
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "PUT {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    }
+
+    /// Operator action: `PUT /v1/session/destroy/<id>`.
+    pub async fn destroy_session(&self, id: &str) {
+        self.put(&format!("/v1/session/destroy/{id}"), Vec::new())
+            .await;
+    }
+
+    /// Operator action: `DELETE /v1/kv/<key>`.
+    pub async fn delete_key(&self, key: &str) {
+        let resp = self
+            .request(reqwest::Method::DELETE, &format!("/v1/kv/{key}"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("DELETE {key}: {e}"));
+        assert!(
+            resp.status().is_success(),
+            "DELETE {key}: {}",
+            resp.status()
+        );
+    }
+
+    /// Operator action: `PUT /v1/kv/<key>?release=<session>`; returns Consul's answer.
+    pub async fn release_key(&self, key: &str, session: &str) -> bool {
+        self.put(&format!("/v1/kv/{key}?release={session}"), Vec::new())
+            .await
+            == Value::Bool(true)
+    }
+
+    /// Writes a raw value with flags (`PUT /v1/kv/<key>?flags=`).
+    pub async fn put_key(&self, key: &str, value: &[u8], flags: u64) {
+        self.put(&format!("/v1/kv/{key}?flags={flags}"), value.to_vec())
+            .await;
+    }
+
+    /// The KV entry of `key` as JSON (with `Value` base64), or `Null`.
+    pub async fn key(&self, key: &str) -> Value {
+        match self.get(&format!("/v1/kv/{key}?consistent")).await {
+            Ok(Value::Array(mut entries)) if !entries.is_empty() => entries.remove(0),
+            Ok(_) => Value::Null,
+            Err(e) => panic!("GET {key}: {e}"),
+        }
+    }
+
+    /// The keys under `prefix`.
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        match self.get(&format!("/v1/kv/{prefix}?keys&consistent")).await {
+            Ok(Value::Array(keys)) => keys
+                .into_iter()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .collect(),
+            Ok(_) => Vec::new(),
+            Err(e) => panic!("GET keys {prefix}: {e}"),
+        }
+    }
+
+    /// IDs of every session on the agent.
+    pub async fn sessions(&self) -> Vec<String> {
+        match self.get("/v1/session/list?consistent").await {
+            Ok(Value::Array(sessions)) => sessions
+                .iter()
+                .filter_map(|s| s["ID"].as_str().map(str::to_owned))
+                .collect(),
+            Ok(_) => Vec::new(),
+            Err(e) => panic!("listing sessions: {e}"),
+        }
+    }
+
+    /// Creates an ACL token with `rules` (HCL) and returns its secret.
+    pub async fn create_token(&self, rules: &str) -> String {
+        let policy_name = format!("p{}", free_port());
+        self.put(
+            "/v1/acl/policy",
+            serde_json::to_vec(&serde_json::json!({"Name": policy_name, "Rules": rules})).unwrap(),
+        )
+        .await;
+        let token = self
+            .put(
+                "/v1/acl/token",
+                serde_json::to_vec(&serde_json::json!({"Policies": [{"Name": policy_name}]}))
+                    .unwrap(),
+            )
+            .await;
+        token["SecretID"]
+            .as_str()
+            .expect("token has a SecretID")
+            .to_owned()
+    }
+}
