@@ -38,8 +38,8 @@ impl SemaphoreNames {
         let names = SemaphoreNames {
             name: name.to_owned(),
         };
-        // The longest name the semaphore will use is its highest slot queue.
-        if names.slot_queue(max_slot).len() > MAX_QUEUE_NAME {
+        // The longest names the semaphore uses: its highest slot queue and its mutex.
+        if !names.fits(max_slot) || names.admin_queue().len() > MAX_QUEUE_NAME {
             return Err(invalid(
                 "the queue names derived from it would exceed RabbitMQ's 255-byte limit: use a shorter name",
             ));
@@ -104,8 +104,10 @@ mod tests {
             SemaphoreNames::new(&long, 1),
             Err(Error::InvalidKey { .. })
         ));
-        let fits = "n".repeat(MAX_QUEUE_NAME - "-1-A".len());
+        let fits = "n".repeat(MAX_QUEUE_NAME - "-admin".len());
         assert!(SemaphoreNames::new(&fits, 1).is_ok());
-        assert!(SemaphoreNames::new(&fits, 10).is_err());
+        assert!(SemaphoreNames::new(&fits, 999).is_ok());
+        assert!(SemaphoreNames::new(&fits, 1000).is_err());
+        assert!(SemaphoreNames::new(&"n".repeat(250), 1).is_err());
     }
 }
