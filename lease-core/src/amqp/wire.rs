@@ -15,6 +15,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ErrorKind};
 
+use super::naming::MAX_QUEUE_NAME;
 use crate::{Error, LostReason};
 
 pub(crate) const BACKEND: &str = "RabbitMQ";
@@ -146,6 +147,10 @@ pub(crate) async fn probe(
     queue: &str,
     timeout: Duration,
 ) -> Result<bool, Failure> {
+    if queue.len() > MAX_QUEUE_NAME {
+        // No queue has such a name (scans step past a semaphore's last slot into this).
+        return Ok(false);
+    }
     let publish = async {
         let confirm = channel
             .basic_publish(
