@@ -280,3 +280,40 @@ async fn bad_input_gives_typed_errors() {
     let err = amqp.admin().create(&unique("zero"), 0).await.unwrap_err();
     assert!(matches!(err, Error::InvalidLimit { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn a_queue_declared_with_other_arguments_is_a_typed_error() {
+    init_tracing();
+    require_broker().await;
+    let name = unique("mismatch");
+    // Another tool left slot 2 of this semaphore, declared without our arguments.
+    let other = lapin::Connection::connect(&broker::url(), lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = other.create_channel().await.unwrap();
+    let stray = format!("{name}-2-A");
+    let durable = lapin::options::QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(stray.as_str().into(), durable, Default::default())
+        .await
+        .unwrap();
+
+    let (amqp, _) = backend();
+    let err = amqp.admin().create(&name, 2).await.unwrap_err();
+    match &err {
+        Error::QueueMismatch { queue, message } => {
+            assert_eq!(queue, &stray);
+            assert!(message.contains("x-max-length"), "{message}");
+        }
+        other => panic!("expected QueueMismatch, got {other:?}"),
+    }
+    for queue in [stray, format!("{name}-1-A")] {
+        channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
+}

@@ -2,7 +2,7 @@
 //!
 //! Every operation runs under the semaphore's administration mutex, the exclusive queue
 //! `N-admin`, so two administrators never interleave their changes and the slot queues always
-//! stay a contiguous run A[1..=C] from which C can be read. Slot queues are removed in descending
+//! stay a contiguous run `A[1..=C]` from which C can be read. Slot queues are removed in descending
 //! order, each delete confirmed by the broker before the next, so an interrupted removal still
 //! leaves a contiguous run.
 
@@ -40,7 +40,7 @@ impl Admin {
     }
 
     /// The number of slots C of semaphore `name` (0 if it does not exist): the length of the run
-    /// of slot queues from A[1].
+    /// of slot queues from `A[1]`.
     pub async fn slots(&self, name: &str) -> Result<u32, Error> {
         let names = SemaphoreNames::new(name, 1)?;
         let session = self.lock(&names).await?;
@@ -70,7 +70,7 @@ impl Admin {
         session.unlock(result).await
     }
 
-    /// Destroys semaphore `name`: deletes its slot queues from the last down to A[1]. Returns how
+    /// Destroys semaphore `name`: deletes its slot queues from the last down to `A[1]`. Returns how
     /// many slots it had. Holders lose their leases.
     pub async fn destroy(&self, name: &str) -> Result<u32, Error> {
         let names = SemaphoreNames::new(name, 1)?;
@@ -172,7 +172,7 @@ impl Admin {
     }
 }
 
-/// Creates semaphore `names` with `slots` slots unless it exists (an acquirer found no A[1]).
+/// Creates semaphore `names` with `slots` slots unless it exists (an acquirer found no `A[1]`).
 pub(crate) async fn create_if_missing(
     amqp: &Amqp,
     names: &SemaphoreNames,
@@ -253,7 +253,7 @@ impl Session<'_> {
             .map_err(|f| self.amqp.unreachable("probe a queue", f))
     }
 
-    /// C: the last slot of the contiguous run from A[1].
+    /// C: the last slot of the contiguous run from `A[1]`.
     async fn count(&self) -> Result<u32, Error> {
         let mut count = 0;
         while count < u32::MAX && self.probe(&self.names.slot_queue(count + 1)).await? {
@@ -272,7 +272,7 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Deletes A[from] down to A[to + 1], each confirmed before the next.
+    /// Deletes `A[from]` down to A[to + 1], each confirmed before the next.
     async fn delete_slots(&self, from: u32, to: u32) -> Result<(), Error> {
         for slot in (to + 1..=from).rev() {
             let queue = self.names.slot_queue(slot);

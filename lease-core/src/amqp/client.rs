@@ -1,9 +1,9 @@
 //! Lock clients (seed 004): acquire a slot, watch it while held, verify it, give it back.
 //!
-//! Acquire scans L = 1, 2, …: A[L] missing ends the scan (the semaphore is full); B[L] present
-//! means the slot is held; otherwise declare B[L] exclusive. Losing that race (RESOURCE_LOCKED)
+//! Acquire scans L = 1, 2, …: `A[L]` missing ends the scan (the semaphore is full); `B[L]` present
+//! means the slot is held; otherwise declare `B[L]` exclusive. Losing that race (RESOURCE_LOCKED)
 //! closes the channel: reopen it, wait a small random time and rescan, at most
-//! `race_retries` times. A won declare is only trusted once A[L] is shown to still exist, by the
+//! `race_retries` times. A won declare is only trusted once `A[L]` is shown to still exist, by the
 //! consume (or probe) that then watches it, so an administrator's delete in between is never
 //! missed.
 
@@ -173,7 +173,7 @@ async fn probe(amqp: &Amqp, channel: &Channel, queue: &str) -> Result<bool, Erro
         .map_err(|failure| amqp.unreachable("probe a queue", failure))
 }
 
-/// Proves A[L] exists and starts watching it: a consumer (cancelled by the broker when the queue
+/// Proves `A[L]` exists and starts watching it: a consumer (cancelled by the broker when the queue
 /// is deleted) or, in verify mode, one probe.
 async fn watch_slot(
     amqp: &Amqp,
@@ -244,7 +244,7 @@ fn hold(
     lease
 }
 
-/// B[L] while we own it: deleted by [`give_back`](HolderQueue::give_back), or in the background
+/// `B[L]` while we own it: deleted by [`give_back`](HolderQueue::give_back), or in the background
 /// if dropped first (a cancelled acquire), so no slot is left taken.
 struct HolderQueue {
     amqp: Amqp,
@@ -255,8 +255,8 @@ struct HolderQueue {
 }
 
 impl HolderQueue {
-    /// Deletes B[L] (on `channel` if it still works, else on a fresh one) and waits for the
-    /// broker's delete-ok. If the connection is closed, B[L] went with it.
+    /// Deletes `B[L]` (on `channel` if it still works, else on a fresh one) and waits for the
+    /// broker's delete-ok. If the connection is closed, `B[L]` went with it.
     async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
         self.armed = false;
         delete_exclusive(&self.amqp, &self.connection, channel, &self.queue).await
@@ -315,7 +315,7 @@ pub(crate) async fn delete_exclusive(
     }
 }
 
-/// [`Lease::check`]: one confirmed probe of A[L] on the holder's own channel, which shows both
+/// [`Lease::check`]: one confirmed probe of `A[L]` on the holder's own channel, which shows both
 /// that the slot exists and that our channel is open.
 struct SlotChecker {
     channel: Channel,
@@ -417,7 +417,7 @@ impl SlotHold {
     }
 }
 
-/// Completes when the consumer on A[L] ends: the broker cancelled it because A[L] was deleted
+/// Completes when the consumer on `A[L]` ends: the broker cancelled it because `A[L]` was deleted
 /// (slot removed), or the channel or connection closed. Never completes without a consumer.
 async fn consumer_ended(
     consumer: Option<&mut Consumer>,

@@ -1,7 +1,7 @@
 //! RabbitMQ leases: the persistent semaphore of seed 004 (amqp-locks), over lapin on tokio.
 //!
-//! A semaphore `N` with C slots is the durable queues `N-1-A` … `N-C-A` (A[L]); whoever holds slot
-//! L owns the exclusive queue `N-L-B` (B[L]), which RabbitMQ deletes the moment the owner's
+//! A semaphore `N` with C slots is the durable queues `N-1-A` … `N-C-A` (`A[L]`); whoever holds slot
+//! L owns the exclusive queue `N-L-B` (`B[L]`), which RabbitMQ deletes the moment the owner's
 //! connection closes. [`Amqp`] implements [`Backend`]:
 //!
 //! - `Target::Semaphore { prefix: N, limit }` takes a free slot of `N`; `Target::Leader { key }`
@@ -16,10 +16,10 @@
 //!   to 1 s between scans. A scan of a full semaphore costs 2·C confirmed publishes, so waiters
 //!   stay cheap; a freed slot is found within about a second.
 //! - **Loss**: the holder's channel or connection closing is [`LostReason::ConnectionClosed`] at
-//!   once. An administrator deleting A[L] is [`LostReason::SlotRemoved`]: by default the holder
-//!   consumes from A[L] and RabbitMQ cancels that consumer when the queue is deleted
+//!   once. An administrator deleting `A[L]` is [`LostReason::SlotRemoved`]: by default the holder
+//!   consumes from `A[L]` and RabbitMQ cancels that consumer when the queue is deleted
 //!   ([`LossDetection::ConsumerCancel`]; about 1 ms after the delete on a local broker), or a
-//!   verify loop probes A[L] ([`LossDetection::Verify`]). Either way the holder also confirms its
+//!   verify loop probes `A[L]` ([`LossDetection::Verify`]). Either way the holder also confirms its
 //!   channel every quarter heartbeat and self-fences ([`LostReason::SelfFenced`]) when it has
 //!   heard nothing for three quarters of a heartbeat, before the broker can drop the connection
 //!   and give the slot away.
@@ -55,14 +55,14 @@ use config::AmqpConfig;
 use naming::SemaphoreNames;
 use wire::Failure;
 
-/// How a holder learns that an administrator removed its slot A[L].
+/// How a holder learns that an administrator removed its slot `A[L]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossDetection {
-    /// Consume from A[L]; RabbitMQ cancels the consumer when the queue is deleted. No polling.
+    /// Consume from `A[L]`; RabbitMQ cancels the consumer when the queue is deleted. No polling.
     #[default]
     ConsumerCancel,
-    /// Probe A[L] every `period` (a confirmed publish each time).
+    /// Probe `A[L]` every `period` (a confirmed publish each time).
     Verify {
         /// Time between probes.
         period: Duration,

@@ -1,7 +1,7 @@
 //! The queue names of a persistent semaphore (seed 004), and the rules a semaphore name obeys.
 //!
-//! A semaphore `N` is the set of durable slot queues `N-1-A` … `N-C-A` (A[L]), the exclusive holder
-//! queues `N-L-B` (B[L]) of whoever holds slot L, and the administration mutex `N-admin`. The mutex
+//! A semaphore `N` is the set of durable slot queues `N-1-A` … `N-C-A` (`A[L]`), the exclusive holder
+//! queues `N-L-B` (`B[L]`) of whoever holds slot L, and the administration mutex `N-admin`. The mutex
 //! ends in neither `-A` nor `-B`, so it can never collide with a slot or holder queue of `N`.
 
 use crate::Error;
@@ -52,12 +52,12 @@ impl SemaphoreNames {
         &self.name
     }
 
-    /// A[slot]: the durable queue whose existence makes `slot` part of the semaphore.
+    /// `A[slot]`: the durable queue whose existence makes `slot` part of the semaphore.
     pub(crate) fn slot_queue(&self, slot: u32) -> String {
         format!("{}-{slot}-A", self.name)
     }
 
-    /// B[slot]: the exclusive queue whose existence says `slot` is held.
+    /// `B[slot]`: the exclusive queue whose existence says `slot` is held.
     pub(crate) fn holder_queue(&self, slot: u32) -> String {
         format!("{}-{slot}-B", self.name)
     }

@@ -171,7 +171,7 @@ pub(crate) async fn probe(
     Ok(confirmation.take_message().is_none())
 }
 
-/// Declares a durable slot queue A[L] (administration).
+/// Declares a durable slot queue `A[L]` (administration).
 pub(crate) async fn declare_slot(
     channel: &Channel,
     queue: &str,
@@ -190,7 +190,7 @@ pub(crate) async fn declare_slot(
     .map(drop)
 }
 
-/// Declares an exclusive queue: a holder queue B[L] or the administration mutex.
+/// Declares an exclusive queue: a holder queue `B[L]` or the administration mutex.
 ///
 /// Fails with [`Failure::ResourceLocked`] (and the channel closes) when another connection has it.
 pub(crate) async fn declare_exclusive(
