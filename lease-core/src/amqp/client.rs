@@ -359,7 +359,14 @@ struct SlotHold {
 impl SlotHold {
     async fn watch_inner(&mut self) -> LostReason {
         let config = self.amqp.config();
-        let heartbeat = config.heartbeat;
+        // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
+        let negotiated =
+            Duration::from_secs(u64::from(self.connection.configuration().heartbeat()));
+        let heartbeat = if negotiated.is_zero() {
+            config.heartbeat
+        } else {
+            config.heartbeat.min(negotiated)
+        };
         // The broker may drop a connection it has not heard from for about a heartbeat; we must
         // give up the lease before that, and confirm often enough not to give it up needlessly.
         let fence_after = heartbeat * 3 / 4;

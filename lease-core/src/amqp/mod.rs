@@ -28,7 +28,9 @@
 //!
 //! All leases of one [`Amqp`] share one connection (and one IO thread); each lease has its own
 //! channel. Exclusive queues belong to a connection, so the backend also remembers which slots its
-//! own leases hold and never takes one twice. Closing that connection loses every lease on it.
+//! own leases hold and never takes one twice. Closing that connection loses every lease on it;
+//! a lease that self-fences closes it on purpose (it has stopped answering), so its other leases
+//! are lost too and the next acquire opens a fresh connection.
 //!
 //! [`LostReason::ConnectionClosed`]: crate::LostReason::ConnectionClosed
 //! [`LostReason::SlotRemoved`]: crate::LostReason::SlotRemoved
