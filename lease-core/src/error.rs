@@ -148,6 +148,32 @@ pub enum Error {
         message: String,
     },
 
+    /// A queue exists with other arguments than this client declares it with (RabbitMQ's
+    /// PRECONDITION_FAILED names the argument that differs).
+    #[error(
+        "queue {queue:?} exists with different arguments: {message}; every client of the \
+         semaphore must declare its queues the same way: delete the queue or use another name"
+    )]
+    QueueMismatch {
+        /// The queue.
+        queue: String,
+        /// The broker's message, naming the argument that differs.
+        message: String,
+    },
+
+    /// Acquire lost the race for a free slot too many times in a row (AMQP: RESOURCE_LOCKED on
+    /// the holder queue); slots may be free, but others keep taking them first.
+    #[error(
+        "lost the race for a free slot of {key:?} {attempts} times in a row; retry, or allow more \
+         retries (AmqpBuilder::race_retries)"
+    )]
+    Contended {
+        /// The semaphore's name.
+        key: String,
+        /// How many races were lost.
+        attempts: u32,
+    },
+
     /// The client configuration (environment or builder) is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
