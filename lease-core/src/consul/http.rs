@@ -161,9 +161,9 @@ pub(crate) enum TxnOp<'a> {
 }
 
 impl TxnOp<'_> {
-    fn to_json(&self) -> serde_json::Value {
+    fn to_json(self) -> serde_json::Value {
         let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
-        let kv = match *self {
+        let kv = match self {
             TxnOp::Lock {
                 key,
                 session,
@@ -500,7 +500,7 @@ impl ConsulHttp {
         &self,
         ops: &[TxnOp<'_>],
     ) -> Result<Result<Vec<KvEntry>, Vec<usize>>, ApiError> {
-        let body: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
+        let body: Vec<serde_json::Value> = ops.iter().copied().map(TxnOp::to_json).collect();
         let body = serde_json::to_vec(&body).map_err(|e| ApiError::Malformed(e.to_string()))?;
         let (status, _, bytes) = self
             .call(Method::PUT, self.url(["txn"]), Some(body))
