@@ -26,5 +26,14 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
+step "examples"
+cargo run --quiet -p lease-jobs-example
+
 step "cargo test"
-cargo test --workspace --all-features "$@"
+mkdir -p target
+cargo test --workspace --all-features "$@" 2>&1 | tee target/test.log
+
+# One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
+# run with nothing in it).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log

@@ -25,7 +25,7 @@ pub enum BackendKind {
     /// Consul sessions and KV: `key` is the KV key, `index` its LockIndex, `holder` the session ID.
     Consul,
     /// The RabbitMQ persistent semaphore: `key` is the semaphore name, `index` the slot number,
-    /// `holder` the exclusive holder queue.
+    /// `holder` the exclusive holder queue followed by `#` and a per-acquisition nonce.
     Amqp,
     /// The in-process memory backend, with Consul's semantics.
     Memory,

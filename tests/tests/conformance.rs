@@ -381,7 +381,6 @@ conformance!(memory, memory_harness::harness();
     semaphore_holder_loses_on_session_destroy,
 );
 
-// The semaphore scenarios join this list when the Consul semaphore is merged.
 conformance!(consul, consul_harness::harness();
     contention_then_handover_on_release,
     loss_on_session_destroy_cancels_work,
@@ -392,4 +391,6 @@ conformance!(consul, consul_harness::harness();
     never_waiting_answers_at_once,
     lock_delay_holds_off_the_next_holder,
     zero_lock_delay_means_zero,
+    semaphore_admits_up_to_its_limit,
+    semaphore_holder_loses_on_session_destroy,
 );

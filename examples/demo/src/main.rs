@@ -44,7 +44,8 @@ OPTIONS:
     (none)          Run on the in-process memory backend: nothing to install.
     --consul [URL]  Run against a Consul agent (URL defaults to CONSUL_HTTP_ADDR, then
                     http://127.0.0.1:8500). The leader is killed with PUT /v1/session/destroy.
-    --amqp URL      Run the job semaphore against RabbitMQ, e.g. amqp://guest:guest@127.0.0.1:5672.
+    --amqp URL      Run against RabbitMQ, e.g. amqp://guest:guest@127.0.0.1:5672/%2f. The leader
+                    (a one-slot persistent semaphore) is killed by removing its slot.
     -h, --help      Print this help.
 
 The demo ends by itself after about 8 seconds and prints a summary; its last line is
@@ -87,8 +88,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
 
 /// What the demo needs from an operator: kill a holder, and count what is left at the end.
 trait Operator: Send + Sync {
-    /// Invalidates the session (or holder) named by a sequencer's holder.
-    fn kill<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), String>>;
+    /// Takes the lease named by `leader` away from its holder, as an operator would.
+    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>>;
     /// Sessions still present, if the backend can tell.
     fn sessions_left(&self) -> BoxFuture<'_, Option<usize>>;
 }
@@ -96,18 +97,62 @@ trait Operator: Send + Sync {
 struct MemoryOperator(Memory);
 
 impl Operator for MemoryOperator {
-    fn kill<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), String>> {
+    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            if self.0.invalidate_session(holder) {
+            if self.0.invalidate_session(leader.holder()) {
                 Ok(())
             } else {
-                Err(format!("session {holder} no longer exists"))
+                Err(format!("session {} no longer exists", leader.holder()))
             }
         })
     }
 
     fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
         Box::pin(async { Some(self.0.sessions().len()) })
+    }
+}
+
+/// Consul's operator: `PUT /v1/session/destroy/<id>`.
+struct ConsulOperator(lease_core::consul::Consul);
+
+impl Operator for ConsulOperator {
+    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .destroy_session(leader.holder())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
+        // Other clients' sessions may share the agent: the count would not be ours alone.
+        Box::pin(async { None })
+    }
+}
+
+/// RabbitMQ's operator: removes the leader's slot and creates it again, so the holder loses it
+/// (`SlotRemoved`) and another node can take the new one.
+struct AmqpOperator(lease_core::amqp::Amqp);
+
+impl Operator for AmqpOperator {
+    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let admin = self.0.admin();
+            admin
+                .remove(leader.key(), 1)
+                .await
+                .map_err(|e| e.to_string())?;
+            // Idempotent: a campaigning node may already have recreated the one-slot semaphore.
+            admin
+                .create(leader.key(), 1)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
+        Box::pin(async { None })
     }
 }
 
@@ -128,16 +173,26 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(MemoryOperator(memory)),
             })
         }
-        Choice::Consul(_) => Err(
-            "--consul is not built into this demo yet: it needs the Consul semaphore for its jobs; \
-             run without flags for the memory backend"
-                .into(),
-        ),
-        Choice::Amqp(_) => Err(
-            "--amqp is not built into this demo yet: the RabbitMQ semaphore is not in this build; \
-             run without flags for the memory backend"
-                .into(),
-        ),
+        Choice::Consul(url) => {
+            let mut builder = lease_core::consul::ConsulBuilder::from_env();
+            if let Some(url) = url {
+                builder = builder.address(url);
+            }
+            let consul = builder.build().map_err(|e| e.to_string())?;
+            Ok(Setup {
+                name: "Consul",
+                backend: Arc::new(consul.clone()),
+                operator: Box::new(ConsulOperator(consul)),
+            })
+        }
+        Choice::Amqp(url) => {
+            let amqp = lease_core::amqp::Amqp::new(url).map_err(|e| e.to_string())?;
+            Ok(Setup {
+                name: "RabbitMQ",
+                backend: Arc::new(amqp.clone()),
+                operator: Box::new(AmqpOperator(amqp)),
+            })
+        }
     }
 }
 
@@ -574,13 +629,14 @@ async fn run_demo(setup: Setup) -> Summary {
             "operator: invalidating the leader's session"
         );
         let killed_at = Instant::now();
-        match setup.operator.kill(sequencer.holder()).await {
+        match setup.operator.kill(&sequencer).await {
             Ok(()) => {
                 let give_up = killed_at + LOCK_DELAY + Duration::from_secs(8);
                 while let Ok(Some((node, event))) =
                     tokio::time::timeout_at(give_up, events.recv()).await
                 {
-                    let elected = matches!(&event, LeaderEvent::Elected { sequencer: s } if s.index() > sequencer.index());
+                    let elected =
+                        matches!(&event, LeaderEvent::Elected { sequencer: s } if *s != sequencer);
                     record(&mut timeline, node, event);
                     if elected {
                         failover = Some(killed_at.elapsed());

@@ -214,11 +214,17 @@ fn hold(
     holder: HolderQueue,
     confirmed_at: Instant,
 ) -> Lease {
+    // The queue name alone would repeat when the slot is taken again; the nonce makes every
+    // acquisition's sequencer unique (DESIGN rule 4) so a stale holder is detectable.
     let sequencer = Sequencer::new(
         BackendKind::Amqp,
         names.name(),
         u64::from(slot),
-        names.holder_queue(slot),
+        format!(
+            "{}#{:016x}",
+            names.holder_queue(slot),
+            random_below(u64::MAX)
+        ),
     );
     let slot_queue = names.slot_queue(slot);
     let checker = SlotChecker {

@@ -6,7 +6,8 @@
 //!
 //! - `Target::Semaphore { prefix: N, limit }` takes a free slot of `N`; `Target::Leader { key }`
 //!   is the one-slot semaphore `key` ("leader over AMQP"). The sequencer is
-//!   `(N, L, "N-L-B")`.
+//!   `(N, L, "N-L-B#<nonce>")`: the holder queue, and a random nonce that makes every
+//!   acquisition's sequencer different even when the same slot is taken again.
 //! - **A semaphore that does not exist yet** is created with `limit` slots under the
 //!   administration mutex by the first acquirer. **Once it exists, its persistent slot count is
 //!   authoritative**: `limit` is not compared with it (RabbitMQ keeps no limit to compare with, and

@@ -110,6 +110,16 @@ impl Consul {
         }
     }
 
+    /// Operator action: destroys session `id` (`PUT /v1/session/destroy/<id>`), taking every lease
+    /// it holds away from its holder — the holder's work is cancelled when it notices. Lock-delay
+    /// then keeps the keys it held from being taken for the session's lock-delay.
+    pub async fn destroy_session(&self, id: &str) -> Result<(), Error> {
+        self.http
+            .session_destroy(id)
+            .await
+            .map_err(|e| e.into_error(&self.http, format_args!("destroy session {id}")))
+    }
+
     /// Removes the semaphore at `prefix` (its `.lock` key) if no live holder remains; refuses
     /// with [`Error::SemaphoreInUse`] while holders remain.
     pub async fn destroy_semaphore(&self, prefix: &str) -> Result<(), Error> {

@@ -1,0 +1,135 @@
+//! Consul semaphore vs `consul lock -n`, side by side on one dev agent.
+//!
+//! `cargo bench -p lease-core --bench consul_semaphore --features consul`
+//!
+//! 32 jobs of 50 ms at limit 4: ideally 8 waves, 0.4 s. Ours runs the 32 jobs as tasks of one
+//! process (one `Consul` client); `consul lock -n 4` runs them as 32 processes. Reported: total
+//! time against the ideal, and for ours CAS conflicts and Consul requests (and writes) per
+//! acquisition.
+#![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use lease_core::consul::Consul;
+use lease_core::{Backend, LeaseSpec};
+use lease_tests::consul::Agent;
+use lease_tests::overlap::Timeline;
+
+const JOBS: u32 = 32;
+const LIMIT: u32 = 4;
+const JOB: Duration = Duration::from_millis(50);
+const ROUNDS: usize = 3;
+
+fn ideal() -> Duration {
+    JOB * JOBS.div_ceil(LIMIT)
+}
+
+async fn ours(consul: &Consul, round: usize) -> (Duration, Timeline) {
+    let spec =
+        LeaseSpec::semaphore(format!("bench/sem/ours-{round}"), LIMIT).lock_delay(Duration::ZERO);
+    let timeline = Timeline::new();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..JOBS {
+        let (consul, spec, timeline) = (consul.clone(), spec.clone(), timeline.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = consul.acquire(&spec).await.unwrap();
+            let guard = timeline.hold(format!("job-{i}"));
+            lease.run(tokio::time::sleep(JOB)).await.unwrap();
+            drop(guard);
+            lease.release().await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (started.elapsed(), timeline)
+}
+
+async fn consul_lock(agent: &Agent, round: usize) -> Duration {
+    let prefix = format!("bench/sem/cl-{round}");
+    let child = format!("sleep {}", JOB.as_secs_f64());
+    let started = Instant::now();
+    let mut procs = Vec::new();
+    for _ in 0..JOBS {
+        procs.push(
+            agent
+                .command()
+                .args(["lock", "-n", &LIMIT.to_string(), &prefix, &child])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for mut p in procs {
+        let status = p.wait().await.unwrap();
+        assert!(status.success(), "consul lock -n failed: {status}");
+    }
+    started.elapsed()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let agent = Agent::start().await;
+    let consul = Consul::builder().address(agent.url()).build().unwrap();
+
+    let mut ours_s = Vec::new();
+    let mut cl_s = Vec::new();
+    let (requests0, writes0, conflicts0) = (
+        consul.requests_sent(),
+        consul.writes_sent(),
+        consul.cas_conflicts(),
+    );
+    for round in 0..ROUNDS {
+        let (took, timeline) = ours(&consul, round).await;
+        timeline.assert_at_most(LIMIT as usize);
+        ours_s.push(took.as_secs_f64());
+    }
+    let acquisitions = f64::from(JOBS) * ROUNDS as f64;
+    let per = |n: u64| n as f64 / acquisitions;
+    let requests = per(consul.requests_sent() - requests0);
+    let writes = per(consul.writes_sent() - writes0);
+    let conflicts = per(consul.cas_conflicts() - conflicts0);
+    for round in 0..ROUNDS {
+        cl_s.push(consul_lock(&agent, round).await.as_secs_f64());
+    }
+    let (ours_total, cl_total, ideal) = (
+        median(ours_s.clone()),
+        median(cl_s.clone()),
+        ideal().as_secs_f64(),
+    );
+
+    println!("{JOBS} jobs of {JOB:?} at limit {LIMIT}, {ROUNDS} rounds (median shown)");
+    println!("{:<34} {:>10} {:>12}", "", "total s", "vs ideal");
+    println!("{:<34} {:>10.3} {:>11.0}%", "ideal", ideal, 100.0);
+    println!(
+        "{:<34} {:>10.3} {:>11.0}%",
+        "ours (tasks, one client)",
+        ours_total,
+        100.0 * ours_total / ideal
+    );
+    println!(
+        "{:<34} {:>10.3} {:>11.0}%",
+        "consul lock -n (processes)",
+        cl_total,
+        100.0 * cl_total / ideal
+    );
+    println!(
+        "ours per acquisition: {conflicts:.2} CAS conflicts, {requests:.1} Consul requests ({writes:.1} writes)"
+    );
+    println!("rounds: ours {ours_s:.3?} s, consul lock -n {cl_s:.3?} s");
+    println!(
+        "ratio consul lock -n / ours = {:.2}x",
+        cl_total / ours_total
+    );
+    println!(
+        "RESULT sem_total_s={ours_total:.3} consul_lock_sem_total_s={cl_total:.3} ideal_s={ideal:.1} cas_conflicts_per_acquire={conflicts:.2}"
+    );
+}
