@@ -193,6 +193,10 @@ fn corrupt(key: &str, reason: String) -> Error {
 pub(crate) struct Pool {
     idle_for: Option<Duration>,
     idle: Mutex<HashMap<String, Vec<oneshot::Sender<oneshot::Sender<Pooled>>>>>,
+    /// One contender per prefix at a time in this process: the tasks of one process queue here
+    /// instead of racing each other's compare-and-set on the lock key (a thundering herd that
+    /// costs a failed write per loser). Other processes still race, and CAS keeps that correct.
+    gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// A session that holds its contender key but no slot, kept alive by an idle task.
@@ -214,6 +218,25 @@ impl Pool {
         Pool {
             idle_for,
             idle: Mutex::default(),
+            gates: Mutex::default(),
+        }
+    }
+
+    /// Waits (until `deadline`, if any) to be this process's contender for `prefix`.
+    async fn gate(
+        &self,
+        prefix: &str,
+        deadline: Option<Instant>,
+    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let gate = {
+            let mut gates = self.gates.lock().ok()?;
+            // Forget gates nobody waits on, so distinct prefixes do not accumulate.
+            gates.retain(|_, g| Arc::strong_count(g) > 1 || g.try_lock().is_err());
+            Arc::clone(gates.entry(prefix.to_owned()).or_default())
+        };
+        match deadline {
+            None => Some(gate.lock_owned().await),
+            Some(d) => tokio::time::timeout_at(d, gate.lock_owned()).await.ok(),
         }
     }
 
@@ -317,10 +340,21 @@ pub(crate) async fn acquire(
             started,
             deadline,
         };
+        let gated = async {
+            // `Wait::Never` makes its one attempt at once rather than queue behind a waiter.
+            let _gate = match spec.wait_policy() {
+                Wait::Never => None,
+                _ => match pool.gate(prefix, deadline).await {
+                    Some(gate) => Some(gate),
+                    None => return Err(contend.busy()),
+                },
+            };
+            contend.run().await
+        };
         let outcome = tokio::select! {
             biased;
             end = &mut keep_alive => Err(end),
-            result = contend.run() => Ok(result),
+            result = gated => Ok(result),
         };
         match outcome {
             Ok(Ok(Some(admitted))) => {
