@@ -17,16 +17,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry};
-use super::retry::{Backoff, retry_transient, within};
-use super::session::{self, KeepAlive, Session, SessionEnd};
+use super::retry::{retry_transient, within};
+use super::session::{self, KeepAlive, Session, SessionEnd, WATCH_WAIT};
 use crate::lease::{self, Checker, Hold};
 use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Wait};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
 pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
-
-/// How long one blocking query waits before Consul answers unchanged.
-const WATCH_WAIT: Duration = Duration::from_secs(300);
 
 /// First pause after an acquire refused by lock-delay; doubles up to [`LOCK_DELAY_MAX_PAUSE`].
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);
@@ -56,13 +53,7 @@ pub(crate) async fn acquire(http: &Arc<ConsulHttp>, spec: &LeaseSpec) -> Result<
             }
             // Our waiting session was destroyed (by an operator, or it expired): wait with a new one.
             Err(SessionEnd::Invalidated) => continue,
-            Err(SessionEnd::Fenced { last_error, .. }) => {
-                return Err(Error::Backend {
-                    backend: "Consul",
-                    operation: format!("keep a session alive while waiting for {:?}", spec.key()),
-                    message: last_error.unwrap_or_else(|| "renewals did not succeed".into()),
-                });
-            }
+            Err(end @ SessionEnd::Fenced { .. }) => return Err(end.into_wait_error(spec.key())),
         }
     }
 }
@@ -244,15 +235,14 @@ struct LeaderHold {
 
 impl Hold for LeaderHold {
     async fn watch(&mut self) -> LostReason {
-        // The renew loop is polled here, in the same task, so the self-fencing deadline fires even
-        // while the blocking queries hang on a dead network. The session's own watch names an
-        // invalidation at once; the key's watch catches every other way to lose the key.
-        tokio::select! {
-            biased;
-            end = &mut self.keep_alive => end.into(),
-            end = session::watch_invalidation(self.session.http(), self.session.id()) => end.into(),
-            reason = monitor_key(&self.session, &self.key, self.lock_index, &mut self.index) => reason,
-        }
+        let (session, key, lock_index) = (&self.session, self.key.as_str(), self.lock_index);
+        let http = session.http();
+        let key_watch = session::watch_until_lost(
+            &mut self.index,
+            |blocking| http.kv_get(key, Some(blocking)),
+            |entry| async move { verdict(http, entry.as_ref(), session.id(), lock_index).await },
+        );
+        session::hold_until_lost(&mut self.keep_alive, session, key_watch).await
     }
 
     async fn release(self) -> Result<(), Error> {
@@ -267,34 +257,6 @@ impl Hold for LeaderHold {
     async fn clean_up(self) {
         if let Err(error) = self.session.destroy().await {
             tracing::warn!(%error, "could not destroy the session of a lost lease; it expires with its TTL");
-        }
-    }
-}
-
-/// Blocks on the key until it no longer shows our acquisition. Borrows only what it needs, so
-/// the renew loop can be polled beside it.
-async fn monitor_key(session: &Session, key: &str, lock_index: u64, index: &mut u64) -> LostReason {
-    let http = session.http();
-    let mut backoff = Backoff::new();
-    loop {
-        let blocking = Blocking {
-            index: *index,
-            wait: WATCH_WAIT,
-        };
-        match http.kv_get(key, Some(blocking)).await {
-            Ok((entry, new_index)) => {
-                backoff.reset();
-                if let Some(reason) = verdict(http, entry.as_ref(), session.id(), lock_index).await
-                {
-                    return reason;
-                }
-                *index = if new_index < *index { 0 } else { new_index };
-            }
-            // Brief trouble is not loss: retry; the renew loop self-fences if it lasts.
-            Err(error) => {
-                tracing::debug!(%error, "watching the lease failed; retrying");
-                backoff.wait().await;
-            }
         }
     }
 }

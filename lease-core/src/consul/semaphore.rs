@@ -24,15 +24,13 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::http::{Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
-use super::retry::{Backoff, retry_transient, within};
-use super::session::{self, KeepAlive, Session, SessionEnd};
+use super::retry::{retry_transient, within};
+use super::session::{self, KeepAlive, Session, SessionEnd, WATCH_WAIT};
 use crate::lease::{self, Checker, Hold};
 use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target, Wait};
 
 /// The flags `consul lock -n` (and Consul's Go `api.Semaphore`) put on its keys.
 pub(crate) const SEMAPHORE_FLAGS: u64 = 0xe0f6_9a2b_aa41_4de0;
-
-const WATCH_WAIT: Duration = Duration::from_secs(300);
 
 fn lock_key(prefix: &str) -> String {
     format!("{prefix}/.lock")
@@ -381,15 +379,7 @@ pub(crate) async fn acquire(
                 return Err(error);
             }
             Err(SessionEnd::Invalidated) => {}
-            Err(SessionEnd::Fenced { last_error, .. }) => {
-                return Err(Error::Backend {
-                    backend: "Consul",
-                    operation: format!(
-                        "keep a session alive while waiting for semaphore {prefix:?}"
-                    ),
-                    message: last_error.unwrap_or_else(|| "renewals did not succeed".into()),
-                });
-            }
+            Err(end @ SessionEnd::Fenced { .. }) => return Err(end.into_wait_error(prefix)),
         }
     }
 }
@@ -615,12 +605,14 @@ struct SemaphoreHold {
 
 impl Hold for SemaphoreHold {
     async fn watch(&mut self) -> LostReason {
-        tokio::select! {
-            biased;
-            end = &mut self.keep_alive => end.into(),
-            end = session::watch_invalidation(self.session.http(), self.session.id()) => end.into(),
-            reason = watch_prefix(&self.session, &self.prefix, self.lock_index, &mut self.index) => reason,
-        }
+        let (session, prefix, lock_index) = (&self.session, self.prefix.as_str(), self.lock_index);
+        let http = session.http();
+        let prefix_watch = session::watch_until_lost(
+            &mut self.index,
+            |blocking| http.kv_list(prefix, Some(blocking)),
+            |entries| async move { verdict(http, prefix, &entries, session.id(), lock_index).await },
+        );
+        session::hold_until_lost(&mut self.keep_alive, session, prefix_watch).await
     }
 
     async fn release(self) -> Result<(), Error> {
@@ -652,38 +644,6 @@ impl Hold for SemaphoreHold {
         let http = Arc::clone(self.session.http());
         if let Err(error) = release_session(&http, &self.prefix, self.session).await {
             tracing::warn!(%error, "could not clean up a lost semaphore slot; its session expires with its TTL");
-        }
-    }
-}
-
-/// Blocks on the prefix until it no longer shows our slot.
-async fn watch_prefix(
-    session: &Session,
-    prefix: &str,
-    lock_index: u64,
-    index: &mut u64,
-) -> LostReason {
-    let http = session.http();
-    let mut backoff = Backoff::new();
-    loop {
-        let blocking = Blocking {
-            index: *index,
-            wait: WATCH_WAIT,
-        };
-        match http.kv_list(prefix, Some(blocking)).await {
-            Ok((entries, new_index)) => {
-                backoff.reset();
-                if let Some(reason) =
-                    verdict(http, prefix, &entries, session.id(), lock_index).await
-                {
-                    return reason;
-                }
-                *index = if new_index < *index { 0 } else { new_index };
-            }
-            Err(error) => {
-                tracing::debug!(%error, "watching the semaphore failed; retrying");
-                backoff.wait().await;
-            }
         }
     }
 }

@@ -14,9 +14,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, Blocking, ConsulHttp};
+use super::http::{ApiError, Behavior, Blocking, ConsulHttp};
 use super::retry::{Backoff, retry_transient, within};
 use crate::{Error, LeaseSpec, LostReason};
+
+/// How long one blocking query waits before Consul answers unchanged.
+pub(crate) const WATCH_WAIT: Duration = Duration::from_secs(300);
 
 /// How long before the TTL runs out the client gives up on an unconfirmed session: a tenth of
 /// the TTL, at least a second, to cover request latency and clock drift between us and Consul.
@@ -34,6 +37,23 @@ pub(crate) enum SessionEnd {
         unconfirmed_for: Duration,
         last_error: Option<String>,
     },
+}
+
+impl SessionEnd {
+    /// The error for an `acquire` whose waiting session could not be kept alive.
+    pub(crate) fn into_wait_error(self, key: &str) -> Error {
+        let message = match self {
+            SessionEnd::Invalidated => "the session was invalidated".into(),
+            SessionEnd::Fenced { last_error, .. } => {
+                last_error.unwrap_or_else(|| "renewals did not succeed".into())
+            }
+        };
+        Error::Backend {
+            backend: "Consul",
+            operation: format!("keep a session alive while waiting for {key:?}"),
+            message,
+        }
+    }
 }
 
 impl From<SessionEnd> for LostReason {
@@ -191,7 +211,7 @@ pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEn
     loop {
         let blocking = Blocking {
             index,
-            wait: Duration::from_secs(300),
+            wait: WATCH_WAIT,
         };
         match http.session_watch(id, blocking).await {
             Ok((false, _)) => return SessionEnd::Invalidated,
@@ -201,6 +221,59 @@ pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEn
             }
             Err(error) => {
                 tracing::debug!(session = %id, %error, "watching the session failed; retrying");
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
+/// Holds a lease: polls the session's renew loop (so the self-fencing deadline fires even while
+/// blocking queries hang on a dead network), the session's own watch (which names an
+/// invalidation at once) and `target`, the watch of what the session holds (which catches every
+/// other way to lose it). Returns the first loss.
+pub(crate) async fn hold_until_lost(
+    keep_alive: &mut KeepAlive,
+    session: &Session,
+    target: impl Future<Output = LostReason>,
+) -> LostReason {
+    tokio::select! {
+        biased;
+        end = keep_alive => end.into(),
+        end = watch_invalidation(session.http(), session.id()) => end.into(),
+        reason = target => reason,
+    }
+}
+
+/// Blocking reads from `index` on, until `judge` finds the lease lost in an answer. Brief trouble
+/// is retried: the renew loop is what self-fences when it lasts.
+pub(crate) async fn watch_until_lost<T, R, RF, J, JF>(
+    index: &mut u64,
+    mut read: R,
+    mut judge: J,
+) -> LostReason
+where
+    R: FnMut(Blocking) -> RF,
+    RF: Future<Output = Result<(T, u64), ApiError>>,
+    J: FnMut(T) -> JF,
+    JF: Future<Output = Option<LostReason>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        let blocking = Blocking {
+            index: *index,
+            wait: WATCH_WAIT,
+        };
+        match read(blocking).await {
+            Ok((answer, new_index)) => {
+                backoff.reset();
+                if let Some(reason) = judge(answer).await {
+                    return reason;
+                }
+                // Consul's rule for blocking queries: an index that went backwards means start over.
+                *index = if new_index < *index { 0 } else { new_index };
+            }
+            Err(error) => {
+                tracing::debug!(%error, "watching the lease failed; retrying");
                 backoff.wait().await;
             }
         }
