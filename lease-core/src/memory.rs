@@ -564,9 +564,22 @@ impl State {
         if let Some(until) = self.lock_delay_until(key, now) {
             return Ok(Attempt::Blocked { until: Some(until) });
         }
+        let lock_index = self.lock(key, LEADER_FLAGS, session, value);
+        let held = Held::Leader {
+            key: key.to_owned(),
+            session: session.to_owned(),
+            lock_index,
+        };
+        let sequencer = Sequencer::new(BackendKind::Memory, key, lock_index, session);
+        Ok(Attempt::Acquired(held, sequencer))
+    }
+
+    /// Consul's `?acquire=` on a key that is free: `session` takes it, LockIndex rises, the value
+    /// is written. Returns the new LockIndex.
+    fn lock(&mut self, key: &str, flags: u64, session: &str, value: &[u8]) -> u64 {
         let index = self.bump();
         let entry = self.kv.entry(key.to_owned()).or_insert_with(|| Entry {
-            flags: LEADER_FLAGS,
+            flags,
             lock_index: 0,
             session: None,
             modify_index: index,
@@ -576,13 +589,7 @@ impl State {
         entry.session = Some(session.to_owned());
         entry.modify_index = index;
         entry.value = Value::Bytes(value.to_vec());
-        let held = Held::Leader {
-            key: key.to_owned(),
-            session: session.to_owned(),
-            lock_index: entry.lock_index,
-        };
-        let sequencer = Sequencer::new(BackendKind::Memory, key, entry.lock_index, session);
-        Ok(Attempt::Acquired(held, sequencer))
+        entry.lock_index
     }
 
     /// Seed 000: hold a contender key, prune dead holders from `.lock`, join if there is room.
@@ -620,21 +627,7 @@ impl State {
             .get(&contender_key)
             .is_some_and(|entry| entry.session.as_deref() == Some(session));
         if !contender_held {
-            let index = self.bump();
-            let entry = self
-                .kv
-                .entry(contender_key.clone())
-                .or_insert_with(|| Entry {
-                    flags: SEMAPHORE_FLAGS,
-                    lock_index: 0,
-                    session: None,
-                    modify_index: index,
-                    value: Value::Bytes(Vec::new()),
-                });
-            entry.lock_index += 1;
-            entry.session = Some(session.to_owned());
-            entry.modify_index = index;
-            entry.value = Value::Bytes(value.to_vec());
+            self.lock(&contender_key, SEMAPHORE_FLAGS, session, value);
         }
         let live: BTreeSet<String> = self
             .kv

@@ -181,13 +181,7 @@ pub(crate) async fn declare_slot(
         durable: true,
         ..QueueDeclareOptions::default()
     };
-    bounded(
-        timeout,
-        queue,
-        channel.queue_declare(ShortString::from(queue), options, queue_arguments()),
-    )
-    .await
-    .map(drop)
+    declare(channel, queue, options, timeout).await
 }
 
 /// Declares an exclusive queue: a holder queue `B[L]` or the administration mutex.
@@ -202,6 +196,16 @@ pub(crate) async fn declare_exclusive(
         exclusive: true,
         ..QueueDeclareOptions::default()
     };
+    declare(channel, queue, options, timeout).await
+}
+
+/// Declares `queue` with the arguments every client uses (so a mismatch is a typed error).
+async fn declare(
+    channel: &Channel,
+    queue: &str,
+    options: QueueDeclareOptions,
+    timeout: Duration,
+) -> Result<(), Failure> {
     bounded(
         timeout,
         queue,
