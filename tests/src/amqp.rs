@@ -114,3 +114,17 @@ pub fn close_connection(connection_name: &str) {
 pub fn close_connection_pid(pid: &str) {
     rabbitmqctl(&["close_connection", pid, "closed by the lease tests"]);
 }
+
+/// The queues whose names start with `prefix`, with how many messages each holds
+/// (`rabbitmqctl list_queues name messages`).
+pub fn queues(prefix: &str) -> Vec<(String, u64)> {
+    rabbitmqctl(&["-q", "list_queues", "name", "messages"])
+        .lines()
+        .filter_map(|line| {
+            let (name, messages) = line.split_once('\t')?;
+            let messages = messages.trim().parse().ok()?;
+            name.starts_with(prefix)
+                .then(|| (name.to_owned(), messages))
+        })
+        .collect()
+}

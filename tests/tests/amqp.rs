@@ -68,7 +68,26 @@ async fn eight_contenders_on_three_slots_never_exceed_three_and_all_hold() {
         .unwrap();
     }
     assert!(most.load(Ordering::SeqCst) >= 2, "slots were never shared");
+    // Every scan probed the slot and holder queues with publishes; none of them stayed.
+    let queues = tokio::task::spawn_blocking({
+        let name = name.clone();
+        move || broker::queues(&name)
+    })
+    .await
+    .unwrap();
+    assert!(
+        queues.iter().any(|(q, _)| q.ends_with("-A")),
+        "no slot queues listed: {queues:?}"
+    );
+    assert!(
+        queues.iter().all(|(_, messages)| *messages == 0),
+        "probes left messages: {queues:?}"
+    );
     destroy(&name).await;
+    let left = tokio::task::spawn_blocking(move || broker::queues(&name))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "queues left after destroy: {left:?}");
 }
 
 #[tokio::test]
