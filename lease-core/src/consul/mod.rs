@@ -96,4 +96,8 @@ impl Backend for Consul {
             .instrument(span),
         )
     }
+
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(leader::check_sequencer(&self.http, sequencer))
+    }
 }

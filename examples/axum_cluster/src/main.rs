@@ -1,0 +1,2 @@
+//! Placeholder until the example lands.
+fn main() {}
