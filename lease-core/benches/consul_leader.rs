@@ -9,6 +9,8 @@
 //!
 //! Timestamps that cross processes are wall-clock nanoseconds (`SystemTime`), taken on one machine.
 
+#![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
+
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -89,6 +89,17 @@ pub enum Error {
         requested: u64,
     },
 
+    /// The semaphore still has live holders, so it was not destroyed.
+    #[error(
+        "semaphore {key:?} still has {holders} live holder(s); release them (or wait) before destroying it"
+    )]
+    SemaphoreInUse {
+        /// The semaphore's prefix or name.
+        key: String,
+        /// How many live holders remain.
+        holders: usize,
+    },
+
     /// The semaphore's coordinating value cannot be read; it is left untouched.
     #[error(
         "semaphore lock key {key:?} holds a value that cannot be read ({reason}); \
@@ -135,6 +146,32 @@ pub enum Error {
         operation: String,
         /// The status and body of the answer, or the protocol error.
         message: String,
+    },
+
+    /// A queue exists with other arguments than this client declares it with (RabbitMQ's
+    /// PRECONDITION_FAILED names the argument that differs).
+    #[error(
+        "queue {queue:?} exists with different arguments: {message}; every client of the \
+         semaphore must declare its queues the same way: delete the queue or use another name"
+    )]
+    QueueMismatch {
+        /// The queue.
+        queue: String,
+        /// The broker's message, naming the argument that differs.
+        message: String,
+    },
+
+    /// Acquire lost the race for a free slot too many times in a row (AMQP: RESOURCE_LOCKED on
+    /// the holder queue); slots may be free, but others keep taking them first.
+    #[error(
+        "lost the race for a free slot of {key:?} {attempts} times in a row; retry, or allow more \
+         retries (AmqpBuilder::race_retries)"
+    )]
+    Contended {
+        /// The semaphore's name.
+        key: String,
+        /// How many races were lost.
+        attempts: u32,
     },
 
     /// The client configuration (environment or builder) is invalid.

@@ -7,6 +7,7 @@
 //! Backends, one cargo feature each:
 //!
 //! - `consul`: Consul sessions + KV ([`consul::Consul`]), interoperating with `consul lock`.
+//! - `amqp`: the RabbitMQ persistent semaphore ([`amqp::Amqp`]), leader = one slot.
 //! - `memory` (default): in-process, no server, the same semantics ([`memory::Memory`]).
 //!
 //! [`leader`] runs a worker only while this node leads ([`leader::Campaign`]) and lets any node
@@ -44,6 +45,9 @@ pub mod consul;
 pub mod leader;
 #[cfg(feature = "memory")]
 pub mod memory;
+
+#[cfg(feature = "amqp")]
+pub mod amqp;
 
 pub use backend::Backend;
 pub use default_backend::{default_backend, set_default_backend};

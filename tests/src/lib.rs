@@ -1,5 +1,7 @@
 //! Support code for the integration tests: real services, started and faulted on demand.
 //!
+//! - [`amqp`]: the RabbitMQ the AMQP tests use (URL, unique names, closing a connection with
+//!   `rabbitmqctl`).
 //! - [`consul`]: a `consul agent -dev` per test on free ports, stopped when dropped, and the
 //!   operator actions tests perform on it (destroy a session, delete a key, list sessions).
 //! - [`proxy`]: a TCP proxy between a client and a service that can stop forwarding, cut every
@@ -9,7 +11,9 @@
 //! reach its service fails; it never passes by skipping.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+pub mod amqp;
 pub mod consul;
+pub mod overlap;
 pub mod proxy;
 
 use std::time::Duration;

@@ -70,6 +70,7 @@ pub struct ConsulBuilder {
     ca_cert: Option<PathBuf>,
     datacenter: Option<String>,
     node_checks: Option<Vec<String>>,
+    semaphore_pool: Option<Duration>,
 }
 
 impl ConsulBuilder {
@@ -142,6 +143,18 @@ impl ConsulBuilder {
         self
     }
 
+    /// Reuse semaphore sessions and contender keys across acquisitions, keeping an idle one alive
+    /// (renewed) for up to `idle_for` before destroying it.
+    ///
+    /// With a pool, a semaphore slot costs one write to take (one transaction: re-lock the
+    /// contender key, which raises its LockIndex so the sequencer still changes, and join the
+    /// holders) and one to give back, instead of five. Meant for per-request limits (lease-tower's
+    /// semaphore layer). The price: idle sessions stay listed in Consul while pooled.
+    pub fn semaphore_pool(mut self, idle_for: Duration) -> Self {
+        self.semaphore_pool = Some(idle_for);
+        self
+    }
+
     /// Validates the configuration and builds the backend. No request is sent.
     pub fn build(self) -> Result<Consul, Error> {
         let base = base_url(self.address.as_deref(), self.ssl.unwrap_or(false))?;
@@ -185,13 +198,10 @@ impl ConsulBuilder {
         let client = client
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Consul::from_http(ConsulHttp::new(
-            client,
-            base,
-            token,
-            self.datacenter,
-            self.node_checks,
-        )))
+        Ok(Consul::from_parts(
+            ConsulHttp::new(client, base, token, self.datacenter, self.node_checks),
+            self.semaphore_pool,
+        ))
     }
 }
 

@@ -133,6 +133,66 @@ impl fmt::Display for DisplayChain<'_> {
     }
 }
 
+/// One KV operation of a transaction.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TxnOp<'a> {
+    /// Acquire `key` with `session` (the `lock` verb), setting value and flags.
+    Lock {
+        key: &'a str,
+        session: &'a str,
+        value: &'a [u8],
+        flags: u64,
+    },
+    /// Release `key` held by `session` (the `unlock` verb).
+    Unlock {
+        key: &'a str,
+        session: &'a str,
+        flags: u64,
+    },
+    /// Set `key` if its ModifyIndex is still `index` (0: if it does not exist).
+    Cas {
+        key: &'a str,
+        value: &'a [u8],
+        flags: u64,
+        index: u64,
+    },
+    /// Delete `key`.
+    Delete { key: &'a str },
+}
+
+impl TxnOp<'_> {
+    fn to_json(self) -> serde_json::Value {
+        let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
+        let kv = match self {
+            TxnOp::Lock {
+                key,
+                session,
+                value,
+                flags,
+            } => {
+                serde_json::json!({"Verb": "lock", "Key": key, "Session": session, "Value": b64(value), "Flags": flags})
+            }
+            TxnOp::Unlock {
+                key,
+                session,
+                flags,
+            } => {
+                serde_json::json!({"Verb": "unlock", "Key": key, "Session": session, "Flags": flags})
+            }
+            TxnOp::Cas {
+                key,
+                value,
+                flags,
+                index,
+            } => {
+                serde_json::json!({"Verb": "cas", "Key": key, "Value": b64(value), "Flags": flags, "Index": index})
+            }
+            TxnOp::Delete { key } => serde_json::json!({"Verb": "delete", "Key": key}),
+        };
+        serde_json::json!({ "KV": kv })
+    }
+}
+
 /// A blocking query: wait until the index moves past `index`, at most `wait`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Blocking {
@@ -148,6 +208,8 @@ pub(crate) struct ConsulHttp {
     datacenter: Option<String>,
     node_checks: Option<Vec<String>>,
     requests: AtomicU64,
+    writes: AtomicU64,
+    cas_conflicts: AtomicU64,
 }
 
 impl fmt::Debug for ConsulHttp {
@@ -175,6 +237,8 @@ impl ConsulHttp {
             datacenter,
             node_checks,
             requests: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            cas_conflicts: AtomicU64::new(0),
         })
     }
 
@@ -186,6 +250,21 @@ impl ConsulHttp {
     /// How many requests this client has sent.
     pub(crate) fn requests_sent(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Counts a compare-and-set this client lost to another writer.
+    pub(crate) fn count_cas_conflict(&self) {
+        self.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many compare-and-set writes this client lost to another writer.
+    pub(crate) fn cas_conflicts(&self) -> u64 {
+        self.cas_conflicts.load(Ordering::Relaxed)
+    }
+
+    /// How many of them were writes (PUT, DELETE): each one a Raft apply in Consul.
+    pub(crate) fn writes_sent(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
     }
 
     fn url<'a>(&self, path: impl IntoIterator<Item = &'a str>) -> Url {
@@ -211,6 +290,9 @@ impl ConsulHttp {
         timeout: Duration,
     ) -> Result<reqwest::Response, ApiError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        if method != Method::GET {
+            self.writes.fetch_add(1, Ordering::Relaxed);
+        }
         let mut request = self.client.request(method, url).timeout(timeout);
         if let Some(token) = &self.token {
             request = request.header("X-Consul-Token", token.expose());
@@ -401,21 +483,6 @@ impl ConsulHttp {
         self.kv_write(url, Vec::new()).await
     }
 
-    /// `PUT /v1/kv/<key>?cas=<index>&flags=<flags>` with `value`.
-    pub(crate) async fn kv_cas(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        flags: u64,
-        cas: u64,
-    ) -> Result<bool, ApiError> {
-        let mut url = self.kv_url(key);
-        url.query_pairs_mut()
-            .append_pair("cas", &cas.to_string())
-            .append_pair("flags", &flags.to_string());
-        self.kv_write(url, value).await
-    }
-
     /// `DELETE /v1/kv/<key>`, with `?cas=<index>` if given.
     pub(crate) async fn kv_delete(&self, key: &str, cas: Option<u64>) -> Result<bool, ApiError> {
         let mut url = self.kv_url(key);
@@ -425,6 +492,55 @@ impl ConsulHttp {
         let (status, _, bytes) = self.call(Method::DELETE, url, None).await?;
         expect_ok(status, &bytes)?;
         parse_bool(&bytes)
+    }
+
+    /// `PUT /v1/txn`: all of `ops` or none. `Ok(Ok(entries))` has one entry per op that returns
+    /// one; `Ok(Err(failed))` names the ops Consul refused (a stale CAS index, a lock not taken).
+    pub(crate) async fn txn(
+        &self,
+        ops: &[TxnOp<'_>],
+    ) -> Result<Result<Vec<KvEntry>, Vec<usize>>, ApiError> {
+        let body: Vec<serde_json::Value> = ops.iter().copied().map(TxnOp::to_json).collect();
+        let body = serde_json::to_vec(&body).map_err(|e| ApiError::Malformed(e.to_string()))?;
+        let (status, _, bytes) = self
+            .call(Method::PUT, self.url(["txn"]), Some(body))
+            .await?;
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Answer {
+            #[serde(default)]
+            results: Option<Vec<TxnResult>>,
+            #[serde(default)]
+            errors: Option<Vec<TxnFailure>>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct TxnResult {
+            #[serde(rename = "KV")]
+            kv: Option<KvEntry>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct TxnFailure {
+            op_index: usize,
+        }
+        if status == StatusCode::CONFLICT {
+            let answer: Answer = parse_json(&bytes)?;
+            return Ok(Err(answer
+                .errors
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e.op_index)
+                .collect()));
+        }
+        expect_ok(status, &bytes)?;
+        let answer: Answer = parse_json(&bytes)?;
+        Ok(Ok(answer
+            .results
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|r| r.kv)
+            .collect()))
     }
 
     async fn kv_write(&self, url: Url, value: Vec<u8>) -> Result<bool, ApiError> {

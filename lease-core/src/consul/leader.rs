@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry};
+use super::retry::{Backoff, retry_transient, within};
 use super::session::{self, KeepAlive, Session, SessionEnd};
 use crate::lease::{self, Checker, Hold};
 use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Wait};
@@ -30,10 +31,6 @@ const WATCH_WAIT: Duration = Duration::from_secs(300);
 /// First pause after an acquire refused by lock-delay; doubles up to [`LOCK_DELAY_MAX_PAUSE`].
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);
 const LOCK_DELAY_MAX_PAUSE: Duration = Duration::from_secs(1);
-
-/// Pauses between retries of a read that failed transiently.
-const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
-const RETRY_MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Acquires the leader lock `spec` names (validated by the caller).
 pub(crate) async fn acquire(http: &Arc<ConsulHttp>, spec: &LeaseSpec) -> Result<Lease, Error> {
@@ -171,25 +168,16 @@ async fn contend(
     }
 }
 
-/// Reads `key`, retrying transient failures with a growing pause until `deadline` (if any).
+/// Reads `key`, retrying transient failures until `deadline` (if any).
 async fn read_retrying(
     http: &ConsulHttp,
     key: &str,
     blocking: Option<Blocking>,
     deadline: Option<Instant>,
 ) -> Result<(Option<KvEntry>, u64), Error> {
-    let mut pause = RETRY_FIRST_PAUSE;
-    loop {
-        match http.kv_get(key, blocking).await {
-            Ok(answer) => return Ok(answer),
-            Err(e) if e.is_transient() && deadline.is_none_or(|d| Instant::now() + pause < d) => {
-                tracing::debug!(error = %e, "reading {key:?} failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX_PAUSE);
-            }
-            Err(e) => return Err(e.into_error(http, format_args!("read {key:?}"))),
-        }
-    }
+    retry_transient(deadline, || http.kv_get(key, blocking))
+        .await
+        .map_err(|e| e.into_error(http, format_args!("read {key:?}")))
 }
 
 /// Turns a successful contention into a lease and starts its holder task.
@@ -287,7 +275,7 @@ impl Hold for LeaderHold {
 /// the renew loop can be polled beside it.
 async fn monitor_key(session: &Session, key: &str, lock_index: u64, index: &mut u64) -> LostReason {
     let http = session.http();
-    let mut pause = RETRY_FIRST_PAUSE;
+    let mut backoff = Backoff::new();
     loop {
         let blocking = Blocking {
             index: *index,
@@ -295,7 +283,7 @@ async fn monitor_key(session: &Session, key: &str, lock_index: u64, index: &mut 
         };
         match http.kv_get(key, Some(blocking)).await {
             Ok((entry, new_index)) => {
-                pause = RETRY_FIRST_PAUSE;
+                backoff.reset();
                 if let Some(reason) = verdict(http, entry.as_ref(), session.id(), lock_index).await
                 {
                     return reason;
@@ -305,28 +293,21 @@ async fn monitor_key(session: &Session, key: &str, lock_index: u64, index: &mut 
             // Brief trouble is not loss: retry; the renew loop self-fences if it lasts.
             Err(error) => {
                 tracing::debug!(%error, "watching the lease failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX_PAUSE);
+                backoff.wait().await;
             }
         }
     }
 }
 
-/// `PUT ?release=`, retrying brief trouble for a few seconds.
+/// `PUT ?release=`, retrying brief trouble for a few seconds. A `false` answer means the key
+/// was no longer ours: nothing to give back.
 async fn release_key(http: &ConsulHttp, key: &str, session: &str) -> Result<(), Error> {
-    let give_up = Instant::now() + Duration::from_secs(5);
-    let mut pause = RETRY_FIRST_PAUSE;
-    loop {
-        match http.kv_release(key, session, LEADER_FLAGS).await {
-            // `false` means the key was no longer ours: nothing to give back.
-            Ok(_) => return Ok(()),
-            Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX_PAUSE);
-            }
-            Err(e) => return Err(e.into_error(http, format_args!("release {key:?}"))),
-        }
-    }
+    retry_transient(within(Duration::from_secs(5)), || {
+        http.kv_release(key, session, LEADER_FLAGS)
+    })
+    .await
+    .map(drop)
+    .map_err(|e| e.into_error(http, format_args!("release {key:?}")))
 }
 
 /// `Lease::check` for a leader lock: one consistent read of the key.

@@ -4,21 +4,27 @@
 //! lease has its own session, renewed every TTL/2 by the lease's holder task, and is watched with
 //! consistent blocking queries, so loss is noticed as soon as Consul knows it.
 //!
-//! Interoperation: a leader lock uses the key and flags of `consul lock KEY` (well, of its
-//! `KEY/.lock` when you pass `consul lock` the prefix `KEY`), so the two exclude each other.
+//! Interoperation: `consul lock PREFIX cmd` holds the key `PREFIX/.lock`; a leader lease on that
+//! key uses the same flags, so the two exclude each other. A semaphore on `PREFIX` shares its
+//! slots with `consul lock -n N PREFIX cmd`.
 
 mod config;
 mod http;
 mod leader;
+mod observe;
+mod retry;
+mod semaphore;
 mod session;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::Instrument;
 
 pub use config::ConsulBuilder;
 
+use crate::leader::LeaderObserver;
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
 use http::ConsulHttp;
 
@@ -41,6 +47,7 @@ use http::ConsulHttp;
 #[derive(Clone)]
 pub struct Consul {
     http: Arc<ConsulHttp>,
+    pool: Arc<semaphore::Pool>,
 }
 
 impl fmt::Debug for Consul {
@@ -63,8 +70,11 @@ impl Consul {
         ConsulBuilder::from_env().build()
     }
 
-    pub(crate) fn from_http(http: Arc<ConsulHttp>) -> Consul {
-        Consul { http }
+    pub(crate) fn from_parts(http: Arc<ConsulHttp>, pool_idle_for: Option<Duration>) -> Consul {
+        Consul {
+            http,
+            pool: Arc::new(semaphore::Pool::new(pool_idle_for)),
+        }
     }
 
     /// How many HTTP requests this client (and its clones) has sent to Consul, for measuring.
@@ -72,11 +82,39 @@ impl Consul {
         self.http.requests_sent()
     }
 
-    /// Whether `sequencer` still names the current holder of its leader key: one consistent read.
+    /// How many of those were writes (PUT or DELETE; each one a Raft apply in Consul).
+    pub fn writes_sent(&self) -> u64 {
+        self.http.writes_sent()
+    }
+
+    /// How many semaphore compare-and-set writes this client lost to other contenders.
+    pub fn cas_conflicts(&self) -> u64 {
+        self.http.cas_conflicts()
+    }
+
+    /// Whether `sequencer` still names a current holder: of its leader key, or (for a semaphore
+    /// contender key) of a slot of its semaphore. One consistent read.
     ///
     /// This is the check a downstream service makes on work handed to it with a sequencer.
+    /// `Err(Error::Lost(_))` says why it is stale.
     pub async fn check_sequencer(&self, sequencer: &Sequencer) -> Result<(), Error> {
-        leader::check_sequencer(&self.http, sequencer).await
+        let (entry, _) =
+            self.http.kv_get(sequencer.key(), None).await.map_err(|e| {
+                e.into_error(&self.http, format_args!("read {:?}", sequencer.key()))
+            })?;
+        match (entry, semaphore::prefix_of(sequencer)) {
+            (Some(e), Some(prefix)) if e.flags == semaphore::SEMAPHORE_FLAGS => {
+                semaphore::check_sequencer(&self.http, prefix, sequencer).await
+            }
+            _ => leader::check_sequencer(&self.http, sequencer).await,
+        }
+    }
+
+    /// Removes the semaphore at `prefix` (its `.lock` key) if no live holder remains; refuses
+    /// with [`Error::SemaphoreInUse`] while holders remain.
+    pub async fn destroy_semaphore(&self, prefix: &str) -> Result<(), Error> {
+        crate::spec::validate_key(prefix)?;
+        semaphore::destroy(&self.http, prefix).await
     }
 }
 
@@ -88,13 +126,17 @@ impl Backend for Consul {
                 spec.validate()?;
                 match spec.target() {
                     Target::Leader { .. } => leader::acquire(&self.http, spec).await,
-                    Target::Semaphore { .. } => Err(Error::Config(
-                        "Consul semaphores are not available in this build yet".into(),
-                    )),
+                    Target::Semaphore { .. } => {
+                        semaphore::acquire(&self.http, &self.pool, spec).await
+                    }
                 }
             }
             .instrument(span),
         )
+    }
+
+    fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
+        Box::pin(observe::observe(&self.http, key))
     }
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{Behavior, Blocking, ConsulHttp};
+use super::retry::{Backoff, retry_transient, within};
 use crate::{Error, LeaseSpec, LostReason};
 
 /// How long before the TTL runs out the client gives up on an unconfirmed session: a tenth of
@@ -126,21 +127,11 @@ impl Drop for Session {
 
 /// Destroys a session, retrying transient failures for a few seconds.
 async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
-    let mut backoff = Duration::from_millis(50);
-    let give_up = Instant::now() + Duration::from_secs(5);
-    loop {
-        match http.session_destroy(id).await {
-            Ok(()) => {
-                tracing::debug!(session = %id, "session destroyed");
-                return Ok(());
-            }
-            Err(e) if e.is_transient() && Instant::now() + backoff < give_up => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
-            Err(e) => return Err(e.into_error(http, format_args!("destroy session {id}"))),
-        }
-    }
+    retry_transient(within(Duration::from_secs(5)), || http.session_destroy(id))
+        .await
+        .map_err(|e| e.into_error(http, format_args!("destroy session {id}")))?;
+    tracing::debug!(session = %id, "session destroyed");
+    Ok(())
 }
 
 /// Renews `id` every TTL/2 until Consul says it is gone, or until it could not be confirmed for
@@ -196,7 +187,7 @@ async fn keep_alive(
 /// self-fences when they last.
 pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEnd {
     let mut index = 0;
-    let mut pause = Duration::from_millis(50);
+    let mut backoff = Backoff::new();
     loop {
         let blocking = Blocking {
             index,
@@ -205,13 +196,12 @@ pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEn
         match http.session_watch(id, blocking).await {
             Ok((false, _)) => return SessionEnd::Invalidated,
             Ok((true, new_index)) => {
-                pause = Duration::from_millis(50);
+                backoff.reset();
                 index = if new_index < index { 0 } else { new_index };
             }
             Err(error) => {
                 tracing::debug!(session = %id, %error, "watching the session failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+                backoff.wait().await;
             }
         }
     }

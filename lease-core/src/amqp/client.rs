@@ -1,0 +1,492 @@
+//! Lock clients (seed 004): acquire a slot, watch it while held, verify it, give it back.
+//!
+//! Acquire scans L = 1, 2, …: `A[L]` missing ends the scan (the semaphore is full); `B[L]` present
+//! means the slot is held; otherwise declare `B[L]` exclusive. Losing that race (RESOURCE_LOCKED)
+//! closes the channel: reopen it, wait a small random time and rescan, at most
+//! `race_retries` times. A won declare is only trusted once `A[L]` is shown to still exist, by the
+//! consume (or probe) that then watches it, so an administrator's delete in between is never
+//! missed.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lapin::options::BasicConsumeOptions;
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Channel, Connection, Consumer};
+
+use super::naming::SemaphoreNames;
+use super::wire::{self, Failure};
+use super::{Amqp, Claim, LossDetection, admin};
+use crate::lease::{Checker, Hold, spawn_keeper};
+use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target, Wait};
+
+/// The first and longest pause between scans of a full semaphore.
+const SCAN_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
+pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Error> {
+    spec.validate()?;
+    let (name, limit) = match spec.target() {
+        Target::Leader { key } => (key.as_str(), 1),
+        Target::Semaphore { prefix, limit } => (prefix.as_str(), *limit),
+    };
+    let names = SemaphoreNames::new(name, limit)?;
+    let started = Instant::now();
+    let deadline = match spec.wait_policy() {
+        Wait::Forever => None,
+        Wait::UpTo(wait) => Some(started + wait),
+        Wait::Never => Some(started),
+    };
+    let mut pause = SCAN_BACKOFF.0;
+    loop {
+        if let Some(lease) = try_acquire(amqp, &names, limit).await? {
+            return Ok(lease);
+        }
+        let now = Instant::now();
+        let mut sleep = jitter(pause);
+        if let Some(deadline) = deadline {
+            if now >= deadline {
+                return Err(Error::Busy {
+                    key: name.to_owned(),
+                    waited: now - started,
+                });
+            }
+            sleep = sleep.min(deadline - now);
+        }
+        tokio::time::sleep(sleep).await;
+        pause = (pause * 2).min(SCAN_BACKOFF.1);
+    }
+}
+
+/// One scan of the semaphore; `None` when every slot is held.
+async fn try_acquire(
+    amqp: &Amqp,
+    names: &SemaphoreNames,
+    limit: u32,
+) -> Result<Option<Lease>, Error> {
+    let config = amqp.config();
+    let timeout = config.operation_timeout;
+    let connection = amqp.connection().await?;
+    let mut channel = open(amqp, &connection).await?;
+    let mut races = 0;
+    let mut created = false;
+    'scan: loop {
+        let mut slot = 1;
+        loop {
+            let slot_queue = names.slot_queue(slot);
+            if !probe(amqp, &channel, &slot_queue).await? {
+                if slot == 1 && !created {
+                    // The semaphore does not exist yet: create it, then scan it.
+                    admin::create_if_missing(amqp, names, limit).await?;
+                    created = true;
+                    continue 'scan;
+                }
+                wire::close_channel(&channel, timeout).await;
+                return Ok(None);
+            }
+            if amqp.is_claimed(names, slot)
+                || probe(amqp, &channel, &names.holder_queue(slot)).await?
+            {
+                slot += 1;
+                continue;
+            }
+            let Some(claim) = amqp.claim(names, slot) else {
+                slot += 1;
+                continue;
+            };
+            let holder_queue = names.holder_queue(slot);
+            match wire::declare_exclusive(&channel, &holder_queue, timeout).await {
+                Ok(()) => {}
+                Err(Failure::ResourceLocked) => {
+                    drop(claim);
+                    races += 1;
+                    if races > config.race_retries {
+                        return Err(Error::Contended {
+                            key: names.name().to_owned(),
+                            attempts: races,
+                        });
+                    }
+                    tracing::debug!(
+                        semaphore = names.name(),
+                        slot,
+                        races,
+                        "lost the race for a slot; rescanning"
+                    );
+                    // Randomly skewed, so racers that collided do not collide again.
+                    tokio::time::sleep(jitter(Duration::from_millis(u64::from(races.min(10)) * 5)))
+                        .await;
+                    channel = open(amqp, &connection).await?;
+                    continue 'scan;
+                }
+                Err(failure) => {
+                    wire::close_channel(&channel, timeout).await;
+                    return Err(amqp.unreachable("declare the holder queue", failure));
+                }
+            }
+            let holder = HolderQueue {
+                amqp: amqp.clone(),
+                connection: Arc::clone(&connection),
+                queue: holder_queue,
+                armed: true,
+                _claim: claim,
+            };
+            let confirmed_at = Instant::now();
+            match watch_slot(amqp, &channel, &slot_queue).await {
+                Ok(consumer) => {
+                    return Ok(Some(hold(
+                        amqp,
+                        names,
+                        slot,
+                        connection,
+                        channel,
+                        consumer,
+                        holder,
+                        confirmed_at,
+                    )));
+                }
+                Err(Failure::NotFound) => {
+                    // A[L] was removed after the scan saw it: the slot is not ours to take.
+                    let _ = holder.give_back(None).await;
+                    channel = open(amqp, &connection).await?;
+                    continue 'scan;
+                }
+                Err(failure) => {
+                    let _ = holder.give_back(Some(&channel)).await;
+                    wire::close_channel(&channel, timeout).await;
+                    return Err(amqp.unreachable("watch the slot queue", failure));
+                }
+            }
+        }
+    }
+}
+
+async fn open(amqp: &Amqp, connection: &Connection) -> Result<Channel, Error> {
+    wire::open_channel(connection, amqp.config().operation_timeout)
+        .await
+        .map_err(|failure| amqp.unreachable("open a channel", failure))
+}
+
+async fn probe(amqp: &Amqp, channel: &Channel, queue: &str) -> Result<bool, Error> {
+    wire::probe(channel, queue, amqp.config().operation_timeout)
+        .await
+        .map_err(|failure| amqp.unreachable("probe a queue", failure))
+}
+
+/// Proves `A[L]` exists and starts watching it: a consumer (cancelled by the broker when the queue
+/// is deleted) or, in verify mode, one probe.
+async fn watch_slot(
+    amqp: &Amqp,
+    channel: &Channel,
+    slot_queue: &str,
+) -> Result<Option<Consumer>, Failure> {
+    let timeout = amqp.config().operation_timeout;
+    match amqp.config().loss_detection {
+        LossDetection::ConsumerCancel => {
+            let options = BasicConsumeOptions {
+                // Stray messages must not pile up unacknowledged on the holder's channel.
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            };
+            let consume = channel.basic_consume(
+                ShortString::from(slot_queue),
+                ShortString::from(""),
+                options,
+                FieldTable::default(),
+            );
+            wire::bounded(timeout, slot_queue, consume).await.map(Some)
+        }
+        LossDetection::Verify { .. } => match wire::probe(channel, slot_queue, timeout).await? {
+            true => Ok(None),
+            false => Err(Failure::NotFound),
+        },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn hold(
+    amqp: &Amqp,
+    names: &SemaphoreNames,
+    slot: u32,
+    connection: Arc<Connection>,
+    channel: Channel,
+    consumer: Option<Consumer>,
+    holder: HolderQueue,
+    confirmed_at: Instant,
+) -> Lease {
+    let sequencer = Sequencer::new(
+        BackendKind::Amqp,
+        names.name(),
+        u64::from(slot),
+        names.holder_queue(slot),
+    );
+    let slot_queue = names.slot_queue(slot);
+    let checker = SlotChecker {
+        channel: channel.clone(),
+        slot_queue: slot_queue.clone(),
+        timeout: amqp.config().operation_timeout,
+    };
+    let (lease, holding) = Lease::new(sequencer, Box::new(checker));
+    spawn_keeper(
+        holding,
+        SlotHold {
+            amqp: amqp.clone(),
+            connection,
+            channel,
+            consumer,
+            slot_queue,
+            holder,
+            confirmed_at,
+            lost: None,
+        },
+    );
+    tracing::debug!(semaphore = names.name(), slot, "slot acquired");
+    lease
+}
+
+/// `B[L]` while we own it: deleted by [`give_back`](HolderQueue::give_back), or in the background
+/// if dropped first (a cancelled acquire), so no slot is left taken.
+struct HolderQueue {
+    amqp: Amqp,
+    connection: Arc<Connection>,
+    queue: String,
+    armed: bool,
+    _claim: Claim,
+}
+
+impl HolderQueue {
+    /// Deletes `B[L]` (on `channel` if it still works, else on a fresh one) and waits for the
+    /// broker's delete-ok. If the connection is closed, `B[L]` went with it.
+    async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
+        self.armed = false;
+        delete_exclusive(&self.amqp, &self.connection, channel, &self.queue).await
+    }
+}
+
+impl Drop for HolderQueue {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (amqp, connection, queue) = (
+            self.amqp.clone(),
+            Arc::clone(&self.connection),
+            self.queue.clone(),
+        );
+        runtime.spawn(async move {
+            if let Err(error) = delete_exclusive(&amqp, &connection, None, &queue).await {
+                tracing::warn!(%error, queue, "could not delete an abandoned holder queue");
+            }
+        });
+    }
+}
+
+/// Deletes an exclusive queue of `connection`, confirmed.
+pub(crate) async fn delete_exclusive(
+    amqp: &Amqp,
+    connection: &Connection,
+    channel: Option<&Channel>,
+    queue: &str,
+) -> Result<(), Error> {
+    let timeout = amqp.config().operation_timeout;
+    if let Some(channel) = channel.filter(|c| c.status().connected()) {
+        if wire::delete(channel, queue, timeout).await.is_ok() {
+            return Ok(());
+        }
+    }
+    if !connection.status().connected() {
+        return Ok(());
+    }
+    let result = match wire::open_channel(connection, timeout).await {
+        Ok(channel) => {
+            let deleted = wire::delete(&channel, queue, timeout).await;
+            wire::close_channel(&channel, timeout).await;
+            deleted
+        }
+        Err(failure) => Err(failure),
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(_) if !connection.status().connected() => Ok(()),
+        Err(failure) => Err(amqp.unreachable("delete the holder queue", failure)),
+    }
+}
+
+/// [`Lease::check`]: one confirmed probe of `A[L]` on the holder's own channel, which shows both
+/// that the slot exists and that our channel is open.
+struct SlotChecker {
+    channel: Channel,
+    slot_queue: String,
+    timeout: Duration,
+}
+
+impl Checker for SlotChecker {
+    fn check<'a>(&'a self, _sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            if !self.channel.status().connected() {
+                return Err(Error::Lost(LostReason::ConnectionClosed));
+            }
+            match wire::probe(&self.channel, &self.slot_queue, self.timeout).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Error::Lost(LostReason::SlotRemoved)),
+                Err(Failure::TimedOut) => Err(Error::Backend {
+                    backend: wire::BACKEND,
+                    operation: format!("verify slot queue {:?}", self.slot_queue),
+                    message: "no answer in time; the lease is still watched".to_owned(),
+                }),
+                Err(failure) => Err(Error::Lost(failure.lost_reason())),
+            }
+        })
+    }
+}
+
+/// What the keeper task holds for an acquired slot.
+struct SlotHold {
+    amqp: Amqp,
+    connection: Arc<Connection>,
+    channel: Channel,
+    consumer: Option<Consumer>,
+    slot_queue: String,
+    holder: HolderQueue,
+    /// When the last request that the broker answered was sent: the broker heard from us then.
+    confirmed_at: Instant,
+    lost: Option<LostReason>,
+}
+
+impl SlotHold {
+    async fn watch_inner(&mut self) -> LostReason {
+        let config = self.amqp.config();
+        // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
+        let negotiated =
+            Duration::from_secs(u64::from(self.connection.configuration().heartbeat()));
+        let heartbeat = if negotiated.is_zero() {
+            config.heartbeat
+        } else {
+            config.heartbeat.min(negotiated)
+        };
+        // The broker may drop a connection it has not heard from for about a heartbeat; we must
+        // give up the lease before that, and confirm often enough not to give it up needlessly.
+        let fence_after = heartbeat * 3 / 4;
+        let mut ping_every = heartbeat / 4;
+        if let LossDetection::Verify { period } = config.loss_detection {
+            ping_every = ping_every.min(period);
+        }
+        loop {
+            let deadline = self.confirmed_at + fence_after;
+            let channel = &self.channel;
+            let slot_queue = &self.slot_queue;
+            let confirmed_at = self.confirmed_at;
+            let ping = async move {
+                tokio::time::sleep(ping_every).await;
+                let sent = Instant::now();
+                let remaining = deadline.saturating_duration_since(sent);
+                match wire::probe(channel, slot_queue, remaining).await {
+                    Ok(true) => Ok(sent),
+                    Ok(false) => Err(LostReason::SlotRemoved),
+                    Err(Failure::TimedOut) => Err(LostReason::SelfFenced {
+                        unconfirmed_for: confirmed_at.elapsed(),
+                    }),
+                    Err(failure) => Err(failure.lost_reason()),
+                }
+            };
+            let outcome = tokio::select! {
+                biased;
+                reason = consumer_ended(self.consumer.as_mut(), &self.channel, &self.connection) => Err(reason),
+                outcome = ping => outcome,
+            };
+            match outcome {
+                Ok(sent) => self.confirmed_at = sent,
+                Err(reason) => return reason,
+            }
+        }
+    }
+
+    async fn give_back(self) -> Result<(), Error> {
+        let SlotHold {
+            amqp,
+            connection,
+            channel,
+            consumer,
+            holder,
+            lost,
+            ..
+        } = self;
+        drop(consumer);
+        let result = holder.give_back(Some(&channel)).await;
+        wire::close_channel(&channel, amqp.config().operation_timeout).await;
+        if let Some(LostReason::SelfFenced { .. }) = lost {
+            amqp.discard_connection(&connection).await;
+        }
+        result
+    }
+}
+
+/// Completes when the consumer on `A[L]` ends: the broker cancelled it because `A[L]` was deleted
+/// (slot removed), or the channel or connection closed. Never completes without a consumer.
+async fn consumer_ended(
+    consumer: Option<&mut Consumer>,
+    channel: &Channel,
+    connection: &Connection,
+) -> LostReason {
+    let Some(consumer) = consumer else {
+        return std::future::pending().await;
+    };
+    loop {
+        let next =
+            poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut *consumer), cx)).await;
+        match next {
+            // A stray message: already acknowledged (no_ack), nothing to do.
+            Some(Ok(_)) => continue,
+            Some(Err(_)) => return LostReason::ConnectionClosed,
+            None => {
+                // lapin marks the channel closed before it ends its consumers, so a consumer
+                // ended on an open channel was cancelled by the broker: A[L] is gone.
+                return if channel.status().connected() && connection.status().connected() {
+                    LostReason::SlotRemoved
+                } else {
+                    LostReason::ConnectionClosed
+                };
+            }
+        }
+    }
+}
+
+impl Hold for SlotHold {
+    async fn watch(&mut self) -> LostReason {
+        let reason = self.watch_inner().await;
+        self.lost = Some(reason.clone());
+        reason
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        self.give_back().await
+    }
+
+    async fn clean_up(self) {
+        if let Err(error) = self.give_back().await {
+            tracing::warn!(%error, "could not delete the holder queue after losing the lease");
+        }
+    }
+}
+
+/// A random duration in `[d/2, d]`, so that waiters and racers spread out.
+fn jitter(d: Duration) -> Duration {
+    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    if nanos < 2 {
+        return d;
+    }
+    Duration::from_nanos(nanos / 2 + random_below(nanos / 2 + 1))
+}
+
+/// A cheap, non-cryptographic random number below `bound`: jitter needs spread, not secrecy.
+fn random_below(bound: u64) -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    hasher.write_u128(now.map(|d| d.as_nanos()).unwrap_or_default());
+    hasher.finish() % bound.max(1)
+}

@@ -1,0 +1,253 @@
+//! How to reach RabbitMQ and how the AMQP backend behaves: [`AmqpBuilder`] and [`LossDetection`].
+//!
+//! The URL carries the credentials; everything that prints the configuration (`Debug`, logs,
+//! errors) uses [`AmqpConfig::redacted_url`], which never shows the password.
+
+use std::fmt;
+use std::time::Duration;
+
+use lapin::uri::AMQPUri;
+
+use super::{Amqp, LossDetection};
+use crate::Error;
+
+/// The environment variable [`Amqp::from_env`] reads the broker's URL from.
+pub const AMQP_URL_ENV: &str = "AMQP_URL";
+/// The URL used when none is configured: a local broker's default account and vhost.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// The default AMQP heartbeat. A dead peer is noticed within about two heartbeats.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The validated configuration of an [`Amqp`] backend.
+#[derive(Clone)]
+pub(crate) struct AmqpConfig {
+    pub(crate) uri: AMQPUri,
+    pub(crate) heartbeat: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
+    pub(crate) race_retries: u32,
+    pub(crate) loss_detection: LossDetection,
+    pub(crate) connection_name: Option<String>,
+    pub(crate) overshoot: u32,
+}
+
+impl AmqpConfig {
+    /// The URL without its password, for logs and errors.
+    pub(crate) fn redacted_url(&self) -> String {
+        let a = &self.uri.authority;
+        let user = if a.userinfo.username.is_empty() {
+            String::new()
+        } else {
+            format!("{}@", a.userinfo.username)
+        };
+        let vhost = if self.uri.vhost == "/" {
+            "%2f"
+        } else {
+            &self.uri.vhost
+        };
+        format!("{}://{user}{}:{}/{vhost}", self.uri.scheme, a.host, a.port)
+    }
+}
+
+impl fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("url", &self.redacted_url())
+            .field("heartbeat", &self.heartbeat)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("race_retries", &self.race_retries)
+            .field("loss_detection", &self.loss_detection)
+            .field("connection_name", &self.connection_name)
+            .field("overshoot", &self.overshoot)
+            .finish()
+    }
+}
+
+/// Builds an [`Amqp`] backend: `Amqp::builder(url)…build()`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_core::amqp::Amqp;
+///
+/// let amqp = Amqp::builder("amqp://app:secret@rabbit.internal:5672/%2f")
+///     .heartbeat(Duration::from_secs(5))
+///     .build()?;
+/// assert!(!format!("{amqp:?}").contains("secret"));
+/// # Ok::<(), lease_core::Error>(())
+/// ```
+#[must_use]
+pub struct AmqpBuilder {
+    url: String,
+    heartbeat: Option<Duration>,
+    connect_timeout: Duration,
+    operation_timeout: Duration,
+    race_retries: u32,
+    loss_detection: LossDetection,
+    connection_name: Option<String>,
+    overshoot: u32,
+}
+
+impl fmt::Debug for AmqpBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may carry a password: show only that one was given.
+        f.debug_struct("AmqpBuilder")
+            .field("heartbeat", &self.heartbeat)
+            .field("loss_detection", &self.loss_detection)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpBuilder {
+    pub(crate) fn new(url: impl Into<String>) -> Self {
+        AmqpBuilder {
+            url: url.into(),
+            heartbeat: None,
+            connect_timeout: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(10),
+            race_retries: 16,
+            loss_detection: LossDetection::default(),
+            connection_name: None,
+            overshoot: 0,
+        }
+    }
+
+    /// The AMQP heartbeat, 1 s to 10 min. Default: the URL's `?heartbeat=` or
+    /// [`DEFAULT_HEARTBEAT`] (10 s); the broker may negotiate it lower.
+    ///
+    /// A holder confirms its channel with the broker every quarter heartbeat and self-fences
+    /// (loses the lease with [`LostReason::SelfFenced`](crate::LostReason::SelfFenced)) when it
+    /// has had no answer for three quarters of one, before the broker could decide the
+    /// connection is dead and hand the slot to someone else.
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = Some(heartbeat);
+        self
+    }
+
+    /// How long to wait for the TCP connection and AMQP handshake. Default 10 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for any single broker operation (declare, delete, publish confirm)
+    /// before reporting the broker unreachable. Default 10 s.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// How many times in a row an acquirer may lose the race for a free slot (RESOURCE_LOCKED)
+    /// before acquire fails with [`Error::Contended`]. Default 16.
+    pub fn race_retries(mut self, retries: u32) -> Self {
+        self.race_retries = retries;
+        self
+    }
+
+    /// How a holder learns that an administrator removed its slot. Default:
+    /// [`LossDetection::ConsumerCancel`].
+    pub fn loss_detection(mut self, loss_detection: LossDetection) -> Self {
+        self.loss_detection = loss_detection;
+        self
+    }
+
+    /// The connection name shown by the RabbitMQ management UI and `rabbitmqctl
+    /// list_connections client_properties`.
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = Some(name.into());
+        self
+    }
+
+    /// Overshoot T (seed 004): administration also deletes slot queues up to T above the
+    /// semaphore's last slot, to clean up after other tools. Default 0.
+    pub fn overshoot(mut self, overshoot: u32) -> Self {
+        self.overshoot = overshoot;
+        self
+    }
+
+    /// Validates the configuration. Does not connect: the first acquire does.
+    pub fn build(self) -> Result<Amqp, Error> {
+        let mut uri: AMQPUri = self.url.parse().map_err(|reason: String| {
+            Error::Config(format!(
+                "the AMQP URL is not valid ({reason}); expected amqp://user:password@host:port/vhost \
+                 or amqps://… with the vhost percent-encoded (%2f for /)"
+            ))
+        })?;
+        let heartbeat = match (self.heartbeat, uri.query.heartbeat) {
+            (Some(h), _) => h,
+            (None, Some(secs)) => Duration::from_secs(u64::from(secs)),
+            (None, None) => DEFAULT_HEARTBEAT,
+        };
+        if heartbeat.is_zero() || heartbeat.subsec_nanos() != 0 || heartbeat.as_secs() > 600 {
+            return Err(Error::Config(format!(
+                "AMQP heartbeat {heartbeat:?}: use whole seconds from 1 s to 600 s; \
+                 leases need heartbeats to notice a dead connection"
+            )));
+        }
+        let secs = u16::try_from(heartbeat.as_secs()).unwrap_or(600);
+        uri.query.heartbeat = Some(secs);
+        if let LossDetection::Verify { period } = self.loss_detection {
+            if period.is_zero() {
+                return Err(Error::Config(
+                    "LossDetection::Verify needs a period above zero".to_owned(),
+                ));
+            }
+        }
+        if self.connect_timeout.is_zero() || self.operation_timeout.is_zero() {
+            return Err(Error::Config(
+                "AMQP connect and operation timeouts must be above zero".to_owned(),
+            ));
+        }
+        Ok(Amqp::with_config(AmqpConfig {
+            uri,
+            heartbeat,
+            connect_timeout: self.connect_timeout,
+            operation_timeout: self.operation_timeout,
+            race_retries: self.race_retries,
+            loss_detection: self.loss_detection,
+            connection_name: self.connection_name,
+            overshoot: self.overshoot,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_and_redacted_url_hide_the_password() {
+        let amqp = AmqpBuilder::new("amqp://user:hunter2@example.com:5673/prod")
+            .build()
+            .expect("valid in this test");
+        let text = format!("{amqp:?}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("amqp://user@example.com:5673/prod"), "{text}");
+        let builder = AmqpBuilder::new("amqp://user:hunter2@example.com");
+        assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn heartbeat_defaults_and_validation() {
+        let amqp = AmqpBuilder::new(DEFAULT_AMQP_URL)
+            .build()
+            .expect("valid in this test");
+        assert_eq!(amqp.config().heartbeat, DEFAULT_HEARTBEAT);
+        let amqp = AmqpBuilder::new("amqp://localhost/%2f?heartbeat=3")
+            .build()
+            .expect("valid in this test");
+        assert_eq!(amqp.config().heartbeat, Duration::from_secs(3));
+        assert!(matches!(
+            AmqpBuilder::new(DEFAULT_AMQP_URL)
+                .heartbeat(Duration::ZERO)
+                .build(),
+            Err(Error::Config(_))
+        ));
+        assert!(matches!(
+            AmqpBuilder::new("http://localhost").build(),
+            Err(Error::Config(_))
+        ));
+    }
+}

@@ -1,0 +1,264 @@
+//! RabbitMQ leases: the persistent semaphore of seed 004 (amqp-locks), over lapin on tokio.
+//!
+//! A semaphore `N` with C slots is the durable queues `N-1-A` … `N-C-A` (`A[L]`); whoever holds slot
+//! L owns the exclusive queue `N-L-B` (`B[L]`), which RabbitMQ deletes the moment the owner's
+//! connection closes. [`Amqp`] implements [`Backend`]:
+//!
+//! - `Target::Semaphore { prefix: N, limit }` takes a free slot of `N`; `Target::Leader { key }`
+//!   is the one-slot semaphore `key` ("leader over AMQP"). The sequencer is
+//!   `(N, L, "N-L-B")`.
+//! - **A semaphore that does not exist yet** is created with `limit` slots under the
+//!   administration mutex by the first acquirer. **Once it exists, its persistent slot count is
+//!   authoritative**: `limit` is not compared with it (RabbitMQ keeps no limit to compare with, and
+//!   an administrator may have added or removed slots on purpose). Change it with [`Admin`].
+//! - **Waiting** (`Wait::UpTo`/`Wait::Forever`): RabbitMQ has no blocking query on a queue's
+//!   existence, so a busy semaphore is re-scanned with jittered exponential backoff from 20 ms up
+//!   to 1 s between scans. A scan of a full semaphore costs 2·C confirmed publishes, so waiters
+//!   stay cheap; a freed slot is found within about a second.
+//! - **Loss**: the holder's channel or connection closing is [`LostReason::ConnectionClosed`] at
+//!   once. An administrator deleting `A[L]` is [`LostReason::SlotRemoved`]: by default the holder
+//!   consumes from `A[L]` and RabbitMQ cancels that consumer when the queue is deleted
+//!   ([`LossDetection::ConsumerCancel`]; about 1 ms after the delete on a local broker), or a
+//!   verify loop probes `A[L]` ([`LossDetection::Verify`]). Either way the holder also confirms its
+//!   channel every quarter heartbeat and self-fences ([`LostReason::SelfFenced`]) when it has
+//!   heard nothing for three quarters of a heartbeat, before the broker can drop the connection
+//!   and give the slot away.
+//! - **Probes leave nothing behind**: existence checks are mandatory publishes with confirms, and
+//!   every queue is declared with `x-max-length = 0`, so a probe that reaches a queue is dropped.
+//!
+//! All leases of one [`Amqp`] share one connection (and one IO thread); each lease has its own
+//! channel. Exclusive queues belong to a connection, so the backend also remembers which slots its
+//! own leases hold and never takes one twice. Closing that connection loses every lease on it;
+//! a lease that self-fences closes it on purpose (it has stopped answering), so its other leases
+//! are lost too and the next acquire opens a fresh connection.
+//!
+//! [`LostReason::ConnectionClosed`]: crate::LostReason::ConnectionClosed
+//! [`LostReason::SlotRemoved`]: crate::LostReason::SlotRemoved
+//! [`LostReason::SelfFenced`]: crate::LostReason::SelfFenced
+
+mod admin;
+mod client;
+mod config;
+mod naming;
+mod wire;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+pub use admin::Admin;
+pub use config::{AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT};
+
+use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec};
+use config::AmqpConfig;
+use naming::SemaphoreNames;
+use wire::Failure;
+
+/// How a holder learns that an administrator removed its slot `A[L]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossDetection {
+    /// Consume from `A[L]`; RabbitMQ cancels the consumer when the queue is deleted. No polling.
+    #[default]
+    ConsumerCancel,
+    /// Probe `A[L]` every `period` (a confirmed publish each time).
+    Verify {
+        /// Time between probes.
+        period: Duration,
+    },
+}
+
+/// The RabbitMQ backend: persistent semaphores and one-slot leader leases.
+///
+/// Cheap to clone; clones share the connection. See the [module docs](self) for the semantics.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> Result<(), lease_core::Error> {
+/// use lease_core::{Backend, LeaseSpec};
+/// use lease_core::amqp::Amqp;
+///
+/// let amqp = Amqp::from_env()?;
+/// let lease = amqp.acquire(&LeaseSpec::semaphore("reports", 3)).await?;
+/// let result = lease.run(async { /* at most 3 of these run at once */ }).await;
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Amqp {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: AmqpConfig,
+    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    /// Slots held (or being taken) by leases on our connection: `(semaphore, slot)`.
+    claims: Mutex<HashSet<(String, u32)>>,
+    /// Serialises this process's administration: the broker's mutex is an exclusive queue, which
+    /// every channel of our own connection could declare at once.
+    admin_lock: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for Amqp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Amqp")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Amqp {
+    /// A builder for the broker at `url` (`amqp://user:password@host:port/vhost`, or `amqps://`
+    /// for TLS; the vhost percent-encoded, `%2f` for `/`).
+    pub fn builder(url: impl Into<String>) -> AmqpBuilder {
+        AmqpBuilder::new(url)
+    }
+
+    /// The backend for `url` with the default settings.
+    pub fn new(url: impl Into<String>) -> Result<Amqp, Error> {
+        Self::builder(url).build()
+    }
+
+    /// The backend for the URL in `AMQP_URL`, or [`DEFAULT_AMQP_URL`] when it is not set.
+    pub fn from_env() -> Result<Amqp, Error> {
+        let url = std::env::var(AMQP_URL_ENV).unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
+        Self::new(url)
+    }
+
+    /// The administration of this broker's semaphores (create, destroy, add and remove slots).
+    pub fn admin(&self) -> Admin {
+        Admin::new(self.clone())
+    }
+
+    /// The broker's URL without the password.
+    pub fn redacted_url(&self) -> String {
+        self.inner.config.redacted_url()
+    }
+
+    pub(crate) fn with_config(config: AmqpConfig) -> Amqp {
+        Amqp {
+            inner: Arc::new(Inner {
+                config,
+                connection: tokio::sync::Mutex::new(None),
+                claims: Mutex::new(HashSet::new()),
+                admin_lock: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &AmqpConfig {
+        &self.inner.config
+    }
+
+    /// The shared connection, opened (again) if there is none or it closed.
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, Error> {
+        let mut slot = self.inner.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            if connection.status().connected() {
+                return Ok(Arc::clone(connection));
+            }
+        }
+        let connection = Arc::new(self.connect().await?);
+        *slot = Some(Arc::clone(&connection));
+        Ok(connection)
+    }
+
+    /// Stops handing out `connection` (it self-fenced) and closes it, so its exclusive queues go.
+    pub(crate) async fn discard_connection(&self, connection: &Arc<Connection>) {
+        {
+            let mut slot = self.inner.connection.lock().await;
+            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+                *slot = None;
+            }
+        }
+        if connection.status().connected() {
+            let close = connection.close(320, lapin::types::ShortString::from("lease self-fenced"));
+            let _ = tokio::time::timeout(self.inner.config.operation_timeout, close).await;
+        }
+    }
+
+    async fn connect(&self) -> Result<Connection, Error> {
+        let config = &self.inner.config;
+        let mut properties = ConnectionProperties::default();
+        if let Some(name) = &config.connection_name {
+            properties = properties.with_connection_name(name.as_str().into());
+        }
+        let connect = Connection::connect_uri(config.uri.clone(), properties);
+        let failure = match tokio::time::timeout(config.connect_timeout, connect).await {
+            Ok(Ok(connection)) => {
+                tracing::debug!(url = %config.redacted_url(), "connected to RabbitMQ");
+                return Ok(connection);
+            }
+            Ok(Err(error)) => wire::classify(error, ""),
+            Err(_) => Failure::TimedOut,
+        };
+        Err(match failure {
+            Failure::Other(Error::PermissionDenied { message, .. }) => Error::PermissionDenied {
+                operation: format!(
+                    "connect to {} (check the user, password and vhost)",
+                    config.redacted_url()
+                ),
+                message,
+            },
+            other => other.into_error("connect", &config.redacted_url()),
+        })
+    }
+
+    /// Marks `slot` of `names` as taken by a lease of ours; `None` if one already has it.
+    pub(crate) fn claim(&self, names: &SemaphoreNames, slot: u32) -> Option<Claim> {
+        let key = (names.name().to_owned(), slot);
+        let mut claims = self.inner.claims.lock().unwrap_or_else(|e| e.into_inner());
+        claims.insert(key.clone()).then(|| Claim {
+            amqp: self.clone(),
+            key,
+        })
+    }
+
+    pub(crate) fn is_claimed(&self, names: &SemaphoreNames, slot: u32) -> bool {
+        let claims = self.inner.claims.lock().unwrap_or_else(|e| e.into_inner());
+        claims.contains(&(names.name().to_owned(), slot))
+    }
+
+    pub(crate) fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.inner.admin_lock
+    }
+
+    pub(crate) fn unreachable(&self, operation: &str, failure: Failure) -> Error {
+        failure.into_error(operation, &self.redacted_url())
+    }
+}
+
+/// A slot this process's leases hold or are taking; released on drop.
+pub(crate) struct Claim {
+    amqp: Amqp,
+    key: (String, u32),
+}
+
+impl fmt::Debug for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Claim").field(&self.key).finish()
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut claims = self
+            .amqp
+            .inner
+            .claims
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        claims.remove(&self.key);
+    }
+}
+
+impl Backend for Amqp {
+    fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
+        Box::pin(client::acquire(self, spec))
+    }
+}

@@ -1,0 +1,234 @@
+//! The broker operations the semaphore is built from, and how their failures become [`Error`]s.
+//!
+//! Every operation is bounded by the configured operation timeout. Existence probes are mandatory
+//! publishes with publisher confirms: a missing queue returns the message (no channel-closing
+//! NOT_FOUND), and every queue we declare has `x-max-length = 0`, so a probe that does reach a
+//! queue is dropped at once and nothing accumulates (seed 004, "probing leaves nothing behind").
+
+use std::future::Future;
+use std::time::Duration;
+
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ErrorKind};
+
+use super::naming::MAX_QUEUE_NAME;
+use crate::{Error, LostReason};
+
+pub(crate) const BACKEND: &str = "RabbitMQ";
+pub(crate) const HINT: &str =
+    "start it with `rabbitmq-server -detached`, or set AMQP_URL to the broker's amqp:// URL";
+
+/// What a failed broker operation means for the semaphore.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// 404: the queue does not exist.
+    NotFound,
+    /// 405: an exclusive queue owned by another connection.
+    ResourceLocked,
+    /// The channel or connection is closed (or closed because of this operation's error).
+    Closed(lapin::Error),
+    /// No answer within the operation timeout.
+    TimedOut,
+    /// Anything else, already a typed error.
+    Other(Error),
+}
+
+impl Failure {
+    /// The error to hand a caller doing `operation`.
+    pub(crate) fn into_error(self, operation: &str, address: &str) -> Error {
+        match self {
+            Failure::Other(error) => error,
+            Failure::NotFound => Error::Backend {
+                backend: BACKEND,
+                operation: operation.to_owned(),
+                message: "NOT_FOUND".to_owned(),
+            },
+            Failure::ResourceLocked => Error::Backend {
+                backend: BACKEND,
+                operation: operation.to_owned(),
+                message: "RESOURCE_LOCKED: the queue is exclusive to another connection".to_owned(),
+            },
+            Failure::Closed(source) => Error::Unreachable {
+                backend: BACKEND,
+                address: address.to_owned(),
+                hint: HINT,
+                source: Box::new(source),
+            },
+            Failure::TimedOut => Error::Unreachable {
+                backend: BACKEND,
+                address: address.to_owned(),
+                hint: HINT,
+                source: format!("no answer to {operation} in time").into(),
+            },
+        }
+    }
+
+    /// The loss reason this failure means for a held slot.
+    pub(crate) fn lost_reason(&self) -> LostReason {
+        match self {
+            Failure::NotFound => LostReason::SlotRemoved,
+            _ => LostReason::ConnectionClosed,
+        }
+    }
+}
+
+/// Classifies a lapin error from an operation on `queue`.
+pub(crate) fn classify(error: lapin::Error, queue: &str) -> Failure {
+    let ErrorKind::ProtocolError(amqp) = error.kind() else {
+        return Failure::Closed(error);
+    };
+    let message = amqp.get_message().to_string();
+    match amqp.kind() {
+        AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => Failure::NotFound,
+        AMQPErrorKind::Soft(AMQPSoftError::RESOURCELOCKED) => Failure::ResourceLocked,
+        AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
+            Failure::Other(Error::QueueMismatch {
+                queue: queue.to_owned(),
+                message,
+            })
+        }
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+        | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) => {
+            Failure::Other(Error::PermissionDenied {
+                operation: format!("use queue {queue:?}"),
+                message,
+            })
+        }
+        _ => Failure::Closed(error),
+    }
+}
+
+/// Runs a broker operation within `timeout`, classifying its failure.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    queue: &str,
+    operation: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(timeout, operation).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(classify(error, queue)),
+        Err(_) => Err(Failure::TimedOut),
+    }
+}
+
+/// The arguments every queue of a semaphore is declared with. All clients must agree on them
+/// (RabbitMQ refuses a redeclaration with others: PRECONDITION_FAILED).
+fn queue_arguments() -> FieldTable {
+    let mut arguments = FieldTable::default();
+    // Probes publish into these queues to test their existence; a zero-length queue drops them.
+    arguments.insert(ShortString::from("x-max-length"), AMQPValue::LongInt(0));
+    arguments
+}
+
+/// Opens a channel in confirm mode (needed by [`probe`]).
+pub(crate) async fn open_channel(
+    connection: &Connection,
+    timeout: Duration,
+) -> Result<Channel, Failure> {
+    let channel = bounded(timeout, "", connection.create_channel()).await?;
+    bounded(
+        timeout,
+        "",
+        channel.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
+    Ok(channel)
+}
+
+/// Whether `queue` exists, without closing the channel and without leaving a message behind.
+///
+/// `channel` must be in confirm mode.
+pub(crate) async fn probe(
+    channel: &Channel,
+    queue: &str,
+    timeout: Duration,
+) -> Result<bool, Failure> {
+    if queue.len() > MAX_QUEUE_NAME {
+        // No queue has such a name (scans step past a semaphore's last slot into this).
+        return Ok(false);
+    }
+    let publish = async {
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(""),
+                ShortString::from(queue),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                b"",
+                BasicProperties::default(),
+            )
+            .await?;
+        confirm.await
+    };
+    let confirmation = bounded(timeout, queue, publish).await?;
+    // An unroutable mandatory message comes back before its confirm.
+    Ok(confirmation.take_message().is_none())
+}
+
+/// Declares a durable slot queue `A[L]` (administration).
+pub(crate) async fn declare_slot(
+    channel: &Channel,
+    queue: &str,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    bounded(
+        timeout,
+        queue,
+        channel.queue_declare(ShortString::from(queue), options, queue_arguments()),
+    )
+    .await
+    .map(drop)
+}
+
+/// Declares an exclusive queue: a holder queue `B[L]` or the administration mutex.
+///
+/// Fails with [`Failure::ResourceLocked`] (and the channel closes) when another connection has it.
+pub(crate) async fn declare_exclusive(
+    channel: &Channel,
+    queue: &str,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let options = QueueDeclareOptions {
+        exclusive: true,
+        ..QueueDeclareOptions::default()
+    };
+    bounded(
+        timeout,
+        queue,
+        channel.queue_declare(ShortString::from(queue), options, queue_arguments()),
+    )
+    .await
+    .map(drop)
+}
+
+/// Deletes `queue` and waits for the broker's delete-ok. Deleting a missing queue succeeds.
+pub(crate) async fn delete(
+    channel: &Channel,
+    queue: &str,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    bounded(
+        timeout,
+        queue,
+        channel.queue_delete(ShortString::from(queue), QueueDeleteOptions::default()),
+    )
+    .await
+    .map(drop)
+}
+
+/// Closes a channel politely, bounded; a channel that is already gone is fine.
+pub(crate) async fn close_channel(channel: &Channel, timeout: Duration) {
+    if channel.status().connected() {
+        let _ = tokio::time::timeout(timeout, channel.close(200, ShortString::from("done"))).await;
+    }
+}

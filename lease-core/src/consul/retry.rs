@@ -1,0 +1,75 @@
+//! Retrying brief trouble: one backoff and one retry loop for every Consul call that needs them.
+//!
+//! DESIGN rule 3: a 500 or a leader election inside Consul is not loss. Reads, releases and
+//! destroys are retried with a growing pause; whether the trouble has lasted too long is decided
+//! by the caller's deadline (for a held lease, by the session's self-fencing deadline).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::http::ApiError;
+
+/// A pause that doubles from 50 ms up to 1 s.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    pause: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MAX: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Self {
+        Backoff { pause: Self::FIRST }
+    }
+
+    /// Back to the first pause, after a success.
+    pub(crate) fn reset(&mut self) {
+        self.pause = Self::FIRST;
+    }
+
+    /// The next pause; the one after is twice as long.
+    pub(crate) fn next_pause(&mut self) -> Duration {
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(Self::MAX);
+        pause
+    }
+
+    /// Sleeps for the next pause.
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.next_pause()).await;
+    }
+}
+
+/// Runs `op` until it succeeds, fails in a way retrying cannot help, or the next attempt would
+/// start after `give_up` (never, if `None`).
+pub(crate) async fn retry_transient<T, F, Fut>(
+    give_up: Option<Instant>,
+    mut op: F,
+) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        match op().await {
+            Err(e) if e.is_transient() => {
+                let pause = backoff.next_pause();
+                if give_up.is_some_and(|g| Instant::now() + pause >= g) {
+                    return Err(e);
+                }
+                tracing::debug!(error = %e, ?pause, "Consul request failed; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A deadline `after` from now, for clean-up calls that must not hang forever.
+pub(crate) fn within(after: Duration) -> Option<Instant> {
+    Some(Instant::now() + after)
+}

@@ -1,0 +1,116 @@
+//! The real RabbitMQ the AMQP tests and benchmark talk to, and the operator actions they perform.
+//!
+//! The broker is `LEASE_TEST_AMQP_URL`, by default the local `amqp://guest:guest@127.0.0.1:5672/%2f`.
+//! [`require_broker`] fails the test with the command that starts one when it is not there.
+//! Connections are given unique names so [`close_connection`] can find one with `rabbitmqctl`.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lease_core::amqp::{Amqp, AmqpBuilder};
+
+/// The environment variable naming the broker for the tests.
+pub const URL_ENV: &str = "LEASE_TEST_AMQP_URL";
+/// The broker used when `LEASE_TEST_AMQP_URL` is not set.
+pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// The broker's URL for the tests.
+pub fn url() -> String {
+    std::env::var(URL_ENV).unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// The broker's `host:port`, resolved.
+pub fn broker_addr() -> SocketAddr {
+    let url = url();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5672")
+    };
+    std::net::ToSocketAddrs::to_socket_addrs(&host_port)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .unwrap_or_else(|| panic!("cannot resolve the RabbitMQ address {host_port:?} of {URL_ENV}"))
+}
+
+/// Fails (panics) unless the broker accepts TCP connections, saying how to start one.
+pub async fn require_broker() {
+    let addr = broker_addr();
+    let connect = tokio::net::TcpStream::connect(addr);
+    match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(_)) => {}
+        other => panic!(
+            "RabbitMQ is not reachable at {addr} ({other:?}). Start it with \
+             `rabbitmq-server -detached` (as root), or point {URL_ENV} at a running broker."
+        ),
+    }
+}
+
+/// A name no other test (or run) uses: `prefix` plus the process id, time and a counter.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("test/{prefix}/{}-{nanos}-{n}", std::process::id())
+}
+
+/// A builder for the test broker whose connection is named `connection_name`.
+pub fn builder(connection_name: &str) -> AmqpBuilder {
+    Amqp::builder(url()).connection_name(connection_name)
+}
+
+/// A backend on the test broker with its own connection, named uniquely; returns the name too.
+pub fn backend() -> (Amqp, String) {
+    let name = unique("conn");
+    let amqp = builder(&name).build().expect("the test URL is valid");
+    (amqp, name)
+}
+
+fn rabbitmqctl(args: &[&str]) -> String {
+    let output = Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run rabbitmqctl ({e}); install RabbitMQ's CLI and run the tests as root")
+        });
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The broker-side process id of the connection named `connection_name`, if it is open.
+pub fn connection_pid(connection_name: &str) -> Option<String> {
+    let listing = rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"]);
+    let needle = format!("{{\"connection_name\",\"{connection_name}\"}}");
+    listing
+        .lines()
+        .find(|line| line.contains(&needle))
+        .and_then(|line| line.split('\t').next())
+        .map(str::to_owned)
+}
+
+/// Closes the connection named `connection_name` from the broker side, as an operator would
+/// (`rabbitmqctl close_connection`). Panics if no such connection is open.
+pub fn close_connection(connection_name: &str) {
+    let pid = connection_pid(connection_name).unwrap_or_else(|| {
+        let listing = rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"]);
+        panic!("no open connection named {connection_name:?} in:\n{listing}")
+    });
+    close_connection_pid(&pid);
+}
+
+/// Closes the broker connection with process id `pid` (from [`connection_pid`]).
+pub fn close_connection_pid(pid: &str) {
+    rabbitmqctl(&["close_connection", pid, "closed by the lease tests"]);
+}

@@ -1,0 +1,160 @@
+//! Checking "at most N at once" from the outside: holders record when they start and stop, the
+//! checker sweeps the intervals.
+//!
+//! Timestamps are wall-clock nanoseconds so processes (`consul lock` children) and tasks can be
+//! compared on one machine. A holder stamps its start after it holds and its end before it gives
+//! back (or when its work is dropped), so every recorded interval lies inside the real one: an
+//! overlap the checker finds is real.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Wall-clock nanoseconds since the epoch.
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+/// A shared record of holder intervals.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    spans: Arc<Mutex<Vec<(u128, u128, String)>>>,
+}
+
+impl Timeline {
+    /// An empty timeline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that `who` held from `start` to `end` (ns).
+    pub fn record(&self, who: impl Into<String>, start: u128, end: u128) {
+        self.spans.lock().unwrap().push((start, end, who.into()));
+    }
+
+    /// Starts an interval that ends when the returned guard drops (also when work is cancelled).
+    pub fn hold(&self, who: impl Into<String>) -> HoldGuard {
+        HoldGuard {
+            timeline: self.clone(),
+            who: who.into(),
+            start: now_ns(),
+        }
+    }
+
+    /// Reads `start end` lines (ns) that child processes appended to `path`.
+    pub fn record_file(&self, who: &str, path: &std::path::Path) {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            if let (Some(Ok(start)), Some(Ok(end))) = (
+                parts.next().map(str::parse::<u128>),
+                parts.next().map(str::parse::<u128>),
+            ) {
+                self.record(who, start, end);
+            }
+        }
+    }
+
+    /// How many intervals were recorded.
+    pub fn len(&self) -> usize {
+        self.spans.lock().unwrap().len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The largest number of intervals open at one instant, and who they were.
+    pub fn max_concurrency(&self) -> (usize, Vec<String>) {
+        let spans = self.spans.lock().unwrap().clone();
+        let mut events: Vec<(u128, i32, usize)> = Vec::new();
+        for (i, (start, end, _)) in spans.iter().enumerate() {
+            events.push((*start, 1, i));
+            // Ends sort before starts at the same instant: touching intervals do not overlap.
+            events.push((*end, -1, i));
+        }
+        events.sort_by_key(|&(t, delta, _)| (t, delta));
+        let mut open = std::collections::BTreeSet::new();
+        let (mut best, mut who) = (0, Vec::new());
+        for (_, delta, i) in events {
+            if delta > 0 {
+                open.insert(i);
+                if open.len() > best {
+                    best = open.len();
+                    who = open.iter().map(|&i| spans[i].2.clone()).collect();
+                }
+            } else {
+                open.remove(&i);
+            }
+        }
+        (best, who)
+    }
+
+    /// Panics if more than `limit` intervals were ever open at once.
+    pub fn assert_at_most(&self, limit: usize) {
+        let (max, who) = self.max_concurrency();
+        assert!(
+            max <= limit,
+            "{max} holders at once (limit {limit}): {who:?}"
+        );
+    }
+}
+
+/// Ends its interval when dropped.
+#[derive(Debug)]
+pub struct HoldGuard {
+    timeline: Timeline,
+    who: String,
+    start: u128,
+}
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        self.timeline
+            .record(std::mem::take(&mut self.who), self.start, now_ns());
+    }
+}
+
+/// A small deterministic generator for test schedules (xorshift64*), seeded per test.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator; the seed is printed so a failing schedule can be replayed.
+    pub fn seeded(seed: u64) -> Self {
+        eprintln!("rng seed {seed}");
+        Rng(seed.max(1))
+    }
+
+    /// A generator seeded from the clock.
+    pub fn from_time() -> Self {
+        Self::seeded((now_ns() as u64) | 1)
+    }
+
+    /// The next number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweeps_intervals() {
+        let t = Timeline::new();
+        t.record("a", 0, 10);
+        t.record("b", 5, 15);
+        t.record("c", 10, 20);
+        assert_eq!(t.max_concurrency().0, 2);
+        t.record("d", 6, 7);
+        assert_eq!(t.max_concurrency().0, 3);
+    }
+}
