@@ -15,6 +15,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
 use lease_core::{BoxError, Lease, LostReason};
 use pin_project::pin_project;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// The response body of the layers in this crate.
 ///
@@ -145,12 +146,18 @@ where
 pub(crate) struct SlotGuard {
     lease: Lease,
     lost: Pin<Box<dyn Future<Output = LostReason> + Send>>,
+    _local: OwnedSemaphorePermit,
 }
 
 impl SlotGuard {
-    pub(crate) fn new(lease: Lease) -> Self {
+    /// `local` is the process-wide admission permit taken before the slot; both go together.
+    pub(crate) fn new(lease: Lease, local: OwnedSemaphorePermit) -> Self {
         let lost = Box::pin(lease.lost());
-        SlotGuard { lease, lost }
+        SlotGuard {
+            lease,
+            lost,
+            _local: local,
+        }
     }
 
     /// The reason, if the slot has been lost; registers `cx` for the loss otherwise.

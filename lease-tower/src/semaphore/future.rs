@@ -9,6 +9,7 @@ use std::task::{Context, Poll, ready};
 use http::{Request, Response};
 use lease_core::{BoxFuture, Error, Lease, LostReason};
 use pin_project::pin_project;
+use tokio::sync::OwnedSemaphorePermit;
 use tower::Service;
 
 use super::layer::Config;
@@ -34,7 +35,7 @@ where
     S: Service<Request<ReqBody>>,
 {
     Acquiring {
-        acquire: BoxFuture<'static, Result<Lease, Error>>,
+        acquire: BoxFuture<'static, Result<(Lease, OwnedSemaphorePermit), Error>>,
         inner: Option<(S, Request<ReqBody>)>,
     },
     Running {
@@ -66,7 +67,7 @@ where
     S: Service<Request<ReqBody>>,
 {
     pub(super) fn acquiring(
-        acquire: BoxFuture<'static, Result<Lease, Error>>,
+        acquire: BoxFuture<'static, Result<(Lease, OwnedSemaphorePermit), Error>>,
         inner: S,
         request: Request<ReqBody>,
         config: Arc<Config>,
@@ -93,8 +94,8 @@ where
             match this.state.as_mut().project() {
                 StateProj::Acquiring { acquire, inner } => {
                     let acquired = ready!(acquire.as_mut().poll(cx));
-                    let lease = match acquired {
-                        Ok(lease) => lease,
+                    let (lease, permit) = match acquired {
+                        Ok(acquired) => acquired,
                         Err(error) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(no_slot(this.config, &error)));
@@ -108,7 +109,7 @@ where
                     let future = service.call(request);
                     this.state.set(State::Running {
                         future,
-                        slot: Some(SlotGuard::new(lease)),
+                        slot: Some(SlotGuard::new(lease, permit)),
                     });
                 }
                 StateProj::Running { future, slot } => {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
-use lease_core::{Backend, LeaseSpec, Wait};
+use lease_core::{Backend, LeaseSpec, Target, Wait};
 use tower::Layer;
 
 use super::service::Semaphore;
@@ -53,6 +53,9 @@ pub(super) struct Config {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) spec: Arc<LeaseSpec>,
     pub(super) retry_after: HeaderValue,
+    /// Admission in this process before the distributed acquire: a process can never hold more
+    /// than `limit` slots, so more concurrent contenders would only add failed CAS writes.
+    pub(super) local: Arc<tokio::sync::Semaphore>,
 }
 
 impl fmt::Debug for Config {
@@ -61,6 +64,7 @@ impl fmt::Debug for Config {
             .field("backend", &self.backend)
             .field("spec", &self.spec)
             .field("retry_after", &self.retry_after)
+            .field("local_permits", &self.local.available_permits())
             .finish()
     }
 }
@@ -83,13 +87,23 @@ impl SemaphoreLayer {
     ///
     /// The spec's wait policy is replaced by [`max_wait`](Self::max_wait) (default 5 s): a request
     /// never waits forever.
+    ///
+    /// Clones of the layer also share a process-local gate of `limit` permits taken before the
+    /// distributed slot: this process can never hold more than `limit` slots, and letting more
+    /// requests contend would only cost the backend failed compare-and-set writes. Layers built
+    /// separately for the same semaphore each have their own gate.
     pub fn new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
         let spec = spec.wait(Wait::UpTo(Self::DEFAULT_MAX_WAIT));
+        let limit = match spec.target() {
+            Target::Semaphore { limit, .. } => *limit as usize,
+            _ => 1,
+        };
         SemaphoreLayer {
             config: Arc::new(Config {
                 backend,
                 spec: Arc::new(spec),
                 retry_after: retry_after_value(Self::DEFAULT_RETRY_AFTER),
+                local: Arc::new(tokio::sync::Semaphore::new(limit)),
             }),
         }
     }

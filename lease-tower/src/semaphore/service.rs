@@ -6,8 +6,12 @@ use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use std::borrow::Cow;
+
 use http::{Request, Response};
-use lease_core::{Backend, LeaseSpec};
+use lease_core::{Backend, Error, Lease, LeaseSpec, Wait};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 use tower::Service;
 
 use super::future::ResponseFuture;
@@ -83,9 +87,42 @@ where
         // for the next `poll_ready`.
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        let backend = Arc::clone(&self.config.backend);
-        let spec = Arc::clone(&self.config.spec);
-        let acquire = Box::pin(async move { backend.acquire(&spec).await });
+        let config = Arc::clone(&self.config);
+        let acquire = Box::pin(async move { acquire_slot(&config).await });
         ResponseFuture::acquiring(acquire, inner, request, Arc::clone(&self.config))
     }
+}
+
+/// Takes this process's admission permit, then a slot of the distributed semaphore, within the
+/// layer's wait in total.
+async fn acquire_slot(config: &Config) -> Result<(Lease, OwnedSemaphorePermit), Error> {
+    let started = Instant::now();
+    let busy = || Error::Busy {
+        key: config.spec.key().to_owned(),
+        waited: started.elapsed(),
+    };
+    let local = Arc::clone(&config.local);
+    let (permit, spec) = match local.clone().try_acquire_owned() {
+        Ok(permit) => (permit, Cow::Borrowed(&*config.spec)),
+        Err(_) => {
+            let wait = match config.spec.wait_policy() {
+                Wait::UpTo(wait) => wait,
+                Wait::Never | Wait::Forever => return Err(busy()),
+            };
+            let permit = tokio::time::timeout(wait, local.acquire_owned())
+                .await
+                .map_err(|_| busy())?
+                // The gate is never closed; a closed one means the layer is going away.
+                .map_err(|_| busy())?;
+            let left = wait.saturating_sub(started.elapsed());
+            let wait = if left.is_zero() {
+                Wait::Never
+            } else {
+                Wait::UpTo(left)
+            };
+            (permit, Cow::Owned((*config.spec).clone().wait(wait)))
+        }
+    };
+    let lease = config.backend.acquire(&spec).await?;
+    Ok((lease, permit))
 }
