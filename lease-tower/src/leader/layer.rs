@@ -130,6 +130,13 @@ impl LeaderOnlyLayer {
         self
     }
 
+    /// Stops the campaign and waits until the lease is released (so a follower can take over at
+    /// once); requests get 503 from then on. Call it after the server's graceful shutdown, before
+    /// the runtime ends: a lease still held when the process exits is only freed by its TTL.
+    pub async fn shutdown(&self) {
+        self.handle.shutdown().await;
+    }
+
     /// Whether this node holds the lease now (an atomic read).
     pub fn is_leader(&self) -> bool {
         self.handle.shared.held_tenure().is_some()

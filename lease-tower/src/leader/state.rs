@@ -107,6 +107,8 @@ pub(super) struct Handle {
     start: Mutex<Option<Start>>,
     started: AtomicBool,
     stop: CancellationToken,
+    /// Cancelled by the campaign task when it has ended (and released the lease).
+    pub(super) finished: CancellationToken,
     _stop_on_drop: DropGuard,
 }
 
@@ -133,6 +135,15 @@ impl Handle {
             started: AtomicBool::new(false),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
+            finished: CancellationToken::new(),
+        }
+    }
+
+    /// Stops the campaign and waits until it has ended, the lease released.
+    pub(super) async fn shutdown(&self) {
+        self.stop.cancel();
+        if self.started.load(Ordering::Acquire) {
+            self.finished.cancelled().await;
         }
     }
 
@@ -157,7 +168,9 @@ impl Handle {
             }
         });
         let stop = self.stop.clone();
+        let finished = self.finished.clone().drop_guard();
         runtime.spawn(async move {
+            let _finished = finished;
             let outcome = campaign
                 .run_until(stop, move |watcher| {
                     let ended = CancellationToken::new();
