@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::leader::LeaderObserver;
-use crate::{BoxFuture, Error, Lease, LeaseSpec};
+use crate::{BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 
 /// A place leases are acquired from.
 ///
@@ -39,6 +39,22 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
             })
         })
     }
+
+    /// Whether `sequencer` still names the current holder of its leader key: one consistent read,
+    /// for a service that receives work stamped with a sequencer and must refuse stale work.
+    ///
+    /// `Ok(())` if it does, `Err(Error::Lost(_))` if not (released, deleted, or taken by a newer
+    /// acquisition), another error if the backend could not tell. The default body returns
+    /// [`Error::Unsupported`].
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = sequencer;
+        Box::pin(async {
+            Err(Error::Unsupported {
+                backend: std::any::type_name::<Self>(),
+                operation: "checking a sequencer",
+            })
+        })
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -49,6 +65,10 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
         (**self).observe_leader(key)
     }
+
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).check_sequencer(sequencer)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -58,5 +78,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
         (**self).observe_leader(key)
+    }
+
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).check_sequencer(sequencer)
     }
 }

@@ -248,6 +248,20 @@ impl crate::Backend for Memory {
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
         Box::pin(self.observe_inner(key))
     }
+
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        let current = self.inner.read(|state, _| state.leader_of(sequencer.key()));
+        Box::pin(async move {
+            match current {
+                Some(leader) if leader.sequencer == *sequencer => Ok(()),
+                Some(leader) => Err(Error::Lost(LostReason::KeyTaken {
+                    lock_index: leader.sequencer.index(),
+                    session: leader.sequencer.holder().to_owned(),
+                })),
+                None => Err(Error::Lost(LostReason::KeyReleased)),
+            }
+        })
+    }
 }
 
 fn store_gone() -> Error {

@@ -148,4 +148,8 @@ impl Backend for Consul {
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
         Box::pin(observe::observe(&self.http, key))
     }
+
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(leader::check_sequencer(&self.http, sequencer))
+    }
 }

@@ -1,0 +1,114 @@
+//! An axum service run as several instances against one Consul: a leader-only
+//! `/admin/compact`, a `/report` limited to 2 concurrent requests across all instances, and a
+//! downstream `/downstream/apply` that accepts work only from the current leader's sequencer.
+//!
+//! Run two instances (with `consul agent -dev` running, or `CONSUL_HTTP_ADDR` set):
+//!
+//! ```sh
+//! cargo run -p lease-axum-cluster -- 3001
+//! cargo run -p lease-axum-cluster -- 3002
+//! ```
+//!
+//! See the README section "axum: leader-only routes and a cluster-wide limit" for what `curl`
+//! answers on each.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use lease_core::consul::Consul;
+use lease_core::{Backend, LeaseSpec};
+use lease_tower::extract::LeaseSequencer;
+use lease_tower::fence::SequencerCheckLayer;
+use lease_tower::leader::LeaderOnlyLayer;
+use lease_tower::semaphore::SemaphoreLayer;
+use tokio_util::sync::CancellationToken;
+
+const LEADER_KEY: &str = "service/axum-cluster/leader";
+
+#[tokio::main]
+async fn main() {
+    if let Err(error) = run().await {
+        eprintln!("axum_cluster: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let port: u16 = match std::env::args().nth(1) {
+        Some(port) => port
+            .parse()
+            .map_err(|_| format!("the port {port:?} is not a number; usage: axum_cluster PORT"))?,
+        None => 3000,
+    };
+    let consul = Consul::builder()
+        .address(std::env::var("CONSUL_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8500".into()))
+        .semaphore_pool(Duration::from_secs(60))
+        .build()?;
+    let backend: Arc<dyn Backend> = Arc::new(consul);
+    let shutdown = CancellationToken::new();
+    let me = format!("http://127.0.0.1:{port}");
+
+    let leader_only = LeaderOnlyLayer::new(
+        backend.clone(),
+        LeaseSpec::leader(LEADER_KEY)
+            .value(me.clone())
+            .lock_delay(Duration::ZERO),
+    )
+    .shutdown_on(&shutdown);
+    let campaign = leader_only.clone();
+
+    let admin = Router::new()
+        .route(
+            "/admin/compact",
+            post(|LeaseSequencer(s): LeaseSequencer| async move {
+                format!("compacted by the leader under {s}\n")
+            }),
+        )
+        .route(
+            "/admin/sequencer",
+            get(|LeaseSequencer(s): LeaseSequencer| async move { format!("{s}\n") }),
+        )
+        .route_layer(leader_only);
+    let report = Router::new()
+        .route(
+            "/report",
+            get(|| async {
+                // A slow report: at most two run at once across every instance.
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                "report done\n"
+            }),
+        )
+        .route_layer(
+            SemaphoreLayer::new(
+                backend.clone(),
+                LeaseSpec::semaphore("service/axum-cluster/report", 2),
+            )
+            .max_wait(Duration::from_secs(1)),
+        );
+    let downstream =
+        Router::new()
+            .route(
+                "/downstream/apply",
+                post(|LeaseSequencer(s): LeaseSequencer| async move {
+                    format!("applied work from {s}\n")
+                }),
+            )
+            .route_layer(SequencerCheckLayer::new(backend, LEADER_KEY));
+    let app = admin.merge(report).merge(downstream);
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    println!("listening on {me}");
+    let stop = shutdown.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            // Releases the leader lease at once, so the other instance takes over.
+            stop.cancel();
+        })
+        .await?;
+    // Wait for the release: exiting first would leave the lease to expire with its TTL.
+    campaign.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! [`SequencerCheck`]: the service, which answers from the cache in `call` when it can and leaves
+//! a consistent read to its response future when it cannot.
+
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use lease_core::{Backend, Sequencer};
+use tower::Service;
+
+use super::MissingSequencer;
+use super::cache::Verdict;
+use super::future::{Refusal, ResponseFuture};
+use super::layer::{Config, SequencerCheckLayer};
+use crate::body::LeaseBody;
+
+/// Passes only requests stamped with the current holder's sequencer. Built by
+/// [`SequencerCheckLayer`]; see there and the [module docs](crate::fence).
+pub struct SequencerCheck<S> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config>,
+}
+
+impl<S: Clone> Clone for SequencerCheck<S> {
+    fn clone(&self) -> Self {
+        SequencerCheck {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for SequencerCheck<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SequencerCheck")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S> SequencerCheck<S> {
+    /// Wraps `inner`; shorthand for `SequencerCheckLayer::new(backend, key).layer(inner)`.
+    pub fn new(inner: S, backend: Arc<dyn Backend>, key: impl Into<String>) -> Self {
+        tower::Layer::layer(&SequencerCheckLayer::new(backend, key), inner)
+    }
+
+    /// A layer that wraps services in `SequencerCheck`; the same as [`SequencerCheckLayer::new`].
+    pub fn layer(backend: Arc<dyn Backend>, key: impl Into<String>) -> SequencerCheckLayer {
+        SequencerCheckLayer::new(backend, key)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// What the header says, before any check with the backend.
+enum Stamp {
+    Missing,
+    Checked(Sequencer),
+    Rejected(Refusal),
+    Ask(Sequencer),
+}
+
+impl<S> SequencerCheck<S> {
+    fn read_stamp<ReqBody>(&self, request: &Request<ReqBody>) -> Stamp {
+        let config = &self.config;
+        let Some(value) = request.headers().get(&config.header) else {
+            return Stamp::Missing;
+        };
+        let parsed = value
+            .to_str()
+            .map_err(|_| "the value is not visible ASCII".to_owned())
+            .and_then(|text| text.parse::<Sequencer>().map_err(|e| e.to_string()));
+        let sequencer = match parsed {
+            Ok(sequencer) => sequencer,
+            Err(reason) => {
+                return Stamp::Rejected(Refusal {
+                    status: StatusCode::BAD_REQUEST,
+                    text: format!(
+                        "the {} header is not a sequencer ({reason}); expected <backend>:<index>:<holder>:<key>\n",
+                        config.header
+                    ),
+                });
+            }
+        };
+        if sequencer.key() != config.key {
+            return Stamp::Rejected(Refusal {
+                status: StatusCode::CONFLICT,
+                text: format!(
+                    "the sequencer is for key {:?}; this route accepts work only from the holder of {:?}\n",
+                    sequencer.key(),
+                    config.key
+                ),
+            });
+        }
+        match config.cache.verdict(&sequencer) {
+            Verdict::Current => Stamp::Checked(sequencer),
+            Verdict::Stale => Stamp::Rejected(stale(&sequencer)),
+            Verdict::Unknown => Stamp::Ask(sequencer),
+        }
+    }
+}
+
+pub(super) fn stale(sequencer: &Sequencer) -> Refusal {
+    Refusal {
+        status: StatusCode::CONFLICT,
+        text: format!(
+            "stale sequencer {sequencer}: its lease is no longer the current holder of {:?}; the work was refused\n",
+            sequencer.key()
+        ),
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SequencerCheck<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<LeaseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        self.config
+            .cache
+            .ensure_started(&self.config.backend, &self.config.key);
+        match self.read_stamp(&request) {
+            Stamp::Missing => match self.config.missing {
+                MissingSequencer::Pass => ResponseFuture::running(self.inner.call(request)),
+                MissingSequencer::Reject => ResponseFuture::rejected(Refusal {
+                    status: StatusCode::PRECONDITION_REQUIRED,
+                    text: format!(
+                        "this route accepts work only from the current holder of {:?}; send its sequencer in the {} header\n",
+                        self.config.key, self.config.header
+                    ),
+                }),
+            },
+            Stamp::Rejected(response) => ResponseFuture::rejected(response),
+            Stamp::Checked(sequencer) => {
+                request.extensions_mut().insert(sequencer);
+                ResponseFuture::running(self.inner.call(request))
+            }
+            Stamp::Ask(sequencer) => {
+                let clone = self.inner.clone();
+                let inner = mem::replace(&mut self.inner, clone);
+                let backend = Arc::clone(&self.config.backend);
+                let checked = sequencer.clone();
+                let check = Box::pin(async move { backend.check_sequencer(&checked).await });
+                ResponseFuture::checking(check, sequencer, inner, request, Arc::clone(&self.config))
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! [`ResponseFuture`]: the inner service's future raced against the end of this node's tenure.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::Response;
+use pin_project::pin_project;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::body::{LeaseBody, unavailable};
+
+/// The response future of [`LeaderOnly`](super::LeaderOnly).
+///
+/// On the leader it polls the inner future, and drops it with a 503 answer if the lease is lost
+/// first. On a follower it is the ready rejection.
+#[pin_project]
+pub struct ResponseFuture<F, B> {
+    #[pin]
+    state: State<F, B>,
+}
+
+#[pin_project(project = StateProj)]
+enum State<F, B> {
+    Rejected {
+        response: Option<Response<LeaseBody<B>>>,
+    },
+    Running {
+        #[pin]
+        inner: F,
+        #[pin]
+        lost: WaitForCancellationFutureOwned,
+    },
+    Cancelled,
+}
+
+impl<F, B> fmt::Debug for ResponseFuture<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Rejected { .. } => "rejected",
+            State::Running { .. } => "running",
+            State::Cancelled => "cancelled",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<F, B> ResponseFuture<F, B> {
+    pub(super) fn running(inner: F, tenure_ended: CancellationToken) -> Self {
+        ResponseFuture {
+            state: State::Running {
+                inner,
+                lost: tenure_ended.cancelled_owned(),
+            },
+        }
+    }
+
+    pub(super) fn rejected(response: Response<LeaseBody<B>>) -> Self {
+        ResponseFuture {
+            state: State::Rejected {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<LeaseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        match this.state.as_mut().project() {
+            StateProj::Rejected { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+            StateProj::Running { inner, lost } => {
+                // Loss first: a request must not complete as if led after the lease was lost.
+                if lost.poll(cx).is_ready() {
+                    this.state.set(State::Cancelled);
+                    return Poll::Ready(Ok(lost_response()));
+                }
+                let response = ready!(inner.poll(cx))?;
+                Poll::Ready(Ok(response.map(LeaseBody::inner)))
+            }
+            StateProj::Cancelled => Poll::Pending,
+        }
+    }
+}
+
+fn lost_response<B>() -> Response<LeaseBody<B>> {
+    unavailable(
+        &http::HeaderValue::from_static("1"),
+        "this node lost the leader lease while serving the request; it was cancelled, retry on the new leader\n",
+    )
+}

@@ -1,0 +1,65 @@
+//! Tower and axum middleware on distributed leases.
+//!
+//! Three layers, each deciding per request in `call` (never waiting for a remote lease in
+//! `poll_ready`) and answering with HTTP responses rather than errors:
+//!
+//! - [`leader::LeaderOnlyLayer`]: routes served only by the node that holds a leader lease; followers
+//!   answer 503 with `Retry-After` and the leader's advertised address, or redirect to it (307).
+//! - [`semaphore::SemaphoreLayer`]: a cluster-wide concurrency limit; each request holds one slot
+//!   of a distributed semaphore until its response body has been sent.
+//! - [`fence::SequencerCheckLayer`]: fencing on the receiving side; a request stamped with a stale
+//!   sequencer gets 409.
+//!
+//! Every layer takes an `Arc<dyn Backend>` ([`lease_core::Backend`]), so the same router runs on
+//! the in-process memory backend in tests and on Consul in production. With the `axum` feature
+//! (default), [`extract`] lets handlers take the lease or its sequencer as an argument.
+//!
+//! # Example
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use axum::{Router, routing::{get, post}};
+//! use lease_core::{Backend, LeaseSpec, memory::Memory};
+//! use lease_tower::{leader::LeaderOnlyLayer, semaphore::SemaphoreLayer};
+//! use lease_tower::extract::LeaseSequencer;
+//! use tower::ServiceExt;
+//!
+//! let backend: Arc<dyn Backend> = Arc::new(Memory::new());
+//! let leader_only = LeaderOnlyLayer::new(
+//!     backend.clone(),
+//!     LeaseSpec::leader("service/api/leader").value("http://127.0.0.1:3000"),
+//! );
+//! let app: Router = Router::new()
+//!     .route(
+//!         "/admin/compact",
+//!         post(|LeaseSequencer(s): LeaseSequencer| async move { format!("compacted under {s}\n") }),
+//!     )
+//!     .route_layer(leader_only.clone())
+//!     .merge(
+//!         Router::new()
+//!             .route("/report", get(|| async { "report\n" }))
+//!             .route_layer(SemaphoreLayer::new(backend, LeaseSpec::semaphore("semaphores/report", 2))),
+//!     );
+//!
+//! // The only node campaigning wins at once.
+//! while !leader_only.is_leader() {
+//!     tokio::task::yield_now().await;
+//! }
+//! let request = http::Request::post("/admin/compact").body(axum::body::Body::empty())?;
+//! assert_eq!(app.clone().oneshot(request).await?.status(), http::StatusCode::OK);
+//! let request = http::Request::get("/report").body(axum::body::Body::empty())?;
+//! assert_eq!(app.oneshot(request).await?.status(), http::StatusCode::OK);
+//! # Ok(())
+//! # }
+//! ```
+
+mod body;
+#[cfg(feature = "axum")]
+pub mod extract;
+pub mod fence;
+pub mod leader;
+pub mod semaphore;
+
+pub use body::{LeaseBody, SlotLost};

@@ -1,0 +1,89 @@
+//! The sequencer check on real Consul and real HTTP: stale leaders are refused with 409.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use lease_core::{Backend, LeaseSpec, Sequencer};
+use lease_tests::consul::Agent;
+use lease_tests::{init_tracing, within};
+use lease_tower::extract::LeaseSequencer;
+use lease_tower::fence::{MissingSequencer, SEQUENCER_HEADER, SequencerCheckLayer};
+use tokio::net::TcpListener;
+
+const T: Duration = Duration::from_secs(60);
+const KEY: &str = "service/tower-fence/leader";
+
+fn spec() -> LeaseSpec {
+    LeaseSpec::leader(KEY)
+        .ttl(Duration::from_secs(10))
+        .lock_delay(Duration::ZERO)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_current_sequencer_passes_and_a_stale_one_gets_409() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let receiver_backend = Arc::new(agent.backend());
+    let echo = |LeaseSequencer(s): LeaseSequencer| async move { s.to_string() };
+    let app = Router::new()
+        .route("/apply", post(echo))
+        .route_layer(SequencerCheckLayer::new(receiver_backend.clone(), KEY))
+        .merge(
+            Router::new()
+                .route("/lenient", post(|| async { "unchecked" }))
+                .route_layer(
+                    SequencerCheckLayer::new(receiver_backend, KEY).missing(MissingSequencer::Pass),
+                ),
+        );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let send = |sequencer: Option<String>| {
+        let mut request = client.post(format!("{url}/apply"));
+        if let Some(sequencer) = sequencer {
+            request = request.header(SEQUENCER_HEADER.as_str(), sequencer);
+        }
+        async move { within(T, "an answer", request.send()).await.unwrap() }
+    };
+
+    let first_node = agent.backend();
+    let first = first_node.acquire(&spec()).await.unwrap();
+    let response = send(Some(first.sequencer().to_string())).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.text().await.unwrap(),
+        first.sequencer().to_string()
+    );
+
+    // Re-election: the first leader's session is destroyed and another node takes the key.
+    let stale: Sequencer = first.sequencer().clone();
+    agent.destroy_session(stale.holder()).await;
+    within(T, "the first lease to be lost", first.lost()).await;
+    let second_node = agent.backend();
+    let second = within(T, "re-election", second_node.acquire(&spec()))
+        .await
+        .unwrap();
+    assert!(second.sequencer().index() > stale.index());
+
+    let response = send(Some(stale.to_string())).await;
+    assert_eq!(response.status(), 409);
+    assert!(response.text().await.unwrap().contains("stale sequencer"));
+    let response = send(Some(second.sequencer().to_string())).await;
+    assert_eq!(response.status(), 200);
+
+    // Missing and malformed headers.
+    assert_eq!(send(None).await.status(), 428);
+    assert_eq!(send(Some("not a sequencer".into())).await.status(), 400);
+    let other_key = Sequencer::new(second.sequencer().backend(), "other/key", 1, "x");
+    assert_eq!(send(Some(other_key.to_string())).await.status(), 409);
+    let lenient = client.post(format!("{url}/lenient")).send().await.unwrap();
+    assert_eq!(lenient.status(), 200);
+
+    // After the second leader releases, its sequencer is stale too.
+    let released = second.sequencer().clone();
+    second.release().await.unwrap();
+    assert_eq!(send(Some(released.to_string())).await.status(), 409);
+}
