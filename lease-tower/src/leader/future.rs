@@ -29,8 +29,11 @@ enum State<F, B> {
     Running {
         #[pin]
         inner: F,
+        tenure_ended: CancellationToken,
+        /// Registered only once the inner future suspends: a handler that answers on its first
+        /// poll (most do) never touches the token's waiter list, which every request shares.
         #[pin]
-        lost: WaitForCancellationFutureOwned,
+        lost: Option<WaitForCancellationFutureOwned>,
     },
     Cancelled,
 }
@@ -53,7 +56,8 @@ impl<F, B> ResponseFuture<F, B> {
         ResponseFuture {
             state: State::Running {
                 inner,
-                lost: tenure_ended.cancelled_owned(),
+                tenure_ended,
+                lost: None,
             },
         }
     }
@@ -80,14 +84,28 @@ where
                 Some(response) => Poll::Ready(Ok(response)),
                 None => Poll::Pending,
             },
-            StateProj::Running { inner, lost } => {
-                // Loss first: a request must not complete as if led after the lease was lost.
-                if lost.poll(cx).is_ready() {
+            StateProj::Running {
+                inner,
+                tenure_ended,
+                mut lost,
+            } => {
+                // Loss first: the inner future is never polled once the loss is known (an atomic
+                // read), so a request cannot complete as if led after the lease was lost.
+                if tenure_ended.is_cancelled() {
                     this.state.set(State::Cancelled);
                     return Poll::Ready(Ok(lost_response()));
                 }
-                let response = ready!(inner.poll(cx))?;
-                Poll::Ready(Ok(response.map(LeaseBody::inner)))
+                if let Poll::Ready(response) = inner.poll(cx) {
+                    return Poll::Ready(response.map(|r| r.map(LeaseBody::inner)));
+                }
+                if lost.is_none() {
+                    lost.set(Some(tenure_ended.clone().cancelled_owned()));
+                }
+                if let Some(lost) = lost.as_pin_mut() {
+                    ready!(lost.poll(cx));
+                }
+                this.state.set(State::Cancelled);
+                Poll::Ready(Ok(lost_response()))
             }
             StateProj::Cancelled => Poll::Pending,
         }

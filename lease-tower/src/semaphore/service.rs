@@ -104,24 +104,27 @@ async fn acquire_slot(config: &Config) -> Result<(Lease, OwnedSemaphorePermit), 
     let local = Arc::clone(&config.local);
     let (permit, spec) = match local.clone().try_acquire_owned() {
         Ok(permit) => (permit, Cow::Borrowed(&*config.spec)),
-        Err(_) => {
-            let wait = match config.spec.wait_policy() {
-                Wait::UpTo(wait) => wait,
-                Wait::Never | Wait::Forever => return Err(busy()),
-            };
-            let permit = tokio::time::timeout(wait, local.acquire_owned())
-                .await
-                .map_err(|_| busy())?
+        Err(_) => match config.spec.wait_policy() {
+            Wait::Never => return Err(busy()),
+            Wait::Forever => {
                 // The gate is never closed; a closed one means the layer is going away.
-                .map_err(|_| busy())?;
-            let left = wait.saturating_sub(started.elapsed());
-            let wait = if left.is_zero() {
-                Wait::Never
-            } else {
-                Wait::UpTo(left)
-            };
-            (permit, Cow::Owned((*config.spec).clone().wait(wait)))
-        }
+                let permit = local.acquire_owned().await.map_err(|_| busy())?;
+                (permit, Cow::Borrowed(&*config.spec))
+            }
+            Wait::UpTo(wait) => {
+                let permit = tokio::time::timeout(wait, local.acquire_owned())
+                    .await
+                    .map_err(|_| busy())?
+                    .map_err(|_| busy())?;
+                let left = wait.saturating_sub(started.elapsed());
+                let wait = if left.is_zero() {
+                    Wait::Never
+                } else {
+                    Wait::UpTo(left)
+                };
+                (permit, Cow::Owned((*config.spec).clone().wait(wait)))
+            }
+        },
     };
     let lease = config.backend.acquire(&spec).await?;
     Ok((lease, permit))
