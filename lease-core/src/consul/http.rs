@@ -82,6 +82,24 @@ impl ApiError {
         }
     }
 
+    /// The public error for one of several requests that failed alike (the transport error's
+    /// chain is kept as text).
+    pub(crate) fn to_error(&self, http: &ConsulHttp, operation: impl fmt::Display) -> Error {
+        let copy = match self {
+            ApiError::Transport(e) => {
+                return Error::Unreachable {
+                    backend: "Consul",
+                    address: http.address(),
+                    hint: "start an agent, or point CONSUL_HTTP_ADDR at one",
+                    source: DisplayChain(e).to_string().into(),
+                };
+            }
+            ApiError::Status(status, message) => ApiError::Status(*status, message.clone()),
+            ApiError::Malformed(message) => ApiError::Malformed(message.clone()),
+        };
+        copy.into_error(http, operation)
+    }
+
     /// The public error, saying what we were doing.
     pub(crate) fn into_error(self, http: &ConsulHttp, operation: impl fmt::Display) -> Error {
         match self {

@@ -47,7 +47,7 @@ use http::ConsulHttp;
 #[derive(Clone)]
 pub struct Consul {
     http: Arc<ConsulHttp>,
-    pool: Arc<semaphore::Pool>,
+    semaphores: Arc<semaphore::Semaphores>,
 }
 
 impl fmt::Debug for Consul {
@@ -73,7 +73,7 @@ impl Consul {
     pub(crate) fn from_parts(http: Arc<ConsulHttp>, pool_idle_for: Option<Duration>) -> Consul {
         Consul {
             http,
-            pool: Arc::new(semaphore::Pool::new(pool_idle_for)),
+            semaphores: Arc::new(semaphore::Semaphores::new(pool_idle_for)),
         }
     }
 
@@ -137,7 +137,7 @@ impl Backend for Consul {
                 match spec.target() {
                     Target::Leader { .. } => leader::acquire(&self.http, spec).await,
                     Target::Semaphore { .. } => {
-                        semaphore::acquire(&self.http, &self.pool, spec).await
+                        semaphore::acquire(&self.http, &self.semaphores, spec).await
                     }
                 }
             }

@@ -1,0 +1,367 @@
+//! The Consul semaphore (seed 000): at most `limit` holders under a prefix, interoperating with
+//! `consul lock -n`.
+//!
+//! Layout, as Consul's CLI and Go client write it: a contender key `<prefix>/<session>` held by
+//! each holder's session (behaviour delete, so a dead holder's key vanishes), and the coordinating
+//! key `<prefix>/.lock` = `{"Limit":N,"Holders":{"<session>":true}}`, both with flags
+//! [`SEMAPHORE_FLAGS`]. The seed's list form of `Holders` is read too ([`value`]).
+//!
+//! Admission: one transaction locks our contender key and CASes us into `Holders` on the lock
+//! key's ModifyIndex (0 when creating), pruning holders whose session no longer holds a key. The
+//! process's takes and give-backs of one prefix are batched into such transactions by one
+//! [`coordinator`] task, so they never race each other; a full semaphore is waited for with a
+//! blocking query on the prefix.
+//!
+//! Holding: a consistent blocking watch of the prefix, beside the session's own watch and renew
+//! loop. The lease is lost when our session leaves `Holders`, our contender key goes or changes
+//! hands, the session is invalidated, or the self-fencing deadline passes. The sequencer is our
+//! contender key with its LockIndex and our session. A pooled session ([`pool`]) re-locks its
+//! contender key when admitted again, so the sequencer changes on every acquisition.
+
+mod coordinator;
+mod pool;
+mod value;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use self::coordinator::{Coordinators, Taken};
+use self::pool::{Pool, Pooled};
+pub(crate) use self::value::SEMAPHORE_FLAGS;
+use self::value::{Snapshot, contender_key, lock_key};
+use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
+use super::retry::{retry_transient, within};
+use super::session::{self, KeepAlive, Session, SessionEnd};
+use crate::lease::{self, Checker, Hold};
+use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target, Wait};
+
+/// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
+#[derive(Debug)]
+pub(crate) struct Semaphores {
+    pool: Pool,
+    coordinators: Coordinators,
+}
+
+impl Semaphores {
+    pub(crate) fn new(pool_idle_for: Option<Duration>) -> Self {
+        Semaphores {
+            pool: Pool::new(pool_idle_for),
+            coordinators: Coordinators::default(),
+        }
+    }
+}
+
+/// Acquires a slot of the semaphore `spec` names (validated by the caller).
+pub(crate) async fn acquire(
+    http: &Arc<ConsulHttp>,
+    semaphores: &Arc<Semaphores>,
+    spec: &LeaseSpec,
+) -> Result<Lease, Error> {
+    let Target::Semaphore { prefix, limit } = spec.target() else {
+        return Err(Error::Config("not a semaphore spec".into()));
+    };
+    let limit = u64::from(*limit);
+    let started = Instant::now();
+    let deadline = match spec.wait_policy() {
+        Wait::Forever => None,
+        Wait::UpTo(d) => Some(started + d),
+        Wait::Never => Some(started),
+    };
+    let once = spec.wait_policy() == Wait::Never;
+    let busy = || Error::Busy {
+        key: prefix.clone(),
+        waited: started.elapsed(),
+    };
+    loop {
+        let Pooled {
+            session,
+            mut keep_alive,
+        } = match semaphores.pool.take(prefix).await {
+            Some(pooled) => pooled,
+            None => {
+                let (session, keep_alive) = Session::create(http, spec, Behavior::Delete).await?;
+                Pooled {
+                    session,
+                    keep_alive,
+                }
+            }
+        };
+        let take = semaphores.coordinators.take(
+            http,
+            prefix,
+            session.id(),
+            limit,
+            spec.advertised_value(),
+            once,
+        );
+        // `Wait::Never` is answered by the coordinator after one fresh read, not by a timer.
+        let waited = async {
+            match deadline {
+                Some(deadline) if !once => tokio::time::timeout_at(deadline, take).await.ok(),
+                _ => Some(take.await),
+            }
+        };
+        let outcome = tokio::select! {
+            biased;
+            end = &mut keep_alive => Err(end),
+            taken = waited => Ok(taken),
+        };
+        match outcome {
+            Ok(Some(Ok(Taken::Admitted { lock_index, index }))) => {
+                let admitted = Admitted { lock_index, index };
+                return Ok(hold(
+                    http, semaphores, prefix, session, keep_alive, admitted,
+                ));
+            }
+            Ok(Some(Ok(Taken::SessionGone))) => {
+                let _ = session.destroy().await;
+            }
+            // Busy. The session holds no slot (if the coordinator admitted it as the wait ran
+            // out, the coordinator gives that slot back itself): keep it for the next try, or
+            // destroy it.
+            Ok(Some(Ok(Taken::Full)) | None) => {
+                if let Err(Pooled { session, .. }) = semaphores.pool.put(
+                    prefix,
+                    Pooled {
+                        session,
+                        keep_alive,
+                    },
+                ) {
+                    let _ = session.destroy().await;
+                }
+                return Err(busy());
+            }
+            Ok(Some(Err(error))) => {
+                let _ = session.destroy().await;
+                return Err(error);
+            }
+            // The waiting session was destroyed (by an operator, or it expired): wait with another.
+            Err(SessionEnd::Invalidated) => {}
+            Err(end) => return Err(end.into_wait_error(prefix)),
+        }
+    }
+}
+
+/// What admission learned: our contender key's LockIndex and an index to watch from.
+struct Admitted {
+    lock_index: u64,
+    index: u64,
+}
+
+fn hold(
+    http: &Arc<ConsulHttp>,
+    semaphores: &Arc<Semaphores>,
+    prefix: &str,
+    session: Session,
+    keep_alive: KeepAlive,
+    admitted: Admitted,
+) -> Lease {
+    let contender = contender_key(prefix, session.id());
+    let sequencer = Sequencer::new(
+        BackendKind::Consul,
+        &contender,
+        admitted.lock_index,
+        session.id(),
+    );
+    let (lease, holding) = Lease::new(
+        sequencer.clone(),
+        Box::new(SemaphoreChecker {
+            http: Arc::clone(http),
+            prefix: prefix.to_owned(),
+        }),
+    );
+    tracing::info!(%sequencer, "semaphore slot acquired");
+    lease::spawn_keeper(
+        holding,
+        SemaphoreHold {
+            semaphores: Arc::clone(semaphores),
+            prefix: prefix.to_owned(),
+            session,
+            keep_alive,
+            lock_index: admitted.lock_index,
+            index: admitted.index,
+        },
+    );
+    lease
+}
+
+/// Whether a holder still holds its slot, from one read of the prefix; `None` if it does.
+async fn verdict(
+    http: &ConsulHttp,
+    prefix: &str,
+    entries: &[KvEntry],
+    session: &str,
+    lock_index: u64,
+) -> Option<LostReason> {
+    let contender = contender_key(prefix, session);
+    match entries.iter().find(|e| e.key == contender) {
+        None => {
+            return Some(match http.session_exists(session).await {
+                Ok(false) => LostReason::SessionInvalidated,
+                Ok(true) | Err(_) => LostReason::KeyDeleted,
+            });
+        }
+        Some(e) if e.holder() != Some(session) || e.lock_index != lock_index => {
+            return Some(match e.holder() {
+                Some(holder) => LostReason::KeyTaken {
+                    lock_index: e.lock_index,
+                    session: holder.to_owned(),
+                },
+                None => LostReason::KeyReleased,
+            });
+        }
+        Some(_) => {}
+    }
+    // An unreadable lock key means our slot is no longer provable: that is loss too.
+    if Snapshot::read(prefix, entries, 0).records_holder(session) {
+        None
+    } else {
+        Some(LostReason::HolderPruned)
+    }
+}
+
+struct SemaphoreHold {
+    semaphores: Arc<Semaphores>,
+    prefix: String,
+    session: Session,
+    keep_alive: KeepAlive,
+    lock_index: u64,
+    index: u64,
+}
+
+impl Hold for SemaphoreHold {
+    async fn watch(&mut self) -> LostReason {
+        let (session, prefix, lock_index) = (&self.session, self.prefix.as_str(), self.lock_index);
+        let http = session.http();
+        let prefix_watch = session::watch_until_lost(
+            &mut self.index,
+            |blocking| http.kv_list(prefix, Some(blocking)),
+            |entries| async move { verdict(http, prefix, &entries, session.id(), lock_index).await },
+        );
+        session::hold_until_lost(&mut self.keep_alive, session, prefix_watch).await
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        let http = Arc::clone(self.session.http());
+        let SemaphoreHold {
+            semaphores,
+            prefix,
+            session,
+            keep_alive,
+            ..
+        } = self;
+        if semaphores.pool.enabled() {
+            // Keep the session and its contender key for the next acquisition.
+            semaphores
+                .coordinators
+                .give(&http, &prefix, session.id(), false)
+                .await?;
+            if let Err(Pooled { session, .. }) = semaphores.pool.put(
+                &prefix,
+                Pooled {
+                    session,
+                    keep_alive,
+                },
+            ) {
+                return session.destroy().await;
+            }
+            return Ok(());
+        }
+        let left = semaphores
+            .coordinators
+            .give(&http, &prefix, session.id(), true)
+            .await;
+        let destroyed = session.destroy().await;
+        left.and(destroyed)
+    }
+
+    async fn clean_up(self) {
+        let http = Arc::clone(self.session.http());
+        let left = self
+            .semaphores
+            .coordinators
+            .give(&http, &self.prefix, self.session.id(), true)
+            .await;
+        if let Err(error) = left.and(self.session.destroy().await) {
+            tracing::warn!(%error, "could not clean up a lost semaphore slot; its session expires with its TTL");
+        }
+    }
+}
+
+/// `Lease::check` for a semaphore slot: one consistent read of the prefix.
+struct SemaphoreChecker {
+    http: Arc<ConsulHttp>,
+    prefix: String,
+}
+
+impl Checker for SemaphoreChecker {
+    fn check<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(check_sequencer(&self.http, &self.prefix, sequencer))
+    }
+}
+
+/// Whether `sequencer` (a contender key of the semaphore at `prefix`) still holds a slot.
+pub(crate) async fn check_sequencer(
+    http: &ConsulHttp,
+    prefix: &str,
+    sequencer: &Sequencer,
+) -> Result<(), Error> {
+    let (entries, _) = http
+        .kv_list(prefix, None)
+        .await
+        .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
+    match verdict(
+        http,
+        prefix,
+        &entries,
+        sequencer.holder(),
+        sequencer.index(),
+    )
+    .await
+    {
+        None => Ok(()),
+        Some(reason) => Err(Error::Lost(reason)),
+    }
+}
+
+/// The prefix of a semaphore sequencer's contender key, if the key is one.
+pub(crate) fn prefix_of(sequencer: &Sequencer) -> Option<&str> {
+    sequencer
+        .key()
+        .strip_suffix(sequencer.holder())
+        .and_then(|p| p.strip_suffix('/'))
+}
+
+/// Removes the semaphore at `prefix` if no live holder remains.
+pub(crate) async fn destroy(http: &ConsulHttp, prefix: &str) -> Result<(), Error> {
+    let fail = |e: ApiError| e.into_error(http, format_args!("destroy semaphore {prefix:?}"));
+    loop {
+        let (entries, index) = retry_transient(within(Duration::from_secs(5)), || {
+            http.kv_list(prefix, None)
+        })
+        .await
+        .map_err(fail)?;
+        let snapshot = Snapshot::read(prefix, &entries, index);
+        let modify_index = match &snapshot.lock {
+            Err(unreadable) => return Err(unreadable.to_error(prefix)),
+            Ok(None) => return Ok(()),
+            Ok(Some((modify_index, _))) => *modify_index,
+        };
+        let live = snapshot.live_holders();
+        if !live.is_empty() {
+            return Err(Error::SemaphoreInUse {
+                key: prefix.to_owned(),
+                holders: live.len(),
+            });
+        }
+        if http
+            .kv_delete(&lock_key(prefix), Some(modify_index))
+            .await
+            .map_err(fail)?
+        {
+            return Ok(());
+        }
+    }
+}
