@@ -39,9 +39,18 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
         Wait::Never => Some(started),
     };
     let mut pause = SCAN_BACKOFF.0;
+    let mut unsettled_scans = 0;
     loop {
-        if let Some(lease) = try_acquire(amqp, &names, limit).await? {
-            return Ok(lease);
+        match try_acquire(amqp, &names, limit).await? {
+            Scan::Acquired(lease) => return Ok(lease),
+            // Slots were changing hands while we looked: "busy" would not be the truth yet, so
+            // look again soon, even when told not to wait (a bounded number of times).
+            Scan::Unsettled if unsettled_scans < amqp.config().race_retries => {
+                unsettled_scans += 1;
+                tokio::time::sleep(jitter(Duration::from_millis(5))).await;
+                continue;
+            }
+            Scan::Unsettled | Scan::Full => {}
         }
         let now = Instant::now();
         let mut sleep = jitter(pause);
@@ -59,17 +68,24 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     }
 }
 
-/// One scan of the semaphore; `None` when every slot is held.
-async fn try_acquire(
-    amqp: &Amqp,
-    names: &SemaphoreNames,
-    limit: u32,
-) -> Result<Option<Lease>, Error> {
+/// What one scan of the semaphore found.
+enum Scan {
+    Acquired(Lease),
+    /// Every slot is held.
+    Full,
+    /// No slot was free, but some were being taken (by our own leases, or in a race we lost)
+    /// while we looked: one may be free once they settle.
+    Unsettled,
+}
+
+/// One scan of the semaphore.
+async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<Scan, Error> {
     let config = amqp.config();
     let timeout = config.operation_timeout;
     let connection = amqp.connection().await?;
     let mut channel = open(amqp, &connection).await?;
     let mut races = 0;
+    let mut unsettled = false;
     let mut created = false;
     'scan: loop {
         let mut slot = 1;
@@ -83,15 +99,30 @@ async fn try_acquire(
                     continue 'scan;
                 }
                 wire::close_channel(&channel, timeout).await;
-                return Ok(None);
+                return Ok(if unsettled || races > 0 {
+                    Scan::Unsettled
+                } else {
+                    Scan::Full
+                });
             }
-            if amqp.is_claimed(names, slot)
-                || probe(amqp, &channel, &names.holder_queue(slot)).await?
-            {
+            match amqp.claim_state(names, slot) {
+                Some(true) => {
+                    slot += 1;
+                    continue;
+                }
+                Some(false) => {
+                    unsettled = true;
+                    slot += 1;
+                    continue;
+                }
+                None => {}
+            }
+            if probe(amqp, &channel, &names.holder_queue(slot)).await? {
                 slot += 1;
                 continue;
             }
             let Some(claim) = amqp.claim(names, slot) else {
+                unsettled = true;
                 slot += 1;
                 continue;
             };
@@ -129,12 +160,13 @@ async fn try_acquire(
                 connection: Arc::clone(&connection),
                 queue: holder_queue,
                 armed: true,
-                _claim: claim,
+                claim,
             };
             let confirmed_at = Instant::now();
             match watch_slot(amqp, &channel, &slot_queue).await {
                 Ok(consumer) => {
-                    return Ok(Some(hold(
+                    holder.claim.mark_held();
+                    return Ok(Scan::Acquired(hold(
                         amqp,
                         names,
                         slot,
@@ -257,7 +289,7 @@ struct HolderQueue {
     connection: Arc<Connection>,
     queue: String,
     armed: bool,
-    _claim: Claim,
+    claim: Claim,
 }
 
 impl HolderQueue {

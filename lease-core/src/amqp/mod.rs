@@ -43,7 +43,7 @@ mod config;
 mod naming;
 mod wire;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,8 +98,8 @@ pub struct Amqp {
 struct Inner {
     config: AmqpConfig,
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
-    /// Slots held (or being taken) by leases on our connection: `(semaphore, slot)`.
-    claims: Mutex<HashSet<(String, u32)>>,
+    /// Slots held (`true`) or being taken (`false`) by leases on our connection.
+    claims: Mutex<HashMap<(String, u32), bool>>,
     /// Serialises this process's administration: the broker's mutex is an exclusive queue, which
     /// every channel of our own connection could declare at once.
     admin_lock: tokio::sync::Mutex<()>,
@@ -146,7 +146,7 @@ impl Amqp {
             inner: Arc::new(Inner {
                 config,
                 connection: tokio::sync::Mutex::new(None),
-                claims: Mutex::new(HashSet::new()),
+                claims: Mutex::new(HashMap::new()),
                 admin_lock: tokio::sync::Mutex::new(()),
             }),
         }
@@ -214,15 +214,21 @@ impl Amqp {
     pub(crate) fn claim(&self, names: &SemaphoreNames, slot: u32) -> Option<Claim> {
         let key = (names.name().to_owned(), slot);
         let mut claims = self.inner.claims.lock().unwrap_or_else(|e| e.into_inner());
-        claims.insert(key.clone()).then(|| Claim {
+        if claims.contains_key(&key) {
+            return None;
+        }
+        claims.insert(key.clone(), false);
+        Some(Claim {
             amqp: self.clone(),
             key,
         })
     }
 
-    pub(crate) fn is_claimed(&self, names: &SemaphoreNames, slot: u32) -> bool {
+    /// Whether one of this process's leases holds slot `slot` (`Some(true)`), is taking it right
+    /// now (`Some(false)`), or neither (`None`).
+    pub(crate) fn claim_state(&self, names: &SemaphoreNames, slot: u32) -> Option<bool> {
         let claims = self.inner.claims.lock().unwrap_or_else(|e| e.into_inner());
-        claims.contains(&(names.name().to_owned(), slot))
+        claims.get(&(names.name().to_owned(), slot)).copied()
     }
 
     pub(crate) fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
@@ -243,6 +249,21 @@ pub(crate) struct Claim {
 impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Claim").field(&self.key).finish()
+    }
+}
+
+impl Claim {
+    /// The slot is now held (its lease is established), no longer being taken.
+    pub(crate) fn mark_held(&self) {
+        let mut claims = self
+            .amqp
+            .inner
+            .claims
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = claims.get_mut(&self.key) {
+            *held = true;
+        }
     }
 }
 
