@@ -660,9 +660,25 @@ impl State {
             Some(Value::Semaphore { holders, .. }) => holders.clone(),
             _ => BTreeSet::new(),
         };
-        holders.retain(|holder| live.contains(holder));
+        // A dead holder keeps its slot for its session's lock-delay, so that a holder invalidated
+        // behind its back can stop its work before anyone else is admitted (as for a leader key).
+        let mut blocked_until: Option<Instant> = None;
+        holders.retain(|holder| {
+            if live.contains(holder) {
+                return true;
+            }
+            match self.lock_delay_until(&format!("{prefix}/{holder}"), now) {
+                Some(until) => {
+                    blocked_until = Some(blocked_until.map_or(until, |b| b.min(until)));
+                    true
+                }
+                None => false,
+            }
+        });
         if holders.len() >= limit as usize && !holders.contains(session) {
-            return Ok(Attempt::Blocked { until: None });
+            return Ok(Attempt::Blocked {
+                until: blocked_until,
+            });
         }
         holders.insert(session.to_owned());
         let index = self.bump();
@@ -806,8 +822,12 @@ impl Hold for MemoryHold {
     }
 
     async fn clean_up(self) {
+        // After a loss the work may still be stopping: destroy the session like Consul's
+        // `session/destroy` (lock-delay applies to whatever it still holds), never hand the lease
+        // on faster than that.
         let session = self.held.session().to_owned();
-        self.inner.mutate(|state, _| state.end_cleanly(&session));
+        self.inner
+            .mutate(|state, now| state.invalidate(&session, now));
     }
 }
 

@@ -291,6 +291,32 @@ mod scenarios {
         b.check().await.unwrap();
         b.release().await.unwrap();
     }
+
+    pub(crate) async fn semaphore_dead_holder_keeps_its_slot_for_the_lock_delay(h: &Harness) {
+        let prefix = h.key("semaphore-lock-delay");
+        let spec = semaphore(&prefix, 1).lock_delay(Duration::from_secs(2));
+        let a = h.backend.acquire(&spec).await.unwrap();
+        h.operator.destroy_session(a.sequencer().holder()).await;
+        within(EVENT, "semaphore loss after destroy", a.lost()).await;
+        // The dead holder may still be finishing its work: its slot is not handed on yet.
+        let early = h
+            .backend
+            .acquire(&spec.clone().wait(Wait::UpTo(Duration::from_millis(500))))
+            .await;
+        assert!(
+            early.unwrap_err().is_busy(),
+            "a dead holder's slot was handed on inside its lock-delay"
+        );
+        let b = within(
+            EVENT,
+            "the slot after the lock-delay",
+            h.backend.acquire(&spec),
+        )
+        .await
+        .unwrap();
+        b.check().await.unwrap();
+        b.release().await.unwrap();
+    }
 }
 
 /// `conformance!(name, harness_future; scenario, ...)`: a test module running each scenario on a
@@ -379,6 +405,7 @@ conformance!(memory, memory_harness::harness();
     zero_lock_delay_means_zero,
     semaphore_admits_up_to_its_limit,
     semaphore_holder_loses_on_session_destroy,
+    semaphore_dead_holder_keeps_its_slot_for_the_lock_delay,
 );
 
 conformance!(consul, consul_harness::harness();
@@ -393,4 +420,5 @@ conformance!(consul, consul_harness::harness();
     zero_lock_delay_means_zero,
     semaphore_admits_up_to_its_limit,
     semaphore_holder_loses_on_session_destroy,
+    semaphore_dead_holder_keeps_its_slot_for_the_lock_delay,
 );

@@ -119,18 +119,21 @@ async fn sixteen_tasks_with_operator_destroys_stay_within_limit_and_all_run() {
     let consul = agent.backend();
     let timeline = Timeline::new();
     let mut rng = Rng::from_time();
+    // A destroyed holder runs on until it notices (a millisecond or so); the lock-delay keeps its
+    // slot from being handed on meanwhile. With lock-delay 0 that overlap would be allowed.
+    let spec = spec("sixteen", 3).lock_delay(Duration::from_secs(1));
     let ran = Arc::new(AtomicUsize::new(0));
     let destroyed = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for i in 0..16u64 {
         let (consul, timeline, agent) = (consul.clone(), timeline.clone(), Arc::clone(&agent));
-        let (ran, destroyed) = (Arc::clone(&ran), Arc::clone(&destroyed));
+        let (ran, destroyed, spec) = (Arc::clone(&ran), Arc::clone(&destroyed), spec.clone());
         let hold = Duration::from_millis(20 + rng.below(80));
         let destroy = rng.below(4) == 0;
         tasks.push(tokio::spawn(async move {
             // A destroyed holder's work is cancelled; it tries again until its work completes.
             loop {
-                let lease = consul.acquire(&spec("sixteen", 3)).await.unwrap();
+                let lease = consul.acquire(&spec).await.unwrap();
                 let session = lease.sequencer().holder().to_owned();
                 let guard = timeline.hold(format!("task-{i}"));
                 let work = async {

@@ -60,6 +60,8 @@ struct TakeRequest {
     session: String,
     limit: u64,
     value: Vec<u8>,
+    /// How long a dead holder keeps its slot before this take may have it.
+    lock_delay: Duration,
     once: bool,
     reply: oneshot::Sender<Result<Taken, Error>>,
 }
@@ -103,6 +105,7 @@ impl Coordinators {
         session: &str,
         limit: u64,
         value: &[u8],
+        lock_delay: Duration,
         once: bool,
     ) -> Result<Taken, Error> {
         // A coordinator that stopped for idleness just as we sent drops the request; send again.
@@ -115,6 +118,7 @@ impl Coordinators {
                     session: session.to_owned(),
                     limit,
                     value: value.to_vec(),
+                    lock_delay,
                     once,
                     reply,
                 }),
@@ -197,6 +201,10 @@ struct Coordinator {
     snapshot: Option<Snapshot>,
     /// The snapshot was read from Consul, not derived from our own writes.
     fresh: bool,
+    /// Recorded holders whose sessions are gone, and when we first saw them so.
+    dead_since: HashMap<String, Instant>,
+    /// When the next dead holder may be pruned, if one waits for its lock-delay.
+    next_prune: Option<Instant>,
     backoff: Backoff,
 }
 
@@ -212,6 +220,8 @@ async fn run(
         gives: Vec::new(),
         snapshot: None,
         fresh: false,
+        dead_since: HashMap::new(),
+        next_prune: None,
         backoff: Backoff::new(),
     };
     let mut watch: Option<PrefixRead> = None;
@@ -259,16 +269,12 @@ impl Coordinator {
         let http = Arc::clone(&self.http);
         let prefix = self.prefix.clone();
         let index = self.snapshot.as_ref().map_or(0, |s| s.index);
-        Box::pin(async move {
-            http.kv_list(
-                &prefix,
-                Some(Blocking {
-                    index,
-                    wait: FULL_WAIT,
-                }),
-            )
-            .await
-        })
+        // Wake up in time to prune a dead holder whose lock-delay is about to run out.
+        let wait = self.next_prune.map_or(FULL_WAIT, |at| {
+            at.saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), FULL_WAIT)
+        });
+        Box::pin(async move { http.kv_list(&prefix, Some(Blocking { index, wait })).await })
     }
 
     /// Takes in a read of the prefix, unless our own writes already know a later state.
@@ -365,8 +371,9 @@ impl Coordinator {
             let n = self.gives.len().min(MAX_GIVES);
             self.gives.drain(..n).collect()
         };
-        // The holders after this round: the live ones, less those leaving, plus those admitted.
-        let mut holders: BTreeSet<String> = snapshot.live_holders();
+        // The holders after this round: the live ones and the dead ones still within their
+        // lock-delay, less those leaving, plus those admitted.
+        let mut holders = self.unpruned_holders(snapshot);
         for give in &gives {
             holders.remove(&give.session);
         }
@@ -435,6 +442,40 @@ impl Coordinator {
         }
         self.write(snapshot, holders, limit, admits, gives, leaving_recorded)
             .await
+    }
+
+    /// The recorded holders that still count against the limit: the live ones, and the dead
+    /// ones until the lock-delay of the take at the head of the queue has passed since we first
+    /// saw them dead.
+    ///
+    /// This is lock-delay's promise carried over to semaphores: when an operator (or a failure
+    /// detector) invalidates a holder's session, the holder may still be running its work until
+    /// it notices, so its slot is not handed to anyone else for the lock-delay. With lock-delay 0
+    /// dead holders are pruned at once, as `consul lock -n` does.
+    fn unpruned_holders(&mut self, snapshot: &Snapshot) -> BTreeSet<String> {
+        let now = Instant::now();
+        let lock_delay = self.takes.front().map_or(Duration::ZERO, |t| t.lock_delay);
+        let recorded: BTreeSet<String> = match &snapshot.lock {
+            Ok(Some((_, value))) => value.holders.clone(),
+            _ => BTreeSet::new(),
+        };
+        self.dead_since
+            .retain(|session, _| recorded.contains(session) && !snapshot.live.contains(session));
+        self.next_prune = None;
+        let mut holders = BTreeSet::new();
+        for session in recorded {
+            if snapshot.live.contains(&session) {
+                holders.insert(session);
+                continue;
+            }
+            let seen = *self.dead_since.entry(session.clone()).or_insert(now);
+            let prunable_at = seen + lock_delay;
+            if prunable_at > now {
+                self.next_prune = Some(self.next_prune.map_or(prunable_at, |p| p.min(prunable_at)));
+                holders.insert(session);
+            }
+        }
+        holders
     }
 
     /// Writes one round as one transaction and answers its requests.

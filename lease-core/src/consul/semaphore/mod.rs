@@ -12,6 +12,10 @@
 //! [`coordinator`] task, so they never race each other; a full semaphore is waited for with a
 //! blocking query on the prefix.
 //!
+//! A holder whose session is gone keeps its slot for the lock-delay before it is pruned (see
+//! `Coordinator::unpruned_holders`), so a holder invalidated behind its back has that long to
+//! notice and stop its work before anyone else is admitted; lock-delay 0 prunes at once.
+//!
 //! Holding: a consistent blocking watch of the prefix, beside the session's own watch and renew
 //! loop. The lease is lost when our session leaves `Holders`, our contender key goes or changes
 //! hands, the session is invalidated, or the self-fencing deadline passes. The sequencer is our
@@ -94,6 +98,7 @@ pub(crate) async fn acquire(
             session.id(),
             limit,
             spec.advertised_value(),
+            spec.session_lock_delay(),
             once,
         );
         // `Wait::Never` is answered by the coordinator after one fresh read, not by a timer.
@@ -278,14 +283,11 @@ impl Hold for SemaphoreHold {
     }
 
     async fn clean_up(self) {
-        let http = Arc::clone(self.session.http());
-        let left = self
-            .semaphores
-            .coordinators
-            .give(&http, &self.prefix, self.session.id(), true)
-            .await;
-        if let Err(error) = left.and(self.session.destroy().await) {
-            tracing::warn!(%error, "could not clean up a lost semaphore slot; its session expires with its TTL");
+        // After a loss the work may still be stopping, so the slot is not given back here: the
+        // session's destruction deletes the contender key, and contenders prune the dead entry
+        // from `Holders` once the lock-delay has passed.
+        if let Err(error) = self.session.destroy().await {
+            tracing::warn!(%error, "could not destroy the session of a lost semaphore slot; it expires with its TTL");
         }
     }
 }
