@@ -45,6 +45,21 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
 const MAX_TAKES: usize = 20;
 const MAX_GIVES: usize = 20;
 
+/// A request for a slot.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Take<'a> {
+    /// The session to admit.
+    pub(super) session: &'a str,
+    /// The limit the contender expects.
+    pub(super) limit: u64,
+    /// The value to write into the contender key.
+    pub(super) value: &'a [u8],
+    /// How long a dead holder keeps its slot before this take may have it.
+    pub(super) lock_delay: Duration,
+    /// Answer `Full` after one fresh read instead of waiting.
+    pub(super) once: bool,
+}
+
 /// The answer to a take.
 #[derive(Debug)]
 pub(super) enum Taken {
@@ -94,19 +109,15 @@ impl fmt::Debug for Coordinators {
 }
 
 impl Coordinators {
-    /// Asks for a slot of `prefix` for `session`; waits until admitted (or, if `once`, until one
-    /// attempt has been made on a fresh read).
+    /// Asks for a slot of `prefix`; waits until admitted (or, for a take that must not wait,
+    /// until one attempt has been made on a fresh read).
     ///
     /// Cancel safe: see the module docs.
     pub(super) async fn take(
         &self,
         http: &Arc<ConsulHttp>,
         prefix: &str,
-        session: &str,
-        limit: u64,
-        value: &[u8],
-        lock_delay: Duration,
-        once: bool,
+        take: Take<'_>,
     ) -> Result<Taken, Error> {
         // A coordinator that stopped for idleness just as we sent drops the request; send again.
         for _ in 0..3 {
@@ -115,11 +126,11 @@ impl Coordinators {
                 http,
                 prefix,
                 Request::Take(TakeRequest {
-                    session: session.to_owned(),
-                    limit,
-                    value: value.to_vec(),
-                    lock_delay,
-                    once,
+                    session: take.session.to_owned(),
+                    limit: take.limit,
+                    value: take.value.to_vec(),
+                    lock_delay: take.lock_delay,
+                    once: take.once,
                     reply,
                 }),
             );

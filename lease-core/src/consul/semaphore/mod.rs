@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use self::coordinator::{Coordinators, Taken};
+use self::coordinator::{Coordinators, Take, Taken};
 use self::pool::{Pool, Pooled};
 pub(crate) use self::value::SEMAPHORE_FLAGS;
 use self::value::{Snapshot, contender_key, lock_key};
@@ -95,11 +95,13 @@ pub(crate) async fn acquire(
         let take = semaphores.coordinators.take(
             http,
             prefix,
-            session.id(),
-            limit,
-            spec.advertised_value(),
-            spec.session_lock_delay(),
-            once,
+            Take {
+                session: session.id(),
+                limit,
+                value: spec.advertised_value(),
+                lock_delay: spec.session_lock_delay(),
+                once,
+            },
         );
         // `Wait::Never` is answered by the coordinator after one fresh read, not by a timer.
         let waited = async {
