@@ -177,6 +177,10 @@ impl Drop for Lease {
 ///
 /// It does not keep the lease alive: when the lease is released or dropped, the watcher reports
 /// it lost with [`LostReason::Released`].
+///
+/// Work run through a watcher in another task is dropped at its next await point after the
+/// release begins, but the release itself does not wait for that: release the lease only after
+/// such work has finished (as [`Lease::run`], which borrows the lease, guarantees by construction).
 #[derive(Clone)]
 pub struct LeaseWatcher {
     sequencer: Arc<Sequencer>,
