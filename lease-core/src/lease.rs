@@ -35,8 +35,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// needed in `Drop`). Call [`release`](Lease::release) to wait until it is given back.
 #[must_use = "a lease is released as soon as it is dropped"]
 pub struct Lease {
-    sequencer: Sequencer,
-    state: Arc<LeaseState>,
+    /// The sequencer and the shared state, behind one `Arc` that watchers clone.
+    watcher: LeaseWatcher,
     checker: Box<dyn Checker>,
     release_tx: Option<oneshot::Sender<ReleaseRequest>>,
 }
@@ -44,7 +44,7 @@ pub struct Lease {
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("sequencer", &self.sequencer)
+            .field("sequencer", self.sequencer())
             .field("held", &self.is_held())
             .finish_non_exhaustive()
     }
@@ -53,19 +53,23 @@ impl fmt::Debug for Lease {
 impl Lease {
     /// The fencing token of this acquisition.
     pub fn sequencer(&self) -> &Sequencer {
-        &self.sequencer
+        self.watcher.sequencer()
+    }
+
+    fn state(&self) -> &LeaseState {
+        &self.watcher.shared.state
     }
 
     /// Whether the lease is still held, as far as this process knows. No I/O: an atomic read.
     ///
     /// Turns false the moment loss is detected (or release begins) and never turns true again.
     pub fn is_held(&self) -> bool {
-        self.state.is_held()
+        self.state().is_held()
     }
 
     /// Why the lease was lost, if it has been.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.state.lost.borrow().clone()
+        self.state().lost.borrow().clone()
     }
 
     /// Completes with the reason when the lease is lost or released.
@@ -76,16 +80,13 @@ impl Lease {
     ///
     /// Cancel safe: dropping it has no effect on the lease, and a new one can be created any time.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.state.lost_signal()
+        self.state().lost_signal()
     }
 
     /// A cheap, cloneable view of this lease's state, for code that must check or await loss
     /// without owning the lease (a request handler, another task).
     pub fn watcher(&self) -> LeaseWatcher {
-        LeaseWatcher {
-            sequencer: Arc::new(self.sequencer.clone()),
-            state: Arc::clone(&self.state),
-        }
+        self.watcher.clone()
     }
 
     /// Runs `work` while the lease is held.
@@ -113,9 +114,9 @@ impl Lease {
         if let Some(reason) = self.lost_reason() {
             return Err(Error::Lost(reason));
         }
-        match self.checker.check(&self.sequencer).await {
+        match self.checker.check(self.sequencer()).await {
             Err(Error::Lost(reason)) => {
-                self.state.lose(reason.clone());
+                self.state().lose(reason.clone());
                 Err(Error::Lost(reason))
             }
             other => other,
@@ -148,8 +149,12 @@ impl Lease {
         });
         let (release_tx, release_rx) = oneshot::channel();
         let lease = Lease {
-            sequencer: sequencer.clone(),
-            state: Arc::clone(&state),
+            watcher: LeaseWatcher {
+                shared: Arc::new(WatcherShared {
+                    sequencer: sequencer.clone(),
+                    state: Arc::clone(&state),
+                }),
+            },
             checker,
             release_tx: Some(release_tx),
         };
@@ -183,14 +188,19 @@ impl Drop for Lease {
 /// such work has finished (as [`Lease::run`], which borrows the lease, guarantees by construction).
 #[derive(Clone)]
 pub struct LeaseWatcher {
-    sequencer: Arc<Sequencer>,
+    // One `Arc`, so a clone is one reference-count increment: watchers are cloned per request.
+    shared: Arc<WatcherShared>,
+}
+
+struct WatcherShared {
+    sequencer: Sequencer,
     state: Arc<LeaseState>,
 }
 
 impl fmt::Debug for LeaseWatcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseWatcher")
-            .field("sequencer", &self.sequencer)
+            .field("sequencer", self.sequencer())
             .field("held", &self.is_held())
             .finish()
     }
@@ -199,17 +209,17 @@ impl fmt::Debug for LeaseWatcher {
 impl LeaseWatcher {
     /// See [`Lease::sequencer`].
     pub fn sequencer(&self) -> &Sequencer {
-        &self.sequencer
+        &self.shared.sequencer
     }
 
     /// See [`Lease::is_held`].
     pub fn is_held(&self) -> bool {
-        self.state.is_held()
+        self.shared.state.is_held()
     }
 
     /// See [`Lease::lost`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.state.lost_signal()
+        self.shared.state.lost_signal()
     }
 
     /// See [`Lease::run`].

@@ -27,8 +27,8 @@ use tokio::net::TcpListener;
 const CONNECTIONS: usize = 64;
 /// Twice the limit: enough to keep every slot busy; more would only queue in the layer.
 const SEMAPHORE_CONNECTIONS: usize = 16;
-const ROUND: Duration = Duration::from_secs(2);
-const ROUNDS: usize = 5;
+const ROUND: Duration = Duration::from_millis(1500);
+const ROUNDS: usize = 8;
 const SEMAPHORE_RUN: Duration = Duration::from_secs(4);
 
 fn main() {
@@ -132,6 +132,14 @@ async fn run() {
             .route_layer(leader_layer.clone()),
     )
     .await;
+    // The floor any route_layer costs in axum (a boxed service per route, the body boxed), to
+    // read the leader layer's own share against.
+    let identity = serve(
+        Router::new()
+            .route("/", get(handler))
+            .route_layer(tower::layer::layer_fn(|service| service)),
+    )
+    .await;
     let observer_backend = agent.backend();
     let mut observer = match observer_backend.observe_leader("bench/tower/leader").await {
         Ok(observer) => observer,
@@ -147,20 +155,31 @@ async fn run() {
     // Warm both servers and the connection pool.
     let _ = load(&client, &bare, CONNECTIONS, Duration::from_millis(300)).await;
     let _ = load(&client, &led, CONNECTIONS, Duration::from_millis(300)).await;
+    let _ = load(&client, &identity, CONNECTIONS, Duration::from_millis(300)).await;
     let (mut bare_total, mut led_total) = (0.0, 0.0);
     let mut ratios = Vec::new();
+    let mut identity_ratios = Vec::new();
     for round in 1..=ROUNDS {
-        let (bare_rps, _, bare_failed) = load(&client, &bare, CONNECTIONS, ROUND).await;
-        let (led_rps, _, led_failed) = load(&client, &led, CONNECTIONS, ROUND).await;
+        // Alternate which server goes first, so neither always runs on a warmer machine.
+        let (bare_run, led_run) = if round % 2 == 1 {
+            let bare_run = load(&client, &bare, CONNECTIONS, ROUND).await;
+            (bare_run, load(&client, &led, CONNECTIONS, ROUND).await)
+        } else {
+            let led_run = load(&client, &led, CONNECTIONS, ROUND).await;
+            (load(&client, &bare, CONNECTIONS, ROUND).await, led_run)
+        };
+        let ((bare_rps, _, bare_failed), (led_rps, _, led_failed)) = (bare_run, led_run);
         if bare_failed + led_failed > 0 {
             fail(&format!(
                 "{bare_failed} bare and {led_failed} leader-only requests failed"
             ));
         }
+        let (identity_rps, _, _) = load(&client, &identity, CONNECTIONS, ROUND).await;
         println!(
-            "round {round}: bare axum {bare_rps:.0} req/s, behind LeaderOnlyLayer (leader) {led_rps:.0} req/s"
+            "round {round}: bare axum {bare_rps:.0} req/s, behind LeaderOnlyLayer (leader) {led_rps:.0} req/s, behind an identity route_layer {identity_rps:.0} req/s"
         );
         ratios.push(led_rps / bare_rps);
+        identity_ratios.push(identity_rps / bare_rps);
         bare_total += bare_rps;
         led_total += led_rps;
     }
@@ -168,10 +187,16 @@ async fn run() {
     // machine must not decide the figure.
     ratios.sort_by(f64::total_cmp);
     let ratio = ratios[ratios.len() / 2];
+    identity_ratios.sort_by(f64::total_cmp);
+    let identity_ratio = identity_ratios[identity_ratios.len() / 2];
     println!(
         "leader-only layer: {:.0} vs {:.0} req/s bare, median ratio {ratio:.3} ({CONNECTIONS} connections)",
         led_total / ROUNDS as f64,
         bare_total / ROUNDS as f64
+    );
+    println!(
+        "for reference, an identity route_layer: median ratio {identity_ratio:.3}; the leader layer's own share is about {:.1}%",
+        100.0 * (identity_ratio - ratio).max(0.0)
     );
 
     let consul = match Consul::builder()

@@ -3,12 +3,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::Response;
 use pin_project::pin_project;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
+use super::state::Tenure;
 use crate::body::{LeaseBody, unavailable};
 
 /// The response future of [`LeaderOnly`](super::LeaderOnly).
@@ -29,7 +31,7 @@ enum State<F, B> {
     Running {
         #[pin]
         inner: F,
-        tenure_ended: CancellationToken,
+        tenure: Arc<Tenure>,
         /// Registered only once the inner future suspends: a handler that answers on its first
         /// poll (most do) never touches the token's waiter list, which every request shares.
         #[pin]
@@ -52,11 +54,11 @@ impl<F, B> fmt::Debug for ResponseFuture<F, B> {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(super) fn running(inner: F, tenure_ended: CancellationToken) -> Self {
+    pub(super) fn running(inner: F, tenure: Arc<Tenure>) -> Self {
         ResponseFuture {
             state: State::Running {
                 inner,
-                tenure_ended,
+                tenure,
                 lost: None,
             },
         }
@@ -86,12 +88,12 @@ where
             },
             StateProj::Running {
                 inner,
-                tenure_ended,
+                tenure,
                 mut lost,
             } => {
                 // Loss first: the inner future is never polled once the loss is known (an atomic
                 // read), so a request cannot complete as if led after the lease was lost.
-                if tenure_ended.is_cancelled() {
+                if tenure.ended.is_cancelled() {
                     this.state.set(State::Cancelled);
                     return Poll::Ready(Ok(lost_response()));
                 }
@@ -99,7 +101,7 @@ where
                     return Poll::Ready(response.map(|r| r.map(LeaseBody::inner)));
                 }
                 if lost.is_none() {
-                    lost.set(Some(tenure_ended.clone().cancelled_owned()));
+                    lost.set(Some(tenure.ended.clone().cancelled_owned()));
                 }
                 if let Some(lost) = lost.as_pin_mut() {
                     ready!(lost.poll(cx));

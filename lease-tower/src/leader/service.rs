@@ -132,8 +132,8 @@ where
         self.handle.ensure_started();
         match self.handle.shared.held_tenure() {
             Some(tenure) => {
-                request.extensions_mut().insert(tenure.watcher);
-                ResponseFuture::running(self.inner.call(request), tenure.ended)
+                request.extensions_mut().insert(tenure.watcher.clone());
+                ResponseFuture::running(self.inner.call(request), tenure)
             }
             None => ResponseFuture::rejected(self.follower_response(&request)),
         }

@@ -55,7 +55,8 @@ fn base_url(value: &str) -> Option<String> {
 
 #[derive(Default)]
 pub(super) struct Shared {
-    tenure: RwLock<Option<Tenure>>,
+    /// Shared behind one `Arc`, so a request's copy costs one reference-count increment.
+    tenure: RwLock<Option<Arc<Tenure>>>,
     leader: RwLock<Option<LeaderView>>,
 }
 
@@ -70,7 +71,7 @@ impl fmt::Debug for Shared {
 
 impl Shared {
     /// This node's tenure if it holds the lease now.
-    pub(super) fn held_tenure(&self) -> Option<Tenure> {
+    pub(super) fn held_tenure(&self) -> Option<Arc<Tenure>> {
         let tenure = self.tenure.read().unwrap_or_else(PoisonError::into_inner);
         tenure
             .as_ref()
@@ -78,7 +79,7 @@ impl Shared {
             .cloned()
     }
 
-    fn tenure(&self) -> Option<Tenure> {
+    fn tenure(&self) -> Option<Arc<Tenure>> {
         self.tenure
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -93,7 +94,7 @@ impl Shared {
     }
 
     fn set_tenure(&self, tenure: Tenure) {
-        *self.tenure.write().unwrap_or_else(PoisonError::into_inner) = Some(tenure);
+        *self.tenure.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(tenure));
     }
 
     fn set_leader(&self, leader: Option<Leader>) {
