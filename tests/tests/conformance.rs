@@ -7,8 +7,11 @@
 //! destroy, a new sequencer on every acquisition, release on drop, waiting with a timeout, not
 //! waiting, lock-delay, and semaphores with a limit.
 //!
+//! AMQP runs the scenarios that do not need sessions or keys (it has neither); its losses
+//! (connection closed, slot removed) are tested in tests/amqp.rs.
+//!
 //! Run: `cargo test -p lease-tests --test conformance` (the Consul half starts a dev agent per
-//! test; see `lease_tests::consul`).
+//! test; see `lease_tests::consul`; the AMQP half needs the broker on 127.0.0.1:5672).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,22 +35,55 @@ trait Operator: Send + Sync {
     fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, ()>;
 }
 
+/// Removes what a scenario's keys left on a server that keeps it (AMQP's durable slot queues).
+type Cleanup = Box<dyn Fn(Vec<String>) -> BoxFuture<'static, ()> + Send + Sync>;
+
 /// One backend under test, with its operator and whatever must live as long as the test.
 struct Harness {
     backend: Arc<dyn Backend>,
     operator: Box<dyn Operator>,
+    /// The sequencer's index is a LockIndex that rises with every acquisition (Consul, memory),
+    /// not a slot number (AMQP).
+    index_rises: bool,
+    keys: std::sync::Mutex<Vec<String>>,
+    cleanup: Option<Cleanup>,
     _keep_alive: Box<dyn std::any::Any + Send>,
 }
 
 impl Harness {
+    fn new(
+        backend: Arc<dyn Backend>,
+        operator: Box<dyn Operator>,
+        keep_alive: Box<dyn std::any::Any + Send>,
+    ) -> Self {
+        Harness {
+            backend,
+            operator,
+            index_rises: true,
+            keys: std::sync::Mutex::default(),
+            cleanup: None,
+            _keep_alive: keep_alive,
+        }
+    }
+
     /// A key no other scenario (or earlier run against the same server) uses.
     fn key(&self, scenario: &str) -> String {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        format!(
+        let key = format!(
             "conformance/{scenario}/{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
-        )
+        );
+        self.keys.lock().unwrap().push(key.clone());
+        key
+    }
+
+    /// Runs the backend's clean-up for every key the scenario used.
+    async fn finish(self) {
+        let keys = std::mem::take(&mut *self.keys.lock().unwrap());
+        if let Some(cleanup) = &self.cleanup {
+            cleanup(keys).await;
+        }
     }
 }
 
@@ -90,7 +126,9 @@ mod scenarios {
             .unwrap()
             .unwrap();
         assert_eq!(b.sequencer().key(), key);
-        assert!(b.sequencer().index() > first.index());
+        if h.index_rises {
+            assert!(b.sequencer().index() > first.index());
+        }
         assert_ne!(b.sequencer().holder(), first.holder());
         b.release().await.unwrap();
     }
@@ -134,7 +172,9 @@ mod scenarios {
             lease.release().await.unwrap();
         }
         for pair in seen.windows(2) {
-            assert!(pair[1].index() > pair[0].index(), "{seen:?}");
+            if h.index_rises {
+                assert!(pair[1].index() > pair[0].index(), "{seen:?}");
+            }
             assert_ne!(pair[1], pair[0]);
         }
         for seq in &seen {
@@ -331,6 +371,7 @@ macro_rules! conformance {
                     lease_tests::init_tracing();
                     let harness = $harness.await;
                     scenarios::$scenario(&harness).await;
+                    harness.finish().await;
                 }
             )*
         }
@@ -359,11 +400,11 @@ mod memory_harness {
 
     pub(crate) async fn harness() -> Harness {
         let memory = Memory::new();
-        Harness {
-            backend: Arc::new(memory.clone()),
-            operator: Box::new(MemoryOperator(memory)),
-            _keep_alive: Box::new(()),
-        }
+        Harness::new(
+            Arc::new(memory.clone()),
+            Box::new(MemoryOperator(memory)),
+            Box::new(()),
+        )
     }
 }
 
@@ -385,13 +426,56 @@ mod consul_harness {
 
     pub(crate) async fn harness() -> Harness {
         let agent = Arc::new(Agent::start().await);
-        Harness {
-            backend: Arc::new(agent.backend()),
-            operator: Box::new(ConsulOperator(Arc::clone(&agent))),
-            _keep_alive: Box::new(agent),
-        }
+        Harness::new(
+            Arc::new(agent.backend()),
+            Box::new(ConsulOperator(Arc::clone(&agent))),
+            Box::new(agent),
+        )
     }
 }
+
+mod amqp_harness {
+    use super::*;
+    use lease_tests::amqp::{backend, require_broker};
+
+    /// RabbitMQ has no sessions or keys to act on; the scenarios that need them are not run here
+    /// (tests/amqp.rs covers loss on AMQP: connection closed, slot removed).
+    struct NoOperator;
+
+    impl Operator for NoOperator {
+        fn destroy_session<'a>(&'a self, _holder: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async { panic!("no sessions on AMQP: this scenario does not apply") })
+        }
+
+        fn delete_key<'a>(&'a self, _key: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async { panic!("no keys on AMQP: this scenario does not apply") })
+        }
+    }
+
+    pub(crate) async fn harness() -> Harness {
+        require_broker().await;
+        let (amqp, _) = backend();
+        let mut harness = Harness::new(Arc::new(amqp.clone()), Box::new(NoOperator), Box::new(()));
+        harness.index_rises = false;
+        harness.cleanup = Some(Box::new(move |keys| {
+            let admin = amqp.admin();
+            Box::pin(async move {
+                for key in keys {
+                    admin.destroy(&key).await.unwrap();
+                }
+            })
+        }));
+        harness
+    }
+}
+
+conformance!(amqp, amqp_harness::harness();
+    contention_then_handover_on_release,
+    sequencer_changes_on_every_acquisition,
+    drop_releases_without_lock_delay,
+    wait_up_to_gives_up_with_busy,
+    never_waiting_answers_at_once,
+);
 
 conformance!(memory, memory_harness::harness();
     contention_then_handover_on_release,

@@ -263,3 +263,49 @@ async fn a_streaming_response_holds_its_slot_until_the_last_chunk() {
     .unwrap();
     assert_eq!(after.status(), 200);
 }
+
+/// Reports when it is dropped: the handler's future was cancelled.
+struct DroppedSignal(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for DroppedSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lost_mid_request_cancels_the_handler_with_503() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let (session_tx, mut session_rx) = mpsc::unbounded_channel::<String>();
+    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
+    let dropped_tx = Arc::new(std::sync::Mutex::new(Some(dropped_tx)));
+    let handler = move |lease_tower::extract::HeldLease(lease): lease_tower::extract::HeldLease| {
+        let session_tx = session_tx.clone();
+        let dropped_tx = dropped_tx.clone();
+        async move {
+            let _signal = DroppedSignal(dropped_tx.lock().unwrap().take());
+            let _ = session_tx.send(lease.sequencer().holder().to_owned());
+            // Work that only ends when it is cancelled.
+            std::future::pending::<&'static str>().await
+        }
+    };
+    let url = serve(
+        Router::new()
+            .route("/slow", get(handler))
+            .route_layer(SemaphoreLayer::new(pooled(&agent), spec("tower/lost", 1))),
+    )
+    .await;
+    let request =
+        tokio::spawn(async move { reqwest::get(format!("{url}/slow")).await.unwrap().status() });
+    let session = within(T, "the handler to start", session_rx.recv())
+        .await
+        .unwrap();
+    agent.destroy_session(&session).await;
+    within(T, "the handler to be dropped", dropped_rx)
+        .await
+        .unwrap();
+    assert_eq!(within(T, "the answer", request).await.unwrap(), 503);
+}
