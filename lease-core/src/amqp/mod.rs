@@ -210,10 +210,16 @@ impl Amqp {
         })
     }
 
+    /// The claim registry. A panic while it was locked cannot leave it inconsistent (each
+    /// update is one map operation), so a poisoned lock is used as it is.
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), bool>> {
+        self.inner.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Marks `slot` of `names` as taken by a lease of ours; `None` if one already has it.
     pub(crate) fn claim(&self, names: &SemaphoreNames, slot: u32) -> Option<Claim> {
         let key = (names.name().to_owned(), slot);
-        let mut claims = self.inner.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let mut claims = self.claims();
         if claims.contains_key(&key) {
             return None;
         }
@@ -227,8 +233,7 @@ impl Amqp {
     /// Whether one of this process's leases holds slot `slot` (`Some(true)`), is taking it right
     /// now (`Some(false)`), or neither (`None`).
     pub(crate) fn claim_state(&self, names: &SemaphoreNames, slot: u32) -> Option<bool> {
-        let claims = self.inner.claims.lock().unwrap_or_else(|e| e.into_inner());
-        claims.get(&(names.name().to_owned(), slot)).copied()
+        self.claims().get(&(names.name().to_owned(), slot)).copied()
     }
 
     pub(crate) fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
@@ -255,12 +260,7 @@ impl fmt::Debug for Claim {
 impl Claim {
     /// The slot is now held (its lease is established), no longer being taken.
     pub(crate) fn mark_held(&self) {
-        let mut claims = self
-            .amqp
-            .inner
-            .claims
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut claims = self.amqp.claims();
         if let Some(held) = claims.get_mut(&self.key) {
             *held = true;
         }
@@ -269,12 +269,7 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut claims = self
-            .amqp
-            .inner
-            .claims
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut claims = self.amqp.claims();
         claims.remove(&self.key);
     }
 }
