@@ -91,9 +91,11 @@ where
                 tenure,
                 mut lost,
             } => {
-                // Loss first: the inner future is never polled once the loss is known (an atomic
-                // read), so a request cannot complete as if led after the lease was lost.
-                if tenure.ended.is_cancelled() {
+                // Loss first: the inner future is never polled once the loss is known, so a
+                // request cannot complete as if led after the lease was lost. The lease's own
+                // flag turns first (the tenure's token follows a task hop later); both are atomic
+                // reads.
+                if !tenure.watcher.is_held() || tenure.ended.is_cancelled() {
                     this.state.set(State::Cancelled);
                     return Poll::Ready(Ok(lost_response()));
                 }

@@ -175,14 +175,14 @@ impl Handle {
             let outcome = campaign
                 .run_until(stop, move |watcher| {
                     let ended = CancellationToken::new();
-                    shared.set_tenure(Tenure {
-                        watcher,
-                        ended: ended.clone(),
-                    });
+                    // Armed before requests can see the tenure: the campaign may drop this
+                    // future before its first poll, and that must still cancel them.
+                    let end_on_drop = ended.clone().drop_guard();
+                    shared.set_tenure(Tenure { watcher, ended });
                     // The campaign drops this future the moment the lease is lost or shutdown
                     // begins; the guard then cancels the in-flight requests of this tenure.
                     async move {
-                        let _end_on_drop = ended.drop_guard();
+                        let _end_on_drop = end_on_drop;
                         std::future::pending::<Result<(), BoxError>>().await
                     }
                 })
