@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Backend, BoxError, Error, LeaseSpec, LeaseWatcher, LostReason, Sequencer, Target};
@@ -299,7 +298,9 @@ impl Campaign {
     /// # Cancel safety
     ///
     /// Dropping the future aborts the worker and drops the lease, which the backend then releases
-    /// in the background. Prefer cancelling `shutdown`, which waits for the release.
+    /// in the background; on this path the release is not ordered after the worker's end (the
+    /// abort takes effect at the worker's next await point). Prefer cancelling `shutdown`, which
+    /// waits for the worker to be gone and then for the release.
     pub async fn run_until<W, Fut>(
         self,
         shutdown: CancellationToken,
@@ -349,8 +350,10 @@ impl Campaign {
             let work = worker(watcher.clone());
             // A task of its own, so a panic is caught as a JoinError; the watcher also drops the
             // work from inside the task the moment the lease is lost.
-            let mut task: JoinHandle<Result<Result<(), BoxError>, LostReason>> =
-                tokio::spawn(async move { watcher.run(work).await });
+            // Aborted if this future is dropped mid-tenure: a detached worker would run on after
+            // the lease it needs is gone.
+            let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> =
+                AbortOnDrop(tokio::spawn(async move { watcher.run(work).await }));
             let outcome = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => Tenure::Shutdown,
@@ -358,9 +361,14 @@ impl Campaign {
                 joined = &mut task => Tenure::Exited(joined),
             };
             if !matches!(outcome, Tenure::Exited(_)) {
-                task.abort();
+                task.0.abort();
                 // Wait until the worker's future is really dropped before anyone else may lead.
-                let _ = task.await;
+                if let Err(join_error) = (&mut task).await {
+                    if join_error.is_panic() {
+                        let message = panic_message(join_error.into_panic());
+                        tracing::error!(%sequencer, %message, "campaign: the worker panicked as its tenure ended");
+                    }
+                }
             }
             let failure = match outcome {
                 Tenure::Shutdown => {
@@ -389,6 +397,11 @@ impl Campaign {
                         AfterWorker::Stop => return Ok(CampaignEnd::WorkerFinished),
                         AfterWorker::Recampaign => {
                             backoff.reset();
+                            // A worker with nothing to do must not turn the campaign into a busy
+                            // loop of sessions, nor keep the lease from the other nodes.
+                            if sleep_unless_shutdown(self.min_backoff, &shutdown).await {
+                                return Ok(CampaignEnd::Shutdown);
+                            }
                             continue;
                         }
                     }
@@ -421,7 +434,7 @@ impl Campaign {
 
     /// Emits `LeaderChanged` events from the backend's observation of a leader key, if there is
     /// someone to tell and the backend can observe.
-    fn spawn_observer(&self) -> Option<AbortOnDrop> {
+    fn spawn_observer(&self) -> Option<AbortOnDrop<()>> {
         let sink = self.on_event.clone()?;
         let Target::Leader { key } = self.spec.target() else {
             return None;
@@ -429,18 +442,34 @@ impl Campaign {
         let backend = Arc::clone(&self.backend);
         let key = key.clone();
         let task = tokio::spawn(async move {
-            let mut observer = match backend.observe_leader(&key).await {
-                Ok(observer) => observer,
-                Err(error) => {
-                    tracing::debug!(%error, "campaign: not observing the leader");
-                    return;
+            // An observation that cannot start or that ends (the backend briefly away) is tried
+            // again; meanwhile the leader is reported unknown rather than stale.
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+            loop {
+                match backend.observe_leader(&key).await {
+                    Ok(mut observer) => {
+                        backoff.reset();
+                        sink(LeaderEvent::LeaderChanged {
+                            leader: observer.leader(),
+                        });
+                        while let Ok(leader) = observer.changed().await {
+                            sink(LeaderEvent::LeaderChanged { leader });
+                        }
+                        sink(LeaderEvent::LeaderChanged { leader: None });
+                    }
+                    Err(Error::Unsupported { .. }) => {
+                        tracing::debug!("campaign: this backend cannot observe the leader");
+                        return;
+                    }
+                    Err(error) if is_retryable(&error) => {
+                        tracing::warn!(%error, "campaign: cannot observe the leader yet; retrying");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "campaign: cannot observe the leader");
+                        return;
+                    }
                 }
-            };
-            sink(LeaderEvent::LeaderChanged {
-                leader: observer.leader(),
-            });
-            while let Ok(leader) = observer.changed().await {
-                sink(LeaderEvent::LeaderChanged { leader });
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         });
         Some(AbortOnDrop(task))
@@ -470,11 +499,23 @@ enum Tenure {
     Exited(Result<Result<Result<(), BoxError>, LostReason>, tokio::task::JoinError>),
 }
 
-struct AbortOnDrop(JoinHandle<()>);
+/// A task that is aborted when its handle is dropped; awaiting it awaits the task.
+struct AbortOnDrop<T>(JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 
@@ -495,7 +536,7 @@ impl Backoff {
 
     fn next_delay(&mut self) -> Duration {
         let delay = self.next;
-        self.next = (self.next * 2).min(self.max);
+        self.next = self.next.saturating_mul(2).min(self.max);
         delay
     }
 
@@ -521,7 +562,8 @@ async fn sleep_unless_shutdown(delay: Duration, shutdown: &CancellationToken) ->
     tokio::select! {
         biased;
         () = shutdown.cancelled() => true,
-        () = tokio::time::sleep_until(Instant::now() + delay) => false,
+        // `sleep` saturates a delay too long to add to now; `sleep_until(now + delay)` would panic.
+        () = tokio::time::sleep(delay) => false,
     }
 }
 

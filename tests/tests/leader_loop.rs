@@ -351,3 +351,42 @@ async fn shutdown_hands_over_within_100ms_on_consul() {
     )
     .await;
 }
+
+/// Reports when it is dropped.
+struct DroppedSignal(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for DroppedSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[tokio::test]
+async fn dropping_the_campaign_mid_tenure_drops_the_worker() {
+    let memory = Memory::new();
+    let backend: Arc<dyn Backend> = Arc::new(memory.clone());
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
+    let mut started_tx = Some(started_tx);
+    let mut dropped_tx = Some(dropped_tx);
+    let campaign = Campaign::new(backend, LeaseSpec::leader("loop/dropped"));
+    let running = tokio::spawn(campaign.run_until(CancellationToken::new(), move |_lease| {
+        let signal = DroppedSignal(dropped_tx.take());
+        let started = started_tx.take();
+        async move {
+            let _signal = signal;
+            if let Some(started) = started {
+                let _ = started.send(());
+            }
+            std::future::pending::<Result<(), BoxError>>().await
+        }
+    }));
+    within(EVENT, "the worker to start", started_rx).await.unwrap();
+    // Drop the campaign's future (as a select! or an aborted task would), not its token.
+    running.abort();
+    within(EVENT, "the worker to be dropped with its campaign", dropped_rx)
+        .await
+        .unwrap();
+}
