@@ -383,10 +383,16 @@ async fn dropping_the_campaign_mid_tenure_drops_the_worker() {
             std::future::pending::<Result<(), BoxError>>().await
         }
     }));
-    within(EVENT, "the worker to start", started_rx).await.unwrap();
-    // Drop the campaign's future (as a select! or an aborted task would), not its token.
-    running.abort();
-    within(EVENT, "the worker to be dropped with its campaign", dropped_rx)
+    within(EVENT, "the worker to start", started_rx)
         .await
         .unwrap();
+    // Drop the campaign's future (as a select! or an aborted task would), not its token.
+    running.abort();
+    within(
+        EVENT,
+        "the worker to be dropped with its campaign",
+        dropped_rx,
+    )
+    .await
+    .unwrap();
 }

@@ -389,8 +389,13 @@ impl Coordinator {
             holders.remove(&give.session);
         }
         // A take already recorded as a holder: our write went through, but its answer was lost.
+        // Not if a give-back of the same session still waits beyond this round's batch: that give
+        // would take the slot away from the take right after.
+        let giving_later: HashSet<String> = self.gives.iter().map(|g| g.session.clone()).collect();
         let (recorded, waiting): (VecDeque<_>, VecDeque<_>) = self.takes.drain(..).partition(|t| {
-            holders.contains(&t.session) && snapshot.contenders.contains_key(&t.session)
+            holders.contains(&t.session)
+                && snapshot.contenders.contains_key(&t.session)
+                && !giving_later.contains(&t.session)
         });
         self.takes = waiting;
         for take in recorded {
@@ -631,7 +636,19 @@ impl Coordinator {
                 Planned::Reread
             }
             Err(error) => {
-                put_back(&mut self.takes, admits);
+                // The write may or may not have gone through. A take whose caller has left can
+                // no longer be answered, so if it was admitted, give its slot back.
+                let (abandoned, waiting): (Vec<_>, Vec<_>) =
+                    admits.into_iter().partition(|t| t.reply.is_closed());
+                for take in abandoned {
+                    self.gives.push(GiveRequest {
+                        session: take.session,
+                        delete_contender: false,
+                        give_up: Instant::now() + GIVE_UP_AFTER,
+                        reply: None,
+                    });
+                }
+                put_back(&mut self.takes, waiting);
                 self.gives.extend(gives);
                 self.trouble(error).await;
                 Planned::Reread
