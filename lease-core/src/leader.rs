@@ -68,8 +68,12 @@ impl LeaderObserver {
         &self.key
     }
 
-    /// The leader as last seen (no I/O), or `None` while nobody holds the key.
+    /// The leader as last seen (no I/O), or `None` while nobody holds the key, and once the
+    /// observation has ended (the backend could no longer confirm the key; observe again).
     pub fn leader(&self) -> Option<Leader> {
+        if self.rx.has_changed().is_err() {
+            return None;
+        }
         self.rx.borrow().clone()
     }
 

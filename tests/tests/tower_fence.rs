@@ -87,3 +87,56 @@ async fn a_current_sequencer_passes_and_a_stale_one_gets_409() {
     second.release().await.unwrap();
     assert_eq!(send(Some(released.to_string())).await.status(), 409);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_that_can_no_longer_confirm_does_not_pass_the_last_leader() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
+        .await
+        .unwrap();
+    let receiver: Arc<dyn Backend> = Arc::new(
+        lease_core::consul::Consul::builder()
+            .address(proxy.url())
+            .build()
+            .unwrap(),
+    );
+    let app = Router::new()
+        .route("/apply", post(|| async { "applied" }))
+        .route_layer(SequencerCheckLayer::new(receiver, KEY));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/apply", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+
+    let leader = agent.backend().acquire(&spec()).await.unwrap();
+    let stamp = leader.sequencer().to_string();
+    let status = |client: reqwest::Client, url: String, stamp: String| async move {
+        let request = client.post(url).header(SEQUENCER_HEADER.as_str(), stamp);
+        within(T, "an answer", request.send())
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(
+        status(client.clone(), url.clone(), stamp.clone()).await,
+        200
+    );
+
+    // Consul turns away the receiver (a leader election, a proxy in trouble): its watch can no
+    // longer confirm the key, so the cached leader must not keep passing.
+    proxy.set_http_500(true);
+    within(
+        T,
+        "the watch to try the key again",
+        proxy.answered_500(&format!("/v1/kv/{KEY}")),
+    )
+    .await;
+    assert_eq!(
+        status(client.clone(), url.clone(), stamp.clone()).await,
+        503
+    );
+
+    proxy.set_http_500(false);
+    leader.release().await.unwrap();
+}

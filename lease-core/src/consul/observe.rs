@@ -2,6 +2,12 @@
 //!
 //! One task per observation runs consistent blocking queries on the key and publishes the holder
 //! and its advertised value; it stops when the last [`LeaderObserver`] clone is dropped.
+//!
+//! An observation that cannot confirm the key ends: the first failed read closes it, and its
+//! observers get [`Error::ObserverClosed`] and observe again, so a stale leader is never
+//! reported as current through an outage. Each blocking read waits at most [`CONFIRM_EVERY`],
+//! so even a silent network (no error, no answer) ends the observation within one request
+//! timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +15,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::http::{Blocking, ConsulHttp, KvEntry};
-use super::retry::Backoff;
 use crate::leader::{Leader, LeaderObserver};
 use crate::{BackendKind, Error, Sequencer};
+
+/// How long one blocking read of an observed key waits. An observation is at most this (plus
+/// the request timeout) old before a silent network ends it.
+const CONFIRM_EVERY: Duration = Duration::from_secs(15);
 
 /// Starts observing `key`; the first read happens before this returns, so errors (a bad token, an
 /// unreachable agent) are reported here rather than swallowed by the task.
@@ -41,11 +50,10 @@ async fn follow(
     mut index: u64,
     tx: watch::Sender<Option<Leader>>,
 ) {
-    let mut backoff = Backoff::new();
     loop {
         let blocking = Blocking {
             index,
-            wait: Duration::from_secs(300),
+            wait: CONFIRM_EVERY,
         };
         let answer = tokio::select! {
             () = tx.closed() => return,
@@ -53,7 +61,6 @@ async fn follow(
         };
         match answer {
             Ok((entry, new_index)) => {
-                backoff.reset();
                 index = if new_index < index { 0 } else { new_index };
                 let leader = leader_of(&key, entry.as_ref());
                 tx.send_if_modified(|current| {
@@ -63,8 +70,10 @@ async fn follow(
                 });
             }
             Err(error) => {
-                tracing::debug!(%error, key = %key, "observing the leader failed; retrying");
-                backoff.wait().await;
+                // Returning drops the sender, which closes the observation: observers must not
+                // keep acting on a leader this task can no longer confirm.
+                tracing::debug!(%error, key = %key, "observing the leader failed; ending the observation");
+                return;
             }
         }
     }
