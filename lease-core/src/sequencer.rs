@@ -215,7 +215,15 @@ fn decode(s: &str) -> Option<String> {
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'%' {
+            // Exactly two upper-case hex digits, as `write_encoded` writes them: `from_str_radix`
+            // alone would also take "+A" or "a1", giving one sequencer several texts.
             let hex = bytes.get(i + 1..i + 3)?;
+            if !hex
+                .iter()
+                .all(|d| d.is_ascii_digit() || (b'A'..=b'F').contains(d))
+            {
+                return None;
+            }
             let hex = std::str::from_utf8(hex).ok()?;
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
@@ -261,6 +269,8 @@ mod tests {
             "consul:1:s:%zz",
             "consul:1:s:a b",
             "consul:1:s:%FF",
+            "consul:1:s:%+A",
+            "consul:1:s:%3a",
         ] {
             assert!(bad.parse::<Sequencer>().is_err(), "{bad:?} parsed");
         }

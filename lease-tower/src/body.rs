@@ -1,29 +1,34 @@
 //! The response body every layer of this crate returns: the inner service's body, or the short
-//! text of a rejection, optionally carrying a semaphore slot until the last byte is sent.
+//! text of a rejection, optionally guarded by the lease it is served under.
 //!
-//! Holding the slot in the body rather than in the response future is what makes a cluster-wide
-//! concurrency limit mean "requests being served": a streaming response keeps its slot until its
-//! last frame has been handed to the connection (or the body is dropped, e.g. the client left).
+//! A guarded body ends with a [`LeaseLost`] error the moment its lease is known lost, so a
+//! streaming response stops like the handler would have. Behind the semaphore layer the guard
+//! also *holds* the slot: holding it in the body rather than in the response future is what
+//! makes a cluster-wide concurrency limit mean "requests being served", since a streaming response
+//! keeps its slot until its last frame has been handed to the connection (or the body is dropped,
+//! e.g. the client left).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use lease_core::{BoxError, Lease, LostReason};
+use lease_core::{BoxError, Lease, LeaseWatcher, LostReason};
 use pin_project::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 
 /// The response body of the layers in this crate.
 ///
 /// Either the inner service's body, passed through frame by frame, or the plain-text message of a
-/// rejection (503, 307, 409, 428...). Behind [`SemaphoreLayer`](crate::semaphore::SemaphoreLayer)
+/// rejection (503, 307, 409, 428...). Behind [`LeaderOnlyLayer`](crate::leader::LeaderOnlyLayer)
+/// and [`SemaphoreLayer`](crate::semaphore::SemaphoreLayer) the body is guarded by the request's
+/// lease: if the lease is lost before the last frame, the body ends with a [`LeaseLost`] error,
+/// which makes the server abort the response, and it stays ended. Behind the semaphore layer
 /// the body also holds the request's slot and gives it back when the last frame has been produced
-/// or the body is dropped; if the slot is lost first, the body ends with a [`SlotLost`] error,
-/// which makes the server abort the response.
+/// or the body is dropped.
 #[pin_project]
 pub struct LeaseBody<B> {
     #[pin]
@@ -35,7 +40,7 @@ enum Kind<B> {
     Inner {
         #[pin]
         body: B,
-        slot: Option<SlotGuard>,
+        guard: Option<LossGuard>,
     },
     Message {
         text: Option<Bytes>,
@@ -45,9 +50,9 @@ enum Kind<B> {
 impl<B> fmt::Debug for LeaseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Inner { slot, .. } => f
+            Kind::Inner { guard, .. } => f
                 .debug_struct("LeaseBody::Inner")
-                .field("slot", slot)
+                .field("guard", guard)
                 .finish_non_exhaustive(),
             Kind::Message { text } => f
                 .debug_struct("LeaseBody::Message")
@@ -61,16 +66,16 @@ impl<B> LeaseBody<B> {
     /// The inner service's body, unchanged.
     pub(crate) fn inner(body: B) -> Self {
         LeaseBody {
-            kind: Kind::Inner { body, slot: None },
+            kind: Kind::Inner { body, guard: None },
         }
     }
 
-    /// The inner service's body, holding `slot` until it ends.
-    pub(crate) fn holding(body: B, slot: SlotGuard) -> Self {
+    /// The inner service's body, ended if `guard`'s lease is lost first.
+    pub(crate) fn guarded(body: B, guard: LossGuard) -> Self {
         LeaseBody {
             kind: Kind::Inner {
                 body,
-                slot: Some(slot),
+                guard: Some(guard),
             },
         }
     }
@@ -97,27 +102,34 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.project().kind.project() {
+        let mut kind = self.project().kind;
+        match kind.as_mut().project() {
             KindProj::Message { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
-            KindProj::Inner { mut body, slot } => {
-                if let Some(reason) = slot.as_mut().and_then(|guard| guard.poll_lost(cx)) {
-                    *slot = None;
-                    return Poll::Ready(Some(Err(Box::new(SlotLost { reason }))));
+            KindProj::Inner { mut body, guard } => {
+                // Loss first (an atomic read): no frame is produced once the loss is known.
+                if let Some(reason) = guard.as_mut().and_then(LossGuard::lost_now) {
+                    return end_lost(kind, reason);
                 }
-                let frame = ready!(body.as_mut().poll_frame(cx));
+                let Poll::Ready(frame) = body.as_mut().poll_frame(cx) else {
+                    // Only a body that waits registers for the loss, so it is woken to end.
+                    return match guard.as_mut().and_then(|g| g.poll_lost(cx)) {
+                        Some(reason) => end_lost(kind, reason),
+                        None => Poll::Pending,
+                    };
+                };
                 match frame {
                     Some(Ok(frame)) => {
                         if body.is_end_stream() {
-                            *slot = None;
+                            *guard = None;
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }
                     Some(Err(error)) => {
-                        *slot = None;
+                        *guard = None;
                         Poll::Ready(Some(Err(error.into())))
                     }
                     None => {
-                        *slot = None;
+                        *guard = None;
                         Poll::Ready(None)
                     }
                 }
@@ -142,50 +154,94 @@ where
     }
 }
 
-/// A semaphore slot held by a response body, with the future that reports its loss.
-pub(crate) struct SlotGuard {
-    lease: Lease,
-    lost: Pin<Box<dyn Future<Output = LostReason> + Send>>,
-    _local: OwnedSemaphorePermit,
+/// Ends a guarded body for good: its lease was lost. Dropping the inner body (and the guard,
+/// which gives a semaphore slot back) now; a later poll finds an empty message.
+fn end_lost<B>(
+    mut kind: Pin<&mut Kind<B>>,
+    reason: LostReason,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    kind.set(Kind::Message { text: None });
+    Poll::Ready(Some(Err(Box::new(LeaseLost { reason }))))
 }
 
-impl SlotGuard {
-    /// `local` is the process-wide admission permit taken before the slot; both go together.
-    pub(crate) fn new(lease: Lease, local: OwnedSemaphorePermit) -> Self {
-        let lost = Box::pin(lease.lost());
-        SlotGuard {
-            lease,
-            lost,
-            _local: local,
+/// What a guarded body watches (and, for a semaphore slot, holds) while it is sent.
+pub(crate) struct LossGuard {
+    watcher: LeaseWatcher,
+    /// Registered for the loss only once the body has had to wait.
+    lost: Option<Pin<Box<dyn Future<Output = LostReason> + Send>>>,
+    /// What must live as long as the body: a semaphore slot's lease and local permit.
+    _held: Option<(Lease, OwnedSemaphorePermit)>,
+}
+
+impl LossGuard {
+    /// Watches a leader's tenure while the body is sent.
+    pub(crate) fn watching(watcher: LeaseWatcher) -> Self {
+        LossGuard {
+            watcher,
+            lost: None,
+            _held: None,
         }
     }
 
-    /// The reason, if the slot has been lost; registers `cx` for the loss otherwise.
+    /// Holds a semaphore slot (and the local admission permit taken before it) until the body
+    /// ends, and watches it.
+    pub(crate) fn holding(lease: Lease, local: OwnedSemaphorePermit) -> Self {
+        LossGuard {
+            watcher: lease.watcher(),
+            lost: None,
+            _held: Some((lease, local)),
+        }
+    }
+
+    /// The reason, if the loss is already known (no registration, an atomic read first).
+    fn lost_now(&mut self) -> Option<LostReason> {
+        if self.watcher.is_held() {
+            return None;
+        }
+        let lost = self
+            .lost
+            .get_or_insert_with(|| Box::pin(self.watcher.lost()));
+        match lost
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        {
+            Poll::Ready(reason) => Some(reason),
+            // Not held but the reason not published yet: the release is under way.
+            Poll::Pending => Some(LostReason::Released),
+        }
+    }
+
+    /// The reason, if the lease has been lost; registers `cx` for the loss otherwise.
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Option<LostReason> {
-        match self.lost.as_mut().poll(cx) {
+        let lost = self
+            .lost
+            .get_or_insert_with(|| Box::pin(self.watcher.lost()));
+        match lost.as_mut().poll(cx) {
             Poll::Ready(reason) => Some(reason),
             Poll::Pending => None,
         }
     }
 }
 
-impl fmt::Debug for SlotGuard {
+impl fmt::Debug for LossGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlotGuard")
-            .field("lease", &self.lease)
+        f.debug_struct("LossGuard")
+            .field("watcher", &self.watcher)
+            .field("holds_slot", &self._held.is_some())
             .finish_non_exhaustive()
     }
 }
 
-/// The error a response body ends with when its semaphore slot is lost while it is being sent.
+/// The error a response body ends with when the lease serving it (a leader's tenure, a
+/// semaphore slot) is lost while it is being sent.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("the semaphore slot serving this response was lost ({reason}); the response was cut short")]
-pub struct SlotLost {
+#[error("the lease serving this response was lost ({reason}); the response was cut short")]
+pub struct LeaseLost {
     reason: LostReason,
 }
 
-impl SlotLost {
-    /// Why the slot was lost.
+impl LeaseLost {
+    /// Why the lease was lost.
     pub fn reason(&self) -> &LostReason {
         &self.reason
     }

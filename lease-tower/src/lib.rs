@@ -62,4 +62,4 @@ pub mod fence;
 pub mod leader;
 pub mod semaphore;
 
-pub use body::{LeaseBody, SlotLost};
+pub use body::{LeaseBody, LeaseLost};

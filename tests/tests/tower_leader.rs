@@ -218,3 +218,63 @@ async fn handlers_without_the_layer_get_an_explanation() {
         .unwrap();
     assert!(String::from_utf8_lossy(&body).contains("SequencerCheckLayer"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_leader_response_is_cut_when_the_lease_is_lost() {
+    init_tracing();
+    let memory = Memory::new();
+    let layer = LeaderOnlyLayer::new(
+        Arc::new(memory.clone()),
+        LeaseSpec::leader(KEY).lock_delay(Duration::ZERO),
+    );
+    let (chunks_tx, chunks_rx) = mpsc::unbounded_channel::<bytes::Bytes>();
+    let chunks_rx = Arc::new(std::sync::Mutex::new(Some(chunks_rx)));
+    let stream = move || {
+        let chunks_rx = chunks_rx.clone();
+        async move {
+            let rx = chunks_rx.lock().unwrap().take().unwrap();
+            axum::body::Body::new(lease_tests::body::ChannelBody(rx))
+        }
+    };
+    let app = Router::new()
+        .route("/stream", get(stream))
+        .route_layer(layer.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/stream", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    within(T, "this node to lead", async {
+        while !layer.is_leader() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+
+    let mut response = reqwest::get(&url).await.unwrap();
+    assert_eq!(response.status(), 200);
+    chunks_tx.send(bytes::Bytes::from_static(b"first")).unwrap();
+    let first = within(T, "the first chunk", response.chunk())
+        .await
+        .unwrap();
+    assert_eq!(first.as_deref(), Some(&b"first"[..]));
+
+    // The lease is taken away mid-stream: the response must end, not stream on under no leader.
+    let session = memory
+        .sessions()
+        .into_iter()
+        .next()
+        .expect("the leader's session");
+    assert!(memory.invalidate_session(&session));
+    // Once this node knows it lost the lease, nothing more may be streamed under it.
+    within(T, "this node to know it lost the lease", async {
+        while layer.is_leader() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let _ = chunks_tx.send(bytes::Bytes::from_static(b"after the loss"));
+    let rest = within(T, "the response to be cut", response.chunk()).await;
+    assert!(
+        rest.is_err(),
+        "the body went on after the lease was lost: {rest:?}"
+    );
+}

@@ -1,19 +1,16 @@
 //! The semaphore layer on real Consul and real HTTP: a cluster-wide limit across two instances.
 
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
-use http_body::Frame;
 use lease_core::LeaseSpec;
 use lease_core::consul::Consul;
+use lease_tests::body::ChannelBody;
 use lease_tests::consul::Agent;
 use lease_tests::{init_tracing, within};
 use lease_tower::semaphore::SemaphoreLayer;
@@ -162,23 +159,6 @@ async fn twenty_requests_across_two_instances_never_run_more_than_two_handlers()
         assert_eq!(within(T, "a gated answer", request).await.unwrap(), 200);
     }
     assert!(gauge.max.load(Ordering::SeqCst) <= 2);
-}
-
-/// A response body fed chunk by chunk by the test.
-struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

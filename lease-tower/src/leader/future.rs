@@ -11,7 +11,7 @@ use pin_project::pin_project;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::state::Tenure;
-use crate::body::{LeaseBody, unavailable};
+use crate::body::{LeaseBody, LossGuard, unavailable};
 
 /// The response future of [`LeaderOnly`](super::LeaderOnly).
 ///
@@ -100,7 +100,11 @@ where
                     return Poll::Ready(Ok(lost_response()));
                 }
                 if let Poll::Ready(response) = inner.poll(cx) {
-                    return Poll::Ready(response.map(|r| r.map(LeaseBody::inner)));
+                    // The body is guarded too: a streaming answer ends when the tenure does.
+                    let guard = || LossGuard::watching(tenure.watcher.clone());
+                    return Poll::Ready(
+                        response.map(|r| r.map(|body| LeaseBody::guarded(body, guard()))),
+                    );
                 }
                 if lost.is_none() {
                     lost.set(Some(tenure.ended.clone().cancelled_owned()));

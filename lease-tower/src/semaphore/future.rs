@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tower::Service;
 
 use super::layer::Config;
-use crate::body::{LeaseBody, SlotGuard, unavailable};
+use crate::body::{LeaseBody, LossGuard, unavailable};
 
 /// The response future of [`Semaphore`](super::Semaphore).
 ///
@@ -41,7 +41,7 @@ where
     Running {
         #[pin]
         future: S::Future,
-        slot: Option<SlotGuard>,
+        slot: Option<LossGuard>,
     },
     Done,
 }
@@ -109,7 +109,7 @@ where
                     let future = service.call(request);
                     this.state.set(State::Running {
                         future,
-                        slot: Some(SlotGuard::new(lease, permit)),
+                        slot: Some(LossGuard::holding(lease, permit)),
                     });
                 }
                 StateProj::Running { future, slot } => {
@@ -122,7 +122,7 @@ where
                     this.state.set(State::Done);
                     let response = response?;
                     return Poll::Ready(Ok(match slot {
-                        Some(slot) => response.map(|body| LeaseBody::holding(body, slot)),
+                        Some(slot) => response.map(|body| LeaseBody::guarded(body, slot)),
                         None => response.map(LeaseBody::inner),
                     }));
                 }

@@ -109,6 +109,10 @@ impl SemaphoreLayer {
     }
 
     /// How long a request waits for a slot before it gets 503. Zero means one attempt.
+    ///
+    /// A finished request frees its place in this process at once and gives its slot back to
+    /// the cluster a moment later (in the background), so with zero wait a request arriving in
+    /// that moment can get 503 although a slot is about to be free; a short wait avoids that.
     pub fn max_wait(mut self, wait: Duration) -> Self {
         let wait = if wait.is_zero() {
             Wait::Never

@@ -8,7 +8,7 @@
 //! - A request waits up to [`max_wait`](SemaphoreLayer::max_wait) for a slot, then gets `503` with
 //!   `Retry-After`. The wait happens in the response future, never in `poll_ready`.
 //! - A slot lost while the handler runs cancels the request (its future is dropped; 503); lost
-//!   while the body is streaming, it ends the body with a [`SlotLost`](crate::SlotLost) error, which
+//!   while the body is streaming, it ends the body with a [`LeaseLost`](crate::LeaseLost) error, which
 //!   makes the server abort the response.
 //! - The slot's [`LeaseWatcher`](lease_core::LeaseWatcher) is in the request's extensions
 //!   ([`HeldLease`](crate::extract::HeldLease)).
