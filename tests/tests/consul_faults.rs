@@ -217,6 +217,26 @@ async fn a_token_without_write_on_the_key_gets_a_permission_error_naming_it() {
     let lease = backend.acquire(&spec("open/leader")).await.unwrap();
     lease.release().await.unwrap();
 
+    // The same token from a file (CONSUL_HTTP_TOKEN_FILE), trailing newline and all.
+    let token_file = std::env::temp_dir().join(format!("lease-token-{}", std::process::id()));
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let from_file = Consul::builder()
+        .address(agent.url())
+        .token_file(&token_file)
+        .build()
+        .unwrap();
+    let lease = from_file.acquire(&spec("open/leader")).await.unwrap();
+    lease.release().await.unwrap();
+    std::fs::remove_file(&token_file).unwrap();
+    let missing = Consul::builder()
+        .token_file(&token_file)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&missing, Error::Config(m) if m.contains("CONSUL_HTTP_TOKEN_FILE")),
+        "{missing}"
+    );
+
     let err = backend.acquire(&spec("closed/leader")).await.unwrap_err();
     match &err {
         Error::PermissionDenied { operation, .. } => {
