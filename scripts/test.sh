@@ -26,6 +26,16 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
+# Each backend is a feature: a user who enables only one must get a clean build and clean docs.
+step "lease-core feature by feature"
+for features in "" "--no-default-features" "--no-default-features --features consul" \
+  "--no-default-features --features amqp" "--no-default-features --features macros"; do
+  # shellcheck disable=SC2086
+  cargo clippy --quiet -p lease-core $features -- -D warnings
+  # shellcheck disable=SC2086
+  RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
+done
+
 step "examples"
 cargo run --quiet -p lease-jobs-example
 

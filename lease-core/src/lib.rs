@@ -4,32 +4,51 @@
 //! in a [`Lease`]: acquired before the work starts, watched while it runs, and the work is
 //! cancelled — its future dropped at its next await point — the moment the lease is known lost.
 //!
-//! Backends, one cargo feature each:
+//! Backends, one cargo feature each, all behind the same [`Backend`] trait:
 //!
-//! - `consul`: Consul sessions + KV ([`consul::Consul`]), interoperating with `consul lock`.
-//! - `amqp`: the RabbitMQ persistent semaphore ([`amqp::Amqp`]), leader = one slot.
-//! - `memory` (default): in-process, no server, the same semantics ([`memory::Memory`]).
+//! - `consul`: Consul sessions + KV (`consul::Consul`), interoperating with `consul lock` and
+//!   `consul lock -n`.
+//! - `amqp`: the RabbitMQ persistent semaphore (`amqp::Amqp`); a leader is one slot.
+//! - `memory` (default): in-process, no server, the same semantics (`memory::Memory`).
 //!
-//! [`leader`] runs a worker only while this node leads ([`leader::Campaign`]) and lets any node
-//! observe who leads ([`Backend::observe_leader`]).
+//! Ways to use a lease:
+//!
+//! - by hand: [`Backend::acquire`] and [`Lease::run`], as below;
+//! - around one call: [`guarded`], or the attributes `#[leader_only]` and `#[semaphore]` (feature
+//!   `macros`);
+//! - for a background worker: [`leader::Campaign`] runs it only while this node leads, and
+//!   [`Backend::observe_leader`] lets any node follow who leads;
+//! - in an axum/tower service: the `lease-tower` crate.
 //!
 //! # Example
 //!
-//! ```no_run
-//! # #[cfg(feature = "consul")]
-//! # async fn example() -> Result<(), lease_core::Error> {
-//! use lease_core::{Backend, LeaseSpec, Wait};
-//! use lease_core::consul::Consul;
+//! ```
+//! # #[cfg(feature = "memory")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::Error> {
+//! use lease_core::memory::Memory;
+//! use lease_core::{Backend, LeaseSpec, LostReason, Wait};
 //!
-//! let consul = Consul::from_env()?;
-//! let lease = consul.acquire(&LeaseSpec::leader("service/billing/leader")).await?;
-//! println!("leading as {}", lease.sequencer());
-//! match lease.run(async { /* leader-only work */ }).await {
-//!     Ok(()) => lease.release().await?,
-//!     Err(reason) => eprintln!("lost the lease: {reason}; the work was cancelled"),
-//! }
+//! let backend = Memory::new(); // or consul::Consul::from_env()?, amqp::Amqp::from_env()?
+//! let lease = backend.acquire(&LeaseSpec::leader("service/billing/leader")).await?;
+//! // The fencing token to hand to downstream systems: memory:1:<session>:service/billing/leader
+//! let token = lease.sequencer().to_string();
+//!
+//! // Another contender is told the lease is busy.
+//! let busy = backend.acquire(&LeaseSpec::leader("service/billing/leader").wait(Wait::Never)).await;
+//! assert!(busy.unwrap_err().is_busy());
+//!
+//! // Work runs while the lease is held...
+//! assert_eq!(lease.run(async { 2 + 2 }).await, Ok(4));
+//! // ...and is dropped at its next await point when it is lost (here, an operator's action).
+//! backend.invalidate_session(lease.sequencer().holder());
+//! let cancelled = lease.run(std::future::pending::<()>()).await;
+//! assert_eq!(cancelled, Err(LostReason::SessionInvalidated));
+//! # let _ = token;
 //! # Ok(())
 //! # }
+//! # #[cfg(not(feature = "memory"))]
+//! # fn main() {}
 //! ```
 
 // Built without any backend (as lease-tower builds it on its own), the half of the lease model
