@@ -27,7 +27,7 @@ step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
 # Each backend is a feature: a user who enables only one must get a clean build and clean docs.
-step "lease-core feature by feature"
+step "lease-core and lease-tower feature by feature"
 for features in "" "--no-default-features" "--no-default-features --features consul" \
   "--no-default-features --features amqp" "--no-default-features --features macros"; do
   # shellcheck disable=SC2086
@@ -35,6 +35,8 @@ for features in "" "--no-default-features" "--no-default-features --features con
   # shellcheck disable=SC2086
   RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
 done
+cargo clippy --quiet -p lease-tower --no-default-features -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-tower --no-deps --no-default-features
 
 step "examples"
 cargo run --quiet -p lease-jobs-example

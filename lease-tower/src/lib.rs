@@ -55,6 +55,9 @@
 //! # }
 //! ```
 
+// The docs point handlers to the extractors, which exist only with the `axum` feature.
+#![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
+
 mod body;
 #[cfg(feature = "axum")]
 pub mod extract;
