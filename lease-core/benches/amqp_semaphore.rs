@@ -25,6 +25,7 @@ use lapin::options::QueueDeleteOptions;
 use lapin::{Connection, ConnectionProperties};
 use lease_core::amqp::{Amqp, DEFAULT_AMQP_URL, LossDetection};
 use lease_core::{Backend, LeaseSpec, LostReason, Wait};
+use lease_tests::stats::percentile;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -46,15 +47,10 @@ fn unique(what: &str) -> String {
     format!("bench/{what}/{}-{nanos}", std::process::id())
 }
 
-fn percentile(samples: &mut [Duration], p: f64) -> f64 {
-    samples.sort();
-    let rank = ((samples.len() as f64 - 1.0) * p).round() as usize;
-    samples[rank.min(samples.len() - 1)].as_secs_f64() * 1000.0
-}
-
 fn report(what: &str, samples: &mut [Duration]) -> (f64, f64) {
-    let (p50, p99) = (percentile(samples, 0.50), percentile(samples, 0.99));
-    let max = percentile(samples, 1.0);
+    let ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    let (p50, p99) = (percentile(&ms, 50.0), percentile(&ms, 99.0));
+    let max = percentile(&ms, 100.0);
     println!(
         "{what}: n={} p50={p50:.2} ms p99={p99:.2} ms max={max:.2} ms",
         samples.len()

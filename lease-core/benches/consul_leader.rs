@@ -13,37 +13,19 @@
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lease_core::consul::Consul;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::consul::Agent;
+use lease_tests::overlap::now_ns;
+use lease_tests::stats::percentile;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LOSS_TRIALS: usize = 50;
 const CONTENDERS: usize = 16;
 const HOLD: Duration = Duration::from_millis(20);
 const ROUNDS: usize = 3;
-
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
-}
 
 struct DropStamp(Arc<Mutex<Option<u128>>>);
 
@@ -78,7 +60,7 @@ async fn ours_loss_to_cancel(agent: &Agent, consul: &Consul) -> Vec<f64> {
         let t1 = dropped.lock().unwrap().expect("work dropped");
         samples.push((t1.saturating_sub(t0)) as f64 / 1e6);
     }
-    sorted(samples)
+    samples
 }
 
 /// A child for `consul lock` that reports when it is signalled (and when it started).
@@ -125,7 +107,7 @@ async fn consul_lock_loss_to_signal(agent: &Agent) -> Vec<f64> {
             samples.push(t1.saturating_sub(t0) as f64 / 1e6);
         }
     }
-    sorted(samples)
+    samples
 }
 
 /// Gaps between consecutive holders, from (start, end) stamps in ns.
@@ -160,7 +142,7 @@ async fn ours_handoff(consul: &Consul) -> Vec<f64> {
         }
         all.extend(gaps(spans.lock().unwrap().clone()));
     }
-    sorted(all)
+    all
 }
 
 async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {
@@ -203,7 +185,7 @@ async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {
         all.extend(gaps(spans));
     }
     let _ = std::fs::remove_dir_all(&dir);
-    sorted(all)
+    all
 }
 
 fn row(name: &str, ours: &[f64], theirs: &[f64]) {

@@ -15,6 +15,7 @@ use lease_core::consul::Consul;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::consul::Agent;
 use lease_tests::overlap::Timeline;
+use lease_tests::stats::percentile;
 
 const JOBS: u32 = 32;
 const LIMIT: u32 = 4;
@@ -70,11 +71,6 @@ async fn consul_lock(agent: &Agent, round: usize) -> Duration {
     started.elapsed()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
     let agent = Agent::start().await;
@@ -101,8 +97,8 @@ async fn main() {
         cl_s.push(consul_lock(&agent, round).await.as_secs_f64());
     }
     let (ours_total, cl_total, ideal) = (
-        median(ours_s.clone()),
-        median(cl_s.clone()),
+        percentile(&ours_s, 50.0),
+        percentile(&cl_s, 50.0),
         ideal().as_secs_f64(),
     );
 

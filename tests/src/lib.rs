@@ -5,6 +5,7 @@
 //! - [`consul`]: a `consul agent -dev` per test on free ports, stopped when dropped, and the
 //!   operator actions tests perform on it (destroy a session, delete a key, list sessions).
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
+//! - [`stats`]: percentiles for the benchmarks.
 //! - [`proxy`]: a TCP proxy between a client and a service that can stop forwarding, cut every
 //!   connection, or answer HTTP requests with 500 — the faults the leases must survive or detect.
 //!
@@ -17,6 +18,7 @@ pub mod body;
 pub mod consul;
 pub mod overlap;
 pub mod proxy;
+pub mod stats;
 
 use std::time::Duration;
 
