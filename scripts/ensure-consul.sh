@@ -36,7 +36,12 @@ for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/source
   case "$f" in
     *.sources)
       uri=$(awk '/^URIs:/ {print $2; exit}' "$f" | grep -v -- '-security' || true)
-      [[ -z "$uri" ]] && uri=$(awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}' "$f" | grep -v -- '-security' | head -n1 || true)
+      if [[ -z "$uri" ]]; then
+        # The first line by parameter expansion, not `| head -n1`: under pipefail an early-exiting
+        # reader kills the writer with SIGPIPE (exit 141).
+        uri=$(awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}' "$f" | grep -v -- '-security' || true)
+        uri=${uri%%$'\n'*}
+      fi
       ;;
     *)
       uri=$(awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' "$f" | grep -v -- '-security' || true)
@@ -64,8 +69,11 @@ apt_opts=(
 )
 apt-get "${apt_opts[@]}" -qq update >&2
 (cd "$tools/deb" && apt-get "${apt_opts[@]}" -qq download consul >&2)
-deb=$(ls "$tools"/deb/consul_*.deb | head -n1)
+debs=("$tools"/deb/consul_*.deb)
+deb=${debs[0]}
+[[ -f "$deb" ]] || { log "apt-get download left no consul_*.deb in $tools/deb"; exit 1; }
 dpkg -x "$deb" "$tools/root"
 [[ -x "$local_bin" ]] || { log "unpacked $deb but found no usr/bin/consul in it"; exit 1; }
-log "installed $("$local_bin" version | head -n1) at $local_bin"
+version=$("$local_bin" version)
+log "installed ${version%%$'\n'*} at $local_bin"
 echo "$local_bin"

@@ -12,7 +12,9 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "Consul"
 CONSUL_BIN=$(bash scripts/ensure-consul.sh)
 export CONSUL_BIN
-"$CONSUL_BIN" version | head -n1 >&2
+# Not `| head -n1`: under pipefail, head exiting first kills consul with SIGPIPE (exit 141).
+consul_version=$("$CONSUL_BIN" version)
+printf '%s\n' "${consul_version%%$'\n'*}" >&2
 
 step "RabbitMQ"
 bash scripts/ensure-rabbitmq.sh
