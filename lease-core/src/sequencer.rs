@@ -145,6 +145,10 @@ impl FromStr for Sequencer {
         if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err("the index is not a decimal number"));
         }
+        if index.len() > 1 && index.starts_with('0') {
+            // `Display` never writes one, and "07" would give the sequencer a second text.
+            return Err(err("the index has a leading zero"));
+        }
         let index = index
             .parse()
             .map_err(|_| err("the index does not fit in 64 bits"))?;
@@ -225,7 +229,12 @@ fn decode(s: &str) -> Option<String> {
                 return None;
             }
             let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let byte = u8::from_str_radix(hex, 16).ok()?;
+            // "%21" for '!' would give the sequencer a second text.
+            if !needs_escape(byte) {
+                return None;
+            }
+            out.push(byte);
             i += 3;
         } else if needs_escape(b) {
             // Only the canonical form is accepted, so every sequencer has exactly one text.
@@ -262,6 +271,8 @@ mod tests {
             "consul:-1:s:k",
             "consul:+1:s:k",
             "consul::s:k",
+            "consul:00:s:k",
+            "consul:07:s:k",
             "consul:99999999999999999999:s:k",
             "consul:1::k",
             "consul:1:s:",
@@ -271,6 +282,8 @@ mod tests {
             "consul:1:s:%FF",
             "consul:1:s:%+A",
             "consul:1:s:%3a",
+            "consul:1:s:%21",
+            "consul:1:%73:k",
         ] {
             assert!(bad.parse::<Sequencer>().is_err(), "{bad:?} parsed");
         }
@@ -281,5 +294,84 @@ mod tests {
         let long = "x".repeat(10_000);
         let err = long.parse::<Sequencer>().unwrap_err();
         assert!(err.to_string().len() < 300);
+    }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn backend() -> impl Strategy<Value = BackendKind> {
+            prop_oneof![
+                Just(BackendKind::Consul),
+                Just(BackendKind::Amqp),
+                Just(BackendKind::Memory),
+            ]
+        }
+
+        /// Non-empty text of any chars, weighted towards the ones the encoding treats specially.
+        fn part() -> impl Strategy<Value = String> {
+            let special = prop::sample::select(vec![
+                '/',
+                ':',
+                '%',
+                ' ',
+                '\0',
+                '\n',
+                '\t',
+                '\u{7f}',
+                '\u{80}',
+                '#',
+                '~',
+                '!',
+                'A',
+                'f',
+                'ü',
+                '\u{2028}',
+                '\u{feff}',
+                '\u{10ffff}',
+            ]);
+            prop::collection::vec(prop_oneof![any::<char>(), special], 1..40)
+                .prop_map(String::from_iter)
+        }
+
+        /// Text shaped like a sequencer, so the parser gets past its first checks.
+        fn near_miss() -> impl Strategy<Value = String> {
+            concat!(
+                "(consul|amqp|memory|etcd|)",
+                ":(0[0-9]?|[1-9][0-9]{0,3}|[0-9+-]{0,22})",
+                ":[!-9;-~]{0,6}(%[0-9A-F]{2}|%[0-9A-Fa-f+]{0,2}| |é)?[!-9;-~]{0,6}",
+                ":[!-9;-~]{0,6}(%[0-9A-F]{2}|%[0-9A-Fa-f+]{0,2}| |é|:)?[!-9;-~]{0,6}",
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn parsing_any_text_never_panics(s in any::<String>()) {
+                let _ = s.parse::<Sequencer>();
+            }
+
+            #[test]
+            fn parsing_near_misses_never_panics_and_accepts_only_canonical_text(s in near_miss()) {
+                if let Ok(seq) = s.parse::<Sequencer>() {
+                    prop_assert_eq!(seq.to_string(), s);
+                }
+            }
+
+            #[test]
+            fn round_trips_any_parts(
+                backend in backend(),
+                key in part(),
+                index in any::<u64>(),
+                holder in part(),
+            ) {
+                let seq = Sequencer::new(backend, key, index, holder);
+                let text = seq.to_string();
+                prop_assert!(text.bytes().all(|b| (b'!'..=b'~').contains(&b)), "{}", text);
+                prop_assert_eq!(text.parse::<Sequencer>(), Ok(seq));
+            }
+        }
     }
 }
