@@ -1,7 +1,22 @@
-//! The [`Backend`] trait: what every lease backend (Consul, AMQP, memory) offers.
+//! The backend contract: the [`Backend`] trait every lease backend (Consul, AMQP, memory)
+//! implements, and the parts a backend builds its [`Lease`]s from.
+//!
+//! A backend author writes two things:
+//!
+//! - an implementation of [`Backend`]: `acquire` does the backend's protocol and ends with
+//!   [`Keepers::start`]; `check_sequencer` verifies any sequencer the backend issues;
+//!   `shutdown` calls [`Keepers::shutdown`];
+//! - a [`Hold`] for one held lease: watch it until it is lost, release it, clean up after a
+//!   loss, and (optionally) give it back without a runtime when the process ends.
+//!
+//! The holder task that drives a [`Hold`] is the crate's, so every backend orders loss before
+//! clean-up, turns `is_held()` false before releasing, bounds releases by [`RELEASE_BOUND`], and
+//! self-fences on its [`Fence`] the same way. The in-tree backends use only this module.
 
 use std::fmt;
 use std::sync::Arc;
+
+pub use crate::lease::{Fence, Hold, Keepers, RELEASE_BOUND};
 
 use crate::leader::LeaderObserver;
 use crate::{BoxFuture, Error, Lease, LeaseSpec, Sequencer};
@@ -40,11 +55,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })
     }
 
-    /// Whether `sequencer` still names the current holder of its leader key: one consistent read,
-    /// for a service that receives work stamped with a sequencer and must refuse stale work.
+    /// Whether `sequencer` still names a current holder: of its leader key, or of a slot of its
+    /// semaphore. One consistent read, for a service that receives work stamped with a sequencer
+    /// and must refuse stale work; [`Lease::check`] asks the same question.
     ///
-    /// `Ok(())` if it does, `Err(Error::Lost(_))` if not (released, deleted, or taken by a newer
-    /// acquisition), another error if the backend could not tell. The default body returns
+    /// Every backend answers it for every sequencer it issues. `Ok(())` if it is current,
+    /// `Err(Error::Lost(_))` if not (released, deleted, pruned, or taken by a newer acquisition),
+    /// another error if the backend could not tell. The default body returns
     /// [`Error::Unsupported`].
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         let _ = sequencer;
@@ -54,6 +71,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
                 operation: "checking a sequencer",
             })
         })
+    }
+
+    /// Releases every lease acquired through this backend handle (and its clones) that is still
+    /// held, and waits until they and every pending release (a dropped lease, a cancelled
+    /// acquire's session) are given back, at most about [`RELEASE_BOUND`].
+    ///
+    /// Await it before `main` returns, so the next holder takes over at once. A process that
+    /// ends without it still gives its leases back, best effort, within about a second while
+    /// the runtime shuts down. The default body does nothing.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
     }
 }
 
@@ -69,6 +97,10 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         (**self).check_sequencer(sequencer)
     }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        (**self).shutdown()
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -82,5 +114,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         (**self).check_sequencer(sequencer)
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        (**self).shutdown()
     }
 }

@@ -45,8 +45,9 @@ pub enum Error {
         ttl: Duration,
     },
 
-    /// A lock-delay above Consul's maximum (Consul 1.8 accepts it silently and clamps it).
-    #[error("invalid lock-delay {lock_delay:?}: use at most {MAX_LOCK_DELAY:?}")]
+    /// A lock-delay (or settle time) above Consul's maximum lock-delay (Consul 1.8 accepts a
+    /// longer one silently and clamps it).
+    #[error("invalid lock-delay or settle time {lock_delay:?}: use at most {MAX_LOCK_DELAY:?}")]
     InvalidLockDelay {
         /// The lock-delay given.
         lock_delay: Duration,
@@ -146,6 +147,9 @@ pub enum Error {
         operation: String,
         /// The status and body of the answer, or the protocol error.
         message: String,
+        /// Whether a later attempt may succeed (a 5xx or 429 from Consul, a timeout), as decided
+        /// where the status was known; see [`Error::is_transient`].
+        transient: bool,
     },
 
     /// A queue exists with other arguments than this client declares it with (RabbitMQ's
@@ -179,9 +183,7 @@ pub enum Error {
     Config(String),
 
     /// The backend does not offer this operation.
-    #[error(
-        "{backend} does not support {operation}; use a backend that does (memory, or Consul once it implements it)"
-    )]
+    #[error("{backend} does not support {operation}; use a backend that does")]
     Unsupported {
         /// The backend's type name.
         backend: &'static str,
@@ -197,6 +199,15 @@ pub enum Error {
         key: String,
     },
 
+    /// A release (or the clean-up after a loss) did not finish in time; the lease is no longer
+    /// held here, and the backend frees it when its session or connection expires.
+    #[error(
+        "the release did not finish within {after:?}; the backend frees the lease when its session expires"
+    )]
+    ReleaseTimedOut {
+        /// The bound that passed.
+        after: Duration,
+    },
     /// No backend was given and no process-wide default is set.
     #[error(
         "no lease backend: pass one explicitly or call lease_core::set_default_backend at start-up"
@@ -208,6 +219,38 @@ impl Error {
     /// True for [`Error::Busy`]: the lease is held elsewhere.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
+    }
+
+    /// Whether retrying the same operation later can help: the lease is held elsewhere or was
+    /// lost, the backend is unreachable or briefly in trouble (a 5xx, a 429, a timeout), or a
+    /// race was lost. False for everything a retry cannot fix: an invalid key or spec, a limit
+    /// mismatch, a key used by another kind of lock, a permission denial, a configuration error,
+    /// an answer the client cannot read.
+    ///
+    /// [`Campaign`](crate::leader::Campaign) retries exactly the transient errors.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Busy { .. }
+            | Error::Lost(_)
+            | Error::Unreachable { .. }
+            | Error::Contended { .. }
+            | Error::ObserverClosed { .. }
+            | Error::ReleaseTimedOut { .. } => true,
+            Error::Backend { transient, .. } => *transient,
+            Error::InvalidKey { .. }
+            | Error::InvalidTtl { .. }
+            | Error::InvalidLockDelay { .. }
+            | Error::InvalidLimit { .. }
+            | Error::FlagsConflict { .. }
+            | Error::LimitMismatch { .. }
+            | Error::SemaphoreInUse { .. }
+            | Error::CorruptLockValue { .. }
+            | Error::PermissionDenied { .. }
+            | Error::QueueMismatch { .. }
+            | Error::Config(_)
+            | Error::Unsupported { .. }
+            | Error::NoDefaultBackend => false,
+        }
     }
 }
 

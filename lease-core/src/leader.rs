@@ -330,7 +330,7 @@ impl Campaign {
             };
             let lease = match acquired {
                 Ok(lease) => lease,
-                Err(error) if is_retryable(&error) => {
+                Err(error) if error.is_transient() => {
                     let retry_in = backoff.next_delay();
                     tracing::debug!(%error, ?retry_in, "campaign: acquire failed, retrying");
                     emit(LeaderEvent::AcquireFailed {
@@ -465,7 +465,7 @@ impl Campaign {
                         tracing::debug!("campaign: this backend cannot observe the leader");
                         return;
                     }
-                    Err(error) if is_retryable(&error) => {
+                    Err(error) if error.is_transient() => {
                         tracing::warn!(%error, "campaign: cannot observe the leader yet; retrying");
                     }
                     Err(error) => {
@@ -547,18 +547,6 @@ impl Backoff {
     fn reset(&mut self) {
         self.next = self.min;
     }
-}
-
-/// Errors a later attempt may not see: contention, a backend that is briefly away.
-fn is_retryable(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::Busy { .. }
-            | Error::Lost(_)
-            | Error::Unreachable { .. }
-            | Error::Backend { .. }
-            | Error::ObserverClosed { .. }
-    )
 }
 
 /// Sleeps `delay`; returns true if shutdown was requested meanwhile (or before).

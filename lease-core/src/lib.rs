@@ -58,7 +58,7 @@
     allow(dead_code)
 )]
 
-mod backend;
+pub mod backend;
 mod default_backend;
 mod error;
 mod guard;

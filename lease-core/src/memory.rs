@@ -22,10 +22,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use crate::backend::{Fence, Hold, Keepers};
 use crate::leader::{Leader, LeaderObserver};
-use crate::lease::{Checker, Hold, spawn_keeper};
 use crate::spec::validate_key;
-use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target, Wait};
+use crate::{
+    BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, MAX_LOCK_DELAY, Sequencer, Target,
+};
 
 /// The flags `consul lock` puts on a leader key; kept so a key is never used as two kinds of lock.
 const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -97,12 +99,16 @@ impl Memory {
     ///
     /// Returns whether the key existed.
     pub fn delete_key(&self, key: &str) -> bool {
-        self.inner.mutate(|state, _| {
-            let existed = state.kv.remove(key).is_some();
-            if existed {
-                state.bump();
+        self.inner.mutate(|state, now| {
+            let Some(entry) = state.kv.remove(key) else {
+                return false;
+            };
+            // A lock taken away without lock-delay: contenders settle before taking it.
+            if entry.session.is_some() || matches!(entry.value, Value::Semaphore { .. }) {
+                state.vanished(key, Vanished::Deleted, now);
             }
-            existed
+            state.bump();
+            true
         })
     }
 
@@ -137,30 +143,25 @@ impl Memory {
             .read(|state, _| state.kv.keys().cloned().collect())
     }
 
-    fn start_lease(&self, held: Held, sequencer: Sequencer, ttl: Duration) -> Lease {
-        let checker = MemoryChecker {
-            inner: Arc::clone(&self.inner),
-            held: held.clone(),
-        };
-        let (lease, holding) = Lease::new(sequencer, Box::new(checker));
+    fn start_lease(&self, held: Held, sequencer: Sequencer, spec: &LeaseSpec) -> Lease {
+        let ttl = spec.session_ttl();
+        let fence = Fence::new(spec.fence_after(), Instant::now());
         let hold = MemoryHold {
             inner: Arc::clone(&self.inner),
             held,
+            fence: fence.clone(),
             renew_every: ttl / 2,
             next_renewal: Instant::now() + ttl / 2,
         };
-        spawn_keeper(holding, hold);
-        lease
+        self.inner
+            .keepers
+            .start(sequencer, fence, Arc::new(self.clone()), hold)
     }
 
     async fn acquire_inner(&self, spec: &LeaseSpec) -> Result<Lease, Error> {
         spec.validate()?;
         let started = Instant::now();
-        let deadline = match spec.wait_policy() {
-            Wait::Forever => None,
-            Wait::UpTo(wait) => Some(started + wait),
-            Wait::Never => Some(started),
-        };
+        let deadline = spec.wait_policy().deadline(started);
         let ttl = spec.session_ttl();
         let mut session = SessionGuard::create(&self.inner, spec);
         let mut next_renewal = Instant::now() + ttl / 2;
@@ -173,7 +174,7 @@ impl Memory {
             let until = match attempt {
                 Attempt::Acquired(held, sequencer) => {
                     session.disarm();
-                    return Ok(self.start_lease(held, sequencer, ttl));
+                    return Ok(self.start_lease(held, sequencer, spec));
                 }
                 Attempt::SessionGone => {
                     // An operator destroyed the waiting session: carry on with a fresh one.
@@ -250,17 +251,14 @@ impl crate::Backend for Memory {
     }
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        let current = self.inner.read(|state, _| state.leader_of(sequencer.key()));
-        Box::pin(async move {
-            match current {
-                Some(leader) if leader.sequencer == *sequencer => Ok(()),
-                Some(leader) => Err(Error::Lost(LostReason::KeyTaken {
-                    lock_index: leader.sequencer.index(),
-                    session: leader.sequencer.holder().to_owned(),
-                })),
-                None => Err(Error::Lost(LostReason::KeyReleased)),
-            }
-        })
+        let verdict = self
+            .inner
+            .read(|state, _| state.verify(&Held::from_sequencer(state, sequencer)));
+        Box::pin(async move { verdict.map_err(Error::Lost) })
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.inner.keepers.shutdown())
     }
 }
 
@@ -269,6 +267,7 @@ fn store_gone() -> Error {
         backend: "memory",
         operation: "wait for a change".to_owned(),
         message: "the in-process store was dropped".to_owned(),
+        transient: false,
     }
 }
 
@@ -277,6 +276,7 @@ struct Inner {
     store_id: u64,
     state: Mutex<State>,
     changes: watch::Sender<u64>,
+    keepers: Keepers,
 }
 
 impl Default for Inner {
@@ -285,6 +285,7 @@ impl Default for Inner {
             store_id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::default()),
             changes: watch::channel(0).0,
+            keepers: Keepers::new(),
         }
     }
 }
@@ -400,6 +401,9 @@ struct State {
     kv: BTreeMap<String, Entry>,
     /// Keys that cannot be acquired until the given instant (lock-delay after an invalidation).
     lock_delays: HashMap<String, Instant>,
+    /// When a lock was last taken from its holder without a clean release, and how: contenders
+    /// settle after it (see `LeaseSpec::settle`).
+    vanished: HashMap<String, (Instant, Vanished)>,
 }
 
 struct Session {
@@ -445,6 +449,7 @@ enum Held {
         lock_key: String,
         contender_key: String,
         session: String,
+        lock_index: u64,
     },
 }
 
@@ -454,6 +459,42 @@ impl Held {
             Held::Leader { session, .. } | Held::Slot { session, .. } => session,
         }
     }
+
+    /// What a sequencer issued by this store claims to hold: a slot if its key is a semaphore's
+    /// contender key, else a leader key.
+    fn from_sequencer(state: &State, sequencer: &Sequencer) -> Held {
+        let session = sequencer.holder().to_owned();
+        let prefix = sequencer
+            .key()
+            .strip_suffix(sequencer.holder())
+            .and_then(|p| p.strip_suffix('/'));
+        let is_slot = state
+            .kv
+            .get(sequencer.key())
+            .is_none_or(|entry| entry.flags == SEMAPHORE_FLAGS);
+        match prefix {
+            Some(prefix) if is_slot => Held::Slot {
+                lock_key: format!("{prefix}/.lock"),
+                contender_key: sequencer.key().to_owned(),
+                session,
+                lock_index: sequencer.index(),
+            },
+            _ => Held::Leader {
+                key: sequencer.key().to_owned(),
+                session,
+                lock_index: sequencer.index(),
+            },
+        }
+    }
+}
+
+/// How a lock was taken from its holder.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Vanished {
+    /// Its session was invalidated; the session's lock-delay was this long.
+    Invalidated(Duration),
+    /// An operator deleted it.
+    Deleted,
 }
 
 enum Attempt {
@@ -491,11 +532,13 @@ impl State {
             .map(|(key, _)| key.clone())
             .collect();
         let index = self.bump();
+        self.lock_delays.retain(|_, until| *until > now);
         for key in held {
             if !session.lock_delay.is_zero() {
                 self.lock_delays
                     .insert(key.clone(), now + session.lock_delay);
             }
+            self.vanished(&key, Vanished::Invalidated(session.lock_delay), now);
             match session.behavior {
                 Behavior::Delete => {
                     self.kv.remove(&key);
@@ -546,36 +589,50 @@ impl State {
             return Ok(Attempt::SessionGone);
         }
         match spec.target() {
-            Target::Leader { key } => {
-                self.try_acquire_leader(key, session, spec.advertised_value(), now)
-            }
+            Target::Leader { key } => self.try_acquire_leader(key, session, spec, now),
             Target::Semaphore { prefix, limit } => {
-                self.try_acquire_slot(prefix, *limit, session, spec.advertised_value(), now)
+                self.try_acquire_slot(prefix, *limit, session, spec, now)
             }
         }
     }
 
-    fn lock_delay_until(&self, key: &str, now: Instant) -> Option<Instant> {
-        self.lock_delays
-            .get(key)
-            .copied()
-            .filter(|until| *until > now)
+    /// Records that the lock on `key` was taken from its holder at `now` without a clean
+    /// release, and forgets such records too old to matter to any contender.
+    fn vanished(&mut self, key: &str, how: Vanished, now: Instant) {
+        self.vanished
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) <= MAX_LOCK_DELAY);
+        self.vanished.insert(key.to_owned(), (now, how));
+    }
+
+    /// Until when `key` is barred for the contender `spec`: the lock-delay of the session that
+    /// last held it, and the contender's settle time after the lock was taken away without one.
+    fn lock_delay_until(&self, key: &str, spec: &LeaseSpec, now: Instant) -> Option<Instant> {
+        let lock_delay = self.lock_delays.get(key).copied();
+        let settling = self.vanished.get(key).and_then(|(at, how)| match how {
+            Vanished::Deleted => Some(*at + spec.settle_after_removal()),
+            Vanished::Invalidated(delay) if *delay < spec.settle_time() => {
+                Some(*at + spec.settle_time())
+            }
+            Vanished::Invalidated(_) => None,
+        });
+        lock_delay.max(settling).filter(|until| *until > now)
     }
 
     fn try_acquire_leader(
         &mut self,
         key: &str,
         session: &str,
-        value: &[u8],
+        spec: &LeaseSpec,
         now: Instant,
     ) -> Result<Attempt, Error> {
+        let value = spec.advertised_value();
         if let Some(entry) = self.kv.get(key) {
             check_flags(key, entry, LEADER_FLAGS)?;
             if entry.session.is_some() {
                 return Ok(Attempt::Blocked { until: None });
             }
         }
-        if let Some(until) = self.lock_delay_until(key, now) {
+        if let Some(until) = self.lock_delay_until(key, spec, now) {
             return Ok(Attempt::Blocked { until: Some(until) });
         }
         let lock_index = self.lock(key, LEADER_FLAGS, session, value);
@@ -612,9 +669,10 @@ impl State {
         prefix: &str,
         limit: u32,
         session: &str,
-        value: &[u8],
+        spec: &LeaseSpec,
         now: Instant,
     ) -> Result<Attempt, Error> {
+        let value = spec.advertised_value();
         let contender_key = format!("{prefix}/{session}");
         let lock_key = format!("{prefix}/.lock");
         if let Some(entry) = self.kv.get(&lock_key) {
@@ -632,7 +690,11 @@ impl State {
         if let Some(entry) = self.kv.get(&contender_key) {
             check_flags(&contender_key, entry, SEMAPHORE_FLAGS)?;
         }
-        if self.lock_delay_until(&contender_key, now).is_some() {
+        if self
+            .lock_delays
+            .get(&contender_key)
+            .is_some_and(|until| *until > now)
+        {
             // Only reachable if an operator reused a session ID; treat the session as gone.
             return Ok(Attempt::SessionGone);
         }
@@ -656,6 +718,12 @@ impl State {
             .kv
             .get(&contender_key)
             .map_or(0, |entry| entry.lock_index);
+        // A deleted `.lock` took every slot from its holders at once: they are still stopping.
+        if !self.kv.contains_key(&lock_key) {
+            if let Some(until) = self.lock_delay_until(&lock_key, spec, now) {
+                return Ok(Attempt::Blocked { until: Some(until) });
+            }
+        }
         let mut holders = match self.kv.get(&lock_key).map(|entry| &entry.value) {
             Some(Value::Semaphore { holders, .. }) => holders.clone(),
             _ => BTreeSet::new(),
@@ -667,7 +735,7 @@ impl State {
             if live.contains(holder) {
                 return true;
             }
-            match self.lock_delay_until(&format!("{prefix}/{holder}"), now) {
+            match self.lock_delay_until(&format!("{prefix}/{holder}"), spec, now) {
                 Some(until) => {
                     blocked_until = Some(blocked_until.map_or(until, |b| b.min(until)));
                     true
@@ -701,6 +769,7 @@ impl State {
             lock_key,
             contender_key,
             session: session.to_owned(),
+            lock_index: contender_index,
         };
         Ok(Attempt::Acquired(held, sequencer))
     }
@@ -731,10 +800,18 @@ impl State {
                 lock_key,
                 contender_key,
                 session,
+                lock_index,
             } => {
                 let contender = self.kv.get(contender_key).ok_or(LostReason::KeyDeleted)?;
-                if contender.session.as_deref() != Some(session.as_str()) {
-                    return Err(LostReason::KeyReleased);
+                match &contender.session {
+                    Some(holder) if holder == session && contender.lock_index == *lock_index => {}
+                    Some(holder) => {
+                        return Err(LostReason::KeyTaken {
+                            lock_index: contender.lock_index,
+                            session: holder.clone(),
+                        });
+                    }
+                    None => return Err(LostReason::KeyReleased),
                 }
                 let lock = self.kv.get(lock_key).ok_or(LostReason::KeyDeleted)?;
                 match &lock.value {
@@ -773,21 +850,10 @@ fn check_flags(key: &str, entry: &Entry, expected: u64) -> Result<(), Error> {
     }
 }
 
-struct MemoryChecker {
-    inner: Arc<Inner>,
-    held: Held,
-}
-
-impl Checker for MemoryChecker {
-    fn check<'a>(&'a self, _sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        let verdict = self.inner.read(|state, _| state.verify(&self.held));
-        Box::pin(async move { verdict.map_err(Error::Lost) })
-    }
-}
-
 struct MemoryHold {
     inner: Arc<Inner>,
     held: Held,
+    fence: Fence,
     renew_every: Duration,
     next_renewal: Instant,
 }
@@ -808,20 +874,23 @@ impl Hold for MemoryHold {
                 () = sleep_until(self.next_renewal) => {
                     // A failed renewal means the session is gone; the next look reports it.
                     let session = self.held.session().to_owned();
-                    self.inner.mutate(|state, now| state.renew(&session, now));
+                    let sent = Instant::now();
+                    if self.inner.mutate(|state, now| state.renew(&session, now)) {
+                        self.fence.confirm(sent);
+                    }
                     self.next_renewal += self.renew_every;
                 }
             }
         }
     }
 
-    async fn release(self) -> Result<(), Error> {
+    async fn release(&mut self) -> Result<(), Error> {
         let session = self.held.session().to_owned();
         self.inner.mutate(|state, _| state.end_cleanly(&session));
         Ok(())
     }
 
-    async fn clean_up(self) {
+    async fn clean_up(&mut self) {
         // After a loss the work may still be stopping: destroy the session like Consul's
         // `session/destroy` (lock-delay applies to whatever it still holds), never hand the lease
         // on faster than that.
@@ -829,12 +898,19 @@ impl Hold for MemoryHold {
         self.inner
             .mutate(|state, now| state.invalidate(&session, now));
     }
+
+    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+        // The store is in this process: give the lease back synchronously, no runtime needed.
+        let session = self.held.session().to_owned();
+        self.inner.mutate(|state, _| state.end_cleanly(&session));
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Backend;
+    use crate::{Backend, Wait};
 
     fn spec(key: &str) -> LeaseSpec {
         LeaseSpec::leader(key)
@@ -876,11 +952,45 @@ mod tests {
             .await
             .expect("acquire");
         memory.invalidate_session(first.sequencer().holder());
+        // "0 means 0" for a contender that does not settle (as `consul lock` does not).
         let second = memory
-            .acquire(&spec("k").wait(Wait::Never))
+            .acquire(
+                &spec("k")
+                    .lock_delay(Duration::ZERO)
+                    .settle(Duration::ZERO)
+                    .wait(Wait::Never),
+            )
             .await
             .expect("at once");
         assert_eq!(second.sequencer().index(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn contenders_settle_after_an_undelayed_loss_but_not_after_a_release() {
+        let memory = Memory::new();
+        let settle = LeaseSpec::DEFAULT_SETTLE;
+        let spec = || spec("k").lock_delay(Duration::ZERO);
+        for fault in ["invalidate", "delete"] {
+            let holder = memory.acquire(&spec()).await.expect("acquire");
+            let lost_at = Instant::now();
+            match fault {
+                "invalidate" => assert!(memory.invalidate_session(holder.sequencer().holder())),
+                _ => assert!(memory.delete_key("k")),
+            }
+            let busy = memory.acquire(&spec().wait(Wait::Never)).await;
+            assert!(busy.expect_err(fault).is_busy(), "{fault}: taken at once");
+            let next = memory.acquire(&spec()).await.expect("after settling");
+            assert_eq!(Instant::now() - lost_at, settle, "{fault}");
+            next.release().await.expect("release");
+        }
+        // A clean release hands the key on at once.
+        let holder = memory.acquire(&spec()).await.expect("acquire");
+        holder.release().await.expect("release");
+        let next = memory
+            .acquire(&spec().wait(Wait::Never))
+            .await
+            .expect("at once after a release");
+        next.release().await.expect("release");
     }
 
     #[tokio::test(start_paused = true)]
@@ -906,6 +1016,7 @@ mod tests {
         let sem = |wait| {
             LeaseSpec::semaphore("jobs", 2)
                 .lock_delay(Duration::ZERO)
+                .settle(Duration::ZERO)
                 .wait(wait)
         };
         let a = memory.acquire(&sem(Wait::Never)).await.expect("a");

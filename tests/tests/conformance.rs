@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Wait};
-use lease_tests::within;
+use lease_tests::{assert_refined, release_lost, within};
 
 /// A bound on every wait for an event; generous, since only a broken lease takes this long.
 const EVENT: Duration = Duration::from_secs(10);
@@ -145,14 +145,14 @@ mod scenarios {
             )
         })
         .await;
-        assert_eq!(work, Err(LostReason::SessionInvalidated));
+        assert_refined(&lease, &work.unwrap_err(), LostReason::SessionInvalidated).await;
         assert!(!lease.is_held());
         assert!(matches!(
             lease.check().await,
             Err(Error::Lost(LostReason::SessionInvalidated))
         ));
-        // Releasing a lost lease is not an error.
-        lease.release().await.unwrap();
+        // Releasing a lost lease reports the loss.
+        release_lost(lease).await;
     }
 
     pub(crate) async fn loss_on_key_delete(h: &Harness) {
@@ -320,10 +320,8 @@ mod scenarios {
         let spec = semaphore(&prefix, 1).lock_delay(Duration::ZERO);
         let a = h.backend.acquire(&spec).await.unwrap();
         h.operator.destroy_session(a.sequencer().holder()).await;
-        assert_eq!(
-            within(EVENT, "semaphore loss after destroy", a.lost()).await,
-            LostReason::SessionInvalidated
-        );
+        let reported = within(EVENT, "semaphore loss after destroy", a.lost()).await;
+        assert_refined(&a, &reported, LostReason::SessionInvalidated).await;
         // The dead holder is pruned by the next contender.
         let b = within(EVENT, "the freed slot", h.backend.acquire(&spec))
             .await

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Sequencer, Wait};
 use lease_tests::consul::Agent;
-use lease_tests::{init_tracing, within};
+use lease_tests::{assert_refined, init_tracing, release_lost, within};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -81,7 +81,7 @@ async fn session_destroyed_by_operator_cancels_the_work() {
         tokio::join!(run, operator)
     })
     .await;
-    assert_eq!(result, Err(LostReason::SessionInvalidated));
+    assert_refined(&lease, &result.unwrap_err(), LostReason::SessionInvalidated).await;
     assert_eq!(
         dropped.load(Ordering::SeqCst),
         1,
@@ -110,7 +110,7 @@ async fn key_deleted_or_released_by_operator_is_loss() {
         lease.run(async {}).await.is_err(),
         "work must not start on a lost lease"
     );
-    lease.release().await.unwrap();
+    release_lost(lease).await;
 
     let lease = backend.acquire(&spec("ops/release")).await.unwrap();
     assert!(
@@ -125,7 +125,7 @@ async fn key_deleted_or_released_by_operator_is_loss() {
     )
     .await;
     assert_eq!(result, Err(LostReason::KeyReleased));
-    lease.release().await.unwrap();
+    release_lost(lease).await;
     within(T, "sessions to be destroyed", async {
         while !agent.sessions().await.is_empty() {
             tokio::task::yield_now().await;

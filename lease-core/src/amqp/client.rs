@@ -10,7 +10,9 @@
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lapin::options::BasicConsumeOptions;
 use lapin::types::{FieldTable, ShortString};
@@ -19,8 +21,8 @@ use lapin::{Channel, Connection, Consumer};
 use super::naming::SemaphoreNames;
 use super::wire::{self, Failure};
 use super::{Amqp, Claim, LossDetection, admin};
-use crate::lease::{Checker, Hold, spawn_keeper};
-use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target, Wait};
+use crate::backend::{Fence, Hold};
+use crate::{BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// The first and longest pause between scans of a full semaphore.
 const SCAN_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
@@ -33,11 +35,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     };
     let names = SemaphoreNames::new(name, limit)?;
     let started = Instant::now();
-    let deadline = match spec.wait_policy() {
-        Wait::Forever => None,
-        Wait::UpTo(wait) => Some(started + wait),
-        Wait::Never => Some(started),
-    };
+    let deadline = spec.wait_policy().deadline(started);
     let mut pause = SCAN_BACKOFF.0;
     let mut unsettled_scans = 0;
     loop {
@@ -165,7 +163,6 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
             let confirmed_at = Instant::now();
             match watch_slot(amqp, &channel, &slot_queue).await {
                 Ok(consumer) => {
-                    holder.claim.mark_held();
                     return Ok(Scan::Acquired(hold(
                         amqp,
                         names,
@@ -258,28 +255,39 @@ fn hold(
             random_below(u64::MAX)
         ),
     );
-    let slot_queue = names.slot_queue(slot);
-    let checker = SlotChecker {
-        channel: channel.clone(),
-        slot_queue: slot_queue.clone(),
-        timeout: amqp.config().operation_timeout,
+    holder.claim.mark_held(sequencer.holder());
+    let config = amqp.config();
+    // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
+    let negotiated = Duration::from_secs(u64::from(connection.configuration().heartbeat()));
+    let heartbeat = if negotiated.is_zero() {
+        config.heartbeat
+    } else {
+        config.heartbeat.min(negotiated)
     };
-    let (lease, holding) = Lease::new(sequencer, Box::new(checker));
-    spawn_keeper(
-        holding,
+    // The broker may drop a connection it has not heard from for about a heartbeat; we must
+    // give up the lease before that, and confirm often enough not to give it up needlessly.
+    let fence = Fence::new(heartbeat * 3 / 4, confirmed_at);
+    let mut ping_every = heartbeat / 4;
+    if let LossDetection::Verify { period } = config.loss_detection {
+        ping_every = ping_every.min(period);
+    }
+    tracing::debug!(semaphore = names.name(), slot, "slot acquired");
+    amqp.keepers().start(
+        sequencer,
+        fence.clone(),
+        Arc::new(amqp.clone()),
         SlotHold {
             amqp: amqp.clone(),
             connection,
             channel,
             consumer,
-            slot_queue,
-            holder,
-            confirmed_at,
+            slot_queue: names.slot_queue(slot),
+            holder: Some(holder),
+            fence,
+            ping_every,
             lost: None,
         },
-    );
-    tracing::debug!(semaphore = names.name(), slot, "slot acquired");
-    lease
+    )
 }
 
 /// `B[L]` while we own it: deleted by [`give_back`](HolderQueue::give_back), or in the background
@@ -353,31 +361,39 @@ pub(crate) async fn delete_exclusive(
     }
 }
 
-/// [`Lease::check`]: one confirmed probe of `A[L]` on the holder's own channel, which shows both
-/// that the slot exists and that our channel is open.
-struct SlotChecker {
-    channel: Channel,
-    slot_queue: String,
-    timeout: Duration,
-}
-
-impl Checker for SlotChecker {
-    fn check<'a>(&'a self, _sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            if !self.channel.status().connected() {
-                return Err(Error::Lost(LostReason::ConnectionClosed));
-            }
-            match wire::probe(&self.channel, &self.slot_queue, self.timeout).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Error::Lost(LostReason::SlotRemoved)),
-                Err(Failure::TimedOut) => Err(Error::Backend {
-                    backend: wire::BACKEND,
-                    operation: format!("verify slot queue {:?}", self.slot_queue),
-                    message: "no answer in time; the lease is still watched".to_owned(),
-                }),
-                Err(failure) => Err(Error::Lost(failure.lost_reason())),
-            }
-        })
+/// [`Backend::check_sequencer`](crate::Backend::check_sequencer) on AMQP; see there.
+pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Result<(), Error> {
+    let names = SemaphoreNames::new(sequencer.key(), u32::MAX)?;
+    let slot =
+        u32::try_from(sequencer.index()).map_err(|_| Error::Lost(LostReason::SlotRemoved))?;
+    let local = amqp.local_holder(names.name(), slot);
+    let timeout = amqp.config().operation_timeout;
+    let connection = amqp.connection().await?;
+    let channel = open(amqp, &connection).await?;
+    let probed: Result<Option<bool>, Failure> = async {
+        if !wire::probe(&channel, &names.slot_queue(slot), timeout).await? {
+            return Ok(None);
+        }
+        wire::probe(&channel, &names.holder_queue(slot), timeout)
+            .await
+            .map(Some)
+    }
+    .await;
+    wire::close_channel(&channel, timeout).await;
+    let slot_held = match probed {
+        Ok(Some(held)) => held,
+        Ok(None) => return Err(Error::Lost(LostReason::SlotRemoved)),
+        Err(failure) => return Err(amqp.unreachable("verify a slot", failure)),
+    };
+    match local {
+        Some(holder) if holder == sequencer.holder() && slot_held => Ok(()),
+        // Ours once, but the slot is free now or held by a later acquisition of ours.
+        Some(_) => Err(Error::Lost(LostReason::Released)),
+        None if slot_held => Err(Error::Unsupported {
+            backend: "RabbitMQ",
+            operation: "checking a sequencer issued by another process while its slot is held",
+        }),
+        None => Err(Error::Lost(LostReason::Released)),
     }
 }
 
@@ -388,35 +404,21 @@ struct SlotHold {
     channel: Channel,
     consumer: Option<Consumer>,
     slot_queue: String,
-    holder: HolderQueue,
-    /// When the last request that the broker answered was sent: the broker heard from us then.
-    confirmed_at: Instant,
+    /// Taken by the give-back.
+    holder: Option<HolderQueue>,
+    fence: Fence,
+    ping_every: Duration,
     lost: Option<LostReason>,
 }
 
 impl SlotHold {
     async fn watch_inner(&mut self) -> LostReason {
-        let config = self.amqp.config();
-        // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
-        let negotiated =
-            Duration::from_secs(u64::from(self.connection.configuration().heartbeat()));
-        let heartbeat = if negotiated.is_zero() {
-            config.heartbeat
-        } else {
-            config.heartbeat.min(negotiated)
-        };
-        // The broker may drop a connection it has not heard from for about a heartbeat; we must
-        // give up the lease before that, and confirm often enough not to give it up needlessly.
-        let fence_after = heartbeat * 3 / 4;
-        let mut ping_every = heartbeat / 4;
-        if let LossDetection::Verify { period } = config.loss_detection {
-            ping_every = ping_every.min(period);
-        }
         loop {
-            let deadline = self.confirmed_at + fence_after;
-            let channel = &self.channel;
-            let slot_queue = &self.slot_queue;
-            let confirmed_at = self.confirmed_at;
+            let Some(deadline) = self.fence.deadline() else {
+                return std::future::pending().await;
+            };
+            let (channel, slot_queue, fence) = (&self.channel, &self.slot_queue, &self.fence);
+            let ping_every = self.ping_every;
             let ping = async move {
                 tokio::time::sleep(ping_every).await;
                 let sent = Instant::now();
@@ -424,9 +426,8 @@ impl SlotHold {
                 match wire::probe(channel, slot_queue, remaining).await {
                     Ok(true) => Ok(sent),
                     Ok(false) => Err(LostReason::SlotRemoved),
-                    Err(Failure::TimedOut) => Err(LostReason::SelfFenced {
-                        unconfirmed_for: confirmed_at.elapsed(),
-                    }),
+                    // The holder task declares the self-fence when the deadline passes.
+                    Err(Failure::TimedOut) => std::future::pending().await,
                     Err(failure) => Err(failure.lost_reason()),
                 }
             };
@@ -436,27 +437,21 @@ impl SlotHold {
                 outcome = ping => outcome,
             };
             match outcome {
-                Ok(sent) => self.confirmed_at = sent,
+                Ok(sent) => fence.confirm(sent),
                 Err(reason) => return reason,
             }
         }
     }
 
-    async fn give_back(self) -> Result<(), Error> {
-        let SlotHold {
-            amqp,
-            connection,
-            channel,
-            consumer,
-            holder,
-            lost,
-            ..
-        } = self;
-        drop(consumer);
-        let result = holder.give_back(Some(&channel)).await;
-        wire::close_channel(&channel, amqp.config().operation_timeout).await;
-        if let Some(LostReason::SelfFenced { .. }) = lost {
-            amqp.discard_connection(&connection).await;
+    async fn give_back(&mut self) -> Result<(), Error> {
+        self.consumer = None;
+        let Some(holder) = self.holder.take() else {
+            return Ok(());
+        };
+        let result = holder.give_back(Some(&self.channel)).await;
+        wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
+        if let Some(LostReason::SelfFenced { .. }) = self.lost {
+            self.amqp.discard_connection(&self.connection).await;
         }
         result
     }
@@ -499,11 +494,16 @@ impl Hold for SlotHold {
         reason
     }
 
-    async fn release(self) -> Result<(), Error> {
+    async fn release(&mut self) -> Result<(), Error> {
         self.give_back().await
     }
 
-    async fn clean_up(self) {
+    async fn clean_up(&mut self) {
+        if self.fence.is_past() {
+            self.lost = Some(LostReason::SelfFenced {
+                unconfirmed_for: self.fence.overdue().unwrap_or_default(),
+            });
+        }
         if let Err(error) = self.give_back().await {
             tracing::warn!(%error, "could not delete the holder queue after losing the lease");
         }

@@ -53,7 +53,8 @@ use lapin::{Connection, ConnectionProperties};
 pub use admin::Admin;
 pub use config::{AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT};
 
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec};
+use crate::backend::Keepers;
+use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
 use naming::SemaphoreNames;
 use wire::Failure;
@@ -98,8 +99,11 @@ pub struct Amqp {
 struct Inner {
     config: AmqpConfig,
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
-    /// Slots held (`true`) or being taken (`false`) by leases on our connection.
-    claims: Mutex<HashMap<(String, u32), bool>>,
+    /// Slots held (`Some(holder)`, the holder part of the lease's sequencer) or being taken
+    /// (`None`) by leases on our connection.
+    claims: Mutex<HashMap<(String, u32), Option<String>>>,
+    /// The holder tasks of this handle's leases.
+    keepers: Keepers,
     /// Serialises this process's administration: the broker's mutex is an exclusive queue, which
     /// every channel of our own connection could declare at once.
     admin_lock: tokio::sync::Mutex<()>,
@@ -147,6 +151,7 @@ impl Amqp {
                 config,
                 connection: tokio::sync::Mutex::new(None),
                 claims: Mutex::new(HashMap::new()),
+                keepers: Keepers::new(),
                 admin_lock: tokio::sync::Mutex::new(()),
             }),
         }
@@ -212,7 +217,7 @@ impl Amqp {
 
     /// The claim registry. A panic while it was locked cannot leave it inconsistent (each
     /// update is one map operation), so a poisoned lock is used as it is.
-    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), bool>> {
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), Option<String>>> {
         self.inner.claims.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -223,7 +228,7 @@ impl Amqp {
         if claims.contains_key(&key) {
             return None;
         }
-        claims.insert(key.clone(), false);
+        claims.insert(key.clone(), None);
         Some(Claim {
             amqp: self.clone(),
             key,
@@ -233,7 +238,21 @@ impl Amqp {
     /// Whether one of this process's leases holds slot `slot` (`Some(true)`), is taking it right
     /// now (`Some(false)`), or neither (`None`).
     pub(crate) fn claim_state(&self, names: &SemaphoreNames, slot: u32) -> Option<bool> {
-        self.claims().get(&(names.name().to_owned(), slot)).copied()
+        self.claims()
+            .get(&(names.name().to_owned(), slot))
+            .map(Option::is_some)
+    }
+
+    /// The holder (sequencer part) of the lease of ours that holds `slot` of `name`, if any.
+    pub(crate) fn local_holder(&self, name: &str, slot: u32) -> Option<String> {
+        self.claims()
+            .get(&(name.to_owned(), slot))
+            .cloned()
+            .flatten()
+    }
+
+    pub(crate) fn keepers(&self) -> &Keepers {
+        &self.inner.keepers
     }
 
     pub(crate) fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
@@ -258,11 +277,12 @@ impl fmt::Debug for Claim {
 }
 
 impl Claim {
-    /// The slot is now held (its lease is established), no longer being taken.
-    pub(crate) fn mark_held(&self) {
+    /// The slot is now held by the lease whose sequencer's holder part is `holder`, no longer
+    /// being taken.
+    pub(crate) fn mark_held(&self, holder: &str) {
         let mut claims = self.amqp.claims();
         if let Some(held) = claims.get_mut(&self.key) {
-            *held = true;
+            *held = Some(holder.to_owned());
         }
     }
 }
@@ -277,5 +297,20 @@ impl Drop for Claim {
 impl Backend for Amqp {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
         Box::pin(client::acquire(self, spec))
+    }
+
+    /// Verifies a sequencer this handle issued: its lease still holds the slot, and the slot
+    /// queue `A[L]` still exists (one confirmed probe).
+    ///
+    /// RabbitMQ records no acquisition number: another process's holder queue shows that the
+    /// slot is held, not by which acquisition. So a sequencer issued by another process, whose
+    /// slot is held, is answered with [`Error::Unsupported`]; verify such work in the process
+    /// that holds the lease, or use a backend whose sequencers can be checked anywhere (Consul).
+    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(client::check_sequencer(self, sequencer))
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.inner.keepers.shutdown())
     }
 }

@@ -46,11 +46,13 @@ impl Failure {
                 backend: BACKEND,
                 operation: operation.to_owned(),
                 message: "NOT_FOUND".to_owned(),
+                transient: false,
             },
             Failure::ResourceLocked => Error::Backend {
                 backend: BACKEND,
                 operation: operation.to_owned(),
                 message: "RESOURCE_LOCKED: the queue is exclusive to another connection".to_owned(),
+                transient: true,
             },
             Failure::Closed(source) => Error::Unreachable {
                 backend: BACKEND,

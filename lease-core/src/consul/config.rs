@@ -179,30 +179,42 @@ impl ConsulBuilder {
                 ));
             }
         }
-        let mut client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60));
-        if let Some(path) = &self.ca_cert {
-            let pem = std::fs::read(path).map_err(|e| {
+        let ca_pem = match &self.ca_cert {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
                 Error::Config(format!("cannot read CONSUL_CACERT {}: {e}", path.display()))
-            })?;
-            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
-                Error::Config(format!(
-                    "CONSUL_CACERT {} is not a PEM certificate: {e}",
-                    path.display()
-                ))
-            })?;
-            client = client.add_root_certificate(cert);
-        }
-        let client = client
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Consul::from_parts(
-            ConsulHttp::new(client, base, token, self.datacenter, self.node_checks),
-            self.semaphore_pool,
-        ))
+            })?),
+            None => None,
+        };
+        let client = build_client(ca_pem.as_deref()).map_err(|e| {
+            let path = self.ca_cert.as_deref().unwrap_or(std::path::Path::new(""));
+            Error::Config(format!(
+                "cannot build the HTTP client (CONSUL_CACERT {}): {e}",
+                path.display()
+            ))
+        })?;
+        let http = ConsulHttp::new(
+            client,
+            ca_pem,
+            base,
+            token,
+            self.datacenter,
+            self.node_checks,
+        );
+        Ok(Consul::from_parts(http, self.semaphore_pool))
     }
+}
+
+/// The HTTP client every request of a [`Consul`] handle goes through, trusting `ca_pem` (a PEM
+/// certificate) beside the system's roots.
+pub(crate) fn build_client(ca_pem: Option<&[u8]>) -> Result<reqwest::Client, reqwest::Error> {
+    let mut client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(60));
+    if let Some(pem) = ca_pem {
+        client = client.add_root_certificate(reqwest::Certificate::from_pem(pem)?);
+    }
+    client.build()
 }
 
 /// `http://127.0.0.1:8500` from `CONSUL_HTTP_ADDR`-style input.

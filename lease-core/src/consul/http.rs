@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use super::config::Token;
 use crate::Error;
+use crate::backend::Keepers;
 
 /// Timeout of a request that does not block server-side.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -117,11 +118,13 @@ impl ApiError {
                 backend: "Consul",
                 operation: operation.to_string(),
                 message: format!("{status}: {message}"),
+                transient: status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS,
             },
             ApiError::Malformed(message) => Error::Backend {
                 backend: "Consul",
                 operation: operation.to_string(),
                 message: format!("unexpected answer: {message}"),
+                transient: false,
             },
         }
     }
@@ -221,6 +224,10 @@ pub(crate) struct Blocking {
 /// The Consul HTTP API, as this crate uses it.
 pub(crate) struct ConsulHttp {
     client: reqwest::Client,
+    /// The CA certificate the client trusts, to build a client for another runtime.
+    ca_pem: Option<Vec<u8>>,
+    /// The holder tasks of every lease this client (and its clones) acquired.
+    keepers: Keepers,
     base: Url,
     token: Option<Token>,
     datacenter: Option<String>,
@@ -243,6 +250,7 @@ impl fmt::Debug for ConsulHttp {
 impl ConsulHttp {
     pub(crate) fn new(
         client: reqwest::Client,
+        ca_pem: Option<Vec<u8>>,
         base: Url,
         token: Option<Token>,
         datacenter: Option<String>,
@@ -250,6 +258,8 @@ impl ConsulHttp {
     ) -> Arc<Self> {
         Arc::new(ConsulHttp {
             client,
+            ca_pem,
+            keepers: Keepers::new(),
             base,
             token,
             datacenter,
@@ -258,6 +268,30 @@ impl ConsulHttp {
             writes: AtomicU64::new(0),
             cas_conflicts: AtomicU64::new(0),
         })
+    }
+
+    /// The holder tasks of this client's leases.
+    pub(crate) fn keepers(&self) -> &Keepers {
+        &self.keepers
+    }
+
+    /// The same client on a fresh connection pool, for a clean-up that runs on another runtime
+    /// (the connections of this one belong to the runtime that made them). `None` if the TLS
+    /// configuration cannot be built again.
+    pub(crate) fn detached(&self) -> Option<Arc<ConsulHttp>> {
+        let client = super::config::build_client(self.ca_pem.as_deref()).ok()?;
+        Some(Arc::new(ConsulHttp {
+            client,
+            ca_pem: self.ca_pem.clone(),
+            keepers: Keepers::new(),
+            base: self.base.clone(),
+            token: self.token.clone(),
+            datacenter: self.datacenter.clone(),
+            node_checks: self.node_checks.clone(),
+            requests: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            cas_conflicts: AtomicU64::new(0),
+        }))
     }
 
     /// The agent's address, for messages.
@@ -386,12 +420,26 @@ impl ConsulHttp {
 
     /// `GET /v1/session/info/<id>?consistent`: whether the session exists.
     pub(crate) async fn session_exists(&self, id: &str) -> Result<bool, ApiError> {
+        Ok(self.session_lock_delay(id).await?.is_some())
+    }
+
+    /// `GET /v1/session/info/<id>?consistent`: the session's lock-delay, `None` if it does not
+    /// exist.
+    pub(crate) async fn session_lock_delay(&self, id: &str) -> Result<Option<Duration>, ApiError> {
+        #[derive(Deserialize)]
+        struct Info {
+            /// Nanoseconds.
+            #[serde(rename = "LockDelay", default)]
+            lock_delay: u64,
+        }
         let mut url = self.url(["session", "info", id]);
         url.query_pairs_mut().append_key_only("consistent");
         let (status, _, bytes) = self.call(Method::GET, url, None).await?;
         expect_ok(status, &bytes)?;
-        let sessions: Option<Vec<serde_json::Value>> = parse_json(&bytes)?;
-        Ok(sessions.is_some_and(|s| !s.is_empty()))
+        let sessions: Option<Vec<Info>> = parse_json(&bytes)?;
+        Ok(sessions
+            .and_then(|s| s.into_iter().next())
+            .map(|info| Duration::from_nanos(info.lock_delay)))
     }
 
     /// `GET /v1/session/info/<id>?consistent&index=`: blocks until the session changes; returns

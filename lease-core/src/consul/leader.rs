@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry};
-use super::retry::{retry_transient, within};
+use super::http::{Behavior, Blocking, ConsulHttp, KvEntry};
+use super::retry::retry_transient;
 use super::session::{self, KeepAlive, Session, SessionEnd, WATCH_WAIT};
-use crate::lease::{self, Checker, Hold};
-use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Wait};
+use crate::backend::Hold;
+use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
 pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -29,26 +29,31 @@ pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);
 const LOCK_DELAY_MAX_PAUSE: Duration = Duration::from_secs(1);
 
-/// Acquires the leader lock `spec` names (validated by the caller).
-pub(crate) async fn acquire(http: &Arc<ConsulHttp>, spec: &LeaseSpec) -> Result<Lease, Error> {
+/// Acquires the leader lock `spec` names (validated by the caller); `backend` answers the
+/// lease's checks.
+pub(crate) async fn acquire(
+    http: &Arc<ConsulHttp>,
+    spec: &LeaseSpec,
+    backend: Arc<dyn Backend>,
+) -> Result<Lease, Error> {
     let started = Instant::now();
-    let deadline = match spec.wait_policy() {
-        Wait::Forever => None,
-        Wait::UpTo(d) => Some(started + d),
-        Wait::Never => Some(started),
-    };
+    let deadline = spec.wait_policy().deadline(started);
     loop {
-        let (session, mut keep_alive) = Session::create(http, spec, Behavior::Release).await?;
+        let (mut session, mut keep_alive) = Session::create(http, spec, Behavior::Release).await?;
+        // If this future is dropped from here on, the session releases the key before it is
+        // destroyed, so the next holder does not wait out the lock-delay.
+        session.may_hold(spec.key());
+        let fence_deadline = session.fence().deadline();
         let outcome = tokio::select! {
             biased;
             end = &mut keep_alive => Err(end),
-            result = contend(http, session.id(), spec, started, deadline) => Ok(result),
+            result = contend(http, session.id(), spec, started, deadline, fence_deadline) => Ok(result),
         };
         match outcome {
-            Ok(Ok(held)) => return Ok(hold(http, spec, session, keep_alive, held)),
+            Ok(Ok(held)) => return Ok(hold(http, spec, session, keep_alive, held, backend)),
             Ok(Err(error)) => {
                 // Give the session back now, so a caller that asked not to wait leaves nothing behind.
-                let _ = session.destroy().await;
+                let _ = session.give_back().await;
                 return Err(error);
             }
             // Our waiting session was destroyed (by an operator, or it expired): wait with a new one.
@@ -59,19 +64,24 @@ pub(crate) async fn acquire(http: &Arc<ConsulHttp>, spec: &LeaseSpec) -> Result<
 }
 
 /// What a successful contention learned about our acquisition.
-struct Held {
+struct Acquired {
     lock_index: u64,
     modify_index: u64,
 }
 
 /// Tries to take the key until it is ours or the deadline passes.
+///
+/// A holder that loses the key without a clean release (the key deleted, or its session
+/// invalidated under a lock-delay of 0) is still stopping its work for a moment: the key is left
+/// alone until `LeaseSpec::settle_time` after that was seen.
 async fn contend(
     http: &ConsulHttp,
     session: &str,
     spec: &LeaseSpec,
     started: Instant,
     deadline: Option<Instant>,
-) -> Result<Held, Error> {
+    fence_deadline: Option<Instant>,
+) -> Result<Acquired, Error> {
     let key = spec.key();
     let busy = || Error::Busy {
         key: key.to_owned(),
@@ -79,6 +89,9 @@ async fn contend(
     };
     let mut index = 0;
     let mut lock_delay_pause = LOCK_DELAY_FIRST_PAUSE;
+    // The other session last seen holding the key, and its lock-delay once read.
+    let mut seen_holder: Option<(String, Option<Duration>)> = None;
+    let mut settle_until: Option<Instant> = None;
     loop {
         let blocking = match deadline {
             _ if index == 0 => None,
@@ -112,22 +125,56 @@ async fn contend(
                     expected: LEADER_FLAGS,
                 });
             }
-            if entry.holder().is_some_and(|h| h != session) {
+            if let Some(holder) = entry.holder().filter(|h| *h != session) {
+                if seen_holder.as_ref().is_none_or(|(seen, _)| seen != holder) {
+                    let lock_delay = http.session_lock_delay(holder).await.ok().flatten();
+                    seen_holder = Some((holder.to_owned(), lock_delay));
+                }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(busy());
                 }
                 continue;
             }
         }
+        if let Some((previous, lock_delay)) = seen_holder.take() {
+            let settle = match &entry {
+                // Deleted under its holder: no lock-delay applies.
+                None => Some(spec.settle_after_removal()),
+                // Released. Cleanly (its session still exists, or its lock-delay protects the
+                // key, and Consul refuses us while it runs), or by an invalidation Consul does
+                // not delay.
+                Some(_) if lock_delay.is_some_and(|d| d >= spec.settle_time()) => None,
+                Some(_) => match http.session_exists(&previous).await {
+                    Ok(true) => None,
+                    Ok(false) | Err(_) => Some(spec.settle_time()),
+                },
+            };
+            if let Some(settle) = settle {
+                settle_until = Some(Instant::now() + settle);
+            }
+        }
+        if let Some(until) = settle_until.filter(|until| *until > Instant::now()) {
+            if deadline.is_some_and(|d| until >= d) {
+                return Err(busy());
+            }
+            tracing::debug!(
+                ?until,
+                "the last holder lost the key without a release; settling"
+            );
+            tokio::time::sleep_until(until).await;
+            index = 0;
+            continue;
+        }
         let acquired = http
             .kv_acquire(key, session, LEADER_FLAGS, spec.advertised_value())
             .await
             .map_err(|e| e.into_error(http, format_args!("acquire {key:?}")))?;
         if acquired {
-            let (entry, _) = read_retrying(http, key, None, None).await?;
+            // The LockIndex of our acquisition; retried while the session is safe.
+            let (entry, _) = read_retrying(http, key, None, fence_deadline).await?;
             match entry {
                 Some(e) if e.holder() == Some(session) => {
-                    return Ok(Held {
+                    return Ok(Acquired {
                         lock_index: e.lock_index,
                         modify_index: e.modify_index,
                     });
@@ -147,10 +194,8 @@ async fn contend(
             continue;
         }
         let pause_until = Instant::now() + lock_delay_pause;
-        if let Some(d) = deadline {
-            if pause_until >= d {
-                return Err(busy());
-            }
+        if deadline.is_some_and(|d| pause_until >= d) {
+            return Err(busy());
         }
         tracing::debug!(pause = ?lock_delay_pause, "key is free but under lock-delay");
         tokio::time::sleep_until(pause_until).await;
@@ -177,51 +222,53 @@ fn hold(
     spec: &LeaseSpec,
     session: Session,
     keep_alive: KeepAlive,
-    held: Held,
+    acquired: Acquired,
+    backend: Arc<dyn Backend>,
 ) -> Lease {
     let key = spec.key().to_owned();
-    let sequencer = Sequencer::new(BackendKind::Consul, &key, held.lock_index, session.id());
-    let (lease, holding) = Lease::new(
-        sequencer.clone(),
-        Box::new(LeaderChecker {
-            http: Arc::clone(http),
-        }),
-    );
+    let sequencer = Sequencer::new(BackendKind::Consul, &key, acquired.lock_index, session.id());
     tracing::info!(%sequencer, "lease acquired");
-    lease::spawn_keeper(
-        holding,
+    let fence = session.fence().clone();
+    http.keepers().start(
+        sequencer,
+        fence,
+        backend,
         LeaderHold {
             session,
             keep_alive,
             key,
-            lock_index: held.lock_index,
-            index: held.modify_index,
+            lock_index: acquired.lock_index,
+            index: acquired.modify_index,
         },
-    );
-    lease
+    )
 }
 
-/// Compares the key as read with the acquisition `sequencer` names: `None` if it still holds.
-async fn verdict(
-    http: &ConsulHttp,
-    entry: Option<&KvEntry>,
-    sequencer_session: &str,
-    lock_index: u64,
-) -> Option<LostReason> {
+/// Compares the key as read with the acquisition (`session`, `lock_index`): `None` if it still
+/// holds. A released key is reported as [`LostReason::KeyReleased`]; whether its session was
+/// invalidated takes one more read ([`refine`]).
+fn verdict(entry: Option<&KvEntry>, session: &str, lock_index: u64) -> Option<LostReason> {
     let Some(entry) = entry else {
         return Some(LostReason::KeyDeleted);
     };
     match entry.holder() {
-        Some(holder) if holder == sequencer_session && entry.lock_index == lock_index => None,
+        Some(holder) if holder == session && entry.lock_index == lock_index => None,
         Some(holder) => Some(LostReason::KeyTaken {
             lock_index: entry.lock_index,
             session: holder.to_owned(),
         }),
-        // Released: by an operator, or because the session was invalidated. One read tells.
-        None => match http.session_exists(sequencer_session).await {
+        None => Some(LostReason::KeyReleased),
+    }
+}
+
+/// A key released under us: by an operator, or because our session was invalidated. One read
+/// of the session tells.
+async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
+    match reason {
+        LostReason::KeyReleased => match http.session_exists(session).await {
             Ok(false) => Some(LostReason::SessionInvalidated),
-            Ok(true) | Err(_) => Some(LostReason::KeyReleased),
+            Ok(true) | Err(_) => None,
         },
+        _ => None,
     }
 }
 
@@ -240,46 +287,27 @@ impl Hold for LeaderHold {
         let key_watch = session::watch_until_lost(
             &mut self.index,
             |blocking| http.kv_get(key, Some(blocking)),
-            |entry| async move { verdict(http, entry.as_ref(), session.id(), lock_index).await },
+            |entry| verdict(entry.as_ref(), session.id(), lock_index),
         );
         session::hold_until_lost(&mut self.keep_alive, session, key_watch).await
     }
 
-    async fn release(self) -> Result<(), Error> {
-        let http = Arc::clone(self.session.http());
-        let released = release_key(&http, &self.key, self.session.id()).await;
-        // Destroying the session also releases the key if the release above failed (subject to
-        // lock-delay then), so do it in every case.
-        let destroyed = self.session.destroy().await;
-        released.and(destroyed)
+    async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
+        refine(self.session.http(), reason, self.session.id()).await
     }
 
-    async fn clean_up(self) {
+    async fn release(&mut self) -> Result<(), Error> {
+        self.session.give_back().await
+    }
+
+    async fn clean_up(&mut self) {
         if let Err(error) = self.session.destroy().await {
             tracing::warn!(%error, "could not destroy the session of a lost lease; it expires with its TTL");
         }
     }
-}
 
-/// `PUT ?release=`, retrying brief trouble for a few seconds. A `false` answer means the key
-/// was no longer ours: nothing to give back.
-async fn release_key(http: &ConsulHttp, key: &str, session: &str) -> Result<(), Error> {
-    retry_transient(within(Duration::from_secs(5)), || {
-        http.kv_release(key, session, LEADER_FLAGS)
-    })
-    .await
-    .map(drop)
-    .map_err(|e| e.into_error(http, format_args!("release {key:?}")))
-}
-
-/// `Lease::check` for a leader lock: one consistent read of the key.
-struct LeaderChecker {
-    http: Arc<ConsulHttp>,
-}
-
-impl Checker for LeaderChecker {
-    fn check<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(check_sequencer(&self.http, sequencer))
+    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+        self.session.abandon()
     }
 }
 
@@ -288,9 +316,12 @@ pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) ->
     let (entry, _) = http
         .kv_get(sequencer.key(), None)
         .await
-        .map_err(|e: ApiError| e.into_error(http, format_args!("read {:?}", sequencer.key())))?;
-    match verdict(http, entry.as_ref(), sequencer.holder(), sequencer.index()).await {
+        .map_err(|e| e.into_error(http, format_args!("read {:?}", sequencer.key())))?;
+    match verdict(entry.as_ref(), sequencer.holder(), sequencer.index()) {
         None => Ok(()),
-        Some(reason) => Err(Error::Lost(reason)),
+        Some(reason) => {
+            let refined = refine(http, &reason, sequencer.holder()).await;
+            Err(Error::Lost(refined.unwrap_or(reason)))
+        }
     }
 }

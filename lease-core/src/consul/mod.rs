@@ -4,6 +4,10 @@
 //! lease has its own session, renewed every TTL/2 by the lease's holder task, and is watched with
 //! consistent blocking queries, so loss is noticed as soon as Consul knows it.
 //!
+//! Await [`Backend::shutdown`] before the process exits to give every lease back at once; a
+//! process that exits without it (its runtime dropping the holder tasks) still releases its keys
+//! and destroys its sessions from a detached runtime, within about a second.
+//!
 //! Interoperation: `consul lock PREFIX cmd` holds the key `PREFIX/.lock`; a leader lease on that
 //! key uses the same flags, so the two exclude each other. A semaphore on `PREFIX` shares its
 //! slots with `consul lock -n N PREFIX cmd`.
@@ -134,10 +138,11 @@ impl Backend for Consul {
         Box::pin(
             async move {
                 spec.validate()?;
+                let backend: Arc<dyn Backend> = Arc::new(self.clone());
                 match spec.target() {
-                    Target::Leader { .. } => leader::acquire(&self.http, spec).await,
+                    Target::Leader { .. } => leader::acquire(&self.http, spec, backend).await,
                     Target::Semaphore { .. } => {
-                        semaphore::acquire(&self.http, &self.semaphores, spec).await
+                        semaphore::acquire(&self.http, &self.semaphores, spec, backend).await
                     }
                 }
             }
@@ -150,6 +155,10 @@ impl Backend for Consul {
     }
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(leader::check_sequencer(&self.http, sequencer))
+        Box::pin(Consul::check_sequencer(self, sequencer))
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.http.keepers().shutdown())
     }
 }

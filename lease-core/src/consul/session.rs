@@ -15,17 +15,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{ApiError, Behavior, Blocking, ConsulHttp};
+use super::leader::LEADER_FLAGS;
 use super::retry::{Backoff, retry_transient, within};
-use crate::{Error, LeaseSpec, LostReason};
+use crate::backend::{Fence, RELEASE_BOUND};
+use crate::{BoxFuture, Error, LeaseSpec, LostReason};
 
 /// How long one blocking query waits before Consul answers unchanged.
 pub(crate) const WATCH_WAIT: Duration = Duration::from_secs(300);
-
-/// How long before the TTL runs out the client gives up on an unconfirmed session: a tenth of
-/// the TTL, at least a second, to cover request latency and clock drift between us and Consul.
-pub(crate) fn fence_margin(ttl: Duration) -> Duration {
-    (ttl / 10).max(Duration::from_secs(1))
-}
 
 /// How a session's life ended, as seen by its renew loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +48,7 @@ impl SessionEnd {
             backend: "Consul",
             operation: format!("keep a session alive while waiting for {key:?}"),
             message,
+            transient: true,
         }
     }
 }
@@ -71,16 +68,21 @@ impl From<SessionEnd> for LostReason {
 /// the holder task.
 pub(crate) type KeepAlive = Pin<Box<dyn Future<Output = SessionEnd> + Send>>;
 
-/// A session this process created. Dropping it destroys the session in the background.
+/// A session this process created. Dropping it gives it back in the background (releasing the
+/// leader key it may hold first, so the next holder does not wait out the lock-delay).
 #[derive(Debug)]
 pub(crate) struct Session {
     http: Arc<ConsulHttp>,
     id: String,
-    destroyed: bool,
+    fence: Fence,
+    /// A leader key this session may hold: released before the session is destroyed.
+    key: Option<String>,
+    ended: bool,
 }
 
 impl Session {
-    /// Creates a session for `spec` and starts its renew loop (returned, to be polled).
+    /// Creates a session for `spec` and starts its renew loop (returned, to be polled), which
+    /// confirms the session's [`Fence`].
     pub(crate) async fn create(
         http: &Arc<ConsulHttp>,
         spec: &LeaseSpec,
@@ -100,12 +102,15 @@ impl Session {
                 e.into_error(http, format_args!("create a session for {:?}", spec.key()))
             })?;
         tracing::debug!(session = %id, ?ttl, "session created");
-        let keep_alive = Box::pin(keep_alive(Arc::clone(http), id.clone(), ttl, sent));
+        let fence = Fence::new(spec.fence_after(), sent);
+        let keep_alive = Box::pin(keep_alive(Arc::clone(http), id.clone(), ttl, fence.clone()));
         Ok((
             Session {
                 http: Arc::clone(http),
                 id,
-                destroyed: false,
+                fence,
+                key: None,
+                ended: false,
             },
             keep_alive,
         ))
@@ -119,67 +124,128 @@ impl Session {
         &self.http
     }
 
-    /// Destroys the session (releasing or deleting what it holds), retrying brief trouble.
-    pub(crate) async fn destroy(mut self) -> Result<(), Error> {
-        self.destroyed = true;
+    /// The self-fencing deadline of whatever this session holds.
+    pub(crate) fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Marks `key` (a leader key) as possibly held by this session, before trying to take it.
+    pub(crate) fn may_hold(&mut self, key: &str) {
+        self.key = Some(key.to_owned());
+    }
+
+    /// Gives everything back cleanly: releases the leader key (no lock-delay for the next
+    /// holder), then destroys the session.
+    pub(crate) async fn give_back(&mut self) -> Result<(), Error> {
+        self.ended = true;
+        give_back(&self.http, &self.id, self.key.as_deref()).await
+    }
+
+    /// Destroys the session without releasing first: after a loss, whatever it still holds stays
+    /// under lock-delay while the work stops.
+    pub(crate) async fn destroy(&mut self) -> Result<(), Error> {
+        self.ended = true;
         destroy(&self.http, &self.id).await
+    }
+
+    /// [`give_back`](Session::give_back) on a detached runtime, for a process that is ending.
+    pub(crate) fn abandon(mut self) -> Option<BoxFuture<'static, ()>> {
+        self.ended = true;
+        detached_give_back(&self.http, &self.id, self.key.as_deref())
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if self.destroyed {
+        if self.ended {
             return;
         }
-        // An acquire that was cancelled, or a holder task torn down with its runtime: give the
-        // session back if a runtime is still there, else its TTL frees it.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let http = Arc::clone(&self.http);
-            let id = std::mem::take(&mut self.id);
-            runtime.spawn(async move {
-                if let Err(error) = destroy(&http, &id).await {
+        // An acquire that was cancelled, or a session dropped with its runtime: give it back in
+        // the background, or from a detached runtime if this one is ending.
+        let (http, id, key) = (
+            Arc::clone(&self.http),
+            std::mem::take(&mut self.id),
+            self.key.take(),
+        );
+        let abandoned = (Arc::clone(&http), id.clone(), key.clone());
+        http.keepers().clone().spawn_clean_up(
+            async move {
+                if let Err(error) = give_back(&http, &id, key.as_deref()).await {
                     tracing::warn!(session = %id, %error, "could not destroy session; it expires with its TTL");
                 }
-            });
-        }
+            },
+            move || {
+                let (http, id, key) = abandoned;
+                detached_give_back(&http, &id, key.as_deref())
+            },
+        );
     }
 }
 
-/// Destroys a session, retrying transient failures for a few seconds.
+fn detached_give_back(
+    http: &ConsulHttp,
+    id: &str,
+    key: Option<&str>,
+) -> Option<BoxFuture<'static, ()>> {
+    let http = http.detached()?;
+    let (id, key) = (id.to_owned(), key.map(str::to_owned));
+    Some(Box::pin(async move {
+        let _ = give_back(&http, &id, key.as_deref()).await;
+    }))
+}
+
+async fn give_back(http: &ConsulHttp, id: &str, key: Option<&str>) -> Result<(), Error> {
+    // Destroying the session also releases the key if the release fails (subject to lock-delay
+    // then), so do it in every case.
+    let released = match key {
+        Some(key) => release_key(http, key, id).await,
+        None => Ok(()),
+    };
+    released.and(destroy(http, id).await)
+}
+
+/// `PUT ?release=`, retrying brief trouble. A `false` answer means the key was no longer ours:
+/// nothing to give back.
+async fn release_key(http: &ConsulHttp, key: &str, session: &str) -> Result<(), Error> {
+    retry_transient(within(RELEASE_BOUND), || {
+        http.kv_release(key, session, LEADER_FLAGS)
+    })
+    .await
+    .map(drop)
+    .map_err(|e| e.into_error(http, format_args!("release {key:?}")))
+}
+
+/// Destroys a session, retrying transient failures.
 async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
-    retry_transient(within(Duration::from_secs(5)), || http.session_destroy(id))
+    retry_transient(within(RELEASE_BOUND), || http.session_destroy(id))
         .await
         .map_err(|e| e.into_error(http, format_args!("destroy session {id}")))?;
     tracing::debug!(session = %id, "session destroyed");
     Ok(())
 }
 
-/// Renews `id` every TTL/2 until Consul says it is gone, or until it could not be confirmed for
-/// TTL − margin (then it returns `Fenced`, at that deadline, not later).
-async fn keep_alive(
-    http: Arc<ConsulHttp>,
-    id: String,
-    ttl: Duration,
-    created_sent: Instant,
-) -> SessionEnd {
-    let fence_after = ttl - fence_margin(ttl);
+/// Renews `id` every TTL/2, confirming `fence` with each renewal's send time, until Consul says
+/// the session is gone or the fence's deadline passes (then it returns `Fenced`, at that
+/// deadline, not later).
+async fn keep_alive(http: Arc<ConsulHttp>, id: String, ttl: Duration, fence: Fence) -> SessionEnd {
     let retry_every = (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
-    let mut confirmed = created_sent;
-    let mut next = confirmed + ttl / 2;
+    let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + ttl / 2;
     let mut last_error = None;
     loop {
-        let deadline = confirmed + fence_after;
+        let Some(deadline) = fence.deadline() else {
+            return std::future::pending().await;
+        };
         tokio::time::sleep_until(next.min(deadline)).await;
-        let sent = Instant::now();
-        if sent >= deadline {
+        if let Some(unconfirmed_for) = fence.overdue() {
             return SessionEnd::Fenced {
-                unconfirmed_for: sent - confirmed,
+                unconfirmed_for,
                 last_error,
             };
         }
+        let sent = Instant::now();
         match tokio::time::timeout_at(deadline, http.session_renew(&id)).await {
             Ok(Ok(true)) => {
-                confirmed = sent;
+                fence.confirm(sent);
                 next = sent + ttl / 2;
                 last_error = None;
             }
@@ -191,7 +257,7 @@ async fn keep_alive(
             }
             Err(_) => {
                 return SessionEnd::Fenced {
-                    unconfirmed_for: Instant::now() - confirmed,
+                    unconfirmed_for: fence.confirmed_at().map_or(Duration::ZERO, |c| c.elapsed()),
                     last_error: Some("the renew request did not complete".into()),
                 };
             }
@@ -246,7 +312,7 @@ pub(crate) async fn hold_until_lost(
 
 /// Blocking reads from `index` on, until `judge` finds the lease lost in an answer. Brief trouble
 /// is retried: the renew loop is what self-fences when it lasts.
-pub(crate) async fn watch_until_lost<T, R, RF, J, JF>(
+pub(crate) async fn watch_until_lost<T, R, RF, J>(
     index: &mut u64,
     mut read: R,
     mut judge: J,
@@ -254,8 +320,7 @@ pub(crate) async fn watch_until_lost<T, R, RF, J, JF>(
 where
     R: FnMut(Blocking) -> RF,
     RF: Future<Output = Result<(T, u64), ApiError>>,
-    J: FnMut(T) -> JF,
-    JF: Future<Output = Option<LostReason>>,
+    J: FnMut(T) -> Option<LostReason>,
 {
     let mut backoff = Backoff::new();
     loop {
@@ -266,7 +331,7 @@ where
         match read(blocking).await {
             Ok((answer, new_index)) => {
                 backoff.reset();
-                if let Some(reason) = judge(answer).await {
+                if let Some(reason) = judge(answer) {
                     return reason;
                 }
                 // Consul's rule for blocking queries: an index that went backwards means start over.

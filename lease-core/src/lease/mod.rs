@@ -1,21 +1,28 @@
-//! The [`Lease`] handle, and the one state machine every backend's holder task runs.
+//! The [`Lease`] handle and its read-only view, [`LeaseWatcher`].
 //!
-//! A backend's `acquire` returns a [`Lease`] whose state lives in an `Arc` shared with a task the
-//! backend spawned to keep the lease (renew its session, watch its key). That task runs
-//! [`keep`], which owns the order of events: the moment loss is known, `is_held()` turns false and
-//! every `lost()` future wakes, *then* the backend cleans up; on release, `is_held()` turns false
-//! *before* the backend gives the lease back, so nobody else can hold it while we still think we do.
+//! A backend's `acquire` returns a [`Lease`] whose state lives in an `Arc` shared with a holder
+//! task the backend started through [`Keepers::start`](crate::backend::Keepers::start) (see
+//! `keeper`). The task orders loss and release; the handle reads the state without I/O, and checks
+//! the fence deadline (`state`) itself, so a lease is never taken for held past it.
+
+mod detached;
+mod keeper;
+mod state;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 
-use tokio::sync::{oneshot, watch};
-use tracing::Instrument;
+use tokio::sync::oneshot;
 
-use crate::{Error, LostReason, Sequencer};
+pub use keeper::{Hold, Keepers, RELEASE_BOUND};
+pub use state::Fence;
+use state::LeaseState;
+pub(crate) use state::far_future;
+
+use crate::{Backend, Error, LostReason, Sequencer};
 
 /// A boxed, sendable future, as returned by the dyn-compatible backend traits.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -37,7 +44,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct Lease {
     /// The sequencer and the shared state, behind one `Arc` that watchers clone.
     watcher: LeaseWatcher,
-    checker: Box<dyn Checker>,
+    backend: Arc<dyn Backend>,
     release_tx: Option<oneshot::Sender<ReleaseRequest>>,
 }
 
@@ -51,6 +58,22 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
+    /// Assembles the handle; [`Keepers::start`] is the only caller.
+    fn new(
+        sequencer: Sequencer,
+        state: Arc<LeaseState>,
+        backend: Arc<dyn Backend>,
+        release_tx: oneshot::Sender<ReleaseRequest>,
+    ) -> Lease {
+        Lease {
+            watcher: LeaseWatcher {
+                shared: Arc::new(WatcherShared { sequencer, state }),
+            },
+            backend,
+            release_tx: Some(release_tx),
+        }
+    }
+
     /// The fencing token of this acquisition.
     pub fn sequencer(&self) -> &Sequencer {
         self.watcher.sequencer()
@@ -60,16 +83,20 @@ impl Lease {
         &self.watcher.shared.state
     }
 
-    /// Whether the lease is still held, as far as this process knows. No I/O: an atomic read.
+    /// Whether the lease is still held, as far as this process knows. No I/O: an atomic read
+    /// and a read of the monotonic clock.
     ///
-    /// Turns false the moment loss is detected (or release begins) and never turns true again.
+    /// Turns false the moment loss is detected, release begins, or the self-fencing deadline
+    /// passes (even if the holder task has not run since, as after the process was paused), and
+    /// never turns true again.
     pub fn is_held(&self) -> bool {
-        self.state().is_held()
+        self.watcher.is_held()
     }
 
-    /// Why the lease was lost, if it has been.
+    /// Why the lease was lost, if it has been. Once `is_held()` has answered false, this is
+    /// `Some`.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.state().lost.borrow().clone()
+        self.state().lost_reason()
     }
 
     /// Completes with the reason when the lease is lost or released.
@@ -80,7 +107,7 @@ impl Lease {
     ///
     /// Cancel safe: dropping it has no effect on the lease, and a new one can be created any time.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.state().lost_signal()
+        self.watcher.lost()
     }
 
     /// A cheap, cloneable view of this lease's state, for code that must check or await loss
@@ -92,80 +119,65 @@ impl Lease {
     /// Runs `work` while the lease is held.
     ///
     /// Returns `Ok` with the work's output if it completes first. If the lease is lost first (or
-    /// already was), `work` is dropped at its next await point and `Err` carries the reason. Loss
-    /// is checked before the work is polled, so work is never started on a lost lease.
+    /// already was), `work` is dropped and `Err` carries the reason. Before *every* poll of
+    /// `work`, the lease's state and its self-fencing deadline are checked, so work is never
+    /// started on a lost lease, and a process resumed after a pause longer than the lease's TTL
+    /// drops the work without polling it again.
+    ///
+    /// A pause can still fall between that check and the work's next side effect. That is why a
+    /// downstream system that must never see a stale write checks the
+    /// [`sequencer`](Lease::sequencer) it is handed (fencing).
     ///
     /// # Cancel safety
     ///
     /// Dropping the returned future drops `work` and leaves the lease as it was.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LostReason> {
-        let lost = self.lost();
-        tokio::select! {
-            biased;
-            reason = lost => Err(reason),
-            out = work => Ok(out),
-        }
+        self.watcher.run(work).await
     }
 
     /// Verifies with the backend, with one consistent read, that this acquisition still holds
-    /// the lease. On loss, the lease is marked lost (so `run` cancels its work) and `Err` carries
-    /// [`Error::Lost`].
+    /// the lease ([`Backend::check_sequencer`]). On loss, the lease is marked lost (so `run`
+    /// cancels its work) and `Err` carries [`Error::Lost`].
     pub async fn check(&self) -> Result<(), Error> {
         if let Some(reason) = self.lost_reason() {
             return Err(Error::Lost(reason));
         }
-        match self.checker.check(self.sequencer()).await {
+        match self.backend.check_sequencer(self.sequencer()).await {
             Err(Error::Lost(reason)) => {
                 self.state().lose(reason.clone());
-                Err(Error::Lost(reason))
+                Err(Error::Lost(self.lost_reason().unwrap_or(reason)))
             }
-            other => other,
+            // The read took time: the lease may have been lost meanwhile.
+            Ok(()) => match self.lost_reason() {
+                Some(reason) => Err(Error::Lost(reason)),
+                None => Ok(()),
+            },
+            Err(error) => Err(error),
         }
     }
 
     /// Gives the lease back and waits until the backend confirms (Consul: the key is released and
-    /// the session destroyed). `is_held()` turns false before anything is sent.
+    /// the session destroyed), at most [`RELEASE_BOUND`]. `is_held()` turns false before anything
+    /// is sent.
     ///
-    /// Releasing a lease that was already lost only waits for its clean-up and returns `Ok`.
+    /// A lease that was lost before (even if nobody noticed yet, as after a pause past its
+    /// fence deadline) is not released: this waits for the clean-up after the loss and returns
+    /// `Err(Error::Lost(reason))`, so work that ran under it can be reported as unsafe.
     pub async fn release(mut self) -> Result<(), Error> {
-        let (reply_tx, reply_rx) = oneshot::channel();
         let Some(release_tx) = self.release_tx.take() else {
             return Ok(());
         };
-        if release_tx.send(Some(reply_tx)).is_err() {
-            // The holder task is gone (its runtime shut down): nothing is left to give back here.
-            return Ok(());
+        let (reply_tx, reply_rx) = oneshot::channel();
+        if release_tx.send(Some(reply_tx)).is_ok() {
+            if let Ok(result) = reply_rx.await {
+                return result;
+            }
         }
-        reply_rx.await.unwrap_or(Ok(()))
-    }
-
-    /// Assembles a lease from a backend's parts; `keep` must be running with the matching
-    /// [`Holding`].
-    pub(crate) fn new(sequencer: Sequencer, checker: Box<dyn Checker>) -> (Lease, Holding) {
-        let (lost_tx, _) = watch::channel(None);
-        let state = Arc::new(LeaseState {
-            held: AtomicBool::new(true),
-            lost: lost_tx,
-        });
-        let (release_tx, release_rx) = oneshot::channel();
-        let lease = Lease {
-            watcher: LeaseWatcher {
-                shared: Arc::new(WatcherShared {
-                    sequencer: sequencer.clone(),
-                    state: Arc::clone(&state),
-                }),
-            },
-            checker,
-            release_tx: Some(release_tx),
-        };
-        (
-            lease,
-            Holding {
-                sequencer,
-                state,
-                release_rx,
-            },
-        )
+        // The holder task is gone (shut down with its backend or its runtime).
+        match self.lost_reason() {
+            Some(LostReason::Released) | None => Ok(()),
+            Some(reason) => Err(Error::Lost(reason)),
+        }
     }
 }
 
@@ -217,130 +229,35 @@ impl LeaseWatcher {
         self.shared.state.is_held()
     }
 
+    /// See [`Lease::lost_reason`].
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.shared.state.lost_reason()
+    }
+
     /// See [`Lease::lost`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.shared.state.lost_signal()
     }
 
-    /// See [`Lease::run`].
+    /// See [`Lease::run`]: the one body both share.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LostReason> {
-        tokio::select! {
-            biased;
-            reason = self.lost() => Err(reason),
-            out = work => Ok(out),
-        }
-    }
-}
-
-/// The state shared by a lease handle, its watchers and its holder task.
-struct LeaseState {
-    held: AtomicBool,
-    lost: watch::Sender<Option<LostReason>>,
-}
-
-impl LeaseState {
-    fn is_held(&self) -> bool {
-        self.held.load(Ordering::Acquire)
-    }
-
-    /// Marks the lease lost; the first reason wins. Returns whether this call marked it.
-    fn lose(&self, reason: LostReason) -> bool {
-        if !self.held.swap(false, Ordering::AcqRel) {
-            return false;
-        }
-        self.lost.send_replace(Some(reason));
-        true
-    }
-
-    fn lost_signal(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.lost.subscribe();
-        async move {
-            match rx.wait_for(Option::is_some).await {
-                Ok(reason) => reason.clone().unwrap_or(LostReason::Released),
-                // The sender lives in the state, which outlives every handle; if it is gone, so
-                // is the lease.
-                Err(_) => LostReason::Released,
+        let state = &*self.shared.state;
+        let mut lost = pin!(state.lost_signal());
+        let mut work = pin!(work);
+        poll_fn(|cx| {
+            if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+                return Poll::Ready(Err(reason));
             }
-        }
+            // The holder task may not have run since the deadline passed (a paused process):
+            // the clock decides before the work is polled again.
+            if !state.is_held() {
+                return Poll::Ready(Err(state.lost_reason().unwrap_or(LostReason::Released)));
+            }
+            work.as_mut().poll(cx).map(Ok)
+        })
+        .await
     }
 }
 
 /// What a lease handle sends its holder task: release, with a reply channel if someone waits.
 type ReleaseRequest = Option<oneshot::Sender<Result<(), Error>>>;
-
-/// The holder task's end of a lease: the state to update and the release requests to obey.
-pub(crate) struct Holding {
-    sequencer: Sequencer,
-    state: Arc<LeaseState>,
-    release_rx: oneshot::Receiver<ReleaseRequest>,
-}
-
-impl fmt::Debug for Holding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Holding")
-            .field("sequencer", &self.sequencer)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A backend's explicit verification of a lease ([`Lease::check`]).
-pub(crate) trait Checker: Send + Sync + 'static {
-    /// One consistent read: `Ok` if `sequencer` is still the current holder,
-    /// `Err(Error::Lost(_))` if not, another error if the backend could not tell.
-    fn check<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>>;
-}
-
-/// What a backend does while it holds a lease.
-pub(crate) trait Hold: Send + 'static {
-    /// Watches the lease until it is lost; returns why. Must self-fence (DESIGN rule 2).
-    fn watch(&mut self) -> impl Future<Output = LostReason> + Send;
-    /// Gives the lease back (called after the lease is marked released).
-    fn release(self) -> impl Future<Output = Result<(), Error>> + Send;
-    /// Cleans up after loss (e.g. destroys a session that may still exist).
-    fn clean_up(self) -> impl Future<Output = ()> + Send;
-}
-
-/// Spawns the holder task of a lease: the single place where loss and release are ordered.
-pub(crate) fn spawn_keeper<H: Hold>(holding: Holding, hold: H) {
-    let span = tracing::info_span!("lease.hold", sequencer = %holding.sequencer);
-    tokio::spawn(keep(holding, hold).instrument(span));
-}
-
-async fn keep<H: Hold>(holding: Holding, mut hold: H) {
-    let Holding {
-        state, release_rx, ..
-    } = holding;
-    let mut release_rx = release_rx;
-    let outcome = tokio::select! {
-        biased;
-        request = &mut release_rx => Ok(request.unwrap_or(None)),
-        // A loss found by `Lease::check` rather than by the watch.
-        reason = state.lost_signal() => Err(reason),
-        reason = hold.watch() => Err(reason),
-    };
-    match outcome {
-        Ok(reply) => {
-            state.lose(LostReason::Released);
-            let result = hold.release().await;
-            match &result {
-                Ok(()) => tracing::debug!("lease released"),
-                Err(error) => {
-                    tracing::warn!(%error, "lease release failed; the backend frees it when the session expires")
-                }
-            }
-            if let Some(reply) = reply {
-                let _ = reply.send(result);
-            }
-        }
-        Err(reason) => {
-            if state.lose(reason.clone()) {
-                tracing::warn!(%reason, "lease lost");
-            }
-            hold.clean_up().await;
-            // Answer a release that comes after the loss once the clean-up is done.
-            if let Ok(Some(reply)) = release_rx.await {
-                let _ = reply.send(Ok(()));
-            }
-        }
-    }
-}

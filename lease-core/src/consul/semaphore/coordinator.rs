@@ -54,8 +54,9 @@ pub(super) struct Take<'a> {
     pub(super) limit: u64,
     /// The value to write into the contender key.
     pub(super) value: &'a [u8],
-    /// How long a dead holder keeps its slot before this take may have it.
-    pub(super) lock_delay: Duration,
+    /// How long a holder that lost its slot without a clean release keeps it before this take
+    /// may have it: `LeaseSpec::settle_time`.
+    pub(super) settle: Duration,
     /// Answer `Full` after one fresh read instead of waiting.
     pub(super) once: bool,
 }
@@ -75,8 +76,8 @@ struct TakeRequest {
     session: String,
     limit: u64,
     value: Vec<u8>,
-    /// How long a dead holder keeps its slot before this take may have it.
-    lock_delay: Duration,
+    /// See [`Take::settle`].
+    settle: Duration,
     once: bool,
     reply: oneshot::Sender<Result<Taken, Error>>,
 }
@@ -129,7 +130,7 @@ impl Coordinators {
                     session: take.session.to_owned(),
                     limit: take.limit,
                     value: take.value.to_vec(),
-                    lock_delay: take.lock_delay,
+                    settle: take.settle,
                     once: take.once,
                     reply,
                 }),
@@ -191,6 +192,7 @@ fn stopped(prefix: &str) -> Error {
         backend: "Consul",
         operation: format!("coordinate semaphore {prefix:?}"),
         message: "the coordinator stopped repeatedly; is the runtime shutting down?".into(),
+        transient: true,
     }
 }
 
@@ -214,6 +216,13 @@ struct Coordinator {
     fresh: bool,
     /// Recorded holders whose sessions are gone, and when we first saw them so.
     dead_since: HashMap<String, Instant>,
+    /// Since when the lock key has been missing while other sessions hold contender keys: it
+    /// was deleted under its holders, who may still be running. Nobody is admitted until the
+    /// settle time has passed since then.
+    lock_gone_since: Option<Instant>,
+    /// The longest settle time of any take this coordinator has served: how long a holder
+    /// that lost its slot without a clean release keeps it.
+    settle: Duration,
     /// When the next dead holder may be pruned, if one waits for its lock-delay.
     next_prune: Option<Instant>,
     backoff: Backoff,
@@ -232,19 +241,35 @@ async fn run(
         snapshot: None,
         fresh: false,
         dead_since: HashMap::new(),
+        lock_gone_since: None,
+        settle: Duration::ZERO,
         next_prune: None,
         backoff: Backoff::new(),
     };
     let mut watch: Option<PrefixRead> = None;
     let mut open = true;
     loop {
-        if coordinator.takes.is_empty() && coordinator.gives.is_empty() {
+        // A dead holder still to prune keeps the coordinator until it is pruned, so a semaphore
+        // whose last event was a loss is not left with its entry.
+        let prune_due = coordinator
+            .next_prune
+            .is_some_and(|at| at <= Instant::now());
+        let idle = coordinator.takes.is_empty() && coordinator.gives.is_empty();
+        if idle && !coordinator.fresh {
+            // Before idling, look once more: a holder may have died since our own writes, and
+            // its entry is pruned only by someone who has seen it dead.
+            coordinator.snapshot = None;
+        } else if idle && !prune_due {
             watch = None;
             if !open {
                 return;
             }
-            match tokio::time::timeout(IDLE_STOP, requests.recv()).await {
+            let idle_for = coordinator
+                .next_prune
+                .map_or(IDLE_STOP, |at| at.saturating_duration_since(Instant::now()));
+            match tokio::time::timeout(idle_for, requests.recv()).await {
                 Ok(Some(request)) => coordinator.push(request),
+                Err(_) if coordinator.next_prune.is_some() => {}
                 Ok(None) | Err(_) => return,
             }
         }
@@ -271,7 +296,10 @@ async fn run(
 impl Coordinator {
     fn push(&mut self, request: Request) {
         match request {
-            Request::Take(take) => self.takes.push_back(take),
+            Request::Take(take) => {
+                self.settle = self.settle.max(take.settle);
+                self.takes.push_back(take);
+            }
             Request::Give(give) => self.gives.push(give),
         }
     }
@@ -334,15 +362,20 @@ impl Coordinator {
 
     /// One round: read if needed, answer what can be answered, write one transaction.
     async fn round(&mut self) -> Round {
-        let Some(snapshot) = self.snapshot.clone() else {
+        if self.snapshot.is_none() {
             match self.http.kv_list(&self.prefix, None).await {
                 Ok((entries, index)) => {
                     self.snapshot = Some(Snapshot::read(&self.prefix, &entries, index));
                     self.fresh = true;
                     self.backoff.reset();
                 }
-                Err(error) => self.trouble(error).await,
+                Err(error) => {
+                    self.trouble(error).await;
+                    return Round::Progress;
+                }
             }
+        }
+        let Some(snapshot) = self.snapshot.clone() else {
             return Round::Progress;
         };
         match self.plan_and_write(&snapshot).await {
@@ -385,6 +418,10 @@ impl Coordinator {
         // The holders after this round: the live ones and the dead ones still within their
         // lock-delay, less those leaving, plus those admitted.
         let mut holders = self.unpruned_holders(snapshot);
+        let pruning = match &snapshot.lock {
+            Ok(Some((_, value))) => value.holders.iter().any(|h| !holders.contains(h)),
+            _ => false,
+        };
         for give in &gives {
             holders.remove(&give.session);
         }
@@ -413,7 +450,8 @@ impl Coordinator {
             );
         }
         let limit = snapshot.limit().or(self.takes.front().map(|t| t.limit));
-        let free = limit.map_or(0, |l| {
+        let settling = self.lock_settling(snapshot);
+        let free = limit.filter(|_| !settling).map_or(0, |l| {
             usize::try_from(l)
                 .unwrap_or(usize::MAX)
                 .saturating_sub(holders.len())
@@ -444,7 +482,7 @@ impl Coordinator {
 
         let leaving_recorded = gives.iter().any(|g| snapshot.records_holder(&g.session));
         let deleting = gives.iter().any(|g| g.delete_contender);
-        if admits.is_empty() && !leaving_recorded && !deleting {
+        if admits.is_empty() && !leaving_recorded && !deleting && !pruning {
             for give in gives {
                 if let Some(reply) = give.reply {
                     let _ = reply.send(Ok(()));
@@ -456,8 +494,15 @@ impl Coordinator {
                 Planned::Full
             };
         }
-        self.write(snapshot, holders, limit, admits, gives, leaving_recorded)
-            .await
+        self.write(
+            snapshot,
+            holders,
+            limit,
+            admits,
+            gives,
+            leaving_recorded || pruning,
+        )
+        .await
     }
 
     /// The recorded holders that still count against the limit: the live ones, and the dead
@@ -470,7 +515,7 @@ impl Coordinator {
     /// dead holders are pruned at once, as `consul lock -n` does.
     fn unpruned_holders(&mut self, snapshot: &Snapshot) -> BTreeSet<String> {
         let now = Instant::now();
-        let lock_delay = self.takes.front().map_or(Duration::ZERO, |t| t.lock_delay);
+        let settle = self.settle;
         let recorded: BTreeSet<String> = match &snapshot.lock {
             Ok(Some((_, value))) => value.holders.clone(),
             _ => BTreeSet::new(),
@@ -485,13 +530,37 @@ impl Coordinator {
                 continue;
             }
             let seen = *self.dead_since.entry(session.clone()).or_insert(now);
-            let prunable_at = seen + lock_delay;
+            let prunable_at = seen + settle;
             if prunable_at > now {
                 self.next_prune = Some(self.next_prune.map_or(prunable_at, |p| p.min(prunable_at)));
                 holders.insert(session);
             }
         }
         holders
+    }
+
+    /// Whether the lock key is missing while sessions other than our waiting takes hold
+    /// contender keys, and the settle time since that was first seen has not passed. Holders of
+    /// a deleted `.lock` lost their slots all at once and are still stopping; recreating it
+    /// with a fresh holder set at once would let more than `limit` run.
+    fn lock_settling(&mut self, snapshot: &Snapshot) -> bool {
+        let orphaned = matches!(snapshot.lock, Ok(None))
+            && snapshot
+                .live
+                .iter()
+                .any(|session| !self.takes.iter().any(|t| t.session == *session));
+        if !orphaned {
+            self.lock_gone_since = None;
+            return false;
+        }
+        let now = Instant::now();
+        let settle = self.settle;
+        let until = *self.lock_gone_since.get_or_insert(now) + settle;
+        if until <= now {
+            return false;
+        }
+        self.next_prune = Some(self.next_prune.map_or(until, |p| p.min(until)));
+        true
     }
 
     /// Writes one round as one transaction and answers its requests.
@@ -502,13 +571,13 @@ impl Coordinator {
         limit: Option<u64>,
         admits: Vec<TakeRequest>,
         gives: Vec<GiveRequest>,
-        leaving_recorded: bool,
+        holders_changed: bool,
     ) -> Planned {
         holders.extend(admits.iter().map(|t| t.session.clone()));
         let lock_key = lock_key(&self.prefix);
         // An unreadable lock key is never rewritten: deleting contender keys is all we do then.
         let new_lock = match (&snapshot.lock, limit) {
-            (Ok(_), Some(limit)) if !admits.is_empty() || leaving_recorded => {
+            (Ok(_), Some(limit)) if !admits.is_empty() || holders_changed => {
                 Some(LockValue { limit, holders })
             }
             _ => None,

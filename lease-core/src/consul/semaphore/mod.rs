@@ -38,8 +38,10 @@ use self::value::{Snapshot, contender_key, lock_key};
 use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
 use super::retry::{retry_transient, within};
 use super::session::{self, KeepAlive, Session, SessionEnd};
-use crate::lease::{self, Checker, Hold};
-use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target, Wait};
+use crate::backend::Hold;
+use crate::{
+    Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
+};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
 #[derive(Debug)]
@@ -62,25 +64,22 @@ pub(crate) async fn acquire(
     http: &Arc<ConsulHttp>,
     semaphores: &Arc<Semaphores>,
     spec: &LeaseSpec,
+    backend: Arc<dyn Backend>,
 ) -> Result<Lease, Error> {
     let Target::Semaphore { prefix, limit } = spec.target() else {
         return Err(Error::Config("not a semaphore spec".into()));
     };
     let limit = u64::from(*limit);
     let started = Instant::now();
-    let deadline = match spec.wait_policy() {
-        Wait::Forever => None,
-        Wait::UpTo(d) => Some(started + d),
-        Wait::Never => Some(started),
-    };
-    let once = spec.wait_policy() == Wait::Never;
+    let deadline = spec.wait_policy().deadline(started);
+    let once = spec.wait_policy() == crate::Wait::Never;
     let busy = || Error::Busy {
         key: prefix.clone(),
         waited: started.elapsed(),
     };
     loop {
         let Pooled {
-            session,
+            mut session,
             mut keep_alive,
         } = match semaphores.pool.take(prefix).await {
             Some(pooled) => pooled,
@@ -99,7 +98,7 @@ pub(crate) async fn acquire(
                 session: session.id(),
                 limit,
                 value: spec.advertised_value(),
-                lock_delay: spec.session_lock_delay(),
+                settle: spec.settle_after_removal(),
                 once,
             },
         );
@@ -119,7 +118,7 @@ pub(crate) async fn acquire(
             Ok(Some(Ok(Taken::Admitted { lock_index, index }))) => {
                 let admitted = Admitted { lock_index, index };
                 return Ok(hold(
-                    http, semaphores, prefix, session, keep_alive, admitted,
+                    http, semaphores, prefix, session, keep_alive, admitted, backend,
                 ));
             }
             Ok(Some(Ok(Taken::SessionGone))) => {
@@ -129,7 +128,7 @@ pub(crate) async fn acquire(
             // out, the coordinator gives that slot back itself): keep it for the next try, or
             // destroy it.
             Ok(Some(Ok(Taken::Full)) | None) => {
-                if let Err(Pooled { session, .. }) = semaphores.pool.put(
+                if let Err(Pooled { mut session, .. }) = semaphores.pool.put(
                     prefix,
                     Pooled {
                         session,
@@ -164,6 +163,7 @@ fn hold(
     session: Session,
     keep_alive: KeepAlive,
     admitted: Admitted,
+    backend: Arc<dyn Backend>,
 ) -> Lease {
     let contender = contender_key(prefix, session.id());
     let sequencer = Sequencer::new(
@@ -172,31 +172,27 @@ fn hold(
         admitted.lock_index,
         session.id(),
     );
-    let (lease, holding) = Lease::new(
-        sequencer.clone(),
-        Box::new(SemaphoreChecker {
-            http: Arc::clone(http),
-            prefix: prefix.to_owned(),
-        }),
-    );
     tracing::info!(%sequencer, "semaphore slot acquired");
-    lease::spawn_keeper(
-        holding,
+    let fence = session.fence().clone();
+    http.keepers().start(
+        sequencer,
+        fence,
+        backend,
         SemaphoreHold {
             semaphores: Arc::clone(semaphores),
             prefix: prefix.to_owned(),
-            session,
+            session: Some(session),
             keep_alive,
             lock_index: admitted.lock_index,
             index: admitted.index,
         },
-    );
-    lease
+    )
 }
 
-/// Whether a holder still holds its slot, from one read of the prefix; `None` if it does.
-async fn verdict(
-    http: &ConsulHttp,
+/// Whether a holder still holds its slot, from one read of the prefix; `None` if it does. A
+/// contender key that is gone is reported as [`LostReason::KeyDeleted`]; whether the session was
+/// invalidated (which deletes it) takes one more read ([`refine`]).
+fn verdict(
     prefix: &str,
     entries: &[KvEntry],
     session: &str,
@@ -204,12 +200,7 @@ async fn verdict(
 ) -> Option<LostReason> {
     let contender = contender_key(prefix, session);
     match entries.iter().find(|e| e.key == contender) {
-        None => {
-            return Some(match http.session_exists(session).await {
-                Ok(false) => LostReason::SessionInvalidated,
-                Ok(true) | Err(_) => LostReason::KeyDeleted,
-            });
-        }
+        None => return Some(LostReason::KeyDeleted),
         Some(e) if e.holder() != Some(session) || e.lock_index != lock_index => {
             return Some(match e.holder() {
                 Some(holder) => LostReason::KeyTaken {
@@ -229,10 +220,22 @@ async fn verdict(
     }
 }
 
+/// A contender key gone under us: deleted by an operator, or with our invalidated session.
+async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
+    match reason {
+        LostReason::KeyDeleted => match http.session_exists(session).await {
+            Ok(false) => Some(LostReason::SessionInvalidated),
+            Ok(true) | Err(_) => None,
+        },
+        _ => None,
+    }
+}
+
 struct SemaphoreHold {
     semaphores: Arc<Semaphores>,
     prefix: String,
-    session: Session,
+    /// Taken by a release that parks the session in the pool.
+    session: Option<Session>,
     keep_alive: KeepAlive,
     lock_index: u64,
     index: u64,
@@ -240,33 +243,44 @@ struct SemaphoreHold {
 
 impl Hold for SemaphoreHold {
     async fn watch(&mut self) -> LostReason {
-        let (session, prefix, lock_index) = (&self.session, self.prefix.as_str(), self.lock_index);
+        let Some(session) = &self.session else {
+            return LostReason::Released;
+        };
+        let (prefix, lock_index) = (self.prefix.as_str(), self.lock_index);
         let http = session.http();
         let prefix_watch = session::watch_until_lost(
             &mut self.index,
             |blocking| http.kv_list(prefix, Some(blocking)),
-            |entries| async move { verdict(http, prefix, &entries, session.id(), lock_index).await },
+            |entries| verdict(prefix, &entries, session.id(), lock_index),
         );
         session::hold_until_lost(&mut self.keep_alive, session, prefix_watch).await
     }
 
-    async fn release(self) -> Result<(), Error> {
-        let http = Arc::clone(self.session.http());
-        let SemaphoreHold {
-            semaphores,
-            prefix,
-            session,
-            keep_alive,
-            ..
-        } = self;
+    async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
+        let session = self.session.as_ref()?;
+        refine(session.http(), reason, session.id()).await
+    }
+
+    async fn release(&mut self) -> Result<(), Error> {
+        let Some(mut session) = self.session.take() else {
+            return Ok(());
+        };
+        let http = Arc::clone(session.http());
+        let (semaphores, prefix) = (&self.semaphores, &self.prefix);
         if semaphores.pool.enabled() {
             // Keep the session and its contender key for the next acquisition.
-            semaphores
+            let given = semaphores
                 .coordinators
-                .give(&http, &prefix, session.id(), false)
-                .await?;
-            if let Err(Pooled { session, .. }) = semaphores.pool.put(
-                &prefix,
+                .give(&http, prefix, session.id(), false)
+                .await;
+            if let Err(error) = given {
+                self.session = Some(session);
+                return Err(error);
+            }
+            let keep_alive =
+                std::mem::replace(&mut self.keep_alive, Box::pin(std::future::pending()));
+            if let Err(Pooled { mut session, .. }) = semaphores.pool.put(
+                prefix,
                 Pooled {
                     session,
                     keep_alive,
@@ -278,31 +292,25 @@ impl Hold for SemaphoreHold {
         }
         let left = semaphores
             .coordinators
-            .give(&http, &prefix, session.id(), true)
+            .give(&http, prefix, session.id(), true)
             .await;
         let destroyed = session.destroy().await;
         left.and(destroyed)
     }
 
-    async fn clean_up(self) {
+    async fn clean_up(&mut self) {
         // After a loss the work may still be stopping, so the slot is not given back here: the
         // session's destruction deletes the contender key, and contenders prune the dead entry
-        // from `Holders` once the lock-delay has passed.
-        if let Err(error) = self.session.destroy().await {
-            tracing::warn!(%error, "could not destroy the session of a lost semaphore slot; it expires with its TTL");
+        // from `Holders` once the lock-delay (or settle time) has passed.
+        if let Some(session) = &mut self.session {
+            if let Err(error) = session.destroy().await {
+                tracing::warn!(%error, "could not destroy the session of a lost semaphore slot; it expires with its TTL");
+            }
         }
     }
-}
 
-/// `Lease::check` for a semaphore slot: one consistent read of the prefix.
-struct SemaphoreChecker {
-    http: Arc<ConsulHttp>,
-    prefix: String,
-}
-
-impl Checker for SemaphoreChecker {
-    fn check<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(check_sequencer(&self.http, &self.prefix, sequencer))
+    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+        self.session?.abandon()
     }
 }
 
@@ -316,17 +324,12 @@ pub(crate) async fn check_sequencer(
         .kv_list(prefix, None)
         .await
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
-    match verdict(
-        http,
-        prefix,
-        &entries,
-        sequencer.holder(),
-        sequencer.index(),
-    )
-    .await
-    {
+    match verdict(prefix, &entries, sequencer.holder(), sequencer.index()) {
         None => Ok(()),
-        Some(reason) => Err(Error::Lost(reason)),
+        Some(reason) => {
+            let refined = refine(http, &reason, sequencer.holder()).await;
+            Err(Error::Lost(refined.unwrap_or(reason)))
+        }
     }
 }
 

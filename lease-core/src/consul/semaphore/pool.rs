@@ -83,7 +83,7 @@ async fn park(
     idle_for: Duration,
 ) {
     let Pooled {
-        session,
+        mut session,
         mut keep_alive,
     } = pooled;
     tokio::select! {

@@ -1,0 +1,299 @@
+//! The holder task: the one place where loss, release, shutdown and the fence are ordered.
+//!
+//! A backend's `acquire` ends by handing [`Keepers::start`] what it holds (a [`Hold`]). The task
+//! started there runs [`keep`]: the moment loss is known, `is_held()` turns false and every
+//! `lost()` future wakes, *then* the backend cleans up; on release, `is_held()` turns false
+//! *before* the backend gives the lease back, so nobody else can hold it while we still think we
+//! do. Release and clean-up are bounded by [`RELEASE_BOUND`]. If the runtime drops the task first
+//! (the process is ending), [`Hold::abandon`] gives the lease back from a detached runtime.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::state::{Fence, LeaseState};
+use super::{Lease, ReleaseRequest, detached};
+use crate::{Backend, BoxFuture, Error, LostReason, Sequencer};
+
+/// The longest a release (or the clean-up after a loss) may take before the holder gives up on
+/// it; the backend then frees the lease when its session or connection expires.
+pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+/// What a backend does while it holds one lease: the part of the backend contract that
+/// [`Keepers::start`] drives.
+///
+/// A backend author implements it for the state of one held lease (its session, its watch) and
+/// never orders loss and release by hand: the holder task does that.
+pub trait Hold: Send + 'static {
+    /// Watches the lease until it is lost and returns why.
+    ///
+    /// Confirm the lease's [`Fence`] with the send time of every request the backend answered
+    /// (a renewal, a blocking read); the holder task declares [`LostReason::SelfFenced`] when the
+    /// fence's deadline passes, so a watch never needs its own timer for that.
+    fn watch(&mut self) -> impl Future<Output = LostReason> + Send;
+
+    /// Gives the lease back. Called once, after the lease is marked released, and bounded by
+    /// [`RELEASE_BOUND`].
+    fn release(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// After the loss was published with the reason `watch` returned: a more precise reason, if
+    /// one more read can tell (Consul: whether the session of a released key still exists).
+    /// Loss is never delayed for it. Bounded by [`RELEASE_BOUND`]. The default refines nothing.
+    fn refine(&mut self, reason: &LostReason) -> impl Future<Output = Option<LostReason>> + Send {
+        let _ = reason;
+        std::future::ready(None)
+    }
+
+    /// Cleans up after a loss, without handing the lease on faster than the backend's
+    /// lock-delay would (the guarded work may still be stopping). Bounded by [`RELEASE_BOUND`].
+    fn clean_up(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// The last resort, when the runtime drops the holder task before `release` or `clean_up`
+    /// finished (the process is ending): a future that gives the lease back without the dying
+    /// runtime. It runs on a detached runtime, and the process waits for it for about a second.
+    /// It must not use connections of the old runtime. The default does nothing: the backend
+    /// frees the lease when its session expires.
+    fn abandon(self) -> Option<BoxFuture<'static, ()>>
+    where
+        Self: Sized,
+    {
+        None
+    }
+}
+
+/// The holder tasks of one backend handle (and its clones): starts them, and shuts them down.
+///
+/// A backend keeps one `Keepers` and builds every [`Lease`] with [`Keepers::start`]; its
+/// [`Backend::shutdown`] calls [`Keepers::shutdown`].
+#[derive(Clone, Default)]
+pub struct Keepers {
+    generation: Arc<Mutex<Generation>>,
+}
+
+/// The tasks started since the last shutdown, and the token that stops them.
+#[derive(Clone, Default)]
+struct Generation {
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Keepers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keepers")
+            .field("running", &self.current().tracker.len())
+            .finish()
+    }
+}
+
+impl Keepers {
+    /// No holder tasks yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn current(&self) -> Generation {
+        self.generation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Builds the [`Lease`] for an acquisition and starts its holder task.
+    ///
+    /// - `sequencer`: the acquisition's fencing token;
+    /// - `fence`: its self-fencing deadline, already confirmed by the acquisition;
+    /// - `backend`: answers [`Lease::check`] through [`Backend::check_sequencer`];
+    /// - `hold`: what the task watches, releases and cleans up.
+    ///
+    /// Must be called within a tokio runtime.
+    pub fn start<H: Hold>(
+        &self,
+        sequencer: Sequencer,
+        fence: Fence,
+        backend: Arc<dyn Backend>,
+        hold: H,
+    ) -> Lease {
+        let state = Arc::new(LeaseState::new(fence));
+        let (release_tx, release_rx) = oneshot::channel();
+        let span = tracing::info_span!(parent: None, "lease.hold", sequencer = %sequencer);
+        span.follows_from(tracing::Span::current());
+        let generation = self.current();
+        let lease = Lease::new(sequencer, Arc::clone(&state), backend, release_tx);
+        generation.tracker.spawn(
+            keep(
+                state,
+                release_rx,
+                generation.stop.clone(),
+                Guard(Some(hold)),
+            )
+            .instrument(span),
+        );
+        lease
+    }
+
+    /// Runs `clean_up` (giving back what a cancelled acquire created) on the current runtime,
+    /// tracked so [`shutdown`](Keepers::shutdown) waits for it. If the runtime drops it
+    /// unfinished, or there is no runtime, `abandon` runs as in [`Hold::abandon`].
+    pub fn spawn_clean_up<F, A>(&self, clean_up: F, abandon: A)
+    where
+        F: Future<Output = ()> + Send + 'static,
+        A: FnOnce() -> Option<BoxFuture<'static, ()>> + Send + 'static,
+    {
+        let guard = Guard(Some(Abandon(abandon)));
+        let task = async move {
+            let mut guard = guard;
+            clean_up.await;
+            guard.disarm();
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let tracker = self.current().tracker;
+                runtime.spawn(tracker.track_future(task));
+            }
+            // Dropping the task drops its guard, which hands over to the detached runtime.
+            Err(_) => drop(task),
+        }
+    }
+
+    /// Releases every lease started here that is still held, and waits for them and for every
+    /// pending release or clean-up to finish, at most [`RELEASE_BOUND`] (plus a little).
+    /// Leases acquired afterwards are not affected.
+    ///
+    /// Call it (through [`Backend::shutdown`]) before `main` returns, so the next holder takes
+    /// over at once instead of waiting for the session TTL.
+    pub async fn shutdown(&self) {
+        let ending = std::mem::take(
+            &mut *self
+                .generation
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        ending.stop.cancel();
+        ending.tracker.close();
+        let bound = RELEASE_BOUND + Duration::from_millis(500);
+        if tokio::time::timeout(bound, ending.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = ending.tracker.len(),
+                "shutdown: some releases did not finish in time; the backend frees them when their sessions expire"
+            );
+        }
+    }
+}
+
+/// A clean-up closure, as [`Keepers::spawn_clean_up`] takes it.
+struct Abandon<A>(A);
+
+/// Owns what must be given back; hands it to the detached runtime if dropped while armed.
+struct Guard<T: GuardTarget>(Option<T>);
+
+/// What a [`Guard`] gives back: a held lease, or a cancelled acquire's leftovers.
+trait GuardTarget {
+    fn into_abandon(self) -> Option<BoxFuture<'static, ()>>;
+}
+
+impl<H: Hold> GuardTarget for H {
+    fn into_abandon(self) -> Option<BoxFuture<'static, ()>> {
+        Hold::abandon(self)
+    }
+}
+
+impl<A: FnOnce() -> Option<BoxFuture<'static, ()>>> GuardTarget for Abandon<A> {
+    fn into_abandon(self) -> Option<BoxFuture<'static, ()>> {
+        (self.0)()
+    }
+}
+
+impl<T: GuardTarget> Guard<T> {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<T: GuardTarget> Drop for Guard<T> {
+    fn drop(&mut self) {
+        if let Some(clean_up) = self.0.take().and_then(GuardTarget::into_abandon) {
+            detached::finish(clean_up);
+        }
+    }
+}
+
+async fn keep<H: Hold>(
+    state: Arc<LeaseState>,
+    mut release_rx: oneshot::Receiver<ReleaseRequest>,
+    stop: CancellationToken,
+    mut guard: Guard<H>,
+) {
+    let Some(hold) = guard.0.as_mut() else {
+        return;
+    };
+    let outcome = tokio::select! {
+        biased;
+        // A dropped lease handle asks for a release with nobody waiting for the answer.
+        request = &mut release_rx => Ok(request.unwrap_or(None)),
+        () = stop.cancelled() => Ok(None),
+        // A loss found by `Lease::check`, or by a reader past the fence deadline.
+        reason = state.lost_signal() => Err(reason),
+        reason = state.fence().expiry() => Err(reason),
+        reason = hold.watch() => Err(reason),
+    };
+    let outcome = match outcome {
+        // Asked to release, but the lease may have been lost just before: that is a loss.
+        Ok(reply) if state.is_held() && state.lose(LostReason::Released) => {
+            let result = match tokio::time::timeout(RELEASE_BOUND, hold.release()).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::ReleaseTimedOut {
+                    after: RELEASE_BOUND,
+                }),
+            };
+            guard.disarm();
+            match &result {
+                Ok(()) => tracing::debug!("lease released"),
+                Err(error) => tracing::warn!(
+                    %error,
+                    "lease release failed; the backend frees it when the session expires"
+                ),
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+            return;
+        }
+        Ok(reply) => (state.lost_signal().await, reply),
+        Err(reason) => (reason, None),
+    };
+    let (reason, mut reply) = outcome;
+    if state.lose(reason.clone()) {
+        tracing::warn!(%reason, "lease lost");
+    }
+    if let Ok(Some(refined)) = tokio::time::timeout(RELEASE_BOUND, hold.refine(&reason)).await {
+        state.refine(refined);
+    }
+    let reason = state.lost_reason().unwrap_or(reason);
+    if tokio::time::timeout(RELEASE_BOUND, hold.clean_up())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "clean-up after a loss timed out; the backend frees the lease when the session expires"
+        );
+    }
+    guard.disarm();
+    // Answer a release that comes after the loss once the clean-up is done: the lease was lost.
+    if reply.is_none() {
+        reply = tokio::select! {
+            request = release_rx => request.ok().flatten(),
+            () = stop.cancelled() => None,
+        };
+    }
+    if let Some(reply) = reply {
+        let _ = reply.send(Err(Error::Lost(reason)));
+    }
+}

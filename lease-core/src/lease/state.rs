@@ -1,0 +1,238 @@
+//! The state a lease handle, its watchers and its holder task share, and the fence deadline.
+//!
+//! Two facts decide whether a lease is held: nobody has declared it lost, and its [`Fence`]
+//! deadline has not passed. The second needs no task to run: a process resumed after a pause
+//! (SIGSTOP, a long GC-like stall, a suspended VM) reads the monotonic clock, finds the deadline
+//! behind it and treats the lease as lost before it polls guarded work again, whatever the holder
+//! task has had time to do.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::LostReason;
+
+/// The self-fencing deadline of a lease (DESIGN rule 2): the instant past which this process must
+/// treat the lease as lost because the backend may already have given it to someone else.
+///
+/// A backend creates one per lease with the time a confirmation stays good for (Consul: the
+/// session TTL less a margin; AMQP: part of the heartbeat), and calls [`confirm`](Fence::confirm)
+/// with the send time of every request the backend answered. The deadline is the last
+/// confirmation plus that time. [`Lease::is_held`](crate::Lease::is_held) and
+/// [`Lease::run`](crate::Lease::run) read it on the monotonic clock (tokio's, so paused-time
+/// tests drive it), and the holder task declares [`LostReason::SelfFenced`] when it passes.
+///
+/// Cloning is cheap; clones share the deadline.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_core::backend::Fence;
+/// use tokio::time::Instant;
+///
+/// let sent = Instant::now();
+/// let fence = Fence::new(Duration::from_secs(9), sent); // confirmed when the session was created
+/// assert!(!fence.is_past());
+/// fence.confirm(Instant::now()); // a renewal sent now succeeded: good for 9 s from now
+/// assert!(fence.deadline().is_some());
+/// ```
+#[derive(Clone)]
+pub struct Fence(Arc<FenceInner>);
+
+struct FenceInner {
+    /// Instants are kept as nanoseconds after this one, so the deadline fits one atomic.
+    epoch: Instant,
+    valid_for: Duration,
+    /// Nanoseconds after `epoch` of the last confirmation; `u64::MAX` for an unbounded fence.
+    confirmed: AtomicU64,
+}
+
+impl fmt::Debug for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fence")
+            .field("valid_for", &self.0.valid_for)
+            .field("deadline", &self.deadline())
+            .finish()
+    }
+}
+
+const UNBOUNDED: u64 = u64::MAX;
+
+impl Fence {
+    /// A fence confirmed at `confirmed_at` (the send time of the request that created the lease's
+    /// session or connection), each confirmation good for `valid_for`.
+    pub fn new(valid_for: Duration, confirmed_at: Instant) -> Fence {
+        Fence(Arc::new(FenceInner {
+            epoch: confirmed_at,
+            valid_for,
+            confirmed: AtomicU64::new(0),
+        }))
+    }
+
+    /// A fence that never passes, for a backend whose lease cannot outlive its holder (one
+    /// process, or a lock the operating system frees when the process dies).
+    pub fn unbounded() -> Fence {
+        Fence(Arc::new(FenceInner {
+            epoch: Instant::now(),
+            valid_for: Duration::ZERO,
+            confirmed: AtomicU64::new(UNBOUNDED),
+        }))
+    }
+
+    /// Records that the backend answered a request sent at `sent`: the lease is safe until
+    /// `sent + valid_for`. A confirmation older than the last one changes nothing.
+    pub fn confirm(&self, sent: Instant) {
+        let nanos = nanos_between(self.0.epoch, sent).min(UNBOUNDED - 1);
+        self.0.confirmed.fetch_max(nanos, Ordering::AcqRel);
+    }
+
+    /// How long one confirmation is good for.
+    pub fn valid_for(&self) -> Duration {
+        self.0.valid_for
+    }
+
+    /// When the last confirmation was sent; `None` for an unbounded fence.
+    pub fn confirmed_at(&self) -> Option<Instant> {
+        match self.0.confirmed.load(Ordering::Acquire) {
+            UNBOUNDED => None,
+            nanos => Some(self.0.epoch + Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// The instant the lease must be treated as lost by; `None` for an unbounded fence.
+    pub fn deadline(&self) -> Option<Instant> {
+        let confirmed = self.confirmed_at()?;
+        Some(
+            confirmed
+                .checked_add(self.0.valid_for)
+                .unwrap_or_else(far_future),
+        )
+    }
+
+    /// Whether the deadline has passed.
+    pub fn is_past(&self) -> bool {
+        self.deadline().is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// How long the lease has gone unconfirmed, once that is past the deadline; `None` before.
+    pub fn overdue(&self) -> Option<Duration> {
+        let confirmed = self.confirmed_at()?;
+        let unconfirmed_for = Instant::now().saturating_duration_since(confirmed);
+        (unconfirmed_for >= self.0.valid_for).then_some(unconfirmed_for)
+    }
+
+    /// The loss to declare when the deadline has passed, `None` before.
+    pub(crate) fn expired(&self) -> Option<LostReason> {
+        self.overdue()
+            .map(|unconfirmed_for| LostReason::SelfFenced { unconfirmed_for })
+    }
+
+    /// Completes when the deadline passes, following every later confirmation.
+    pub(crate) async fn expiry(&self) -> LostReason {
+        loop {
+            let Some(deadline) = self.deadline() else {
+                return std::future::pending().await;
+            };
+            tokio::time::sleep_until(deadline).await;
+            if let Some(reason) = self.expired() {
+                return reason;
+            }
+        }
+    }
+}
+
+fn nanos_between(earlier: Instant, later: Instant) -> u64 {
+    u64::try_from(later.saturating_duration_since(earlier).as_nanos()).unwrap_or(UNBOUNDED - 1)
+}
+
+/// An instant about thirty years ahead: tokio's own stand-in for "never".
+pub(crate) fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// The state shared by a lease handle, its watchers and its holder task.
+pub(crate) struct LeaseState {
+    held: AtomicBool,
+    /// The reason, once lost; published in the same step as `held` turns false.
+    lost: watch::Sender<Option<LostReason>>,
+    fence: Fence,
+}
+
+impl LeaseState {
+    pub(crate) fn new(fence: Fence) -> Self {
+        LeaseState {
+            held: AtomicBool::new(true),
+            lost: watch::channel(None).0,
+            fence,
+        }
+    }
+
+    /// Held: not declared lost, and the fence deadline not passed. Past the deadline this
+    /// declares the loss itself, so every reader agrees from then on.
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire) && self.fence_holds()
+    }
+
+    /// Whether the fence deadline is still ahead; declares `SelfFenced` if it is not.
+    fn fence_holds(&self) -> bool {
+        match self.fence.expired() {
+            None => true,
+            Some(reason) => {
+                self.lose(reason);
+                false
+            }
+        }
+    }
+
+    /// The reason the lease is lost, checking the fence first; `None` while it is held.
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        self.fence_holds();
+        self.lost.borrow().clone()
+    }
+
+    pub(crate) fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Marks the lease lost; the first reason wins. The reason is readable by the time `held`
+    /// turns false, and both change before any waiter wakes. Returns whether this call marked it.
+    pub(crate) fn lose(&self, reason: LostReason) -> bool {
+        self.lost.send_if_modified(|current| {
+            if current.is_some() {
+                return false;
+            }
+            *current = Some(reason);
+            self.held.store(false, Ordering::Release);
+            true
+        })
+    }
+
+    /// Replaces the reason of a loss with a more precise one found after it was published.
+    pub(crate) fn refine(&self, reason: LostReason) {
+        self.lost.send_if_modified(|current| match current {
+            Some(old) if *old != LostReason::Released && *old != reason => {
+                *old = reason;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    pub(crate) fn lost_signal(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut rx = self.lost.subscribe();
+        async move {
+            match rx.wait_for(Option::is_some).await {
+                Ok(reason) => reason.clone().unwrap_or(LostReason::Released),
+                // The sender lives in the state, which outlives every handle; if it is gone, so
+                // is the lease.
+                Err(_) => LostReason::Released,
+            }
+        }
+    }
+}
