@@ -1,0 +1,408 @@
+//! One node of a lease test: acquires a lease, does guarded work, and appends what happened to a
+//! history file (see `lease_tests::history` for the format and the verdicts).
+//!
+//! ```text
+//! lease-worker (--consul URL | --amqp URL) --key KEY [--limit N] --history FILE
+//!              [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] [--mode MODE]
+//! ```
+//!
+//! `--limit N` makes the lease a semaphore of N slots, else it is a leader key. TTL and
+//! lock-delay default to lease-core's defaults (15 s, 15 s). One guarded work writes a `write`
+//! line every `--write-every-ms` (default 5) for `--hold-ms` (default: until the lease is lost).
+//!
+//! Modes:
+//! - `loop` (default): forever acquire (waiting forever), run the work under `Lease::run`,
+//!   release (logging what `release()` answered), repeat. SIGTERM: release, then exit.
+//! - `campaign-select`: `select!` between `Campaign::run_until` and SIGTERM, then return from
+//!   `main` at once (no explicit release).
+//! - `drop-at-exit`: acquire, write until SIGTERM, then return from `main` with the lease still
+//!   in a local (dropped as `main` ends).
+//! - `wait-then-exit`: acquire (waiting forever); on SIGTERM return from `main` at once, dropping
+//!   the acquire future.
+//!
+//! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
+#![allow(clippy::unwrap_used)]
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lease_core::leader::{Campaign, LeaderEvent};
+use lease_core::{Backend, BoxError, LeaseSpec, Wait};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL) --key KEY [--limit N] \
+--history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
+[--mode loop|campaign-select|drop-at-exit|wait-then-exit]";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Loop,
+    CampaignSelect,
+    DropAtExit,
+    WaitThenExit,
+}
+
+#[derive(Debug)]
+struct Args {
+    consul: Option<String>,
+    amqp: Option<String>,
+    key: String,
+    limit: Option<u32>,
+    history: PathBuf,
+    ttl: Option<Duration>,
+    lock_delay: Option<Duration>,
+    write_every: Duration,
+    hold: Option<Duration>,
+    mode: Mode,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = std::env::args().skip(1);
+    let (mut consul, mut amqp, mut key, mut limit, mut history) = (None, None, None, None, None);
+    let (mut ttl, mut lock_delay, mut hold) = (None, None, None);
+    let mut write_every = Duration::from_millis(5);
+    let mut mode = Mode::Loop;
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: {v:?} is not a whole number"))
+        };
+        match flag.as_str() {
+            "--consul" => consul = Some(value()?),
+            "--amqp" => amqp = Some(value()?),
+            "--key" => key = Some(value()?),
+            "--limit" => {
+                let n = number(value()?)?;
+                limit = Some(u32::try_from(n).map_err(|_| format!("--limit {n} is too large"))?);
+            }
+            "--history" => history = Some(PathBuf::from(value()?)),
+            "--ttl" => ttl = Some(Duration::from_secs(number(value()?)?)),
+            "--lock-delay" => lock_delay = Some(Duration::from_millis(number(value()?)?)),
+            "--write-every-ms" => write_every = Duration::from_millis(number(value()?)?),
+            "--hold-ms" => hold = Some(Duration::from_millis(number(value()?)?)),
+            "--mode" => {
+                mode = match value()?.as_str() {
+                    "loop" => Mode::Loop,
+                    "campaign-select" => Mode::CampaignSelect,
+                    "drop-at-exit" => Mode::DropAtExit,
+                    "wait-then-exit" => Mode::WaitThenExit,
+                    other => return Err(format!("unknown mode {other:?}")),
+                }
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if consul.is_some() == amqp.is_some() {
+        return Err("give exactly one of --consul and --amqp".into());
+    }
+    Ok(Args {
+        consul,
+        amqp,
+        key: key.ok_or("--key is required")?,
+        limit,
+        history: history.ok_or("--history is required")?,
+        ttl,
+        lock_delay,
+        write_every,
+        hold,
+        mode,
+    })
+}
+
+/// The history file: one line per event, each written with one `write` on an `O_APPEND` file.
+#[derive(Clone, Debug)]
+struct History {
+    file: Arc<File>,
+    pid: u32,
+}
+
+impl History {
+    fn open(path: &PathBuf) -> std::io::Result<History> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(History {
+            file: Arc::new(file),
+            pid: std::process::id(),
+        })
+    }
+
+    /// Appends `<ns> <pid> <event> <seq> [detail]`; the time is taken just before the write.
+    fn log(&self, event: &str, seq: &str, detail: &str) {
+        let seq = if seq.is_empty() { "-" } else { seq };
+        let seq: String = seq
+            .chars()
+            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .collect();
+        let detail: String = detail
+            .chars()
+            .map(|c| if c == '\n' { ' ' } else { c })
+            .collect();
+        let ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let mut line = format!("{ns} {} {event} {seq}", self.pid);
+        if !detail.is_empty() {
+            line.push(' ');
+            line.push_str(&detail);
+        }
+        line.push('\n');
+        // One write(2) per line: with O_APPEND the line lands whole, after every earlier one.
+        let written = (&*self.file)
+            .write(line.as_bytes())
+            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
+        assert_eq!(written, line.len(), "short write to the history");
+    }
+}
+
+/// The guarded work: a `write` line now and every `every` until `hold` has passed (or forever).
+async fn work(history: History, seq: String, every: Duration, hold: Option<Duration>) {
+    let end = hold.map(|h| tokio::time::Instant::now() + h);
+    loop {
+        history.log("write", &seq, "");
+        if end.is_some_and(|end| tokio::time::Instant::now() >= end) {
+            return;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+fn spec(args: &Args) -> LeaseSpec {
+    let mut spec = match args.limit {
+        Some(n) => LeaseSpec::semaphore(args.key.clone(), n),
+        None => LeaseSpec::leader(args.key.clone()),
+    }
+    .wait(Wait::Forever)
+    .value(format!("pid-{}", std::process::id()));
+    if let Some(ttl) = args.ttl {
+        spec = spec.ttl(ttl);
+    }
+    if let Some(delay) = args.lock_delay {
+        spec = spec.lock_delay(delay);
+    }
+    spec
+}
+
+fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
+    if let Some(url) = &args.consul {
+        return Ok(Arc::new(
+            lease_core::consul::Consul::builder()
+                .address(url.clone())
+                .build()?,
+        ));
+    }
+    let url = args.amqp.clone().unwrap_or_default();
+    Ok(Arc::new(
+        lease_core::amqp::Amqp::builder(url)
+            .connection_name(format!("lease-worker-{}", std::process::id()))
+            .build()?,
+    ))
+}
+
+fn release_detail(result: &Result<(), lease_core::Error>) -> String {
+    match result {
+        Ok(()) => "ok".to_owned(),
+        Err(e) => format!("err {e}"),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    // First of all, so a SIGTERM never meets the default action (death without clean-up).
+    let mut sigterm = signal(SignalKind::terminate()).expect("cannot handle SIGTERM");
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "lease_core=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let history = match History::open(&args.history) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("cannot open {}: {e}", args.history.display());
+            std::process::exit(2);
+        }
+    };
+    let backend = match backend(&args) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    match args.mode {
+        Mode::Loop => run_loop(&args, backend, history, &mut sigterm).await,
+        Mode::CampaignSelect => campaign_select(&args, backend, history, &mut sigterm).await,
+        Mode::DropAtExit => drop_at_exit(&args, backend, history, &mut sigterm).await,
+        Mode::WaitThenExit => wait_then_exit(&args, backend, history, &mut sigterm).await,
+    }
+}
+
+async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigterm: &mut Signal) {
+    let spec = spec(args);
+    loop {
+        history.log("waiting", "-", "");
+        let acquired = tokio::select! {
+            acquired = backend.acquire(&spec) => acquired,
+            _ = sigterm.recv() => {
+                history.log("exit", "-", "");
+                return;
+            }
+        };
+        let lease = match acquired {
+            Ok(lease) => lease,
+            Err(error) => {
+                history.log("error", "-", &format!("acquire: {error}"));
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                    _ = sigterm.recv() => {
+                        history.log("exit", "-", "");
+                        return;
+                    }
+                }
+            }
+        };
+        let seq = lease.sequencer().to_string();
+        history.log("acquired", &seq, "");
+        let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
+        let outcome = tokio::select! {
+            outcome = lease.run(guarded) => Some(outcome),
+            _ = sigterm.recv() => None,
+        };
+        match outcome {
+            Some(Ok(())) => {}
+            Some(Err(reason)) => history.log("lost", &seq, &reason.to_string()),
+            None => {
+                // SIGTERM: the work is already dropped; give the lease back, then leave.
+                let result = lease.release().await;
+                history.log("released", &seq, &release_detail(&result));
+                history.log("exit", "-", "");
+                return;
+            }
+        }
+        let result = lease.release().await;
+        history.log("released", &seq, &release_detail(&result));
+    }
+}
+
+async fn campaign_select(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    history: History,
+    sigterm: &mut Signal,
+) {
+    let events = history.clone();
+    let campaign = Campaign::new(backend, spec(args)).on_event(move |event| match event {
+        LeaderEvent::Lost { sequencer, reason } => {
+            events.log("lost", &sequencer.to_string(), &reason.to_string());
+        }
+        LeaderEvent::Released { sequencer } => {
+            events.log("released", &sequencer.to_string(), "ok");
+        }
+        _ => {}
+    });
+    let (every, hold) = (args.write_every, args.hold);
+    let shutdown = CancellationToken::new();
+    let worker = |lease: lease_core::LeaseWatcher| {
+        let history = history.clone();
+        async move {
+            let seq = lease.sequencer().to_string();
+            history.log("acquired", &seq, "");
+            work(history, seq, every, hold).await;
+            Ok::<(), BoxError>(())
+        }
+    };
+    tokio::select! {
+        ended = campaign.run_until(shutdown, worker) => {
+            history.log("campaign-ended", "-", &format!("{ended:?}"));
+        }
+        _ = sigterm.recv() => {}
+    }
+    history.log("exit", "-", "");
+    // Returns at once: the campaign future was dropped above, and nothing waits for a release.
+}
+
+async fn drop_at_exit(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    history: History,
+    sigterm: &mut Signal,
+) {
+    let spec = spec(args);
+    history.log("waiting", "-", "");
+    let lease = tokio::select! {
+        acquired = backend.acquire(&spec) => match acquired {
+            Ok(lease) => lease,
+            Err(error) => {
+                history.log("error", "-", &format!("acquire: {error}"));
+                std::process::exit(2);
+            }
+        },
+        _ = sigterm.recv() => {
+            history.log("exit", "-", "");
+            return;
+        }
+    };
+    let seq = lease.sequencer().to_string();
+    history.log("acquired", &seq, "");
+    let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
+    tokio::select! {
+        outcome = lease.run(guarded) => {
+            if let Err(reason) = outcome {
+                history.log("lost", &seq, &reason.to_string());
+            }
+            let _ = sigterm.recv().await;
+        }
+        _ = sigterm.recv() => {}
+    }
+    history.log("exit", "-", "");
+    // `lease` is still a local here: it is dropped as `main` returns.
+}
+
+async fn wait_then_exit(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    history: History,
+    sigterm: &mut Signal,
+) {
+    let spec = spec(args);
+    history.log("waiting", "-", "");
+    tokio::select! {
+        acquired = backend.acquire(&spec) => {
+            match acquired {
+                Ok(lease) => {
+                    let seq = lease.sequencer().to_string();
+                    history.log("acquired", &seq, "");
+                    let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
+                    tokio::select! {
+                        outcome = lease.run(guarded) => {
+                            if let Err(reason) = outcome {
+                                history.log("lost", &seq, &reason.to_string());
+                            }
+                        }
+                        _ = sigterm.recv() => {}
+                    }
+                    let result = lease.release().await;
+                    history.log("released", &seq, &release_detail(&result));
+                }
+                Err(error) => history.log("error", "-", &format!("acquire: {error}")),
+            }
+        }
+        // The acquire future is dropped here, mid-wait; main returns at once.
+        _ = sigterm.recv() => {}
+    }
+    history.log("exit", "-", "");
+}

@@ -1,0 +1,1064 @@
+//! Lease promises proved with real child processes (`lease-worker`), real Consul and real
+//! RabbitMQ, and judged from the histories the processes write (`lease_tests::history`).
+//!
+//! Faults are real: SIGSTOP/SIGCONT/SIGTERM sent with `kill`, keys deleted on the agent. Every wait
+//! is bounded; the only sleep holds a pause for its length. The tests take turns (one lock), so
+//! their timings do not disturb each other on a small machine; the file takes about a minute.
+//! Histories are kept under `target/process-edges/` when a test fails (the path is printed).
+//!
+//! ```sh
+//! cargo test -p lease-tests --test process_edges -- --nocapture   # prints the measured figures
+//! ```
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use lease_core::Sequencer;
+use lease_tests::consul::{Agent, workspace_root};
+use lease_tests::history::{History, Kind, Line, gap_percentiles};
+use lease_tests::overlap::now_ns;
+use lease_tests::stats::percentile;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_lease-worker");
+
+/// The tests take turns: each starts dozens of processes on a machine that may have two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How many independent keys (each with its own pair of workers) one fault is repeated on.
+const PAIRS: usize = 20;
+/// How long the holders stay stopped: more than the Consul TTL below (10 s), and more than three
+/// AMQP heartbeats (3 s), so RabbitMQ has dropped the frozen connection and handed the slot on.
+const PAUSE: Duration = Duration::from_secs(13);
+const CONSUL_TTL_SECS: u64 = 10;
+const AMQP_HEARTBEAT_SECS: u64 = 3;
+/// Generous bounds for a loaded two-core machine.
+const START: Duration = Duration::from_secs(90);
+const STEP: Duration = Duration::from_secs(30);
+const EXIT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// Processes and their histories
+
+#[derive(Debug)]
+struct Worker {
+    name: String,
+    child: Child,
+    pid: u32,
+    history: PathBuf,
+    log: PathBuf,
+    exited: bool,
+}
+
+/// The workers of one test, with their files under one directory.
+#[derive(Debug)]
+struct Run {
+    dir: PathBuf,
+    workers: Vec<Worker>,
+    keep: bool,
+}
+
+impl Run {
+    fn new(test: &str) -> Run {
+        let dir = workspace_root().join("target/process-edges").join(format!(
+            "{test}-{}-{}",
+            std::process::id(),
+            now_ns()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Run {
+            dir,
+            workers: Vec::new(),
+            keep: false,
+        }
+    }
+
+    /// Starts a worker with `args` (its `--history` is added); returns its index.
+    fn spawn(&mut self, name: &str, args: &[String]) -> usize {
+        let history = self.dir.join(format!("{name}.history"));
+        let log = self.dir.join(format!("{name}.log"));
+        let child = Command::new(WORKER)
+            .args(args)
+            .arg("--history")
+            .arg(&history)
+            .env("RUST_LOG", "lease_core=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {WORKER}: {e}"));
+        let pid = child.id().unwrap();
+        self.workers.push(Worker {
+            name: name.to_owned(),
+            child,
+            pid,
+            history,
+            log,
+            exited: false,
+        });
+        self.workers.len() - 1
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.workers[i].pid
+    }
+
+    fn history(&self, which: &[usize]) -> History {
+        let paths: Vec<&Path> = which
+            .iter()
+            .map(|&i| self.workers[i].history.as_path())
+            .collect();
+        History::load(&paths)
+    }
+
+    fn all(&self) -> History {
+        History::load_dir(&self.dir)
+    }
+
+    /// Where to look when something failed.
+    fn files(&self) -> String {
+        format!("histories and worker logs in {}", self.dir.display())
+    }
+
+    /// Fails if a worker died on its own (a crash, a bad argument): its log says why.
+    fn assert_alive(&mut self) {
+        for w in &mut self.workers {
+            if w.exited {
+                continue;
+            }
+            if let Ok(Some(status)) = w.child.try_wait() {
+                let log = std::fs::read_to_string(&w.log).unwrap_or_default();
+                self.keep = true;
+                panic!(
+                    "worker {} (pid {}) exited by itself with {status}; its log:\n{log}",
+                    w.name, w.pid
+                );
+            }
+        }
+    }
+
+    /// Sends SIGTERM to `which` and waits (bounded) for each to exit.
+    async fn terminate(&mut self, which: &[usize]) -> Result<(), String> {
+        let pids: Vec<u32> = which
+            .iter()
+            .filter(|&&i| !self.workers[i].exited)
+            .map(|&i| self.workers[i].pid)
+            .collect();
+        signal("CONT", &pids);
+        signal("TERM", &pids);
+        let mut slow = Vec::new();
+        for &i in which {
+            let w = &mut self.workers[i];
+            if w.exited {
+                continue;
+            }
+            match tokio::time::timeout(EXIT, w.child.wait()).await {
+                Ok(_) => w.exited = true,
+                Err(_) => {
+                    let _ = w.child.start_kill();
+                    let _ = w.child.wait().await;
+                    w.exited = true;
+                    slow.push(format!("{} (pid {})", w.name, w.pid));
+                }
+            }
+        }
+        if slow.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "did not exit within {EXIT:?} of SIGTERM (killed): {}",
+                slow.join(", ")
+            ))
+        }
+    }
+
+    async fn terminate_all(&mut self) -> Result<(), String> {
+        let all: Vec<usize> = (0..self.workers.len()).collect();
+        self.terminate(&all).await
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // Children are killed by `kill_on_drop`. Keep the files of a failed test.
+        if self.keep || std::thread::panicking() {
+            eprintln!("process_edges: {}", self.files());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// `kill -<sig> <pids…>`: one command, so all of them get it at once.
+fn signal(sig: &str, pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .args(pids.iter().map(u32::to_string))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
+    assert!(status.success(), "kill -{sig} {pids:?} failed");
+}
+
+/// Polls `check` (every 20 ms) until it gives a value; panics after `limit` with `what()`.
+async fn wait_for<T>(
+    limit: Duration,
+    what: impl Fn() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {}", what());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `wait_for` with an async check.
+async fn wait_for_async<T, F: std::future::Future<Output = Option<T>>>(
+    limit: Duration,
+    what: impl Fn() -> String,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {}", what());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn ms(ns: i128) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// `text` with every number replaced by `#`, to count loss reasons that carry durations.
+fn without_numbers(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() || (in_number && c == '.') {
+            if !in_number {
+                out.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn summary(samples: &[f64]) -> String {
+    if samples.is_empty() {
+        return "no samples".to_owned();
+    }
+    format!(
+        "p50 {:.1} / p99 {:.1} / max {:.1} ms over {}",
+        percentile(samples, 50.0),
+        percentile(samples, 99.0),
+        samples.iter().copied().fold(f64::MIN, f64::max),
+        samples.len()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// a, b: a frozen holder
+
+/// What one pair's histories showed after its holder was frozen.
+#[derive(Debug, Default)]
+struct PauseFindings {
+    violations: Vec<String>,
+    /// (key, instant) to print the interleaving around.
+    around: Vec<(usize, u128)>,
+    stale: usize,
+    late: usize,
+    released_ok: usize,
+    lost_reasons: BTreeMap<String, usize>,
+    takeover_after_cont_ms: Vec<f64>,
+}
+
+/// Starts a pair of loop workers on each key, freezes every key's holder for [`PAUSE`], and
+/// judges: no stale writes, no write by a frozen holder past its fencing deadline (at the latest
+/// `stopped + fence_bound`), and `release()` of the lease lost while frozen reports the loss.
+async fn frozen_holders(
+    test: &str,
+    backend_args: &[String],
+    keys: &[String],
+    fence_bound: Duration,
+) {
+    let mut run = Run::new(test);
+    let mut pairs = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        let mut args = backend_args.to_vec();
+        args.extend(strings(&["--key", key, "--lock-delay", "0"]));
+        let a = run.spawn(&format!("k{k:02}-a"), &args);
+        let b = run.spawn(&format!("k{k:02}-b"), &args);
+        pairs.push((a, b));
+    }
+
+    // Each key's holder is the worker that writes; the other waits in acquire.
+    let holders: Vec<(usize, usize, String)> = wait_for(
+        START,
+        || format!("every key's holder to write; {}", run.files()),
+        || {
+            let mut found = Vec::new();
+            for &(a, b) in &pairs {
+                let h = run.history(&[a, b]);
+                let writers: HashSet<u32> = h
+                    .lines()
+                    .iter()
+                    .filter(|l| l.kind == Kind::Write)
+                    .map(|l| l.pid)
+                    .collect();
+                let waiting = h.lines().iter().filter(|l| l.kind == Kind::Waiting).count();
+                if writers.len() != 1 || waiting < 2 {
+                    return None;
+                }
+                let (holder, other) = if writers.contains(&run.pid(a)) {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                let seq = h
+                    .lines()
+                    .iter()
+                    .find(|l| l.kind == Kind::Write)
+                    .map(|l| l.seq.clone())?;
+                found.push((holder, other, seq));
+            }
+            Some(found)
+        },
+    )
+    .await;
+    run.assert_alive();
+
+    let frozen: Vec<u32> = holders.iter().map(|(h, _, _)| run.pid(*h)).collect();
+    let stopped = now_ns();
+    signal("STOP", &frozen);
+    // Holding the pause, not judging by it.
+    tokio::time::sleep(PAUSE).await;
+    let resumed = now_ns();
+    signal("CONT", &frozen);
+
+    // Until each pair's other worker has written and the frozen one has logged its loss or has
+    // stopped writing for a second. Not finishing is itself a finding, reported below.
+    let settle_deadline = Instant::now() + Duration::from_secs(60);
+    let mut unsettled = Vec::new();
+    loop {
+        unsettled.clear();
+        let now = now_ns();
+        for (k, (holder, other, seq)) in holders.iter().enumerate() {
+            let h = run.history(&[*holder, *other]);
+            // The next holder may be either process (the frozen one can win the key back).
+            let other_wrote = h
+                .lines()
+                .iter()
+                .any(|l| l.kind == Kind::Write && l.seq != *seq);
+            let lost = h.of_seq(seq).any(|l| l.kind == Kind::Lost);
+            let last_write = h
+                .of_seq(seq)
+                .filter(|l| l.kind == Kind::Write)
+                .map(|l| l.t)
+                .max()
+                .unwrap_or(0);
+            let quiet = now.saturating_sub(last_write) > 1_000_000_000;
+            if !(other_wrote && (lost || quiet)) {
+                unsettled.push((k, other_wrote, lost, quiet));
+            }
+        }
+        if unsettled.is_empty() || Instant::now() >= settle_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    run.assert_alive();
+    let shutdown = run.terminate_all().await;
+
+    let mut f = PauseFindings::default();
+    for (k, other_wrote, lost, quiet) in &unsettled {
+        f.violations.push(format!(
+            "key {k}: 60 s after SIGCONT {} and the frozen holder has {}",
+            if *other_wrote {
+                "a new holder has written"
+            } else {
+                "no new holder has written"
+            },
+            match (lost, quiet) {
+                (false, false) =>
+                    "neither reported a loss nor stopped writing (it did not self-fence)",
+                (false, true) => "stopped writing without reporting a loss",
+                _ => "reported its loss",
+            }
+        ));
+    }
+    let fence = stopped + fence_bound.as_nanos();
+    let mut released_ok_keys = Vec::new();
+    for (k, (holder, other, seq)) in holders.iter().enumerate() {
+        let h = run.history(&[*holder, *other]);
+        for w in h.stale_writes() {
+            f.stale += 1;
+            if f.stale <= 5 {
+                f.violations.push(format!("key {k}: stale write: {w}"));
+                f.around.push((k, w.t));
+            }
+        }
+        let over = h.max_concurrent_writers(1);
+        if over.exceeds_limit() {
+            f.violations.push(format!("key {k}: {over}"));
+        }
+        let late = h.writes_after(seq, fence);
+        if let Some(first) = late.first() {
+            f.late += late.len();
+            f.violations.push(format!(
+                "key {k}: the frozen holder (pid {}) wrote {} times under {seq} past its fencing \
+                 deadline (stopped + {fence_bound:?}), the first {:.1} ms after SIGCONT",
+                run.pid(*holder),
+                late.len(),
+                ms(first.t as i128 - resumed as i128)
+            ));
+            f.around.push((k, first.t));
+        }
+        if let Some(lost) = h.of_seq(seq).find(|l| l.kind == Kind::Lost) {
+            *f.lost_reasons
+                .entry(without_numbers(&lost.detail))
+                .or_default() += 1;
+        }
+        if h.of_seq(seq)
+            .any(|l| l.kind == Kind::Released && l.detail.starts_with("ok"))
+        {
+            f.released_ok += 1;
+            released_ok_keys.push(k.to_string());
+        }
+        if let Some(first) = h
+            .lines()
+            .iter()
+            .find(|l| l.kind == Kind::Write && l.t > stopped && l.seq != *seq)
+        {
+            f.takeover_after_cont_ms
+                .push(ms(first.t as i128 - resumed as i128));
+        }
+    }
+    if !released_ok_keys.is_empty() {
+        f.violations.push(format!(
+            "keys {}: release() answered `Ok` for the lease lost while its holder was frozen \
+             (the history says `released <seq> ok` after `lost`); it must report the loss",
+            released_ok_keys.join(", ")
+        ));
+    }
+    if let Err(e) = shutdown {
+        f.violations.push(e);
+    }
+
+    println!(
+        "process_edges::{test}: {} keys, holders frozen {PAUSE:?}; stale writes {}, writes past \
+         the fencing deadline {}, `released ok` for the lost lease {}; loss reasons {:?}; the \
+         next holder's first write, from SIGCONT: {}",
+        keys.len(),
+        f.stale,
+        f.late,
+        f.released_ok,
+        f.lost_reasons,
+        summary(&f.takeover_after_cont_ms)
+    );
+    if !f.violations.is_empty() {
+        run.keep = true;
+        let mut report = f.violations.join("\n");
+        let mut shown = HashSet::new();
+        for (k, t) in f.around.iter().filter(|(k, _)| shown.insert(*k)).take(3) {
+            let (holder, other, _) = &holders[*k];
+            report.push_str(&format!(
+                "\n--- key {k} around {t}:\n{}",
+                run.history(&[*holder, *other]).around(*t, 8)
+            ));
+        }
+        panic!(
+            "{} violation(s) with frozen holders ({}):\n{report}",
+            f.violations.len(),
+            run.files()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_paused_holder_writes_nothing_after_its_fence_deadline() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let backend = strings(&[
+        "--consul",
+        &agent.url(),
+        "--ttl",
+        &CONSUL_TTL_SECS.to_string(),
+    ]);
+    let keys: Vec<String> = (0..PAIRS).map(|k| format!("edges/pause/{k}")).collect();
+    // The holder self-fences at its last confirmation + TTL − margin; its last confirmation was
+    // before SIGSTOP, so any write later than SIGSTOP + TTL is past the deadline.
+    frozen_holders(
+        "consul_pause",
+        &backend,
+        &keys,
+        Duration::from_secs(CONSUL_TTL_SECS),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn amqp_a_paused_holder_writes_nothing_after_its_fence_deadline() {
+    let _serial = SERIAL.lock().await;
+    lease_tests::amqp::require_broker().await;
+    let base = lease_tests::amqp::url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    // lease-core's Amqp takes the heartbeat from the URL; it self-fences at 3/4 of it.
+    let url = format!("{base}{sep}heartbeat={AMQP_HEARTBEAT_SECS}");
+    let backend = strings(&["--amqp", &url]);
+    let keys: Vec<String> = (0..PAIRS)
+        .map(|_| lease_tests::amqp::unique("edges-pause"))
+        .collect();
+    let result = tokio::spawn({
+        let keys = keys.clone();
+        async move {
+            frozen_holders(
+                "amqp_pause",
+                &backend,
+                &keys,
+                Duration::from_secs(AMQP_HEARTBEAT_SECS),
+            )
+            .await;
+        }
+    })
+    .await;
+    let (admin, _) = lease_tests::amqp::backend();
+    for key in &keys {
+        if let Err(e) = admin.admin().destroy(key).await {
+            eprintln!("could not destroy the semaphore {key}: {e}");
+        }
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// c: an operator deletes keys
+
+/// The sequencer currently writing: the latest to begin, with at least `writes` writes, not in
+/// `done`.
+fn current_writer(h: &History, writes: usize, done: &HashSet<String>) -> Option<(String, u128)> {
+    h.spans()
+        .into_iter()
+        .rev()
+        .find(|s| s.writes >= writes && !done.contains(&s.seq))
+        .map(|s| (s.seq, s.first))
+}
+
+#[tokio::test]
+async fn deleting_the_leader_key_never_lets_two_leaders_write() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let key = "edges/delete/leader";
+    let mut run = Run::new("delete_leader");
+    let args = strings(&[
+        "--consul",
+        &agent.url(),
+        "--key",
+        key,
+        "--ttl",
+        "10",
+        "--lock-delay",
+        "0",
+    ]);
+    run.spawn("w0", &args);
+    run.spawn("w1", &args);
+
+    let mut deleted: HashSet<String> = HashSet::new();
+    let mut reelection_ms = Vec::new();
+    let mut last_delete = None;
+    let mut actions = Vec::new();
+    for round in 0..20 {
+        let (seq, first) = wait_for(
+            STEP,
+            || format!("a holder's writes before delete {round}; {}", run.files()),
+            || current_writer(&run.all(), 3, &deleted),
+        )
+        .await;
+        if let Some(at) = last_delete {
+            reelection_ms.push(ms(first as i128 - at as i128));
+        }
+        run.assert_alive();
+        last_delete = Some(now_ns());
+        agent.delete_key(key).await;
+        actions.push((
+            last_delete.unwrap(),
+            format!("delete {key} (held by {seq})"),
+        ));
+        deleted.insert(seq);
+    }
+    // The 20th deletion's successor.
+    let (_, first) = wait_for(
+        STEP,
+        || format!("a holder after the last delete; {}", run.files()),
+        || current_writer(&run.all(), 1, &deleted),
+    )
+    .await;
+    reelection_ms.push(ms(first as i128 - last_delete.unwrap() as i128));
+    run.assert_alive();
+    let shutdown = run.terminate_all().await;
+
+    let h = run.all();
+    let over = h.max_concurrent_writers(1);
+    let stale = h.stale_writes();
+    let gaps = h.handoff_gaps();
+    let (p50, p99) = gap_percentiles(&gaps);
+    println!(
+        "process_edges::delete_leader: 20 deletions; max concurrent writers {}, stale writes {}; \
+         delete → next holder's first write: {}; hand-off gap p50 {p50:.2} / p99 {p99:.2} ms",
+        over.count,
+        stale.len(),
+        summary(&reelection_ms)
+    );
+    judge(
+        &mut run,
+        &h,
+        &over,
+        &stale,
+        &actions,
+        shutdown,
+        "deleting the leader key",
+    );
+}
+
+#[tokio::test]
+async fn deleting_semaphore_keys_never_lets_more_than_the_limit_write() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let prefix = "edges/delete/sem";
+    let limit = 3;
+    let mut run = Run::new("delete_semaphore");
+    // Holders give their slot back every 400 ms, so there is always a next holder to wait for.
+    let args = strings(&[
+        "--consul",
+        &agent.url(),
+        "--key",
+        prefix,
+        "--limit",
+        "3",
+        "--ttl",
+        "10",
+        "--lock-delay",
+        "0",
+        "--hold-ms",
+        "400",
+    ]);
+    for w in 0..5 {
+        run.spawn(&format!("w{w}"), &args);
+    }
+    wait_for(
+        START,
+        || format!("{limit} holders to write; {}", run.files()),
+        || (run.all().spans().len() >= limit).then_some(()),
+    )
+    .await;
+
+    let mut lock_deletes = 0;
+    let mut contender_deletes = 0;
+    let mut victims: HashSet<String> = HashSet::new();
+    let mut next_holder_ms = Vec::new();
+    let mut actions = Vec::new();
+    for round in 0..40 {
+        run.assert_alive();
+        // Each delete meets a full semaphore: `limit` holders writing now (within 50 ms, no loss
+        // or release logged).
+        let active = wait_for(
+            STEP,
+            || {
+                format!(
+                    "{limit} holders writing before delete {round}; {}",
+                    run.files()
+                )
+            },
+            || {
+                let h = run.all();
+                let now = now_ns();
+                let active: Vec<_> = h
+                    .spans()
+                    .into_iter()
+                    .filter(|s| {
+                        now.saturating_sub(s.last) < 50_000_000
+                            && !h
+                                .of_seq(&s.seq)
+                                .any(|l| matches!(l.kind, Kind::Lost | Kind::Released))
+                    })
+                    .collect();
+                (active.len() >= limit).then_some(active)
+            },
+        )
+        .await;
+        let deleted_at = now_ns();
+        if round % 2 == 0 {
+            agent.delete_key(&format!("{prefix}/.lock")).await;
+            actions.push((deleted_at, format!("delete {prefix}/.lock")));
+            lock_deletes += 1;
+        } else {
+            let victim = active
+                .into_iter()
+                .find(|s| !victims.contains(&s.seq))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "every writing holder had its contender key deleted before and writes \
+                         on; {}",
+                        run.files()
+                    )
+                });
+            let contender = victim
+                .seq
+                .parse::<Sequencer>()
+                .unwrap_or_else(|e| panic!("{e}"))
+                .key()
+                .to_owned();
+            assert!(
+                contender.starts_with(&format!("{prefix}/")),
+                "a semaphore sequencer names the contender key <prefix>/<session>: {}",
+                victim.seq
+            );
+            agent.delete_key(&contender).await;
+            actions.push((
+                deleted_at,
+                format!(
+                    "delete the contender key of pid {} ({})",
+                    victim.pid, victim.seq
+                ),
+            ));
+            victims.insert(victim.seq);
+            contender_deletes += 1;
+        }
+        // The next holder: a sequencer whose first write follows the delete.
+        let first = wait_for(
+            STEP,
+            || format!("a holder after delete {round}; {}", run.files()),
+            || {
+                run.all()
+                    .spans()
+                    .into_iter()
+                    .find(|s| s.first > deleted_at)
+                    .map(|s| s.first)
+            },
+        )
+        .await;
+        next_holder_ms.push(ms(first as i128 - deleted_at as i128));
+    }
+    run.assert_alive();
+    let shutdown = run.terminate_all().await;
+
+    let h = run.all();
+    let over = h.max_concurrent_writers(limit);
+    let stale = h.stale_writes_shared(limit);
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for l in h.lines().iter().filter(|l| l.kind == Kind::Lost) {
+        *reasons.entry(without_numbers(&l.detail)).or_default() += 1;
+    }
+    println!(
+        "process_edges::delete_semaphore: limit {limit}, 5 workers, {lock_deletes} `.lock` and \
+         {contender_deletes} contender-key deletions, {} holders in all; max concurrent writers {}, \
+         stale writes {}; delete → a new holder's first write: {}; losses {reasons:?}",
+        h.spans().len(),
+        over.count,
+        stale.len(),
+        summary(&next_holder_ms)
+    );
+    judge(
+        &mut run,
+        &h,
+        &over,
+        &stale,
+        &actions,
+        shutdown,
+        "deleting the semaphore's keys",
+    );
+}
+
+/// Fails with the details and the interleaving around the first violation, if any.
+fn judge(
+    run: &mut Run,
+    h: &History,
+    over: &lease_tests::history::Overlap,
+    stale: &[lease_tests::history::StaleWrite],
+    actions: &[(u128, String)],
+    shutdown: Result<(), String>,
+    what: &str,
+) {
+    let mut problems = Vec::new();
+    let mut at = None;
+    if over.exceeds_limit() {
+        problems.push(over.to_string());
+        at = Some(over.at);
+    }
+    if !stale.is_empty() {
+        problems.push(format!("{} stale write(s); the first:", stale.len()));
+        for w in stale.iter().take(5) {
+            problems.push(format!("  {w}"));
+        }
+        at = Some(stale[0].t);
+    }
+    if let Err(e) = shutdown {
+        problems.push(e);
+    }
+    if problems.is_empty() {
+        return;
+    }
+    run.keep = true;
+    let around = at.map_or_else(String::new, |t| {
+        let cause = actions.iter().rev().find(|(at, _)| *at <= t).map_or_else(
+            String::new,
+            |(at, action)| {
+                format!(
+                    "\nthe last operator action before it, {:.1} ms earlier: {action}",
+                    ms(t as i128 - *at as i128)
+                )
+            },
+        );
+        format!(
+            "{cause}\n--- the merged histories around {t}:\n{}",
+            h.around(t, 10)
+        )
+    });
+    panic!("{what}: {}{around}\n({})", problems.join("\n"), run.files());
+}
+
+// ---------------------------------------------------------------------------------------------
+// d: ways out of a process
+
+/// How many times each way out is tried: the leak is a race between the process's last moments
+/// and the lease's background release, so one try can miss it.
+const EXIT_TRIES: usize = 5;
+
+/// The sessions on the agent that are not in `known`, once there is at least one.
+async fn new_sessions(agent: &Agent, known: &[String], what: &str, run: &Run) -> Vec<String> {
+    wait_for_async(
+        START,
+        || format!("{what}; {}", run.files()),
+        || async {
+            let fresh: Vec<String> = agent
+                .sessions()
+                .await
+                .into_iter()
+                .filter(|s| !known.contains(s))
+                .collect();
+            (!fresh.is_empty()).then_some(fresh)
+        },
+    )
+    .await
+}
+
+/// The holder runs in `mode` with Consul's defaults (TTL 15 s, lock-delay 15 s), a follower
+/// waits; SIGTERM the holder; the follower must be elected within a second of the holder's exit.
+/// A session left behind would show as a wait of 15 s or more. Tried [`EXIT_TRIES`] times, each
+/// on its own key; the first failure fails the test.
+async fn exit_handoff(mode: &str) {
+    let agent = Agent::start().await;
+    let mut run = Run::new(&format!("exit_{mode}"));
+    let mut handoffs = Vec::new();
+    for attempt in 0..EXIT_TRIES {
+        let key = format!("edges/exit/{mode}/{attempt}");
+        let base = strings(&["--consul", &agent.url(), "--key", &key]);
+        let mut holder_args = base.clone();
+        holder_args.extend(strings(&["--mode", mode]));
+        let holder = run.spawn(&format!("holder{attempt}"), &holder_args);
+        let holder_seq = wait_for(
+            START,
+            || format!("the {mode} holder's first write; {}", run.files()),
+            || {
+                run.history(&[holder])
+                    .first(run.pid(holder), &Kind::Write)
+                    .map(|l| l.seq.clone())
+            },
+        )
+        .await;
+        let holder_session = holder_seq.parse::<Sequencer>().unwrap().holder().to_owned();
+        let before = agent.sessions().await;
+        let follower = run.spawn(&format!("follower{attempt}"), &base);
+        // The follower waits in acquire once it has a session of its own.
+        new_sessions(&agent, &before, "the follower's session", &run).await;
+        run.assert_alive();
+
+        let shutdown = run.terminate(&[holder]).await;
+        let exit = run
+            .history(&[holder])
+            .first(run.pid(holder), &Kind::Exit)
+            .cloned();
+        let Some(exit) = exit else {
+            run.keep = true;
+            panic!(
+                "the {mode} holder exited without logging `exit` ({shutdown:?}); {}",
+                run.files()
+            );
+        };
+        // Bounded well below the 15 s a leaked session costs, and well above the 1 s promised.
+        let limit = Duration::from_secs(5);
+        let deadline = Instant::now() + limit;
+        let acquired: Option<Line> = loop {
+            if let Some(l) = run
+                .history(&[follower])
+                .first(run.pid(follower), &Kind::Acquired)
+            {
+                break Some(l.clone());
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let sessions_left = agent.sessions().await;
+        let _ = run.terminate(&[follower]).await;
+        let Some(acquired) = acquired else {
+            run.keep = true;
+            println!(
+                "process_edges::exit {mode}: try {attempt}: hand-off > {limit:?} (earlier tries: \
+                 {handoffs:.1?} ms)"
+            );
+            let leaked = if sessions_left.contains(&holder_session) {
+                format!(
+                    "the exited holder's session {holder_session} is still listed, so the key \
+                     stays taken until its TTL (15 s, which Consul lets run to 30 s) and \
+                     lock-delay (15 s) pass"
+                )
+            } else {
+                format!(
+                    "the exited holder's session {holder_session} is gone (sessions: \
+                     {sessions_left:?})"
+                )
+            };
+            panic!(
+                "exit by {mode} (try {attempt}): the follower was not elected within {limit:?} \
+                 of the holder's exit; {leaked}. {}",
+                run.files()
+            );
+        };
+        let handoff = ms(acquired.t as i128 - exit.t as i128);
+        handoffs.push(handoff);
+        assert!(
+            shutdown.is_ok(),
+            "exit by {mode}: {}",
+            shutdown.unwrap_err()
+        );
+        if handoff >= 1000.0 {
+            run.keep = true;
+            panic!(
+                "exit by {mode} (try {attempt}): the follower was elected {handoff:.1} ms after \
+                 the holder's exit (promised: under 1 s); {}",
+                run.files()
+            );
+        }
+    }
+    println!(
+        "process_edges::exit {mode}: holder's exit → follower acquired: {}",
+        summary(&handoffs)
+    );
+}
+
+#[tokio::test]
+async fn exit_from_a_campaign_in_select_hands_over_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    exit_handoff("campaign-select").await;
+}
+
+#[tokio::test]
+async fn a_lease_dropped_at_the_end_of_main_hands_over_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    exit_handoff("drop-at-exit").await;
+}
+
+#[tokio::test]
+async fn sigterm_in_the_loop_hands_over_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    exit_handoff("loop").await;
+}
+
+#[tokio::test]
+async fn a_waiter_that_exits_leaves_no_session_behind() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let key = "edges/exit/waiter";
+    let mut run = Run::new("exit_waiter");
+    let base = strings(&["--consul", &agent.url(), "--key", key]);
+    let a = run.spawn("holder", &base);
+    let a_seq = wait_for(
+        START,
+        || format!("the holder's first write; {}", run.files()),
+        || {
+            run.history(&[a])
+                .first(run.pid(a), &Kind::Write)
+                .map(|l| l.seq.clone())
+        },
+    )
+    .await;
+    let a_session = a_seq.parse::<Sequencer>().unwrap().holder().to_owned();
+    let mut waiter_args = base.clone();
+    waiter_args.extend(strings(&["--mode", "wait-then-exit"]));
+    let mut gone_ms = Vec::new();
+    for attempt in 0..EXIT_TRIES {
+        let b = run.spawn(&format!("waiter{attempt}"), &waiter_args);
+        let b_sessions = new_sessions(
+            &agent,
+            std::slice::from_ref(&a_session),
+            "the waiter's session",
+            &run,
+        )
+        .await;
+        run.assert_alive();
+        let shutdown = run.terminate(&[b]).await;
+        assert!(shutdown.is_ok(), "the waiter: {}", shutdown.unwrap_err());
+        let exited = Instant::now();
+
+        // Within 2 s of the waiter's exit, only the holder's session may be listed.
+        let limit = Duration::from_secs(2);
+        let left = loop {
+            let sessions = agent.sessions().await;
+            if sessions == [a_session.clone()] || Instant::now() >= exited + limit {
+                break sessions;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if left != [a_session.clone()] {
+            run.keep = true;
+            println!(
+                "process_edges::exit wait-then-exit: try {attempt}: the waiter's session \
+                 {b_sessions:?} still listed {:?} after its exit (earlier tries: gone after \
+                 {gone_ms:.1?} ms)",
+                exited.elapsed()
+            );
+            let _ = run.terminate_all().await;
+            panic!(
+                "{limit:?} after the waiting process exited (try {attempt}), Consul lists \
+                 sessions {left:?}; only the holder's {a_session} may remain: the dropped acquire \
+                 leaked its session {b_sessions:?} (it lives until its TTL runs out). {}",
+                run.files()
+            );
+        }
+        gone_ms.push(exited.elapsed().as_secs_f64() * 1e3);
+    }
+    let _ = run.terminate_all().await;
+    println!(
+        "process_edges::exit wait-then-exit: the waiter's session gone after its exit: {}",
+        summary(&gone_ms)
+    );
+}
