@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::{Backend, BoxError, Error, LeaseSpec, LeaseWatcher, LostReason, Sequencer, Target};
 
 /// The holder of a leader key, as followers see it.
@@ -331,7 +332,7 @@ impl Campaign {
             let lease = match acquired {
                 Ok(lease) => lease,
                 Err(error) if error.is_transient() => {
-                    let retry_in = backoff.next_delay();
+                    let retry_in = backoff.next_pause();
                     tracing::debug!(%error, ?retry_in, "campaign: acquire failed, retrying");
                     emit(LeaderEvent::AcquireFailed {
                         error: Arc::new(error),
@@ -430,7 +431,7 @@ impl Campaign {
                 }
             };
             emit(failure);
-            if sleep_unless_shutdown(backoff.next_delay(), &shutdown).await {
+            if sleep_unless_shutdown(backoff.next_pause(), &shutdown).await {
                 return Ok(CampaignEnd::Shutdown);
             }
         }
@@ -473,7 +474,7 @@ impl Campaign {
                         return;
                     }
                 }
-                tokio::time::sleep(backoff.next_delay()).await;
+                tokio::time::sleep(backoff.next_pause()).await;
             }
         });
         Some(AbortOnDrop(task))
@@ -520,32 +521,6 @@ impl<T> Future for AbortOnDrop<T> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         std::pin::Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    fn new(min: Duration, max: Duration) -> Self {
-        Backoff {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = self.next.saturating_mul(2).min(self.max);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = self.min;
     }
 }
 

@@ -59,6 +59,7 @@
 )]
 
 pub mod backend;
+mod backoff;
 mod default_backend;
 mod error;
 mod guard;

@@ -7,7 +7,9 @@
 //! leaves a contiguous run.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lapin::Channel;
 use tokio::sync::MutexGuard;
@@ -17,6 +19,7 @@ use super::client::delete_exclusive;
 use super::naming::SemaphoreNames;
 use super::wire::{self, Failure};
 use crate::Error;
+use crate::backoff::Backoff;
 
 /// Administration of the persistent semaphores on one broker. From [`Amqp::admin`].
 ///
@@ -150,7 +153,7 @@ impl Admin {
         let started = Instant::now();
         let queue = names.holder_queue(slot);
         let result = async {
-            let mut pause = Duration::from_millis(10);
+            let mut backoff = admin_backoff();
             while session.probe(&queue).await? {
                 if started.elapsed() >= timeout {
                     return Err(Error::Busy {
@@ -158,8 +161,8 @@ impl Admin {
                         waited: started.elapsed(),
                     });
                 }
-                tokio::time::sleep(pause.min(timeout.saturating_sub(started.elapsed()))).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
+                let left = timeout.saturating_sub(started.elapsed());
+                tokio::time::sleep(backoff.next_pause().min(left)).await;
             }
             Ok(())
         }
@@ -198,7 +201,7 @@ async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'
     let connection = amqp.connection().await?;
     let mutex = names.admin_queue();
     let started = Instant::now();
-    let mut pause = Duration::from_millis(10);
+    let mut backoff = admin_backoff();
     loop {
         let channel = wire::open_channel(&connection, timeout)
             .await
@@ -215,8 +218,7 @@ async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'
                 });
             }
             Err(Failure::ResourceLocked) if started.elapsed() < timeout => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
+                backoff.wait().await;
             }
             Err(Failure::ResourceLocked) => {
                 return Err(Error::Busy {
@@ -337,4 +339,9 @@ impl Drop for Session<'_> {
             });
         }
     }
+}
+
+/// Between looks at a queue an administrator waits for: 10 ms doubling up to 500 ms.
+fn admin_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(10), Duration::from_millis(500))
 }

@@ -22,6 +22,7 @@ use super::naming::SemaphoreNames;
 use super::wire::{self, Failure};
 use super::{Amqp, Claim, LossDetection, admin};
 use crate::backend::{Fence, Hold};
+use crate::backoff::{Backoff, jitter, random_below};
 use crate::{BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// The first and longest pause between scans of a full semaphore.
@@ -36,7 +37,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     let names = SemaphoreNames::new(name, limit)?;
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
-    let mut pause = SCAN_BACKOFF.0;
+    let mut backoff = Backoff::new(SCAN_BACKOFF.0, SCAN_BACKOFF.1);
     let mut unsettled_scans = 0;
     loop {
         match try_acquire(amqp, &names, limit).await? {
@@ -51,7 +52,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
             Scan::Unsettled | Scan::Full => {}
         }
         let now = Instant::now();
-        let mut sleep = jitter(pause);
+        let mut sleep = backoff.next_pause();
         if let Some(deadline) = deadline {
             if now >= deadline {
                 return Err(Error::Busy {
@@ -62,7 +63,6 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
             sleep = sleep.min(deadline - now);
         }
         tokio::time::sleep(sleep).await;
-        pause = (pause * 2).min(SCAN_BACKOFF.1);
     }
 }
 
@@ -508,23 +508,4 @@ impl Hold for SlotHold {
             tracing::warn!(%error, "could not delete the holder queue after losing the lease");
         }
     }
-}
-
-/// A random duration in `[d/2, d]`, so that waiters and racers spread out.
-fn jitter(d: Duration) -> Duration {
-    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    if nanos < 2 {
-        return d;
-    }
-    Duration::from_nanos(nanos / 2 + random_below(nanos / 2 + 1))
-}
-
-/// A cheap, non-cryptographic random number below `bound`: jitter needs spread, not secrecy.
-fn random_below(bound: u64) -> u64 {
-    use std::collections::hash_map::RandomState;
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = RandomState::new().build_hasher();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    hasher.write_u128(now.map(|d| d.as_nanos()).unwrap_or_default());
-    hasher.finish() % bound.max(1)
 }

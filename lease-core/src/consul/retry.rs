@@ -10,37 +10,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::ApiError;
+use crate::backoff::Backoff;
 
-/// A pause that doubles from 50 ms up to 1 s.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    pause: Duration,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(50);
-    const MAX: Duration = Duration::from_secs(1);
-
-    pub(crate) fn new() -> Self {
-        Backoff { pause: Self::FIRST }
-    }
-
-    /// Back to the first pause, after a success.
-    pub(crate) fn reset(&mut self) {
-        self.pause = Self::FIRST;
-    }
-
-    /// The next pause; the one after is twice as long.
-    pub(crate) fn next_pause(&mut self) -> Duration {
-        let pause = self.pause;
-        self.pause = (self.pause * 2).min(Self::MAX);
-        pause
-    }
-
-    /// Sleeps for the next pause.
-    pub(crate) async fn wait(&mut self) {
-        tokio::time::sleep(self.next_pause()).await;
-    }
+/// The backoff of Consul calls: 50 ms doubling up to 1 s, jittered.
+pub(crate) fn backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
 }
 
 /// Runs `op` until it succeeds, fails in a way retrying cannot help, or the next attempt would
@@ -53,7 +27,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ApiError>>,
 {
-    let mut backoff = Backoff::new();
+    let mut backoff = backoff();
     loop {
         match op().await {
             Err(e) if e.is_transient() => {

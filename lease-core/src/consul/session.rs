@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::http::{ApiError, Behavior, Blocking, ConsulHttp};
 use super::leader::LEADER_FLAGS;
-use super::retry::{Backoff, retry_transient, within};
+use super::retry::{backoff, retry_transient, within};
 use crate::backend::{Fence, RELEASE_BOUND};
 use crate::{BoxFuture, Error, LeaseSpec, LostReason};
 
@@ -273,7 +273,7 @@ async fn keep_alive(http: Arc<ConsulHttp>, id: String, ttl: Duration, fence: Fen
 /// self-fences when they last.
 pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEnd {
     let mut index = 0;
-    let mut backoff = Backoff::new();
+    let mut backoff = backoff();
     loop {
         let blocking = Blocking {
             index,
@@ -322,7 +322,7 @@ where
     RF: Future<Output = Result<(T, u64), ApiError>>,
     J: FnMut(T) -> Option<LostReason>,
 {
-    let mut backoff = Backoff::new();
+    let mut backoff = backoff();
     loop {
         let blocking = Blocking {
             index: *index,

@@ -31,8 +31,9 @@ use tokio::time::Instant;
 
 use super::value::{LockValue, SEMAPHORE_FLAGS, Snapshot, contender_key, lock_key};
 use crate::Error;
+use crate::backoff::Backoff;
 use crate::consul::http::{ApiError, Blocking, ConsulHttp, KvEntry, TxnOp};
-use crate::consul::retry::Backoff;
+use crate::consul::retry::backoff;
 
 /// A coordinator with nothing to do for this long stops; the next request starts another.
 const IDLE_STOP: Duration = Duration::from_secs(30);
@@ -244,7 +245,7 @@ async fn run(
         lock_gone_since: None,
         settle: Duration::ZERO,
         next_prune: None,
-        backoff: Backoff::new(),
+        backoff: backoff(),
     };
     let mut watch: Option<PrefixRead> = None;
     let mut open = true;
