@@ -519,21 +519,6 @@ impl ConsulHttp {
         Ok((parse_json(&bytes)?, index))
     }
 
-    /// `PUT /v1/kv/<key>?acquire=<session>&flags=<flags>` with `value`.
-    pub(crate) async fn kv_acquire(
-        &self,
-        key: &str,
-        session: &str,
-        flags: u64,
-        value: &[u8],
-    ) -> Result<bool, ApiError> {
-        let mut url = self.kv_url(key);
-        url.query_pairs_mut()
-            .append_pair("acquire", session)
-            .append_pair("flags", &flags.to_string());
-        self.kv_write(url, value.to_vec()).await
-    }
-
     /// `PUT /v1/kv/<key>?release=<session>&flags=<flags>` (the value is emptied, as `consul lock`
     /// does, so no stale leader stays advertised).
     pub(crate) async fn kv_release(

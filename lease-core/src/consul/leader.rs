@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, Blocking, ConsulHttp, KvEntry};
+use super::http::{Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
 use super::retry::retry_transient;
 use super::session::{self, KeepAlive, Session, SessionEnd, WATCH_WAIT};
 use crate::backend::Hold;
@@ -43,11 +43,10 @@ pub(crate) async fn acquire(
         // If this future is dropped from here on, the session releases the key before it is
         // destroyed, so the next holder does not wait out the lock-delay.
         session.may_hold(spec.key());
-        let fence_deadline = session.fence().deadline();
         let outcome = tokio::select! {
             biased;
             end = &mut keep_alive => Err(end),
-            result = contend(http, session.id(), spec, started, deadline, fence_deadline) => Ok(result),
+            result = contend(http, session.id(), spec, started, deadline) => Ok(result),
         };
         match outcome {
             Ok(Ok(held)) => return Ok(hold(http, spec, session, keep_alive, held, backend)),
@@ -80,7 +79,6 @@ async fn contend(
     spec: &LeaseSpec,
     started: Instant,
     deadline: Option<Instant>,
-    fence_deadline: Option<Instant>,
 ) -> Result<Acquired, Error> {
     let key = spec.key();
     let busy = || Error::Busy {
@@ -165,26 +163,31 @@ async fn contend(
             index = 0;
             continue;
         }
-        let acquired = http
-            .kv_acquire(key, session, LEADER_FLAGS, spec.advertised_value())
+        // `?acquire=` as a one-operation transaction: its answer carries the LockIndex, so no
+        // read follows (none that could hang after the lock is ours).
+        let lock = TxnOp::Lock {
+            key,
+            session,
+            value: spec.advertised_value(),
+            flags: LEADER_FLAGS,
+        };
+        let locked = http
+            .txn(&[lock])
             .await
             .map_err(|e| e.into_error(http, format_args!("acquire {key:?}")))?;
-        if acquired {
-            // The LockIndex of our acquisition; retried while the session is safe.
-            let (entry, _) = read_retrying(http, key, None, fence_deadline).await?;
-            match entry {
-                Some(e) if e.holder() == Some(session) => {
-                    return Ok(Acquired {
-                        lock_index: e.lock_index,
-                        modify_index: e.modify_index,
-                    });
-                }
-                // Taken from us between the acquire and the read (an operator): contend again.
-                _ => {
-                    index = 0;
-                    continue;
-                }
-            }
+        if let Ok(entries) = locked {
+            let ours = entries.iter().find(|e| e.key == key);
+            return ours
+                .map(|e| Acquired {
+                    lock_index: e.lock_index,
+                    modify_index: e.modify_index,
+                })
+                .ok_or_else(|| Error::Backend {
+                    backend: "Consul",
+                    operation: format!("acquire {key:?}"),
+                    message: "the transaction's answer does not name the key".into(),
+                    transient: false,
+                });
         }
         // Refused. Either someone else won the race (the next read shows them), or the key is
         // free but under lock-delay: then pause briefly, growing, never past the deadline.
