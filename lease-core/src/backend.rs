@@ -85,38 +85,33 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-impl<B: Backend + ?Sized> Backend for Arc<B> {
-    fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        (**self).acquire(spec)
-    }
+/// A backend behind a smart pointer is the backend: `Arc<dyn Backend>`, `Box<dyn Backend>`.
+macro_rules! forward_backend {
+    ($($pointer:ident),*) => {$(
+        impl<B: Backend + ?Sized> Backend for $pointer<B> {
+            fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
+                (**self).acquire(spec)
+            }
 
-    fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
-        (**self).observe_leader(key)
-    }
+            fn observe_leader<'a>(
+                &'a self,
+                key: &'a str,
+            ) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
+                (**self).observe_leader(key)
+            }
 
-    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).check_sequencer(sequencer)
-    }
+            fn check_sequencer<'a>(
+                &'a self,
+                sequencer: &'a Sequencer,
+            ) -> BoxFuture<'a, Result<(), Error>> {
+                (**self).check_sequencer(sequencer)
+            }
 
-    fn shutdown(&self) -> BoxFuture<'_, ()> {
-        (**self).shutdown()
-    }
+            fn shutdown(&self) -> BoxFuture<'_, ()> {
+                (**self).shutdown()
+            }
+        }
+    )*};
 }
 
-impl<B: Backend + ?Sized> Backend for Box<B> {
-    fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        (**self).acquire(spec)
-    }
-
-    fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
-        (**self).observe_leader(key)
-    }
-
-    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).check_sequencer(sequencer)
-    }
-
-    fn shutdown(&self) -> BoxFuture<'_, ()> {
-        (**self).shutdown()
-    }
-}
+forward_backend!(Arc, Box);
