@@ -64,14 +64,20 @@ pub(crate) enum Behavior {
 }
 
 /// Why a call failed, before it is given the context of what the caller was doing.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum ApiError {
-    Transport(reqwest::Error),
+    /// Shared, so the one failure of a batch of requests is the source of every error it
+    /// causes (the URL, which may carry a key, is stripped).
+    Transport(Arc<reqwest::Error>),
     Status(StatusCode, String),
     Malformed(String),
 }
 
 impl ApiError {
+    fn transport(error: reqwest::Error) -> Self {
+        ApiError::Transport(Arc::new(error.without_url()))
+    }
+
     /// Worth retrying: the agent or the network may answer differently in a moment.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
@@ -83,22 +89,9 @@ impl ApiError {
         }
     }
 
-    /// The public error for one of several requests that failed alike (the transport error's
-    /// chain is kept as text).
+    /// The public error for one of several requests that failed alike.
     pub(crate) fn to_error(&self, http: &ConsulHttp, operation: impl fmt::Display) -> Error {
-        let copy = match self {
-            ApiError::Transport(e) => {
-                return Error::Unreachable {
-                    backend: "Consul",
-                    address: http.address(),
-                    hint: "start an agent, or point CONSUL_HTTP_ADDR at one",
-                    source: DisplayChain(e).to_string().into(),
-                };
-            }
-            ApiError::Status(status, message) => ApiError::Status(*status, message.clone()),
-            ApiError::Malformed(message) => ApiError::Malformed(message.clone()),
-        };
-        copy.into_error(http, operation)
+        self.clone().into_error(http, operation)
     }
 
     /// The public error, saying what we were doing.
@@ -108,7 +101,7 @@ impl ApiError {
                 backend: "Consul",
                 address: http.address(),
                 hint: "start an agent, or point CONSUL_HTTP_ADDR at one",
-                source: Box::new(source.without_url()),
+                source: Box::new(source),
             },
             ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
                 operation: operation.to_string(),
@@ -352,7 +345,7 @@ impl ConsulHttp {
         if let Some(body) = body {
             request = request.body(body);
         }
-        request.send().await.map_err(ApiError::Transport)
+        request.send().await.map_err(ApiError::transport)
     }
 
     /// Sends and returns the body of a 2xx answer, or the status and body of another.
@@ -608,7 +601,7 @@ async fn read(response: reqwest::Response) -> Result<(StatusCode, Option<u64>, V
         .get("X-Consul-Index")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
-    let bytes = response.bytes().await.map_err(ApiError::Transport)?;
+    let bytes = response.bytes().await.map_err(ApiError::transport)?;
     Ok((status, index, bytes.to_vec()))
 }
 
