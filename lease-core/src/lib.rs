@@ -20,6 +20,20 @@
 //!   [`Backend::observe_leader`] lets any node follow who leads;
 //! - in an axum/tower service: the `lease-tower` crate.
 //!
+//! Before the process exits, await [`Backend::shutdown`]: every lease is released and the next
+//! holder takes over at once (a process that skips it still releases its leases while the
+//! runtime shuts down, within about a second).
+//!
+//! A lease is held while nobody has declared it lost *and* its self-fencing deadline has not
+//! passed: [`Lease::is_held`] and [`Lease::run`] read the monotonic clock before every poll, so a
+//! process resumed after a pause longer than its TTL never runs guarded work again. A pause can
+//! still fall between that check and a write, which is why downstream systems check the
+//! [`Sequencer`] they are handed.
+//!
+//! To add a backend, implement [`Backend`] and build leases with the parts in [`backend`]
+//! ([`backend::Keepers`], [`backend::Hold`], [`backend::Fence`]); the in-tree backends use only
+//! those.
+//!
 //! # Example
 //!
 //! ```

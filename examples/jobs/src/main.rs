@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use lease_core::Backend as _;
 use lease_core::memory::Memory;
 use lease_core::{GuardError, Sequencer, leader_only, semaphore};
 use tokio::sync::oneshot;
@@ -114,4 +115,7 @@ async fn main() {
     println!(
         "done: compaction ran {ran} time(s) in {TICKS} ticks; at most {most_at_once} report(s) rendered at once"
     );
+    // Give back whatever is still held before the process ends (on Consul: at once, instead of
+    // after the session TTL and lock-delay).
+    store.shutdown().await;
 }
