@@ -165,7 +165,8 @@ pub mod __private {
             if let Outcome::NotApplicable(lacking) = outcome {
                 let lacking: Vec<String> = lacking.iter().map(ToString::to_string).collect();
                 eprintln!(
-                    "{name}: not applicable, the backend lacks {}; its refusal was checked",
+                    "{name}: not applicable, the harness declares that the backend lacks {} \
+                     (the refusals the contract defines were checked)",
                     lacking.join(", ")
                 );
             }
