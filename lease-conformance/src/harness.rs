@@ -152,8 +152,9 @@ impl Harness {
         &self.lacks
     }
 
-    /// A key (or semaphore prefix) no other scenario, test process or earlier run uses:
-    /// `conformance/<scenario>/<pid>-<n>`. Registered for [`clean_up_with`](Harness::clean_up_with).
+    /// A key (or semaphore prefix) no other scenario or test process uses:
+    /// `conformance/<scenario>/<pid>-<n>`. Handed to [`clean_up_with`](Harness::clean_up_with)'s
+    /// function at the end.
     pub fn key(&self, scenario: &str) -> String {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let key = format!(

@@ -68,6 +68,8 @@ pub async fn contention_then_handover_on_release(h: &Harness) -> Outcome {
 
 /// Destroying the holder's session cancels its work with `SessionInvalidated`; `check()` and
 /// `release()` report the loss.
+///
+/// Needs [`DestroySession`](Capability::DestroySession).
 pub async fn loss_on_session_destroy_cancels_work(h: &Harness) -> Outcome {
     if let Some(outcome) = h.not_applicable(&[Capability::DestroySession]).await {
         return outcome;
@@ -94,6 +96,8 @@ pub async fn loss_on_session_destroy_cancels_work(h: &Harness) -> Outcome {
 }
 
 /// Deleting a held key loses the lease with `KeyDeleted`.
+///
+/// Needs [`DeleteKey`](Capability::DeleteKey).
 pub async fn loss_on_key_delete(h: &Harness) -> Outcome {
     if let Some(outcome) = h.not_applicable(&[Capability::DeleteKey]).await {
         return outcome;
@@ -107,6 +111,8 @@ pub async fn loss_on_key_delete(h: &Harness) -> Outcome {
 }
 
 /// An operator releasing a held key loses the lease with `KeyReleased`.
+///
+/// Needs [`ReleaseKey`](Capability::ReleaseKey).
 pub async fn loss_on_key_release(h: &Harness) -> Outcome {
     if let Some(outcome) = h.not_applicable(&[Capability::ReleaseKey]).await {
         return outcome;
@@ -258,6 +264,8 @@ pub async fn never_waiting_answers_at_once(h: &Harness) -> Outcome {
 }
 
 /// After the holder's session is destroyed, its key stays barred for the lock-delay, then is free.
+///
+/// Needs [`DestroySession`](Capability::DestroySession) and [`LockDelay`](Capability::LockDelay).
 pub async fn lock_delay_holds_off_the_next_holder(h: &Harness) -> Outcome {
     if let Some(outcome) = h
         .not_applicable(&[Capability::DestroySession, Capability::LockDelay])
@@ -290,6 +298,8 @@ pub async fn lock_delay_holds_off_the_next_holder(h: &Harness) -> Outcome {
 }
 
 /// With lock-delay 0, the key is free right after the holder's session is destroyed.
+///
+/// Needs [`DestroySession`](Capability::DestroySession).
 pub async fn zero_lock_delay_means_zero(h: &Harness) -> Outcome {
     if let Some(outcome) = h.not_applicable(&[Capability::DestroySession]).await {
         return outcome;
@@ -318,6 +328,8 @@ pub async fn zero_lock_delay_means_zero(h: &Harness) -> Outcome {
 
 /// `observe_leader` sees nobody, then the holder's sequencer and value, then nobody once it
 /// releases.
+///
+/// Needs [`ObserveLeader`](Capability::ObserveLeader).
 pub async fn observers_follow_the_leader(h: &Harness) -> Outcome {
     if let Some(outcome) = h.not_applicable(&[Capability::ObserveLeader]).await {
         return outcome;
@@ -356,6 +368,8 @@ pub async fn observers_follow_the_leader(h: &Harness) -> Outcome {
 
 /// A semaphore admits `limit` holders, answers `Busy` beyond it (and `LimitMismatch` to another
 /// limit, with [`Capability::LimitAgreement`]), and admits a waiter when a holder drops out.
+///
+/// Needs [`Semaphores`](Capability::Semaphores).
 pub async fn semaphore_admits_up_to_its_limit(h: &Harness) -> Outcome {
     if let Some(outcome) = h.not_applicable(&[Capability::Semaphores]).await {
         return outcome;
@@ -400,6 +414,9 @@ pub async fn semaphore_admits_up_to_its_limit(h: &Harness) -> Outcome {
 
 /// Destroying a semaphore holder's session loses its slot, and with lock-delay 0 the next contender
 /// gets it.
+///
+/// Needs [`Semaphores`](Capability::Semaphores) and
+/// [`DestroySession`](Capability::DestroySession).
 pub async fn semaphore_holder_loses_on_session_destroy(h: &Harness) -> Outcome {
     if let Some(outcome) = h
         .not_applicable(&[Capability::Semaphores, Capability::DestroySession])
@@ -427,6 +444,9 @@ pub async fn semaphore_holder_loses_on_session_destroy(h: &Harness) -> Outcome {
 
 /// A semaphore holder whose session was destroyed keeps its slot for the lock-delay, then it is
 /// handed on.
+///
+/// Needs [`Semaphores`](Capability::Semaphores),
+/// [`DestroySession`](Capability::DestroySession) and [`LockDelay`](Capability::LockDelay).
 pub async fn semaphore_dead_holder_keeps_its_slot_for_the_lock_delay(h: &Harness) -> Outcome {
     if let Some(outcome) = h
         .not_applicable(&[
