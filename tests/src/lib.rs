@@ -22,15 +22,9 @@ pub mod overlap;
 pub mod proxy;
 pub mod stats;
 
-use std::time::Duration;
-
-/// Awaits `fut` for at most `limit`, panicking with `what` if it does not complete in time.
-pub async fn within<F: std::future::Future>(limit: Duration, what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
-    }
-}
+/// The waits and loss assertions the conformance scenarios are written with, shared by every
+/// test here.
+pub use lease_conformance::support::{assert_refined, release_lost, within};
 
 /// Installs a tracing subscriber for test output (`RUST_LOG` filters it); safe to call repeatedly.
 pub fn init_tracing() {
@@ -41,43 +35,4 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
-}
-
-/// Releases a lease that was lost, asserting that the release reports the loss (work that ran
-/// under it must be reportable as unsafe).
-pub async fn release_lost(lease: lease_core::Lease) {
-    match lease.release().await {
-        Err(lease_core::Error::Lost(_)) => {}
-        other => panic!("releasing a lost lease must report the loss, got {other:?}"),
-    }
-}
-
-/// Whether `reported` (what `run` or `lost()` answered at the moment of loss) is `expected` or
-/// the coarser reason the backend publishes first, and waits (bounded) until the lease's reason
-/// is refined to `expected`. Loss is published the moment a watch shows it; whether a released
-/// key's (or a deleted contender key's) session was invalidated takes one more read.
-pub async fn assert_refined(
-    lease: &lease_core::Lease,
-    reported: &lease_core::LostReason,
-    expected: lease_core::LostReason,
-) {
-    use lease_core::LostReason::{KeyDeleted, KeyReleased, SessionInvalidated};
-    let coarse = match expected {
-        SessionInvalidated => matches!(reported, KeyReleased | KeyDeleted),
-        _ => false,
-    };
-    assert!(
-        *reported == expected || coarse,
-        "lost with {reported:?}, expected {expected:?}"
-    );
-    within(
-        Duration::from_secs(10),
-        "the loss reason to be refined",
-        async {
-            while lease.lost_reason().as_ref() != Some(&expected) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        },
-    )
-    .await;
 }

@@ -17,9 +17,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use lease_conformance::Operator;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::memory::Memory;
-use lease_core::{Backend, BoxError, BoxFuture, LeaseSpec, LeaseWatcher, Sequencer, Wait};
+use lease_core::{Backend, BoxError, LeaseSpec, LeaseWatcher, Sequencer, Wait};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -86,80 +87,11 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
     Ok(choice)
 }
 
-/// What the demo needs from an operator: kill a holder, and count what is left at the end.
-trait Operator: Send + Sync {
-    /// Takes the lease named by `leader` away from its holder, as an operator would.
-    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>>;
-    /// Sessions still present, if the backend can tell.
-    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>>;
-}
-
-struct MemoryOperator(Memory);
-
-impl Operator for MemoryOperator {
-    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            if self.0.invalidate_session(leader.holder()) {
-                Ok(())
-            } else {
-                Err(format!("session {} no longer exists", leader.holder()))
-            }
-        })
-    }
-
-    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
-        Box::pin(async { Some(self.0.sessions().len()) })
-    }
-}
-
-/// Consul's operator: `PUT /v1/session/destroy/<id>`.
-struct ConsulOperator(lease_core::consul::Consul);
-
-impl Operator for ConsulOperator {
-    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.0
-                .destroy_session(leader.holder())
-                .await
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
-        // Other clients' sessions may share the agent: the count would not be ours alone.
-        Box::pin(async { None })
-    }
-}
-
-/// RabbitMQ's operator: removes the leader's slot and creates it again, so the holder loses it
-/// (`SlotRemoved`) and another node can take the new one.
-struct AmqpOperator(lease_core::amqp::Amqp);
-
-impl Operator for AmqpOperator {
-    fn kill<'a>(&'a self, leader: &'a Sequencer) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let admin = self.0.admin();
-            admin
-                .remove(leader.key(), 1)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Idempotent: a campaigning node may already have recreated the one-slot semaphore.
-            admin
-                .create(leader.key(), 1)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
-        Box::pin(async { None })
-    }
-}
-
 /// The backend the nodes share, chosen by flags, and its operator.
 struct Setup {
     name: &'static str,
     backend: Arc<dyn Backend>,
+    /// Takes the leader's lease away, as an administrator of that backend would.
     operator: Box<dyn Operator>,
 }
 
@@ -170,7 +102,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
             Ok(Setup {
                 name: "memory (in-process)",
                 backend: Arc::new(memory.clone()),
-                operator: Box::new(MemoryOperator(memory)),
+                operator: Box::new(memory),
             })
         }
         Choice::Consul(url) => {
@@ -182,7 +114,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
             Ok(Setup {
                 name: "Consul",
                 backend: Arc::new(consul.clone()),
-                operator: Box::new(ConsulOperator(consul)),
+                operator: Box::new(consul),
             })
         }
         Choice::Amqp(url) => {
@@ -190,7 +122,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
             Ok(Setup {
                 name: "RabbitMQ",
                 backend: Arc::new(amqp.clone()),
-                operator: Box::new(AmqpOperator(amqp)),
+                operator: Box::new(amqp),
             })
         }
     }
@@ -626,10 +558,10 @@ async fn run_demo(setup: Setup) -> Summary {
             node = "operator",
             victim,
             lock_index = sequencer.index(),
-            "operator: invalidating the leader's session"
+            "operator: taking the lease away from the leader"
         );
         let killed_at = Instant::now();
-        match setup.operator.kill(&sequencer).await {
+        match setup.operator.revoke(&sequencer).await {
             Ok(()) => {
                 let give_up = killed_at + LOCK_DELAY + Duration::from_secs(8);
                 while let Ok(Some((node, event))) =
@@ -644,7 +576,7 @@ async fn run_demo(setup: Setup) -> Summary {
                     }
                 }
             }
-            Err(error) => tracing::error!(%error, "operator: could not invalidate the session"),
+            Err(error) => tracing::error!(%error, "operator: could not take the lease away"),
         }
     } else {
         tracing::error!("demo: no leader was elected in {KILL_AFTER:?}");
