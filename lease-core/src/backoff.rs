@@ -39,6 +39,7 @@ impl Backoff {
     }
 
     /// Sleeps for the next pause.
+    #[cfg(any(feature = "consul", feature = "amqp"))]
     pub(crate) async fn wait(&mut self) {
         tokio::time::sleep(self.next_pause()).await;
     }
