@@ -64,6 +64,8 @@ mod default_backend;
 mod error;
 mod guard;
 mod lease;
+#[cfg(feature = "consul")]
+mod semaphore;
 mod sequencer;
 mod spec;
 
