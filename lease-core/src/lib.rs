@@ -64,7 +64,7 @@ mod default_backend;
 mod error;
 mod guard;
 mod lease;
-#[cfg(feature = "consul")]
+#[cfg(any(feature = "memory", feature = "consul"))]
 mod semaphore;
 mod sequencer;
 mod spec;

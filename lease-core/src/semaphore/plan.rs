@@ -162,6 +162,11 @@ impl Planner {
         self.next_wake
     }
 
+    /// Whether the planner remembers nothing a later round needs.
+    pub(crate) fn at_rest(&self) -> bool {
+        self.dead_since.is_empty() && self.lock_gone_since.is_none()
+    }
+
     /// Notes what `snapshot` shows at `now`: holders first seen dead, and a lock key missing
     /// under live contenders other than those `waiting` for a slot. Every round does this
     /// first; a backend that sees each change as it happens may do it then too.

@@ -1,7 +1,8 @@
 //! The shapes of a semaphore's state: the keys, the decoded value of `<prefix>/.lock`, and what
 //! one consistent look at the prefix says about it.
 //!
-//! The JSON form of the value is Consul's concern (`consul::semaphore::value`).
+//! The JSON form of the value is Consul's concern (`consul::semaphore::value`); the memory store
+//! keeps a [`LockValue`] as it is.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 

@@ -10,8 +10,8 @@
 //! key's ModifyIndex (0 when creating), pruning holders whose session no longer holds a key. The
 //! process's takes and give-backs of one prefix are batched into such transactions by one
 //! [`coordinator`] task, so they never race each other; a full semaphore is waited for with a
-//! blocking query on the prefix. Who is admitted, kept or pruned is decided by the planner
-//! (`crate::semaphore`); the coordinator only executes its plans.
+//! blocking query on the prefix. Who is admitted, kept or pruned is decided by the planner shared
+//! with the memory backend (`crate::semaphore`); the coordinator only executes its plans.
 //!
 //! A holder whose session is gone keeps its slot for the settle time before it is pruned, so a
 //! holder invalidated behind its back has that long to notice and stop its work before anyone

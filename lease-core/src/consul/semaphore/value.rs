@@ -1,6 +1,6 @@
 //! The semaphore's state as Consul stores it: the JSON form of `<prefix>/.lock`, and a
-//! [`Snapshot`] from one read of the prefix. The shapes themselves are the planner's
-//! (`crate::semaphore`).
+//! [`Snapshot`] from one read of the prefix. The shapes themselves are shared with the memory
+//! store (`crate::semaphore`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 

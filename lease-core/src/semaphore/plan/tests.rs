@@ -158,6 +158,7 @@ fn a_dead_holder_keeps_its_slot_within_its_settle_time_and_is_pruned_after() {
     for after in [Duration::ZERO, SECOND, settle - Duration::from_nanos(1)] {
         assert!(waits(&rig.fresh(&full, after)), "at {after:?}");
         assert_eq!(rig.wake(), Some(settle));
+        assert!(!rig.planner.at_rest());
     }
     // A take that must not wait is told so meanwhile.
     rig.queue.push_take(once("e", 2), ());
@@ -194,6 +195,7 @@ fn an_idle_round_prunes_a_dead_holder_once_its_settle_time_is_over() {
     assert_eq!((lock.cas_index, lock.value.holders), (9, holders(&[])));
     let pruned = snapshot(Some((10, 2, &[])), &["b"]);
     assert!(matches!(rig.fresh(&pruned, SECOND).next, Next::Idle));
+    assert!(rig.planner.at_rest());
 }
 
 #[test]
@@ -265,6 +267,7 @@ fn a_deleted_lock_with_live_contenders_admits_nobody_for_the_settle_time() {
     let mut rig = Rig::new(vec![take("c", 2, SECOND)], Vec::new());
     let write = planned_write(rig.fresh(&pooled, Duration::ZERO));
     assert!(write.admits[0].relock, "a pooled session re-locks its key");
+    assert!(rig.planner.at_rest());
 }
 
 #[test]
