@@ -72,6 +72,11 @@ impl<T, G> Queue<T, G> {
         self.takes.retain(|(_, reply)| keep(reply));
     }
 
+    /// The replies of the queued takes.
+    pub(crate) fn take_replies_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.takes.iter_mut().map(|(_, reply)| reply)
+    }
+
     /// Removes and returns the give-backs `pick` picks.
     pub(crate) fn drain_gives(&mut self, mut pick: impl FnMut(&G) -> bool) -> Vec<(Give, G)> {
         let (picked, kept): (VecDeque<_>, VecDeque<_>) =

@@ -20,10 +20,19 @@
 //! This module is how requests reach a coordinator; the task itself (`task`) only executes
 //! plans: reads, the transaction, answers, and trouble.
 //!
+//! # Bounds
+//!
+//! Requests reach the coordinator through a bounded channel of [`CHANNEL_CAPACITY`]; a caller
+//! finding it full waits for room. The coordinator drains the channel at every turn of its loop,
+//! also while takes wait for a slot, so that wait lasts one Consul request at most, and a
+//! give-back never waits for a take. The queue behind the channel holds one take per caller
+//! still waiting: a take whose caller went away is dropped as soon as the coordinator is between
+//! requests, not at its next round.
+//!
 //! # Cancel safety
 //!
-//! A take whose caller went away before its round is skipped; one admitted after its caller
-//! went away is given back by the coordinator itself.
+//! A take whose caller went away before it was admitted is dropped; one admitted after its
+//! caller went away is given back by the coordinator itself.
 
 mod task;
 
@@ -41,6 +50,8 @@ use crate::semaphore::{Give, Take, Taken};
 
 /// How long a give-back is retried through trouble before it is reported failed.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
+/// How many requests may wait in a coordinator's channel; more callers wait for room.
+const CHANNEL_CAPACITY: usize = 128;
 
 /// A request for a slot, as `acquire` makes it.
 #[derive(Clone, Copy, Debug)]
@@ -104,7 +115,7 @@ enum Request {
 /// The coordinators of one client, one per prefix, started on demand.
 #[derive(Default)]
 pub(super) struct Coordinators {
-    senders: Mutex<HashMap<String, mpsc::UnboundedSender<Request>>>,
+    senders: Mutex<HashMap<String, mpsc::Sender<Request>>>,
 }
 
 impl fmt::Debug for Coordinators {
@@ -176,7 +187,7 @@ impl Coordinators {
                 break;
             };
             let (answer_tx, answer) = oneshot::channel();
-            if sender.send(make(answer_tx)).is_ok() {
+            if sender.send(make(answer_tx)).await.is_ok() {
                 if let Ok(result) = answer.await {
                     return result;
                 }
@@ -187,15 +198,11 @@ impl Coordinators {
 
     /// The channel to the coordinator of `prefix`, started if none runs; `None` if the map's
     /// lock is poisoned.
-    fn sender(
-        &self,
-        http: &Arc<ConsulHttp>,
-        prefix: &str,
-    ) -> Option<mpsc::UnboundedSender<Request>> {
+    fn sender(&self, http: &Arc<ConsulHttp>, prefix: &str) -> Option<mpsc::Sender<Request>> {
         let mut senders = self.senders.lock().ok()?;
         senders.retain(|_, sender| !sender.is_closed());
         let sender = senders.entry(prefix.to_owned()).or_insert_with(|| {
-            let (sender, requests) = mpsc::unbounded_channel();
+            let (sender, requests) = mpsc::channel(CHANNEL_CAPACITY);
             tokio::spawn(task::run(Arc::clone(http), prefix.to_owned(), requests));
             sender
         });

@@ -2,9 +2,10 @@
 //! answers; blocks on the prefix while the semaphore is full (see the parent module).
 
 use std::collections::HashSet;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -49,7 +50,7 @@ struct Coordinator {
 pub(super) async fn run(
     http: Arc<ConsulHttp>,
     prefix: String,
-    mut requests: mpsc::UnboundedReceiver<Request>,
+    mut requests: mpsc::Receiver<Request>,
 ) {
     let mut coordinator = Coordinator {
         http,
@@ -102,9 +103,23 @@ pub(super) async fn run(
                     watch = None;
                     coordinator.observe(answer).await;
                 }
+                // Dropped at the top of the loop.
+                () = abandoned(&mut coordinator.queue) => {}
             }
         }
     }
+}
+
+/// Completes when the caller of some queued take has gone away.
+fn abandoned(queue: &mut Queue<TakeReply, GiveReply>) -> impl Future<Output = ()> + '_ {
+    poll_fn(move |cx| {
+        let mut replies = queue.take_replies_mut();
+        if replies.any(|reply| reply.answer.poll_closed(cx).is_ready()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
 }
 
 impl Coordinator {
@@ -350,4 +365,51 @@ enum Owner {
     Give,
     Take(usize),
     Lock,
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn waiting(
+        session: &str,
+        queue: &mut Queue<TakeReply, GiveReply>,
+    ) -> oneshot::Receiver<Result<Taken, Error>> {
+        let (answer, receiver) = oneshot::channel();
+        let take = Take {
+            session: session.to_owned(),
+            limit: 1,
+            settle: Duration::ZERO,
+            once: false,
+        };
+        queue.push_take(
+            take,
+            TakeReply {
+                value: Vec::new(),
+                answer,
+            },
+        );
+        receiver
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_take_whose_caller_went_away_wakes_the_coordinator_at_once() {
+        let mut queue = Queue::default();
+        let _stays = waiting("a", &mut queue);
+        let leaves = waiting("b", &mut queue);
+        let quiet = tokio::time::timeout(FULL_WAIT, abandoned(&mut queue)).await;
+        assert!(quiet.is_err(), "woken with every caller still waiting");
+
+        let abandon = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(leaves);
+        };
+        let started = Instant::now();
+        tokio::join!(abandoned(&mut queue), abandon);
+        assert_eq!(started.elapsed(), Duration::from_millis(1));
+        queue.retain_takes(|reply| !reply.answer.is_closed());
+        assert_eq!(queue.take_replies_mut().count(), 1);
+    }
 }
