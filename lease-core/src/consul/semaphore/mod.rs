@@ -40,9 +40,7 @@ use super::session::{self, KeepAlive, Session, SessionEnd};
 use crate::backend::Hold;
 pub(crate) use crate::semaphore::{SEMAPHORE_FLAGS, prefix_of};
 use crate::semaphore::{Snapshot, Taken, contender_key, lock_key};
-use crate::{
-    Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
-};
+use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
 #[derive(Debug)]
@@ -119,7 +117,7 @@ pub(crate) async fn acquire(
             Ok(Some(Ok(Taken::Admitted { lock_index, index }))) => {
                 let admitted = Admitted { lock_index, index };
                 return Ok(hold(
-                    http, semaphores, spec, session, keep_alive, admitted, backend,
+                    semaphores, spec, session, keep_alive, admitted, backend,
                 ));
             }
             Ok(Some(Ok(Taken::SessionGone))) => {
@@ -158,7 +156,6 @@ struct Admitted {
 }
 
 fn hold(
-    http: &Arc<ConsulHttp>,
     semaphores: &Arc<Semaphores>,
     spec: &LeaseSpec,
     session: Session,
@@ -168,19 +165,12 @@ fn hold(
 ) -> Lease {
     let prefix = spec.key();
     let contender = contender_key(prefix, session.id());
-    let sequencer = Sequencer::new(
-        BackendKind::Consul,
+    session::start_lease(
         &contender,
         admitted.lock_index,
-        session.id(),
-    );
-    tracing::info!(%sequencer, "semaphore slot acquired");
-    let fence = session.fence().clone();
-    http.keepers().start(
-        sequencer,
-        fence,
+        session,
         backend,
-        SemaphoreHold {
+        |session| SemaphoreHold {
             semaphores: Arc::clone(semaphores),
             prefix: prefix.to_owned(),
             settle: spec.settle_after_removal(),
@@ -226,10 +216,7 @@ fn verdict(
 /// A contender key gone under us: deleted by an operator, or with our invalidated session.
 async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
     match reason {
-        LostReason::KeyDeleted => match http.session_exists(session).await {
-            Ok(false) => Some(LostReason::SessionInvalidated),
-            Ok(true) | Err(_) => None,
-        },
+        LostReason::KeyDeleted => session::went_with_session(http, session).await,
         _ => None,
     }
 }
