@@ -78,6 +78,8 @@ mod default_backend;
 mod error;
 mod guard;
 mod lease;
+#[cfg(any(feature = "memory", feature = "consul"))]
+mod semaphore;
 mod sequencer;
 mod spec;
 

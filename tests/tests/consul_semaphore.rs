@@ -170,6 +170,49 @@ async fn sixteen_tasks_with_operator_destroys_stay_within_limit_and_all_run() {
 }
 
 #[tokio::test]
+async fn more_waiters_than_the_coordinator_takes_at_once_all_get_their_turn() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let consul = agent.backend();
+    // 160 callers of one process on one prefix, more than the coordinator's channel holds
+    // (each waits with a session of its own, and the agent serves 200 connections a client);
+    // some give up while they wait. Those who stay all run, within the limit, and the slots are
+    // handed on through the crowd: give-backs are never stuck behind waiting takes.
+    let timeline = Timeline::new();
+    let spec = spec("crowd", 4);
+    let (mut stay, mut leave) = (Vec::new(), Vec::new());
+    for i in 0..160 {
+        let (consul, timeline, spec) = (consul.clone(), timeline.clone(), spec.clone());
+        if i % 8 < 5 {
+            stay.push(tokio::spawn(async move {
+                let lease = consul.acquire(&spec).await.unwrap();
+                let guard = timeline.hold(format!("job-{i}"));
+                let work = tokio::time::sleep(Duration::from_millis(2));
+                lease.run(work).await.unwrap();
+                drop(guard);
+                lease.release().await.unwrap();
+            }));
+        } else {
+            let impatient = spec.wait(Wait::UpTo(Duration::from_millis(50)));
+            leave.push(tokio::spawn(async move {
+                match consul.acquire(&impatient).await {
+                    Ok(lease) => lease.release().await.unwrap(),
+                    Err(error) => assert!(error.is_busy(), "{error}"),
+                }
+            }));
+        }
+    }
+    for task in leave.into_iter().chain(stay) {
+        within(T, "every caller to be answered", task)
+            .await
+            .unwrap();
+    }
+    assert!(timeline.len() >= 100, "{} ran", timeline.len());
+    timeline.assert_at_most(4);
+    nothing_left(&agent, "crowd").await;
+}
+
+#[tokio::test]
 async fn a_dead_holder_is_pruned_and_its_slot_reused() {
     init_tracing();
     let agent = Agent::start().await;

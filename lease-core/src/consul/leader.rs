@@ -20,7 +20,7 @@ use super::http::{Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
 use super::retry::retry_transient;
 use super::session::{self, KeepAlive, Session, SessionEnd, WATCH_WAIT};
 use crate::backend::Hold;
-use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
 pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -49,7 +49,7 @@ pub(crate) async fn acquire(
             result = contend(http, session.id(), spec, started, deadline) => Ok(result),
         };
         match outcome {
-            Ok(Ok(held)) => return Ok(hold(http, spec, session, keep_alive, held, backend)),
+            Ok(Ok(held)) => return Ok(hold(spec, session, keep_alive, held, backend)),
             Ok(Err(error)) => {
                 // Give the session back now, so a caller that asked not to wait leaves nothing behind.
                 let _ = session.give_back().await;
@@ -221,29 +221,20 @@ async fn read_retrying(
 
 /// Turns a successful contention into a lease and starts its holder task.
 fn hold(
-    http: &Arc<ConsulHttp>,
     spec: &LeaseSpec,
     session: Session,
     keep_alive: KeepAlive,
     acquired: Acquired,
     backend: Arc<dyn Backend>,
 ) -> Lease {
-    let key = spec.key().to_owned();
-    let sequencer = Sequencer::new(BackendKind::Consul, &key, acquired.lock_index, session.id());
-    tracing::info!(%sequencer, "lease acquired");
-    let fence = session.fence().clone();
-    http.keepers().start(
-        sequencer,
-        fence,
-        backend,
-        LeaderHold {
-            session,
-            keep_alive,
-            key,
-            lock_index: acquired.lock_index,
-            index: acquired.modify_index,
-        },
-    )
+    let (key, lock_index) = (spec.key(), acquired.lock_index);
+    session::start_lease(key, lock_index, session, backend, |session| LeaderHold {
+        session,
+        keep_alive,
+        key: key.to_owned(),
+        lock_index,
+        index: acquired.modify_index,
+    })
 }
 
 /// Compares the key as read with the acquisition (`session`, `lock_index`): `None` if it still
@@ -267,10 +258,7 @@ fn verdict(entry: Option<&KvEntry>, session: &str, lock_index: u64) -> Option<Lo
 /// of the session tells.
 async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
     match reason {
-        LostReason::KeyReleased => match http.session_exists(session).await {
-            Ok(false) => Some(LostReason::SessionInvalidated),
-            Ok(true) | Err(_) => None,
-        },
+        LostReason::KeyReleased => session::went_with_session(http, session).await,
         _ => None,
     }
 }

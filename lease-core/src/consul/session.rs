@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use super::http::{ApiError, Behavior, Blocking, ConsulHttp};
 use super::leader::LEADER_FLAGS;
 use super::retry::{backoff, retry_transient, within};
-use crate::backend::{Fence, RELEASE_BOUND};
-use crate::{BoxFuture, Error, LeaseSpec, LostReason};
+use crate::backend::{Fence, Hold, RELEASE_BOUND};
+use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// How long one blocking query waits before Consul answers unchanged.
 pub(crate) const WATCH_WAIT: Duration = Duration::from_secs(300);
@@ -262,6 +262,31 @@ async fn keep_alive(http: Arc<ConsulHttp>, id: String, ttl: Duration, fence: Fen
                 };
             }
         }
+    }
+}
+
+/// Turns what `session` acquired (`key`, at LockIndex `lock_index`) into a lease, and starts its
+/// holder task with the hold `hold` builds from the session.
+pub(crate) fn start_lease<H: Hold>(
+    key: &str,
+    lock_index: u64,
+    session: Session,
+    backend: Arc<dyn Backend>,
+    hold: impl FnOnce(Session) -> H,
+) -> Lease {
+    let sequencer = Sequencer::new(BackendKind::Consul, key, lock_index, session.id());
+    tracing::info!(%sequencer, "lease acquired");
+    let (keepers, fence) = (session.http().keepers().clone(), session.fence().clone());
+    keepers.start(sequencer, fence, backend, hold(session))
+}
+
+/// Whether a lock that went away under `session` (a leader key released, a contender key
+/// deleted) went with the session itself: one read of the session. `None` if the session still
+/// exists or the read failed: the reason seen stands.
+pub(crate) async fn went_with_session(http: &ConsulHttp, session: &str) -> Option<LostReason> {
+    match http.session_exists(session).await {
+        Ok(false) => Some(LostReason::SessionInvalidated),
+        Ok(true) | Err(_) => None,
     }
 }
 

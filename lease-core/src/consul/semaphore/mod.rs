@@ -10,11 +10,12 @@
 //! key's ModifyIndex (0 when creating), pruning holders whose session no longer holds a key. The
 //! process's takes and give-backs of one prefix are batched into such transactions by one
 //! [`coordinator`] task, so they never race each other; a full semaphore is waited for with a
-//! blocking query on the prefix.
+//! blocking query on the prefix. Who is admitted, kept or pruned is decided by the planner shared
+//! with the memory backend (`crate::semaphore`); the coordinator only executes its plans.
 //!
-//! A holder whose session is gone keeps its slot for the lock-delay before it is pruned (see
-//! `Coordinator::unpruned_holders`), so a holder invalidated behind its back has that long to
-//! notice and stop its work before anyone else is admitted; lock-delay 0 prunes at once.
+//! A holder whose session is gone keeps its slot for the settle time before it is pruned, so a
+//! holder invalidated behind its back has that long to notice and stop its work before anyone
+//! else is admitted; lock-delay and settle 0 prune at once.
 //!
 //! Holding: a consistent blocking watch of the prefix, beside the session's own watch and renew
 //! loop. The lease is lost when our session leaves `Holders`, our contender key goes or changes
@@ -31,17 +32,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use self::coordinator::{Coordinators, Take, Taken};
+use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
-pub(crate) use self::value::SEMAPHORE_FLAGS;
-use self::value::{Snapshot, contender_key, lock_key};
 use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
 use super::retry::{retry_transient, within};
 use super::session::{self, KeepAlive, Session, SessionEnd};
 use crate::backend::Hold;
-use crate::{
-    Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
-};
+pub(crate) use crate::semaphore::{SEMAPHORE_FLAGS, prefix_of};
+use crate::semaphore::{Snapshot, Taken, contender_key, lock_key};
+use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
 #[derive(Debug)]
@@ -94,7 +93,7 @@ pub(crate) async fn acquire(
         let take = semaphores.coordinators.take(
             http,
             prefix,
-            Take {
+            TakeArgs {
                 session: session.id(),
                 limit,
                 value: spec.advertised_value(),
@@ -118,7 +117,7 @@ pub(crate) async fn acquire(
             Ok(Some(Ok(Taken::Admitted { lock_index, index }))) => {
                 let admitted = Admitted { lock_index, index };
                 return Ok(hold(
-                    http, semaphores, prefix, session, keep_alive, admitted, backend,
+                    semaphores, spec, session, keep_alive, admitted, backend,
                 ));
             }
             Ok(Some(Ok(Taken::SessionGone))) => {
@@ -157,30 +156,24 @@ struct Admitted {
 }
 
 fn hold(
-    http: &Arc<ConsulHttp>,
     semaphores: &Arc<Semaphores>,
-    prefix: &str,
+    spec: &LeaseSpec,
     session: Session,
     keep_alive: KeepAlive,
     admitted: Admitted,
     backend: Arc<dyn Backend>,
 ) -> Lease {
+    let prefix = spec.key();
     let contender = contender_key(prefix, session.id());
-    let sequencer = Sequencer::new(
-        BackendKind::Consul,
+    session::start_lease(
         &contender,
         admitted.lock_index,
-        session.id(),
-    );
-    tracing::info!(%sequencer, "semaphore slot acquired");
-    let fence = session.fence().clone();
-    http.keepers().start(
-        sequencer,
-        fence,
+        session,
         backend,
-        SemaphoreHold {
+        |session| SemaphoreHold {
             semaphores: Arc::clone(semaphores),
             prefix: prefix.to_owned(),
+            settle: spec.settle_after_removal(),
             session: Some(session),
             keep_alive,
             lock_index: admitted.lock_index,
@@ -223,10 +216,7 @@ fn verdict(
 /// A contender key gone under us: deleted by an operator, or with our invalidated session.
 async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
     match reason {
-        LostReason::KeyDeleted => match http.session_exists(session).await {
-            Ok(false) => Some(LostReason::SessionInvalidated),
-            Ok(true) | Err(_) => None,
-        },
+        LostReason::KeyDeleted => session::went_with_session(http, session).await,
         _ => None,
     }
 }
@@ -234,6 +224,8 @@ async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option
 struct SemaphoreHold {
     semaphores: Arc<Semaphores>,
     prefix: String,
+    /// `LeaseSpec::settle_after_removal`, for the give-back.
+    settle: Duration,
     /// Taken by a release that parks the session in the pool.
     session: Option<Session>,
     keep_alive: KeepAlive,
@@ -266,12 +258,12 @@ impl Hold for SemaphoreHold {
             return Ok(());
         };
         let http = Arc::clone(session.http());
-        let (semaphores, prefix) = (&self.semaphores, &self.prefix);
+        let (semaphores, prefix, settle) = (&self.semaphores, &self.prefix, self.settle);
         if semaphores.pool.enabled() {
             // Keep the session and its contender key for the next acquisition.
             let given = semaphores
                 .coordinators
-                .give(&http, prefix, session.id(), false)
+                .give(&http, prefix, session.id(), false, settle)
                 .await;
             if let Err(error) = given {
                 self.session = Some(session);
@@ -292,7 +284,7 @@ impl Hold for SemaphoreHold {
         }
         let left = semaphores
             .coordinators
-            .give(&http, prefix, session.id(), true)
+            .give(&http, prefix, session.id(), true, settle)
             .await;
         let destroyed = session.destroy().await;
         left.and(destroyed)
@@ -331,14 +323,6 @@ pub(crate) async fn check_sequencer(
             Err(Error::Lost(refined.unwrap_or(reason)))
         }
     }
-}
-
-/// The prefix of a semaphore sequencer's contender key, if the key is one.
-pub(crate) fn prefix_of(sequencer: &Sequencer) -> Option<&str> {
-    sequencer
-        .key()
-        .strip_suffix(sequencer.holder())
-        .and_then(|p| p.strip_suffix('/'))
 }
 
 /// Removes the semaphore at `prefix` if no live holder remains.

@@ -1,32 +1,15 @@
-//! The semaphore's state in Consul: the format of `<prefix>/.lock`, and what one read of the
-//! prefix says about it.
+//! The semaphore's state as Consul stores it: the JSON form of `<prefix>/.lock`, and a
+//! [`Snapshot`] from one read of the prefix. The shapes themselves are shared with the memory
+//! store (`crate::semaphore`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::Error;
 use crate::consul::http::KvEntry;
-
-/// The flags `consul lock -n` (and Consul's Go `api.Semaphore`) put on its keys.
-pub(crate) const SEMAPHORE_FLAGS: u64 = 0xe0f6_9a2b_aa41_4de0;
-
-pub(super) fn lock_key(prefix: &str) -> String {
-    format!("{prefix}/.lock")
-}
-
-pub(super) fn contender_key(prefix: &str, session: &str) -> String {
-    format!("{prefix}/{session}")
-}
-
-/// The decoded value of `<prefix>/.lock`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct LockValue {
-    pub(super) limit: u64,
-    pub(super) holders: BTreeSet<String>,
-}
+use crate::semaphore::{LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key};
 
 impl LockValue {
     /// Reads Consul's map form and the seed's list form; anything else is refused, never guessed.
-    pub(super) fn parse(bytes: &[u8]) -> Result<LockValue, String> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<LockValue, String> {
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
         let object = value.as_object().ok_or("not a JSON object")?;
@@ -77,7 +60,7 @@ impl LockValue {
     }
 
     /// Consul's own format, so `consul lock -n` reads what we write.
-    pub(super) fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let holders: serde_json::Map<String, serde_json::Value> = self
             .holders
             .iter()
@@ -89,46 +72,8 @@ impl LockValue {
     }
 }
 
-/// Why a lock key must be left alone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Unreadable {
-    /// It carries another kind of lock's flags.
-    Flags(u64),
-    /// Its value cannot be parsed.
-    Corrupt(String),
-}
-
-impl Unreadable {
-    pub(super) fn to_error(&self, prefix: &str) -> Error {
-        let key = lock_key(prefix);
-        match self {
-            Unreadable::Flags(found) => Error::FlagsConflict {
-                key,
-                found: *found,
-                expected: SEMAPHORE_FLAGS,
-            },
-            Unreadable::Corrupt(reason) => Error::CorruptLockValue {
-                key,
-                reason: reason.clone(),
-            },
-        }
-    }
-}
-
-/// The semaphore as one consistent read of its prefix showed it.
-#[derive(Clone, Debug)]
-pub(super) struct Snapshot {
-    /// The lock key's ModifyIndex and value; `Ok(None)` if it does not exist.
-    pub(super) lock: Result<Option<(u64, LockValue)>, Unreadable>,
-    /// Sessions holding some key under the prefix: the holders still alive.
-    pub(super) live: HashSet<String>,
-    /// Sessions holding their own contender key, with its LockIndex.
-    pub(super) contenders: HashMap<String, u64>,
-    /// The index to block on for the next change.
-    pub(super) index: u64,
-}
-
 impl Snapshot {
+    /// What one consistent read of the prefix (`entries`, answered at `index`) says.
     pub(super) fn read(prefix: &str, entries: &[KvEntry], index: u64) -> Snapshot {
         let lock_key = lock_key(prefix);
         let mut lock = Ok(None);
@@ -150,32 +95,6 @@ impl Snapshot {
             contenders,
             index,
         }
-    }
-
-    /// The stored limit, if the lock key exists and is readable.
-    pub(super) fn limit(&self) -> Option<u64> {
-        match &self.lock {
-            Ok(Some((_, value))) => Some(value.limit),
-            _ => None,
-        }
-    }
-
-    /// The recorded holders whose sessions still hold a key; the others are dead and pruned.
-    pub(super) fn live_holders(&self) -> BTreeSet<String> {
-        match &self.lock {
-            Ok(Some((_, value))) => value
-                .holders
-                .iter()
-                .filter(|h| self.live.contains(*h))
-                .cloned()
-                .collect(),
-            _ => BTreeSet::new(),
-        }
-    }
-
-    /// Whether `session` is recorded as a holder.
-    pub(super) fn records_holder(&self, session: &str) -> bool {
-        matches!(&self.lock, Ok(Some((_, value))) if value.holders.contains(session))
     }
 }
 
