@@ -138,12 +138,21 @@ impl Agent {
                     agent.log.display()
                 ));
             }
+            // A leader, and the node's serfHealth check registered: sessions are refused with
+            // "Missing check 'serfHealth' registration" until the leader has registered it.
             let leader = agent.get("/v1/status/leader").await.ok();
-            if leader
+            let has_leader = leader
                 .as_ref()
-                .is_some_and(|l| l.as_str().is_some_and(|s| !s.is_empty()))
-            {
-                return Ok(agent);
+                .is_some_and(|l| l.as_str().is_some_and(|s| !s.is_empty()));
+            if has_leader {
+                let checks = agent.get("/v1/health/state/any").await.ok();
+                let serf_health = checks
+                    .as_ref()
+                    .and_then(|c| c.as_array())
+                    .is_some_and(|c| c.iter().any(|check| check["CheckID"] == "serfHealth"));
+                if serf_health {
+                    return Ok(agent);
+                }
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(format!(
