@@ -1,4 +1,4 @@
-//! Lock clients (seed 004): acquire a slot, watch it while held, verify it, give it back.
+//! Lock clients (seed 004): acquire a slot, verify it, give it back (the holder is in `hold`).
 //!
 //! Acquire scans L = 1, 2, …: `A[L]` missing ends the scan (the semaphore is full); `B[L]` present
 //! means the slot is held; otherwise declare `B[L]` exclusive. Losing that race (RESOURCE_LOCKED)
@@ -7,8 +7,6 @@
 //! consume (or probe) that then watches it, so an administrator's delete in between is never
 //! missed.
 
-use std::future::poll_fn;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,12 +16,13 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, Consumer};
 
+use super::hold::hold;
+
 use super::naming::SemaphoreNames;
 use super::wire::{self, Failure};
 use super::{Amqp, Claim, LossDetection, admin};
-use crate::backend::{Fence, Hold};
-use crate::backoff::{Backoff, jitter, random_below};
-use crate::{BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+use crate::backoff::{Backoff, jitter};
+use crate::{Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// The first and longest pause between scans of a full semaphore.
 const SCAN_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
@@ -232,78 +231,20 @@ async fn watch_slot(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn hold(
-    amqp: &Amqp,
-    names: &SemaphoreNames,
-    slot: u32,
-    connection: Arc<Connection>,
-    channel: Channel,
-    consumer: Option<Consumer>,
-    holder: HolderQueue,
-    confirmed_at: Instant,
-) -> Lease {
-    // The queue name alone would repeat when the slot is taken again; the nonce makes every
-    // acquisition's sequencer unique (DESIGN rule 4) so a stale holder is detectable.
-    let sequencer = Sequencer::new(
-        BackendKind::Amqp,
-        names.name(),
-        u64::from(slot),
-        format!(
-            "{}#{:016x}",
-            names.holder_queue(slot),
-            random_below(u64::MAX)
-        ),
-    );
-    holder.claim.mark_held(sequencer.holder());
-    let config = amqp.config();
-    // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
-    let negotiated = Duration::from_secs(u64::from(connection.configuration().heartbeat()));
-    let heartbeat = if negotiated.is_zero() {
-        config.heartbeat
-    } else {
-        config.heartbeat.min(negotiated)
-    };
-    // The broker may drop a connection it has not heard from for about a heartbeat; we must
-    // give up the lease before that, and confirm often enough not to give it up needlessly.
-    let fence = Fence::new(heartbeat * 3 / 4, confirmed_at);
-    let mut ping_every = heartbeat / 4;
-    if let LossDetection::Verify { period } = config.loss_detection {
-        ping_every = ping_every.min(period);
-    }
-    tracing::debug!(semaphore = names.name(), slot, "slot acquired");
-    amqp.keepers().start(
-        sequencer,
-        fence.clone(),
-        Arc::new(amqp.clone()),
-        SlotHold {
-            amqp: amqp.clone(),
-            connection,
-            channel,
-            consumer,
-            slot_queue: names.slot_queue(slot),
-            holder: Some(holder),
-            fence,
-            ping_every,
-            lost: None,
-        },
-    )
-}
-
 /// `B[L]` while we own it: deleted by [`give_back`](HolderQueue::give_back), or in the background
 /// if dropped first (a cancelled acquire), so no slot is left taken.
-struct HolderQueue {
+pub(super) struct HolderQueue {
     amqp: Amqp,
     connection: Arc<Connection>,
     queue: String,
     armed: bool,
-    claim: Claim,
+    pub(super) claim: Claim,
 }
 
 impl HolderQueue {
     /// Deletes `B[L]` (on `channel` if it still works, else on a fresh one) and waits for the
     /// broker's delete-ok. If the connection is closed, `B[L]` went with it.
-    async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
+    pub(super) async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
         self.armed = false;
         delete_exclusive(&self.amqp, &self.connection, channel, &self.queue).await
     }
@@ -394,118 +335,5 @@ pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Resul
             operation: "checking a sequencer issued by another process while its slot is held",
         }),
         None => Err(Error::Lost(LostReason::Released)),
-    }
-}
-
-/// What the keeper task holds for an acquired slot.
-struct SlotHold {
-    amqp: Amqp,
-    connection: Arc<Connection>,
-    channel: Channel,
-    consumer: Option<Consumer>,
-    slot_queue: String,
-    /// Taken by the give-back.
-    holder: Option<HolderQueue>,
-    fence: Fence,
-    ping_every: Duration,
-    lost: Option<LostReason>,
-}
-
-impl SlotHold {
-    async fn watch_inner(&mut self) -> LostReason {
-        loop {
-            let Some(deadline) = self.fence.deadline() else {
-                return std::future::pending().await;
-            };
-            let (channel, slot_queue, fence) = (&self.channel, &self.slot_queue, &self.fence);
-            let ping_every = self.ping_every;
-            let ping = async move {
-                tokio::time::sleep(ping_every).await;
-                let sent = Instant::now();
-                let remaining = deadline.saturating_duration_since(sent);
-                match wire::probe(channel, slot_queue, remaining).await {
-                    Ok(true) => Ok(sent),
-                    Ok(false) => Err(LostReason::SlotRemoved),
-                    // The holder task declares the self-fence when the deadline passes.
-                    Err(Failure::TimedOut) => std::future::pending().await,
-                    Err(failure) => Err(failure.lost_reason()),
-                }
-            };
-            let outcome = tokio::select! {
-                biased;
-                reason = consumer_ended(self.consumer.as_mut(), &self.channel, &self.connection) => Err(reason),
-                outcome = ping => outcome,
-            };
-            match outcome {
-                Ok(sent) => fence.confirm(sent),
-                Err(reason) => return reason,
-            }
-        }
-    }
-
-    async fn give_back(&mut self) -> Result<(), Error> {
-        self.consumer = None;
-        let Some(holder) = self.holder.take() else {
-            return Ok(());
-        };
-        let result = holder.give_back(Some(&self.channel)).await;
-        wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
-        if let Some(LostReason::SelfFenced { .. }) = self.lost {
-            self.amqp.discard_connection(&self.connection).await;
-        }
-        result
-    }
-}
-
-/// Completes when the consumer on `A[L]` ends: the broker cancelled it because `A[L]` was deleted
-/// (slot removed), or the channel or connection closed. Never completes without a consumer.
-async fn consumer_ended(
-    consumer: Option<&mut Consumer>,
-    channel: &Channel,
-    connection: &Connection,
-) -> LostReason {
-    let Some(consumer) = consumer else {
-        return std::future::pending().await;
-    };
-    loop {
-        let next =
-            poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut *consumer), cx)).await;
-        match next {
-            // A stray message: already acknowledged (no_ack), nothing to do.
-            Some(Ok(_)) => continue,
-            Some(Err(_)) => return LostReason::ConnectionClosed,
-            None => {
-                // lapin marks the channel closed before it ends its consumers, so a consumer
-                // ended on an open channel was cancelled by the broker: A[L] is gone.
-                return if channel.status().connected() && connection.status().connected() {
-                    LostReason::SlotRemoved
-                } else {
-                    LostReason::ConnectionClosed
-                };
-            }
-        }
-    }
-}
-
-impl Hold for SlotHold {
-    async fn watch(&mut self) -> LostReason {
-        let reason = self.watch_inner().await;
-        self.lost = Some(reason.clone());
-        reason
-    }
-
-    async fn release(&mut self) -> Result<(), Error> {
-        self.give_back().await
-    }
-
-    async fn clean_up(&mut self) {
-        if self.fence.is_past() {
-            self.lost = Some(LostReason::SelfFenced {
-                unconfirmed_for: self.fence.overdue().unwrap_or_default(),
-            });
-        }
-        if let Err(error) = self.give_back().await {
-            tracing::warn!(%error, "could not delete the holder queue after losing the lease");
-        }
     }
 }

@@ -40,6 +40,7 @@
 mod admin;
 mod client;
 mod config;
+mod hold;
 mod naming;
 mod wire;
 

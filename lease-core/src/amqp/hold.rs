@@ -1,0 +1,190 @@
+//! Holding a slot: the keeper's watch of `A[L]` (a consumer the broker cancels when the queue is
+//! deleted, and a probe every quarter heartbeat that confirms the lease's fence), and the
+//! give-back of `B[L]`.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::{Channel, Connection, Consumer};
+use tokio::time::Instant;
+
+use super::client::HolderQueue;
+use super::naming::SemaphoreNames;
+use super::wire::{self, Failure};
+use super::{Amqp, LossDetection};
+use crate::backend::{Fence, Hold};
+use crate::backoff::random_below;
+use crate::{BackendKind, Error, Lease, LostReason, Sequencer};
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn hold(
+    amqp: &Amqp,
+    names: &SemaphoreNames,
+    slot: u32,
+    connection: Arc<Connection>,
+    channel: Channel,
+    consumer: Option<Consumer>,
+    holder: HolderQueue,
+    confirmed_at: Instant,
+) -> Lease {
+    // The queue name alone would repeat when the slot is taken again; the nonce makes every
+    // acquisition's sequencer unique (DESIGN rule 4) so a stale holder is detectable.
+    let sequencer = Sequencer::new(
+        BackendKind::Amqp,
+        names.name(),
+        u64::from(slot),
+        format!(
+            "{}#{:016x}",
+            names.holder_queue(slot),
+            random_below(u64::MAX)
+        ),
+    );
+    holder.claim.mark_held(sequencer.holder());
+    let config = amqp.config();
+    // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
+    let negotiated = Duration::from_secs(u64::from(connection.configuration().heartbeat()));
+    let heartbeat = if negotiated.is_zero() {
+        config.heartbeat
+    } else {
+        config.heartbeat.min(negotiated)
+    };
+    // The broker may drop a connection it has not heard from for about a heartbeat; we must
+    // give up the lease before that, and confirm often enough not to give it up needlessly.
+    let fence = Fence::new(heartbeat * 3 / 4, confirmed_at);
+    let mut ping_every = heartbeat / 4;
+    if let LossDetection::Verify { period } = config.loss_detection {
+        ping_every = ping_every.min(period);
+    }
+    tracing::debug!(semaphore = names.name(), slot, "slot acquired");
+    amqp.keepers().start(
+        sequencer,
+        fence.clone(),
+        Arc::new(amqp.clone()),
+        SlotHold {
+            amqp: amqp.clone(),
+            connection,
+            channel,
+            consumer,
+            slot_queue: names.slot_queue(slot),
+            holder: Some(holder),
+            fence,
+            ping_every,
+            lost: None,
+        },
+    )
+}
+
+/// What the keeper task holds for an acquired slot.
+struct SlotHold {
+    amqp: Amqp,
+    connection: Arc<Connection>,
+    channel: Channel,
+    consumer: Option<Consumer>,
+    slot_queue: String,
+    /// Taken by the give-back.
+    holder: Option<HolderQueue>,
+    fence: Fence,
+    ping_every: Duration,
+    lost: Option<LostReason>,
+}
+
+impl SlotHold {
+    async fn watch_inner(&mut self) -> LostReason {
+        loop {
+            let Some(deadline) = self.fence.deadline() else {
+                return std::future::pending().await;
+            };
+            let (channel, slot_queue, fence) = (&self.channel, &self.slot_queue, &self.fence);
+            let ping_every = self.ping_every;
+            let ping = async move {
+                tokio::time::sleep(ping_every).await;
+                let sent = Instant::now();
+                let remaining = deadline.saturating_duration_since(sent);
+                match wire::probe(channel, slot_queue, remaining).await {
+                    Ok(true) => Ok(sent),
+                    Ok(false) => Err(LostReason::SlotRemoved),
+                    // The holder task declares the self-fence when the deadline passes.
+                    Err(Failure::TimedOut) => std::future::pending().await,
+                    Err(failure) => Err(failure.lost_reason()),
+                }
+            };
+            let outcome = tokio::select! {
+                biased;
+                reason = consumer_ended(self.consumer.as_mut(), &self.channel, &self.connection) => Err(reason),
+                outcome = ping => outcome,
+            };
+            match outcome {
+                Ok(sent) => fence.confirm(sent),
+                Err(reason) => return reason,
+            }
+        }
+    }
+
+    async fn give_back(&mut self) -> Result<(), Error> {
+        self.consumer = None;
+        let Some(holder) = self.holder.take() else {
+            return Ok(());
+        };
+        let result = holder.give_back(Some(&self.channel)).await;
+        wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
+        if let Some(LostReason::SelfFenced { .. }) = self.lost {
+            self.amqp.discard_connection(&self.connection).await;
+        }
+        result
+    }
+}
+
+/// Completes when the consumer on `A[L]` ends: the broker cancelled it because `A[L]` was deleted
+/// (slot removed), or the channel or connection closed. Never completes without a consumer.
+async fn consumer_ended(
+    consumer: Option<&mut Consumer>,
+    channel: &Channel,
+    connection: &Connection,
+) -> LostReason {
+    let Some(consumer) = consumer else {
+        return std::future::pending().await;
+    };
+    loop {
+        let next =
+            poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut *consumer), cx)).await;
+        match next {
+            // A stray message: already acknowledged (no_ack), nothing to do.
+            Some(Ok(_)) => continue,
+            Some(Err(_)) => return LostReason::ConnectionClosed,
+            None => {
+                // lapin marks the channel closed before it ends its consumers, so a consumer
+                // ended on an open channel was cancelled by the broker: A[L] is gone.
+                return if channel.status().connected() && connection.status().connected() {
+                    LostReason::SlotRemoved
+                } else {
+                    LostReason::ConnectionClosed
+                };
+            }
+        }
+    }
+}
+
+impl Hold for SlotHold {
+    async fn watch(&mut self) -> LostReason {
+        let reason = self.watch_inner().await;
+        self.lost = Some(reason.clone());
+        reason
+    }
+
+    async fn release(&mut self) -> Result<(), Error> {
+        self.give_back().await
+    }
+
+    async fn clean_up(&mut self) {
+        if self.fence.is_past() {
+            self.lost = Some(LostReason::SelfFenced {
+                unconfirmed_for: self.fence.overdue().unwrap_or_default(),
+            });
+        }
+        if let Err(error) = self.give_back().await {
+            tracing::warn!(%error, "could not delete the holder queue after losing the lease");
+        }
+    }
+}
