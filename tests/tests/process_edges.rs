@@ -208,6 +208,21 @@ fn signal(sig: &str, pids: &[u32]) {
 }
 
 /// Polls `check` (every 20 ms) until it gives a value; panics after `limit` with `what()`.
+/// Waits for worker `who`'s first write and returns the session of the lease it wrote under.
+async fn first_write_session(run: &Run, who: usize, what: &str) -> String {
+    let seq = wait_for(
+        START,
+        || format!("{what}'s first write; {}", run.files()),
+        || {
+            run.history(&[who])
+                .first(run.pid(who), &Kind::Write)
+                .map(|l| l.seq.clone())
+        },
+    )
+    .await;
+    seq.parse::<Sequencer>().unwrap().holder().to_owned()
+}
+
 async fn wait_for<T>(
     limit: Duration,
     what: impl Fn() -> String,
@@ -883,17 +898,7 @@ async fn exit_handoff(mode: &str) {
         let mut holder_args = base.clone();
         holder_args.extend(strings(&["--mode", mode]));
         let holder = run.spawn(&format!("holder{attempt}"), &holder_args);
-        let holder_seq = wait_for(
-            START,
-            || format!("the {mode} holder's first write; {}", run.files()),
-            || {
-                run.history(&[holder])
-                    .first(run.pid(holder), &Kind::Write)
-                    .map(|l| l.seq.clone())
-            },
-        )
-        .await;
-        let holder_session = holder_seq.parse::<Sequencer>().unwrap().holder().to_owned();
+        let holder_session = first_write_session(&run, holder, &format!("the {mode} holder")).await;
         let before = agent.sessions().await;
         let follower = run.spawn(&format!("follower{attempt}"), &base);
         // The follower waits in acquire once it has a session of its own.
@@ -1001,17 +1006,7 @@ async fn a_waiter_that_exits_leaves_no_session_behind() {
     let mut run = Run::new("exit_waiter");
     let base = strings(&["--consul", &agent.url(), "--key", key]);
     let a = run.spawn("holder", &base);
-    let a_seq = wait_for(
-        START,
-        || format!("the holder's first write; {}", run.files()),
-        || {
-            run.history(&[a])
-                .first(run.pid(a), &Kind::Write)
-                .map(|l| l.seq.clone())
-        },
-    )
-    .await;
-    let a_session = a_seq.parse::<Sequencer>().unwrap().holder().to_owned();
+    let a_session = first_write_session(&run, a, "the holder").await;
     let mut waiter_args = base.clone();
     waiter_args.extend(strings(&["--mode", "wait-then-exit"]));
     let mut gone_ms = Vec::new();

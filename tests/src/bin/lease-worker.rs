@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lease_core::leader::{Campaign, LeaderEvent};
-use lease_core::{Backend, BoxError, LeaseSpec, Wait};
+use lease_core::{Backend, BoxError, Lease, LeaseSpec, Wait};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -356,6 +356,21 @@ async fn drop_at_exit(
             return;
         }
     };
+    if !guard_until_sigterm(&lease, args, &history, sigterm).await {
+        let _ = sigterm.recv().await;
+    }
+    history.log("exit", "-", "");
+    // `lease` is still a local here: it is dropped as `main` returns.
+}
+
+/// Logs the acquisition and runs the guarded work under `lease` until it ends, the lease is lost
+/// (logged), or SIGTERM arrives. Returns whether SIGTERM ended it.
+async fn guard_until_sigterm(
+    lease: &Lease,
+    args: &Args,
+    history: &History,
+    sigterm: &mut Signal,
+) -> bool {
     let seq = lease.sequencer().to_string();
     history.log("acquired", &seq, "");
     let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
@@ -364,12 +379,10 @@ async fn drop_at_exit(
             if let Err(reason) = outcome {
                 history.log("lost", &seq, &reason.to_string());
             }
-            let _ = sigterm.recv().await;
+            false
         }
-        _ = sigterm.recv() => {}
+        _ = sigterm.recv() => true,
     }
-    history.log("exit", "-", "");
-    // `lease` is still a local here: it is dropped as `main` returns.
 }
 
 async fn wait_then_exit(
@@ -384,17 +397,8 @@ async fn wait_then_exit(
         acquired = backend.acquire(&spec) => {
             match acquired {
                 Ok(lease) => {
+                    guard_until_sigterm(&lease, args, &history, sigterm).await;
                     let seq = lease.sequencer().to_string();
-                    history.log("acquired", &seq, "");
-                    let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
-                    tokio::select! {
-                        outcome = lease.run(guarded) => {
-                            if let Err(reason) = outcome {
-                                history.log("lost", &seq, &reason.to_string());
-                            }
-                        }
-                        _ = sigterm.recv() => {}
-                    }
                     let result = lease.release().await;
                     history.log("released", &seq, &release_detail(&result));
                 }
