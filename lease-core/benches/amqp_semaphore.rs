@@ -235,7 +235,11 @@ async fn bench_slot_removed(admin: &Amqp, detection: LossDetection, n: usize) ->
             .unwrap();
         assert_eq!(reason, LostReason::SlotRemoved);
         samples.push(at.saturating_duration_since(start));
-        lease.release().await.unwrap();
+        // A lease lost before its release reports the loss.
+        assert!(matches!(
+            lease.release().await,
+            Err(lease_core::Error::Lost(LostReason::SlotRemoved))
+        ));
     }
     admin.admin().destroy(&name).await.unwrap();
     let label = match detection {
