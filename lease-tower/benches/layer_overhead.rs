@@ -17,12 +17,14 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
+use lease_core::LeaseSpec;
 use lease_core::consul::Consul;
-use lease_core::{Backend, LeaseSpec};
+use lease_core::leader::Campaign;
 use lease_tests::consul::Agent;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 const CONNECTIONS: usize = 64;
 /// Twice the limit: enough to keep every slot busy; more would only queue in the layer.
@@ -122,10 +124,16 @@ async fn run() {
 
     let handler = || async { "hello" };
     let bare = serve(Router::new().route("/", get(handler))).await;
-    let leader_layer = LeaderOnlyLayer::new(
+    let campaign = match Campaign::try_new(
         Arc::new(agent.backend()),
         LeaseSpec::leader("bench/tower/leader").lock_delay(Duration::ZERO),
-    );
+    ) {
+        Ok(campaign) => campaign,
+        Err(error) => fail(&format!("invalid campaign: {error}")),
+    };
+    let leader_layer = LeaderOnlyLayer::new(campaign.handle());
+    let shutdown = CancellationToken::new();
+    let campaigning = tokio::spawn(campaign.hold_until(shutdown.clone()));
     let led = serve(
         Router::new()
             .route("/", get(handler))
@@ -140,16 +148,9 @@ async fn run() {
             .route_layer(tower::layer::layer_fn(|service| service)),
     )
     .await;
-    let observer_backend = agent.backend();
-    let mut observer = match observer_backend.observe_leader("bench/tower/leader").await {
-        Ok(observer) => observer,
-        Err(error) => fail(&format!("cannot observe the leader key: {error}")),
-    };
-    if let Err(error) = observer.wait_for(|leader| leader.is_some()).await {
+    let mut terms = leader_layer.campaign().terms();
+    if let Err(error) = terms.wait_for(Option::is_some).await {
         fail(&format!("no leader elected: {error}"));
-    }
-    while !leader_layer.is_leader() {
-        tokio::task::yield_now().await;
     }
 
     // Warm both servers and the connection pool.
@@ -237,6 +238,12 @@ async fn run() {
         "semaphore layer (limit 8, Consul, pooled sessions): {semaphore_rps:.0} req/s, {served} requests, {writes} Consul writes = {writes_per_request:.2} per request, {} lost CAS",
         consul.cas_conflicts()
     );
+    shutdown.cancel();
+    match campaigning.await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => fail(&format!("the campaign failed: {error}")),
+        Err(error) => fail(&format!("the campaign task failed: {error}")),
+    }
     println!(
         "RESULT leader_layer_ratio={ratio:.3} semaphore_rps={semaphore_rps:.0} consul_writes_per_request={writes_per_request:.2}"
     );
