@@ -12,9 +12,9 @@
 //! - [`semaphore::SemaphoreLayer`]: a cluster-wide concurrency limit; each request holds one slot
 //!   of a distributed semaphore until its response body has been sent.
 //! - [`fence::SequencerCheckLayer`]: fencing on the receiving side; a request stamped with a stale
-//!   sequencer gets 409.
+//!   sequencer gets 409, and no answer older than a freshness bound (1 s by default) passes one.
 //!
-//! Every layer
+//! Layers are pure constructors: building one, or its services, starts no task. Every layer
 //! works on any [`lease_core::Backend`], so the same router runs on the in-process memory
 //! backend in tests and on Consul in production. With the `axum` feature (default), [`extract`]
 //! lets handlers take the lease or its sequencer as an argument.

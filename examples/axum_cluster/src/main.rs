@@ -13,7 +13,7 @@
 //! answers on each.
 //!
 //! One campaign per process serves the leader-only routes and runs a leader-only worker (a
-//! heartbeat in the log).
+//! heartbeat in the log); the fenced route follows the same key through the campaign's watch.
 //! On Ctrl-C the server drains and the campaign steps down: requests in flight finish (up to
 //! 10 s), then the lease is released and the other instance leads at once.
 
@@ -70,7 +70,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         _ => {}
     });
     let leader_only = LeaderOnlyLayer::new(campaign.handle());
-    let fenced = SequencerCheckLayer::new(backend.clone(), LEADER_KEY);
+    let fenced = match campaign.handle().leader_watch() {
+        Some(watch) => SequencerCheckLayer::with_watch(watch.clone()),
+        None => SequencerCheckLayer::new(backend.clone(), LEADER_KEY),
+    };
 
     let admin = Router::new()
         .route(
