@@ -1,28 +1,47 @@
-//! What the layers cost per request, over loopback HTTP with many concurrent connections.
+//! What the layers cost per request: in process, and over loopback HTTP with many concurrent
+//! connections.
 //!
-//! Starts a real Consul dev agent (as the integration tests do), then measures with an in-process
-//! load generator (reqwest, `CONNECTIONS` concurrent clients):
+//! Starts a real Consul dev agent (as the integration tests do), campaigns for a leader key on
+//! it, then measures:
 //!
-//! 1. requests/s of a bare axum router and of the same router behind `LeaderOnlyLayer` on the
-//!    leader, in alternating rounds so drift on a shared machine hits both alike;
-//! 2. requests/s of a route behind `SemaphoreLayer` at limit 8 on Consul with the session pool,
+//! 1. in process, no sockets: nanoseconds per request through the built service
+//!    (`ServiceExt::ready` + `call` + awaiting the response and dropping it) behind
+//!    `LeaderOnlyLayer` on the leader and behind an identity layer, in alternating rounds of
+//!    about a millisecond, counted in the thread's CPU time (on Linux). Twice: around a bare
+//!    tower `service_fn` (the layer's own cost: `leader_layer_ns_over_identity`), and on an axum
+//!    route with `route_layer` (what an application's router adds per request, a new response
+//!    body type included: `leader_layer_ns_over_identity_on_axum_route`). Each figure is the
+//!    median of the rounds' differences; each side's spread (interquartile range over median)
+//!    says whether a 5% change would show;
+//! 2. with an in-process load generator (reqwest, `CONNECTIONS` concurrent clients): requests/s
+//!    of a bare axum router and of the same router behind `LeaderOnlyLayer` on the leader, in
+//!    alternating rounds so drift on a shared machine hits both alike;
+//! 3. requests/s of a route behind `SemaphoreLayer` at limit 8 on Consul with the session pool,
 //!    and Consul writes per request.
 //!
 //! Run: `cargo bench -p lease-tower --bench layer_overhead`. The last line is
-//! `RESULT leader_layer_ratio=… semaphore_rps=… consul_writes_per_request=…`.
+//! `RESULT leader_layer_ns_over_identity=… leader_layer_ns_over_identity_on_axum_route=…
+//! leader_layer_ratio=… semaphore_rps=… consul_writes_per_request=…`.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use lease_core::LeaseSpec;
 use lease_core::consul::Consul;
-use lease_core::{Backend, LeaseSpec};
+use lease_core::leader::Campaign;
 use lease_tests::consul::Agent;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::{Layer, Service, ServiceExt};
 
 const CONNECTIONS: usize = 64;
 /// Twice the limit: enough to keep every slot busy; more would only queue in the layer.
@@ -30,6 +49,12 @@ const SEMAPHORE_CONNECTIONS: usize = 16;
 const ROUND: Duration = Duration::from_millis(1500);
 const ROUNDS: usize = 8;
 const SEMAPHORE_RUN: Duration = Duration::from_secs(4);
+/// In-process rounds per side, and how long a round lasts. Short rounds, many of them: on a
+/// shared machine another process takes the CPU every few milliseconds, which spoils a few
+/// short rounds (the median and the interquartile range leave them out) rather than every long
+/// round a little.
+const IN_PROCESS_ROUNDS: usize = 401;
+const IN_PROCESS_ROUND: Duration = Duration::from_millis(1);
 
 fn main() {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -110,6 +135,149 @@ async fn load(
     (ok as f64 / elapsed, ok, failed.load(Ordering::Relaxed))
 }
 
+/// Nanoseconds per request through `service`: ready, call with `request()`, await the response,
+/// drop it.
+///
+/// The futures complete without yielding, so the work is all on this thread; on Linux it is
+/// counted in the thread's CPU time, so the time other processes on a shared machine take the
+/// CPU away does not count against either layer.
+async fn ns_per_request<S, R, B>(service: &mut S, request: fn() -> Request<R>, requests: u32) -> f64
+where
+    S: Service<Request<R>, Response = Response<B>, Error = Infallible>,
+{
+    let started = thread_time();
+    for _ in 0..requests {
+        let ready = match service.ready().await {
+            Ok(ready) => ready,
+            Err(never) => match never {},
+        };
+        match ready.call(request()).await {
+            Ok(response) => drop(std::hint::black_box(response)),
+            Err(never) => match never {},
+        }
+    }
+    (thread_time() - started).as_nanos() as f64 / f64::from(requests)
+}
+
+/// This thread's CPU time.
+#[cfg(target_os = "linux")]
+fn thread_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or_default(),
+        u32::try_from(now.tv_nsec).unwrap_or_default(),
+    )
+}
+
+/// Wall time since the first call, where the thread's CPU time is not at hand.
+#[cfg(not(target_os = "linux"))]
+fn thread_time() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
+}
+
+/// The median and the spread (interquartile range over the median) of `values`.
+fn median_and_spread(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    let median = at(0.5);
+    (median, (at(0.75) - at(0.25)) / median)
+}
+
+/// One in-process comparison of the leader layer with an identity layer.
+struct Comparison {
+    /// Requests per round.
+    requests: u32,
+    /// The median over rounds of the leader layer's ns per request less the identity's.
+    over: f64,
+    identity: f64,
+    led: f64,
+    identity_spread: f64,
+    led_spread: f64,
+}
+
+impl Comparison {
+    fn describe(&self, what: &str) -> String {
+        format!(
+            "{what}, {IN_PROCESS_ROUNDS} rounds of {} requests: identity layer {:.1} ns/request (spread {:.1}%), LeaderOnlyLayer on the leader {:.1} ns/request (spread {:.1}%): {:.1} ns over identity",
+            self.requests,
+            self.identity,
+            self.identity_spread * 100.0,
+            self.led,
+            self.led_spread * 100.0,
+            self.over
+        )
+    }
+}
+
+/// Alternating rounds of `identity` and `led`, each fed `request()`.
+async fn compare<I, L, R, B1, B2>(
+    identity: &mut I,
+    led: &mut L,
+    request: fn() -> Request<R>,
+) -> Comparison
+where
+    I: Service<Request<R>, Response = Response<B1>, Error = Infallible>,
+    L: Service<Request<R>, Response = Response<B2>, Error = Infallible>,
+{
+    // Warm caches and the allocator, and size the rounds.
+    ns_per_request(identity, request, 20_000).await;
+    let slowest = ns_per_request(led, request, 20_000)
+        .await
+        .max(ns_per_request(identity, request, 20_000).await);
+    let requests = (IN_PROCESS_ROUND.as_nanos() as f64 / slowest).max(100.0) as u32;
+    let (mut identity_ns, mut led_ns, mut over) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..IN_PROCESS_ROUNDS {
+        let (a, b) = if round % 2 == 0 {
+            let a = ns_per_request(identity, request, requests).await;
+            (a, ns_per_request(led, request, requests).await)
+        } else {
+            let b = ns_per_request(led, request, requests).await;
+            (ns_per_request(identity, request, requests).await, b)
+        };
+        identity_ns.push(a);
+        led_ns.push(b);
+        over.push(b - a);
+    }
+    let (identity, identity_spread) = median_and_spread(&mut identity_ns);
+    let (led, led_spread) = median_and_spread(&mut led_ns);
+    let (over, _) = median_and_spread(&mut over);
+    Comparison {
+        requests,
+        over,
+        identity,
+        led,
+        identity_spread,
+        led_spread,
+    }
+}
+
+/// The leader layer's own cost per request, in process, on the leader: around a bare tower
+/// service, and on an axum route (`route_layer`), as the application's router serves it.
+async fn in_process(leader_layer: &LeaderOnlyLayer) -> (Comparison, Comparison) {
+    let inner = tower::service_fn(|_request: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"hello"))))
+    });
+    let bare = compare(
+        &mut tower::layer::util::Identity::new().layer(inner),
+        &mut leader_layer.layer(inner),
+        || Request::new(()),
+    )
+    .await;
+    let handler = || async { "hello" };
+    let routed = compare(
+        &mut Router::new()
+            .route("/", get(handler))
+            .route_layer(tower::layer::util::Identity::new()),
+        &mut Router::new()
+            .route("/", get(handler))
+            .route_layer(leader_layer.clone()),
+        || Request::new(axum::body::Body::empty()),
+    )
+    .await;
+    (bare, routed)
+}
+
 async fn run() {
     let agent = Agent::start().await;
     let client = match reqwest::Client::builder()
@@ -122,10 +290,16 @@ async fn run() {
 
     let handler = || async { "hello" };
     let bare = serve(Router::new().route("/", get(handler))).await;
-    let leader_layer = LeaderOnlyLayer::new(
+    let campaign = match Campaign::try_new(
         Arc::new(agent.backend()),
         LeaseSpec::leader("bench/tower/leader").lock_delay(Duration::ZERO),
-    );
+    ) {
+        Ok(campaign) => campaign,
+        Err(error) => fail(&format!("invalid campaign: {error}")),
+    };
+    let leader_layer = LeaderOnlyLayer::new(campaign.handle());
+    let shutdown = CancellationToken::new();
+    let campaigning = tokio::spawn(campaign.hold_until(shutdown.clone()));
     let led = serve(
         Router::new()
             .route("/", get(handler))
@@ -140,17 +314,20 @@ async fn run() {
             .route_layer(tower::layer::layer_fn(|service| service)),
     )
     .await;
-    let observer_backend = agent.backend();
-    let mut observer = match observer_backend.observe_leader("bench/tower/leader").await {
-        Ok(observer) => observer,
-        Err(error) => fail(&format!("cannot observe the leader key: {error}")),
-    };
-    if let Err(error) = observer.wait_for(|leader| leader.is_some()).await {
+    let mut terms = leader_layer.campaign().terms();
+    if let Err(error) = terms.wait_for(Option::is_some).await {
         fail(&format!("no leader elected: {error}"));
     }
-    while !leader_layer.is_leader() {
-        tokio::task::yield_now().await;
-    }
+
+    let (bare_stack, routed) = in_process(&leader_layer).await;
+    println!(
+        "{}",
+        bare_stack.describe("in process, around a tower service_fn")
+    );
+    println!(
+        "{}",
+        routed.describe("in process, on an axum route (route_layer)")
+    );
 
     // Warm both servers and the connection pool.
     let _ = load(&client, &bare, CONNECTIONS, Duration::from_millis(300)).await;
@@ -237,7 +414,14 @@ async fn run() {
         "semaphore layer (limit 8, Consul, pooled sessions): {semaphore_rps:.0} req/s, {served} requests, {writes} Consul writes = {writes_per_request:.2} per request, {} lost CAS",
         consul.cas_conflicts()
     );
+    shutdown.cancel();
+    match campaigning.await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => fail(&format!("the campaign failed: {error}")),
+        Err(error) => fail(&format!("the campaign task failed: {error}")),
+    }
     println!(
-        "RESULT leader_layer_ratio={ratio:.3} semaphore_rps={semaphore_rps:.0} consul_writes_per_request={writes_per_request:.2}"
+        "RESULT leader_layer_ns_over_identity={:.1} leader_layer_ns_over_identity_on_axum_route={:.1} leader_layer_ratio={ratio:.3} semaphore_rps={semaphore_rps:.0} consul_writes_per_request={writes_per_request:.2}",
+        bare_stack.over, routed.over
     );
 }

@@ -16,7 +16,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use lease_core::{BoxError, Lease, LeaseWatcher, LostReason};
+use lease_core::leader::TermGuard;
+use lease_core::{BoxError, Lease, LostReason};
 use pin_project::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -164,22 +165,29 @@ fn end_lost<B>(
     Poll::Ready(Some(Err(Box::new(LeaseLost { reason }))))
 }
 
-/// What a guarded body watches (and, for a semaphore slot, holds) while it is sent.
+/// What a guarded body watches (and holds) while it is sent.
 pub(crate) struct LossGuard {
-    watcher: LeaseWatcher,
     /// Registered for the loss only once the body has had to wait.
     lost: Option<Pin<Box<dyn Future<Output = LostReason> + Send>>>,
-    /// What must live as long as the body: a semaphore slot's lease and local permit.
-    _held: Option<(Lease, OwnedSemaphorePermit)>,
+    held: Held,
+}
+
+/// What a body keeps until its last frame is produced or it is dropped, and watches.
+enum Held {
+    /// A leader's request: its place in the term's work in flight, which a voluntary
+    /// step-down waits for; the term's lease is watched.
+    Term(TermGuard),
+    /// A semaphore slot's lease and the local admission permit taken before it (boxed: a
+    /// leader's body should not carry their size).
+    Slot(Box<(Lease, OwnedSemaphorePermit)>),
 }
 
 impl LossGuard {
-    /// Watches a leader's tenure while the body is sent.
-    pub(crate) fn watching(watcher: LeaseWatcher) -> Self {
+    /// Watches a leader's term while the body is sent, and keeps `work` until it is.
+    pub(crate) fn serving(work: TermGuard) -> Self {
         LossGuard {
-            watcher,
             lost: None,
-            _held: None,
+            held: Held::Term(work),
         }
     }
 
@@ -187,21 +195,33 @@ impl LossGuard {
     /// ends, and watches it.
     pub(crate) fn holding(lease: Lease, local: OwnedSemaphorePermit) -> Self {
         LossGuard {
-            watcher: lease.watcher(),
             lost: None,
-            _held: Some((lease, local)),
+            held: Held::Slot(Box::new((lease, local))),
         }
+    }
+
+    fn is_held(&self) -> bool {
+        match &self.held {
+            Held::Term(work) => work.lease().is_held(),
+            Held::Slot(slot) => slot.0.is_held(),
+        }
+    }
+
+    fn lost_signal(&mut self) -> &mut Pin<Box<dyn Future<Output = LostReason> + Send>> {
+        let held = &self.held;
+        self.lost.get_or_insert_with(|| match held {
+            Held::Term(work) => Box::pin(work.lease().lost()),
+            Held::Slot(slot) => Box::pin(slot.0.lost()),
+        })
     }
 
     /// The reason, if the loss is already known (no registration, an atomic read first).
     fn lost_now(&mut self) -> Option<LostReason> {
-        if self.watcher.is_held() {
+        if self.is_held() {
             return None;
         }
-        let lost = self
-            .lost
-            .get_or_insert_with(|| Box::pin(self.watcher.lost()));
-        match lost
+        match self
+            .lost_signal()
             .as_mut()
             .poll(&mut Context::from_waker(std::task::Waker::noop()))
         {
@@ -213,10 +233,7 @@ impl LossGuard {
 
     /// The reason, if the lease has been lost; registers `cx` for the loss otherwise.
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Option<LostReason> {
-        let lost = self
-            .lost
-            .get_or_insert_with(|| Box::pin(self.watcher.lost()));
-        match lost.as_mut().poll(cx) {
+        match self.lost_signal().as_mut().poll(cx) {
             Poll::Ready(reason) => Some(reason),
             Poll::Pending => None,
         }
@@ -225,10 +242,12 @@ impl LossGuard {
 
 impl fmt::Debug for LossGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LossGuard")
-            .field("watcher", &self.watcher)
-            .field("holds_slot", &self._held.is_some())
-            .finish_non_exhaustive()
+        let mut debug = f.debug_struct("LossGuard");
+        match &self.held {
+            Held::Term(work) => debug.field("term", work),
+            Held::Slot(slot) => debug.field("slot", &slot.0),
+        };
+        debug.finish_non_exhaustive()
     }
 }
 

@@ -3,16 +3,21 @@
 //! Three layers, each deciding per request in `call` (never waiting for a remote lease in
 //! `poll_ready`) and answering with HTTP responses rather than errors:
 //!
-//! - [`leader::LeaderOnlyLayer`]: routes served only by the node that holds a leader lease; followers
-//!   answer 503 with `Retry-After` and the leader's advertised address, or redirect to it (307).
+//! - [`leader::LeaderOnlyLayer`]: routes served only while this node's
+//!   [`Campaign`](lease_core::leader::Campaign) leads; followers answer 503 with `Retry-After`
+//!   and the leader's advertised address, or redirect to it (307). The layer is built from a
+//!   handle on the campaign, so routes, a leader-only worker and a health check on the same key
+//!   share one election; on graceful shutdown the campaign lets requests in flight finish before
+//!   it hands the lease on.
 //! - [`semaphore::SemaphoreLayer`]: a cluster-wide concurrency limit; each request holds one slot
 //!   of a distributed semaphore until its response body has been sent.
 //! - [`fence::SequencerCheckLayer`]: fencing on the receiving side; a request stamped with a stale
-//!   sequencer gets 409.
+//!   sequencer gets 409, and no answer older than a freshness bound (1 s by default) passes one.
 //!
-//! Every layer takes an `Arc<dyn Backend>` ([`lease_core::Backend`]), so the same router runs on
-//! the in-process memory backend in tests and on Consul in production. With the `axum` feature
-//! (default), [`extract`] lets handlers take the lease or its sequencer as an argument.
+//! Layers are pure constructors: building one, or its services, starts no task. Every layer
+//! works on any [`lease_core::Backend`], so the same router runs on the in-process memory
+//! backend in tests and on Consul in production. With the `axum` feature (default), [`extract`]
+//! lets handlers take the lease or its sequencer as an argument.
 //!
 //! # Example
 //!
@@ -21,36 +26,47 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use axum::{Router, routing::{get, post}};
-//! use lease_core::{Backend, LeaseSpec, memory::Memory};
+//! use lease_core::leader::Campaign;
+//! use lease_core::{Backend, BoxError, LeaseSpec, memory::Memory};
 //! use lease_tower::{leader::LeaderOnlyLayer, semaphore::SemaphoreLayer};
 //! use lease_tower::extract::LeaseSequencer;
+//! use tokio_util::sync::CancellationToken;
 //! use tower::ServiceExt;
 //!
 //! let backend: Arc<dyn Backend> = Arc::new(Memory::new());
-//! let leader_only = LeaderOnlyLayer::new(
+//! // One election for the key, shared by the routes and a worker.
+//! let campaign = Campaign::try_new(
 //!     backend.clone(),
 //!     LeaseSpec::leader("service/api/leader").value("http://127.0.0.1:3000"),
-//! );
+//! )?;
+//! let leader = campaign.handle();
 //! let app: Router = Router::new()
 //!     .route(
 //!         "/admin/compact",
 //!         post(|LeaseSequencer(s): LeaseSequencer| async move { format!("compacted under {s}\n") }),
 //!     )
-//!     .route_layer(leader_only.clone())
+//!     .route_layer(LeaderOnlyLayer::new(campaign.handle()))
 //!     .merge(
 //!         Router::new()
 //!             .route("/report", get(|| async { "report\n" }))
 //!             .route_layer(SemaphoreLayer::new(backend, LeaseSpec::semaphore("semaphores/report", 2))),
 //!     );
+//! let shutdown = CancellationToken::new();
+//! let running = tokio::spawn(campaign.run_until(shutdown.clone(), |lease| async move {
+//!     // The leader-only worker runs under the same term as the routes.
+//!     println!("worker leading as {}", lease.sequencer());
+//!     std::future::pending::<Result<(), BoxError>>().await
+//! }));
 //!
 //! // The only node campaigning wins at once.
-//! while !leader_only.is_leader() {
-//!     tokio::task::yield_now().await;
-//! }
+//! leader.terms().wait_for(|term| term.is_some()).await?;
 //! let request = http::Request::post("/admin/compact").body(axum::body::Body::empty())?;
 //! assert_eq!(app.clone().oneshot(request).await?.status(), http::StatusCode::OK);
 //! let request = http::Request::get("/report").body(axum::body::Body::empty())?;
 //! assert_eq!(app.oneshot(request).await?.status(), http::StatusCode::OK);
+//!
+//! shutdown.cancel();
+//! running.await??;
 //! # Ok(())
 //! # }
 //! ```

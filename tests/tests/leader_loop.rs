@@ -1,6 +1,7 @@
 //! The campaign loop (`lease_core::leader`): a worker runs only while elected, is cancelled on
 //! loss, the loop campaigns again, hands over at once on shutdown, survives a panicking worker,
-//! and every node observes each new leader.
+//! retries exactly the transient errors, shares its terms and events through handles, and every
+//! node observes each new leader (and this node never reports "nobody" while it leads).
 //!
 //! Run: `cargo test -p lease-tests --test leader_loop` (the Consul hand-over test starts a dev
 //! agent; see `lease_tests::consul`).
@@ -10,9 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lease_core::leader::{AfterWorker, Campaign, CampaignEnd, LeaderEvent};
+use lease_core::leader::{
+    AfterWorker, Campaign, CampaignEnd, CampaignState, LeaderEvent, Observation,
+};
 use lease_core::memory::Memory;
-use lease_core::{Backend, BoxError, LeaseSpec, LostReason, Sequencer};
+use lease_core::{Backend, BoxError, LeaseSpec, LostReason, Sequencer, Wait};
 use lease_tests::within;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -395,4 +398,176 @@ async fn dropping_the_campaign_mid_tenure_drops_the_worker() {
     )
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn transient_errors_are_retried_until_elected() {
+    lease_tests::init_tracing();
+    let memory = Memory::new();
+    let other = memory.acquire(&spec("loop/busy")).await.unwrap();
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let campaign = campaign(
+        Arc::new(memory.clone()),
+        spec("loop/busy").wait(Wait::Never),
+        "a",
+        &events_tx,
+    );
+    let handle = campaign.handle();
+    let run = tokio::spawn(campaign.hold_until(shutdown.clone()));
+    for _ in 0..2 {
+        let error = next_matching(&mut events, "a retried failure", |_, event| match event {
+            LeaderEvent::AcquireFailed { error, .. } => Some(Arc::clone(error)),
+            _ => None,
+        })
+        .await;
+        assert!(error.is_busy() && error.is_transient(), "{error:?}");
+    }
+    assert!(handle.last_error().is_some_and(|e| e.is_busy()));
+    assert_eq!(handle.state(), CampaignState::Running);
+    other.release().await.unwrap();
+    next_matching(&mut events, "the election", elected).await;
+    assert!(handle.last_error().is_none());
+    shutdown.cancel();
+    within(EVENT, "the campaign to stop", run)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn handles_share_the_terms_state_and_events_of_one_campaign() {
+    lease_tests::init_tracing();
+    let memory = Memory::new();
+    let campaign =
+        Campaign::try_new(Arc::new(memory.clone()), spec("loop/handle").value("me")).unwrap();
+    let handles = [campaign.handle(), campaign.handle()];
+    assert_eq!(handles[0].state(), CampaignState::NotStarted);
+    let mut events = handles[1].events();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(campaign.hold_until(shutdown.clone()));
+
+    let sequencer = within(EVENT, "the election", async {
+        loop {
+            if let LeaderEvent::Elected { sequencer } = events.recv().await.unwrap() {
+                return sequencer;
+            }
+        }
+    })
+    .await;
+    for handle in &handles {
+        assert_eq!(handle.state(), CampaignState::Running);
+        assert_eq!(
+            handle.term().map(|t| t.sequencer().clone()),
+            Some(sequencer.clone())
+        );
+        let leader = handle.leader().unwrap();
+        assert_eq!(
+            (&leader.sequencer, leader.value_str()),
+            (&sequencer, Some("me"))
+        );
+    }
+    assert_eq!(memory.sessions(), vec![sequencer.holder().to_owned()]);
+
+    shutdown.cancel();
+    within(EVENT, "the release", async {
+        loop {
+            if let LeaderEvent::Released {
+                sequencer: released,
+            } = events.recv().await.unwrap()
+            {
+                assert_eq!(released, sequencer);
+                return;
+            }
+        }
+    })
+    .await;
+    within(EVENT, "the campaign to stop", run)
+        .await
+        .unwrap()
+        .unwrap();
+    for handle in &handles {
+        assert_eq!(handle.state(), CampaignState::Ended(CampaignEnd::Shutdown));
+        assert!(handle.term().is_none() && !handle.is_leader());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_never_reports_nobody_leading_through_a_backend_outage() {
+    lease_tests::init_tracing();
+    let agent = lease_tests::consul::Agent::start().await;
+    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
+        .await
+        .unwrap();
+    let backend = Arc::new(
+        lease_core::consul::Consul::builder()
+            .address(proxy.url())
+            .build()
+            .unwrap(),
+    );
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (worker_tx, mut worker_dropped) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let campaign = campaign(backend, spec("loop/outage").value("me"), "a", &events_tx);
+    let handle = campaign.handle();
+    let run = tokio::spawn(campaign.run_until(shutdown.clone(), move |lease| {
+        let signal = DropSignal(worker_tx.clone(), lease.sequencer().clone());
+        async move {
+            let _signal = signal;
+            std::future::pending::<Result<(), BoxError>>().await
+        }
+    }));
+    let (_, sequencer) = next_matching(&mut events, "the election", elected).await;
+    // The watch may report this node just before the campaign does: no order between the two.
+    let mut leaders = handle.leaders();
+    within(
+        EVENT,
+        "this node as the leader",
+        leaders.wait_for(|l| l.as_ref().is_some_and(|l| l.sequencer == sequencer)),
+    )
+    .await
+    .unwrap();
+
+    // Consul answers every request with 500 for a while, well within the lease's fence (TTL
+    // 15 s): the watch of who leads ends and cannot start again, but the lease holds.
+    proxy.set_http_500(true);
+    let watch = handle.leader_watch().unwrap().clone();
+    within(EVENT, "the watch to lose sight of the key", async {
+        let mut observation = watch.subscribe();
+        let _ = observation
+            .wait_for(|o| matches!(o, Observation::Unknown))
+            .await;
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(handle.is_leader());
+    assert_eq!(
+        handle.leader().map(|l| l.sequencer),
+        Some(sequencer.clone())
+    );
+    proxy.set_http_500(false);
+    within(EVENT, "the watch to see the key again", async {
+        let mut observation = watch.subscribe();
+        let _ = observation
+            .wait_for(|o| o.leader().is_some_and(|l| l.sequencer == sequencer))
+            .await;
+    })
+    .await;
+
+    // Nothing said this node no longer leads, and its worker ran on throughout.
+    while let Ok((_, event)) = events.try_recv() {
+        match event {
+            LeaderEvent::LeaderChanged { leader: None } | LeaderEvent::Lost { .. } => {
+                panic!("reported during the outage while this node led: {event:?}")
+            }
+            _ => {}
+        }
+    }
+    assert!(worker_dropped.try_recv().is_err());
+    assert!(handle.is_leader());
+    shutdown.cancel();
+    within(EVENT, "the campaign to stop", run)
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -11,6 +11,7 @@ use lease_tests::{init_tracing, within};
 use lease_tower::extract::LeaseSequencer;
 use lease_tower::fence::{MissingSequencer, SEQUENCER_HEADER, SequencerCheckLayer};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 
 const T: Duration = Duration::from_secs(60);
 const KEY: &str = "service/tower-fence/leader";
@@ -124,7 +125,7 @@ async fn a_cache_that_can_no_longer_confirm_does_not_pass_the_last_leader() {
     );
 
     // Consul turns away the receiver (a leader election, a proxy in trouble): its watch can no
-    // longer confirm the key, so the cached leader must not keep passing.
+    // longer confirm the key, and its reads fail, so the cached leader must not keep passing.
     proxy.set_http_500(true);
     within(
         T,
@@ -132,6 +133,18 @@ async fn a_cache_that_can_no_longer_confirm_does_not_pass_the_last_leader() {
         proxy.answered_500(&format!("/v1/kv/{KEY}")),
     )
     .await;
+    // What was confirmed before the trouble passes no longer than the freshness bound.
+    let trouble = Instant::now();
+    within(T, "the stamp to be refused", async {
+        while status(client.clone(), url.clone(), stamp.clone()).await == 200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        trouble.elapsed()
+            <= SequencerCheckLayer::DEFAULT_MAX_STALENESS + Duration::from_millis(500)
+    );
     assert_eq!(
         status(client.clone(), url.clone(), stamp.clone()).await,
         503
@@ -139,4 +152,86 @@ async fn a_cache_that_can_no_longer_confirm_does_not_pass_the_last_leader() {
 
     proxy.set_http_500(false);
     leader.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_network_stops_passing_the_last_leader_within_the_freshness_bound() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
+        .await
+        .unwrap();
+    let receiver: Arc<dyn Backend> = Arc::new(
+        lease_core::consul::Consul::builder()
+            .address(proxy.url())
+            .build()
+            .unwrap(),
+    );
+    let max_staleness = SequencerCheckLayer::DEFAULT_MAX_STALENESS;
+    let read_timeout = SequencerCheckLayer::DEFAULT_READ_TIMEOUT;
+    let app = Router::new()
+        .route("/apply", post(|| async { "applied" }))
+        .route_layer(SequencerCheckLayer::new(receiver, KEY));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/apply", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let send = |stamp: String| {
+        let request = client
+            .post(url.clone())
+            .header(SEQUENCER_HEADER.as_str(), stamp);
+        async move { within(T, "an answer", request.send()).await.unwrap() }
+    };
+
+    let first_node = agent.backend();
+    let leader = first_node.acquire(&spec()).await.unwrap();
+    let stamp = leader.sequencer().to_string();
+    assert_eq!(send(stamp.clone()).await.status(), 200);
+    // A quiet key on a healthy network: past the bound, a consistent read confirms the leader.
+    tokio::time::sleep(max_staleness + Duration::from_millis(500)).await;
+    assert_eq!(send(stamp.clone()).await.status(), 200);
+
+    // The receiver's network goes silent (no error, no answer), and the leadership moves on.
+    proxy.set_blackhole(true);
+    let silent_since = Instant::now();
+    agent.destroy_session(leader.sequencer().holder()).await;
+    within(T, "the first lease to be lost", leader.lost()).await;
+    let second_node = agent.backend();
+    let second = within(T, "re-election", second_node.acquire(&spec()))
+        .await
+        .unwrap();
+
+    // The last leader's work stops passing within the freshness bound plus one bounded read.
+    let refused = within(T, "the old stamp to be refused", async {
+        loop {
+            let response = send(stamp.clone()).await;
+            if response.status() != 200 {
+                return response;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let refused_after = silent_since.elapsed();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let text = refused.text().await.unwrap();
+    assert!(text.contains("did not confirm"), "{text}");
+    assert!(
+        refused_after <= max_staleness + read_timeout + Duration::from_millis(500),
+        "the last leader's stamp passed for {refused_after:?} on a silent network"
+    );
+    // Nothing fresh is known, so it stays refused.
+    assert_eq!(send(stamp.clone()).await.status(), 503);
+
+    // The network is back: the old stamp is stale, the new one passes.
+    proxy.set_blackhole(false);
+    within(T, "the old stamp to get 409", async {
+        while send(stamp.clone()).await.status() != 409 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(send(second.sequencer().to_string()).await.status(), 200);
+    second.release().await.unwrap();
 }

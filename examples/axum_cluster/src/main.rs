@@ -11,6 +11,11 @@
 //!
 //! See the README section "axum: leader-only routes and a cluster-wide limit" for what `curl`
 //! answers on each.
+//!
+//! One campaign per process serves the leader-only routes and runs a leader-only worker (a
+//! heartbeat in the log); the fenced route follows the same key through the campaign's watch.
+//! On Ctrl-C the server drains and the campaign steps down: requests in flight finish (up to
+//! 10 s), then the lease is released and the other instance leads at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +23,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 use lease_core::consul::Consul;
-use lease_core::{Backend, LeaseSpec};
+use lease_core::leader::{Campaign, LeaderEvent};
+use lease_core::{Backend, BoxError, LeaseSpec, LeaseWatcher};
 use lease_tower::extract::LeaseSequencer;
 use lease_tower::fence::SequencerCheckLayer;
 use lease_tower::leader::LeaderOnlyLayer;
@@ -50,14 +56,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let shutdown = CancellationToken::new();
     let me = format!("http://127.0.0.1:{port}");
 
-    let leader_only = LeaderOnlyLayer::new(
+    let campaign = Campaign::try_new(
         backend.clone(),
         LeaseSpec::leader(LEADER_KEY)
             .value(me.clone())
             .lock_delay(Duration::ZERO),
-    )
-    .shutdown_on(&shutdown);
-    let campaign = leader_only.clone();
+    )?
+    .drain_timeout(Duration::from_secs(10))
+    .on_event(|event| match event {
+        LeaderEvent::Elected { sequencer } => println!("elected: {sequencer}"),
+        LeaderEvent::Lost { reason, .. } => println!("lost the lead: {reason}"),
+        LeaderEvent::Released { .. } => println!("stepped down; the lease is released"),
+        _ => {}
+    });
+    let leader_only = LeaderOnlyLayer::new(campaign.handle());
+    let fenced = match campaign.handle().leader_watch() {
+        Some(watch) => SequencerCheckLayer::with_watch(watch.clone()),
+        None => SequencerCheckLayer::new(backend.clone(), LEADER_KEY),
+    };
 
     let admin = Router::new()
         .route(
@@ -95,8 +111,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                     format!("applied work from {s}\n")
                 }),
             )
-            .route_layer(SequencerCheckLayer::new(backend, LEADER_KEY));
+            .route_layer(fenced);
     let app = admin.merge(report).merge(downstream);
+
+    // The one election of this process: the routes above and this worker share it.
+    let campaign = tokio::spawn(campaign.run_until(shutdown.clone(), heartbeat));
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on {me}");
@@ -104,11 +123,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = tokio::signal::ctrl_c().await;
-            // Releases the leader lease at once, so the other instance takes over.
+            // Steps down: new leader-only requests get 503, those in flight finish, then the
+            // lease is released and the other instance takes over.
             stop.cancel();
         })
         .await?;
     // Wait for the release: exiting first would leave the lease to expire with its TTL.
-    campaign.shutdown().await;
+    campaign.await??;
     Ok(())
+}
+
+/// The leader-only worker: runs while this instance leads, dropped the moment it does not.
+async fn heartbeat(lease: LeaseWatcher) -> Result<(), BoxError> {
+    let mut beat = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        beat.tick().await;
+        println!("leader heartbeat under {}", lease.sequencer());
+    }
 }

@@ -1,125 +1,115 @@
-//! The watch-backed cache of a leader key's current sequencer, shared by one layer's services.
+//! What one layer's services know about a leader key's current holder, and how fresh it is.
 //!
-//! A background task observes the key through the backend and publishes what it sees; it stops
-//! when the last layer or service is dropped. Until the first observation, or when the backend
-//! cannot observe, the cache says "unknown" and every check falls back to a consistent read.
+//! Two sources feed it: the crate-wide observe loop ([`LeaderWatch`]), started by the first
+//! request that needs it and stopped when the last layer or service is dropped, and the
+//! consistent reads the layer makes when the cache cannot answer. An answer is trusted to pass a
+//! request only while it is younger than the layer's freshness bound: a backend's watch reports
+//! changes, not silence, so on a silent network (no error, no answer) an old answer would
+//! otherwise pass the last leader for as long as the watch's request takes to time out.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use lease_core::{Backend, Error, Sequencer};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use lease_core::Sequencer;
+use lease_core::leader::{LeaderWatch, Observation, Observing};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// What the cache can say about a sequencer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Verdict {
-    /// It is the current holder, as the watch last saw it.
+    /// It is the current holder, as confirmed within the freshness bound.
     Current,
-    /// An older acquisition of the key than the one the watch has seen.
+    /// An older acquisition of the key than one already seen: stale for good.
     Stale,
-    /// The cache cannot tell; ask the backend.
+    /// The cache cannot tell (nothing known, nothing fresh, or a newer acquisition than seen);
+    /// ask the backend.
     Unknown,
 }
 
-#[derive(Default)]
-struct Seen {
-    /// `None` until the watch has answered; then the holder it saw (`None` if nobody).
-    holder: Option<Option<Sequencer>>,
-}
-
 pub(super) struct LeaderCache {
-    seen: Arc<RwLock<Seen>>,
-    started: AtomicBool,
-    stop: CancellationToken,
-    _stop_on_drop: DropGuard,
+    watch: LeaderWatch,
+    observation: watch::Receiver<Observation>,
+    /// Keeps the watch running once a request has needed it.
+    observing: OnceLock<Observing>,
+    /// The holder the last successful consistent read confirmed, and when that read was sent.
+    confirmed: RwLock<Option<(Sequencer, Instant)>>,
 }
 
 impl fmt::Debug for LeaderCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let seen = self.seen.read().unwrap_or_else(PoisonError::into_inner);
         f.debug_struct("LeaderCache")
-            .field("holder", &seen.holder)
-            .field("started", &self.started.load(Ordering::Relaxed))
+            .field("watch", &self.watch)
+            .field("confirmed", &self.confirmed)
             .finish()
     }
 }
 
 impl LeaderCache {
-    pub(super) fn new() -> Self {
-        let stop = CancellationToken::new();
+    pub(super) fn new(watch: LeaderWatch) -> Self {
         LeaderCache {
-            seen: Arc::default(),
-            started: AtomicBool::new(false),
-            _stop_on_drop: stop.clone().drop_guard(),
-            stop,
+            observation: watch.subscribe(),
+            watch,
+            observing: OnceLock::new(),
+            confirmed: RwLock::new(None),
         }
     }
 
-    pub(super) fn verdict(&self, sequencer: &Sequencer) -> Verdict {
-        let seen = self.seen.read().unwrap_or_else(PoisonError::into_inner);
-        match &seen.holder {
-            Some(Some(current)) if current == sequencer => Verdict::Current,
-            Some(Some(current)) if current.index() > sequencer.index() => Verdict::Stale,
+    pub(super) fn watch(&self) -> &LeaderWatch {
+        &self.watch
+    }
+
+    /// Starts following the key, once, if a Tokio runtime is available (without one, every
+    /// check is a consistent read).
+    pub(super) fn ensure_observing(&self) {
+        if self.observing.get().is_none() && tokio::runtime::Handle::try_current().is_ok() {
+            self.observing.get_or_init(|| self.watch.start());
+        }
+    }
+
+    pub(super) fn verdict(&self, sequencer: &Sequencer, max_staleness: Duration) -> Verdict {
+        let observation = self.observation.borrow();
+        let observed = match &*observation {
+            Observation::Known { leader, received } => {
+                Some((leader.as_ref().map(|leader| &leader.sequencer), *received))
+            }
+            _ => None,
+        };
+        let confirmed = self
+            .confirmed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let confirmed = confirmed.as_ref().map(|(holder, at)| (Some(holder), *at));
+        let newer_seen = |(holder, _): (Option<&Sequencer>, Instant)| {
+            holder.is_some_and(|holder| holder.index() > sequencer.index())
+        };
+        if observed.is_some_and(newer_seen) || confirmed.is_some_and(newer_seen) {
+            return Verdict::Stale;
+        }
+        // The latest answer decides, and passes the sequencer only while it is fresh.
+        let latest = match (observed, confirmed) {
+            (Some(observed), Some(confirmed)) if confirmed.1 > observed.1 => confirmed,
+            (Some(observed), _) => observed,
+            (None, Some(confirmed)) => confirmed,
+            (None, None) => return Verdict::Unknown,
+        };
+        match latest {
+            (Some(holder), at) if holder == sequencer && at.elapsed() <= max_staleness => {
+                Verdict::Current
+            }
             _ => Verdict::Unknown,
         }
     }
 
-    /// Starts the watch of `key` once, if a Tokio runtime is available.
-    pub(super) fn ensure_started(&self, backend: &Arc<dyn Backend>, key: &str) {
-        if self.started.load(Ordering::Acquire) {
-            return;
+    /// Records that a consistent read sent at `sent` found `sequencer` current.
+    pub(super) fn confirm(&self, sequencer: &Sequencer, sent: Instant) {
+        let mut confirmed = self
+            .confirmed
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if confirmed.as_ref().is_none_or(|(_, at)| *at < sent) {
+            *confirmed = Some((sequencer.clone(), sent));
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if self.started.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let seen = Arc::clone(&self.seen);
-        let backend = Arc::clone(backend);
-        let key = key.to_owned();
-        let stop = self.stop.clone();
-        runtime.spawn(async move {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = watch_key(&*backend, &key, &seen) => {}
-            }
-        });
-    }
-}
-
-async fn watch_key(backend: &dyn Backend, key: &str, seen: &RwLock<Seen>) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match backend.observe_leader(key).await {
-            Ok(mut observer) => {
-                backoff = Duration::from_millis(100);
-                let mut leader = observer.leader();
-                loop {
-                    seen.write().unwrap_or_else(PoisonError::into_inner).holder =
-                        Some(leader.map(|leader| leader.sequencer));
-                    match observer.changed().await {
-                        Ok(next) => leader = next,
-                        Err(_) => break,
-                    }
-                }
-            }
-            Err(Error::Unsupported { .. }) => {
-                tracing::debug!(
-                    key,
-                    "sequencer check: the backend cannot observe leader keys; every check is a consistent read"
-                );
-                return;
-            }
-            Err(error) => {
-                tracing::debug!(key, %error, "sequencer check: observing the key failed; retrying")
-            }
-        }
-        // Whatever the watch saw may be outdated now: fall back to consistent reads until it is back.
-        seen.write().unwrap_or_else(PoisonError::into_inner).holder = None;
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }

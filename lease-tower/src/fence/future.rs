@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::{Request, Response, StatusCode};
-use lease_core::{BoxFuture, Error, Sequencer};
+use lease_core::{BoxFuture, Sequencer};
 use pin_project::pin_project;
 use tower::Service;
 
 use super::layer::Config;
-use super::service::stale;
 use crate::body::{LeaseBody, rejection, unavailable};
 
 /// The response future of [`SequencerCheck`](super::SequencerCheck).
@@ -44,7 +43,7 @@ where
         refusal: Option<Refusal>,
     },
     Checking {
-        check: BoxFuture<'static, Result<(), Error>>,
+        check: BoxFuture<'static, Result<(), Refusal>>,
         pending: Option<(Sequencer, S, Request<ReqBody>, Arc<Config>)>,
     },
     Running {
@@ -90,7 +89,7 @@ where
     }
 
     pub(super) fn checking(
-        check: BoxFuture<'static, Result<(), Error>>,
+        check: BoxFuture<'static, Result<(), Refusal>>,
         sequencer: Sequencer,
         inner: S,
         request: Request<ReqBody>,
@@ -133,18 +132,14 @@ where
                             let future = inner.call(request);
                             this.state.set(State::Running { future });
                         }
-                        Err(Error::Lost(_)) => {
+                        Err(Refusal { status, text }) => {
                             this.state.set(State::Done);
-                            let Refusal { status, text } = stale(&sequencer);
-                            return Poll::Ready(Ok(rejection(status, text)));
-                        }
-                        Err(error) => {
-                            tracing::warn!(%sequencer, %error, "sequencer check: the backend cannot tell; answering 503");
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(unavailable(
-                                &config.retry_after,
-                                "the lease backend cannot confirm this request's sequencer now; retry after the delay in Retry-After\n",
-                            )));
+                            let response = if status == StatusCode::SERVICE_UNAVAILABLE {
+                                unavailable(&config.retry_after, text)
+                            } else {
+                                rejection(status, text)
+                            };
+                            return Poll::Ready(Ok(response));
                         }
                     }
                 }

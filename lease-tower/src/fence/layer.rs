@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use lease_core::Backend;
+use lease_core::leader::LeaderWatch;
 use tower::Layer;
 
 use super::cache::LeaderCache;
@@ -16,8 +17,9 @@ use crate::body::retry_after_value;
 /// Refuses requests whose sequencer is no longer the current holder of a leader key.
 ///
 /// See the [module docs](crate::fence) for the header, the checks and the answers. Clones share
-/// one watch of the key, started when the first service is built inside a Tokio runtime and
-/// stopped when the last clone of the layer and its services is dropped.
+/// one watch of the key ([`LeaderWatch`]), started by the first request that needs it (building
+/// the layer or its services starts nothing) and stopped when the last clone of the layer and
+/// its services is dropped.
 ///
 /// # Examples
 ///
@@ -59,26 +61,23 @@ pub struct SequencerCheckLayer {
     pub(super) config: Arc<Config>,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(super) struct Config {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) key: String,
     pub(super) header: HeaderName,
     pub(super) missing: MissingSequencer,
     pub(super) retry_after: HeaderValue,
+    pub(super) max_staleness: Duration,
+    pub(super) read_timeout: Duration,
     pub(super) cache: Arc<LeaderCache>,
 }
 
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("backend", &self.backend)
-            .field("key", &self.key)
-            .field("header", &self.header)
-            .field("missing", &self.missing)
-            .field("retry_after", &self.retry_after)
-            .field("cache", &self.cache)
-            .finish()
+impl Config {
+    pub(super) fn key(&self) -> &str {
+        self.cache.watch().key()
+    }
+
+    pub(super) fn backend(&self) -> &Arc<dyn Backend> {
+        self.cache.watch().backend()
     }
 }
 
@@ -91,17 +90,30 @@ impl fmt::Debug for SequencerCheckLayer {
 }
 
 impl SequencerCheckLayer {
+    /// The default [`max_staleness`](Self::max_staleness).
+    pub const DEFAULT_MAX_STALENESS: Duration = Duration::from_secs(1);
+    /// The default [`read_timeout`](Self::read_timeout).
+    pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
     /// A layer accepting only sequencers of the current holder of the leader key `key` on
     /// `backend`.
     pub fn new(backend: Arc<dyn Backend>, key: impl Into<String>) -> Self {
+        Self::with_watch(LeaderWatch::new(backend, key))
+    }
+
+    /// A layer following the key of `watch` through it, shared with others in this process (such
+    /// as the campaign for the same key:
+    /// [`CampaignHandle::leader_watch`](lease_core::leader::CampaignHandle::leader_watch)), so
+    /// the process runs one observation of the key.
+    pub fn with_watch(watch: LeaderWatch) -> Self {
         SequencerCheckLayer {
             config: Arc::new(Config {
-                backend,
-                key: key.into(),
                 header: SEQUENCER_HEADER,
                 missing: MissingSequencer::default(),
                 retry_after: retry_after_value(Duration::from_secs(1)),
-                cache: Arc::new(LeaderCache::new()),
+                max_staleness: Self::DEFAULT_MAX_STALENESS,
+                read_timeout: Self::DEFAULT_READ_TIMEOUT,
+                cache: Arc::new(LeaderCache::new(watch)),
             }),
         }
     }
@@ -125,9 +137,31 @@ impl SequencerCheckLayer {
         self
     }
 
+    /// How old an answer about the key's holder may be and still pass a request without asking
+    /// the backend. Default: [`DEFAULT_MAX_STALENESS`](Self::DEFAULT_MAX_STALENESS) (1 s).
+    ///
+    /// The watch of the key reports changes as they happen, but silence looks the same whether
+    /// the key is quiet or the network is: past this bound, the layer makes a consistent read
+    /// ([`Backend::check_sequencer`], bounded by [`read_timeout`](Self::read_timeout)), whose
+    /// success is itself fresh for this long. So a receiver that can no longer hear from the
+    /// backend stops passing the last leader's work within `max_staleness + read_timeout`. A
+    /// stale sequencer (older than one already seen) is refused whatever the age. `Duration::ZERO`
+    /// makes every check a consistent read.
+    pub fn max_staleness(mut self, max_staleness: Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_staleness = max_staleness;
+        self
+    }
+
+    /// How long a consistent read may take; past it, the request is refused with 503 and
+    /// `Retry-After`. Default: [`DEFAULT_READ_TIMEOUT`](Self::DEFAULT_READ_TIMEOUT) (2 s).
+    pub fn read_timeout(mut self, read_timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.config).read_timeout = read_timeout;
+        self
+    }
+
     /// The leader key whose holder is accepted.
     pub fn key(&self) -> &str {
-        &self.config.key
+        self.config.key()
     }
 }
 
@@ -135,9 +169,6 @@ impl<S> Layer<S> for SequencerCheckLayer {
     type Service = SequencerCheck<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.config
-            .cache
-            .ensure_started(&self.config.backend, &self.config.key);
         SequencerCheck {
             inner,
             config: Arc::clone(&self.config),

@@ -11,16 +11,24 @@
 //! ([`sequencer_header_value`] writes it). [`SequencerCheckLayer`] on the receiving service checks
 //! that the sequencer still names the current holder of the leader key it was configured with:
 //!
-//! - first against a cache fed by the backend's watch of the key
-//!   ([`Backend::observe_leader`](lease_core::Backend::observe_leader)): the current holder passes at
-//!   once, an older acquisition (a lower index) is refused at once;
-//! - when the cache cannot answer (not primed yet, nobody holds the key, or the sequencer is newer
-//!   than what the watch has seen), with one consistent read
-//!   ([`Backend::check_sequencer`](lease_core::Backend::check_sequencer)).
+//! - first against what this process knows of the key: the backend's watch of it
+//!   ([`LeaderWatch`](lease_core::leader::LeaderWatch), the crate's one observe loop, shareable
+//!   with a campaign for the same key) and the layer's own recent consistent reads. The current
+//!   holder passes at once **while that answer is fresh** (younger than
+//!   [`max_staleness`](SequencerCheckLayer::max_staleness), 1 s by default); an older
+//!   acquisition (a lower index) is refused at once;
+//! - otherwise (nothing fresh known, nobody holds the key, or the sequencer is newer than what
+//!   was seen) with one consistent read
+//!   ([`Backend::check_sequencer`](lease_core::Backend::check_sequencer)), bounded by
+//!   [`read_timeout`](SequencerCheckLayer::read_timeout) (2 s by default).
+//!
+//! A receiver cut off from the backend (no error, no answer) therefore stops passing the last
+//! leader's work within `max_staleness + read_timeout`.
 //!
 //! Answers: `409 Conflict` for a stale sequencer or one for another key, `400 Bad Request` for a
 //! malformed header, `428 Precondition Required` for a missing one (or, by configuration, the
-//! request passes unchecked), `503` with `Retry-After` when the backend cannot tell. A request that
+//! request passes unchecked), `503` with `Retry-After` when the backend cannot tell (now), `500`
+//! when the check cannot be made at all (an error retrying cannot fix). A request that
 //! passes carries the checked [`Sequencer`] in its extensions
 //! ([`LeaseSequencer`](crate::extract::LeaseSequencer)).
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
-use lease_core::{Backend, Sequencer};
+use lease_core::{Backend, Error, Sequencer};
+use tokio::time::Instant;
 use tower::Service;
 
 use super::MissingSequencer;
@@ -98,17 +99,17 @@ impl<S> SequencerCheck<S> {
                 });
             }
         };
-        if sequencer.key() != config.key {
+        if sequencer.key() != config.key() {
             return Stamp::Rejected(Refusal {
                 status: StatusCode::CONFLICT,
                 text: format!(
                     "the sequencer is for key {:?}; this route accepts work only from the holder of {:?}\n",
                     sequencer.key(),
-                    config.key
+                    config.key()
                 ),
             });
         }
-        match config.cache.verdict(&sequencer) {
+        match config.cache.verdict(&sequencer, config.max_staleness) {
             Verdict::Current => Stamp::Checked(sequencer),
             Verdict::Stale => Stamp::Rejected(stale(&sequencer)),
             Verdict::Unknown => Stamp::Ask(sequencer),
@@ -126,6 +127,53 @@ pub(super) fn stale(sequencer: &Sequencer) -> Refusal {
     }
 }
 
+/// One consistent read of `sequencer`, bounded by the read timeout; a success is remembered as a
+/// fresh answer.
+async fn consistent_check(config: Arc<Config>, sequencer: Sequencer) -> Result<(), Refusal> {
+    let sent = Instant::now();
+    let checked = tokio::time::timeout(
+        config.read_timeout,
+        config.backend().check_sequencer(&sequencer),
+    )
+    .await;
+    match checked {
+        Ok(Ok(())) => {
+            config.cache.confirm(&sequencer, sent);
+            Ok(())
+        }
+        Ok(Err(Error::Lost(_))) => Err(stale(&sequencer)),
+        Ok(Err(error)) if error.is_transient() => {
+            tracing::warn!(%sequencer, %error, "sequencer check: the backend cannot tell; answering 503");
+            Err(Refusal {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                text: format!(
+                    "the lease backend cannot confirm this request's sequencer now ({error}); retry after the delay in Retry-After\n"
+                ),
+            })
+        }
+        Ok(Err(error)) => {
+            tracing::error!(%sequencer, %error, "sequencer check: the check cannot be made; answering 500");
+            Err(Refusal {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                text: format!(
+                    "this route cannot check sequencers of {:?}, and retrying cannot fix it: {error}\n",
+                    config.key()
+                ),
+            })
+        }
+        Err(_) => {
+            tracing::warn!(%sequencer, timeout = ?config.read_timeout, "sequencer check: the backend did not answer in time; answering 503");
+            Err(Refusal {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                text: format!(
+                    "the lease backend did not confirm this request's sequencer within {:?}, and no answer younger than {:?} is known; retry after the delay in Retry-After\n",
+                    config.read_timeout, config.max_staleness
+                ),
+            })
+        }
+    }
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SequencerCheck<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -139,9 +187,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        self.config
-            .cache
-            .ensure_started(&self.config.backend, &self.config.key);
+        self.config.cache.ensure_observing();
         match self.read_stamp(&request) {
             Stamp::Missing => match self.config.missing {
                 MissingSequencer::Pass => ResponseFuture::running(self.inner.call(request)),
@@ -149,7 +195,8 @@ where
                     status: StatusCode::PRECONDITION_REQUIRED,
                     text: format!(
                         "this route accepts work only from the current holder of {:?}; send its sequencer in the {} header\n",
-                        self.config.key, self.config.header
+                        self.config.key(),
+                        self.config.header
                     ),
                 }),
             },
@@ -161,9 +208,10 @@ where
             Stamp::Ask(sequencer) => {
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                let backend = Arc::clone(&self.config.backend);
-                let checked = sequencer.clone();
-                let check = Box::pin(async move { backend.check_sequencer(&checked).await });
+                let check = Box::pin(consistent_check(
+                    Arc::clone(&self.config),
+                    sequencer.clone(),
+                ));
                 ResponseFuture::checking(check, sequencer, inner, request, Arc::clone(&self.config))
             }
         }

@@ -1,43 +1,47 @@
-//! [`ResponseFuture`]: the inner service's future raced against the end of this node's tenure.
+//! [`ResponseFuture`]: the inner service's future, dropped the moment the term's lease is lost.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use http::Response;
+use lease_core::LostReason;
+use lease_core::leader::TermGuard;
 use pin_project::pin_project;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use super::state::Tenure;
 use crate::body::{LeaseBody, LossGuard, unavailable};
 
 /// The response future of [`LeaderOnly`](super::LeaderOnly).
 ///
 /// On the leader it polls the inner future, and drops it with a 503 answer if the lease is lost
-/// first. On a follower it is the ready rejection.
+/// first: it waits on the lease itself ([`LeaseWatcher::lost`](lease_core::LeaseWatcher::lost)), so it wakes the moment the loss
+/// is known, whatever the campaign is doing. On a follower it is the ready rejection.
 #[pin_project]
 pub struct ResponseFuture<F, B> {
     #[pin]
     state: State<F, B>,
 }
 
+type LostSignal = Pin<Box<dyn Future<Output = LostReason> + Send>>;
+
 #[pin_project(project = StateProj)]
 enum State<F, B> {
+    /// Boxed: a response is large, and the leader's path should not move its bytes around.
     Rejected {
-        response: Option<Response<LeaseBody<B>>>,
+        response: Option<Box<Response<LeaseBody<B>>>>,
     },
     Running {
         #[pin]
         inner: F,
-        tenure: Arc<Tenure>,
+        /// The request's place in the term's work in flight, which a voluntary step-down waits
+        /// for; it moves into the body, and carries the term's lease.
+        work: Option<TermGuard>,
         /// Registered only once the inner future suspends: a handler that answers on its first
-        /// poll (most do) never touches the token's waiter list, which every request shares.
-        #[pin]
-        lost: Option<WaitForCancellationFutureOwned>,
+        /// poll (most do) costs no allocation and no waiter registration.
+        lost: Option<LostSignal>,
     },
-    Cancelled,
+    Done,
 }
 
 impl<F, B> fmt::Debug for ResponseFuture<F, B> {
@@ -45,7 +49,7 @@ impl<F, B> fmt::Debug for ResponseFuture<F, B> {
         let state = match &self.state {
             State::Rejected { .. } => "rejected",
             State::Running { .. } => "running",
-            State::Cancelled => "cancelled",
+            State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -54,11 +58,11 @@ impl<F, B> fmt::Debug for ResponseFuture<F, B> {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(super) fn running(inner: F, tenure: Arc<Tenure>) -> Self {
+    pub(super) fn running(inner: F, work: TermGuard) -> Self {
         ResponseFuture {
             state: State::Running {
                 inner,
-                tenure,
+                work: Some(work),
                 lost: None,
             },
         }
@@ -67,7 +71,7 @@ impl<F, B> ResponseFuture<F, B> {
     pub(super) fn rejected(response: Response<LeaseBody<B>>) -> Self {
         ResponseFuture {
             state: State::Rejected {
-                response: Some(response),
+                response: Some(Box::new(response)),
             },
         }
     }
@@ -83,39 +87,41 @@ where
         let mut this = self.project();
         match this.state.as_mut().project() {
             StateProj::Rejected { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
+                Some(response) => Poll::Ready(Ok(*response)),
                 None => Poll::Pending,
             },
-            StateProj::Running {
-                inner,
-                tenure,
-                mut lost,
-            } => {
-                // Loss first: the inner future is never polled once the loss is known, so a
-                // request cannot complete as if led after the lease was lost. The lease's own
-                // flag turns first (the tenure's token follows a task hop later); both are atomic
-                // reads.
-                if !tenure.watcher.is_held() || tenure.ended.is_cancelled() {
-                    this.state.set(State::Cancelled);
+            StateProj::Running { inner, work, lost } => {
+                let Some(guard) = work.as_ref() else {
+                    return Poll::Pending;
+                };
+                // Loss first, an atomic read and the fence deadline: the inner future is never
+                // polled once the loss is known (or the deadline has passed in a paused process).
+                if !guard.lease().is_held() {
+                    this.state.set(State::Done);
                     return Poll::Ready(Ok(lost_response()));
                 }
                 if let Poll::Ready(response) = inner.poll(cx) {
-                    // The body is guarded too: a streaming answer ends when the tenure does.
-                    let guard = || LossGuard::watching(tenure.watcher.clone());
-                    return Poll::Ready(
-                        response.map(|r| r.map(|body| LeaseBody::guarded(body, guard()))),
-                    );
+                    // The body is guarded too: a streaming answer ends when the lease is lost,
+                    // and a step-down waits for it to be sent.
+                    let guard = work.take().map(LossGuard::serving);
+                    this.state.set(State::Done);
+                    return Poll::Ready(response.map(|r| {
+                        r.map(|body| match guard {
+                            Some(guard) => LeaseBody::guarded(body, guard),
+                            None => LeaseBody::inner(body),
+                        })
+                    }));
                 }
-                if lost.is_none() {
-                    lost.set(Some(tenure.ended.clone().cancelled_owned()));
+                let lost = lost.get_or_insert_with(|| Box::pin(guard.lease().lost()));
+                match lost.as_mut().poll(cx) {
+                    Poll::Ready(_) => {
+                        this.state.set(State::Done);
+                        Poll::Ready(Ok(lost_response()))
+                    }
+                    Poll::Pending => Poll::Pending,
                 }
-                if let Some(lost) = lost.as_pin_mut() {
-                    ready!(lost.poll(cx));
-                }
-                this.state.set(State::Cancelled);
-                Poll::Ready(Ok(lost_response()))
             }
-            StateProj::Cancelled => Poll::Pending,
+            StateProj::Done => Poll::Pending,
         }
     }
 }
@@ -123,6 +129,6 @@ where
 fn lost_response<B>() -> Response<LeaseBody<B>> {
     unavailable(
         &http::HeaderValue::from_static("1"),
-        "this node lost the leader lease while serving the request; it was cancelled, retry on the new leader\n",
+        "this node lost the leader lease before it could complete the request; it was not served, retry on the new leader\n",
     )
 }

@@ -5,21 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
-use lease_core::leader::Leader;
-use lease_core::{Backend, LeaseSpec};
-use tokio_util::sync::CancellationToken;
+use lease_core::leader::CampaignHandle;
 use tower::Layer;
 
 use super::service::LeaderOnly;
-use super::state::Handle;
 use crate::body::retry_after_value;
 
-/// Serves requests only on the node that holds the leader lease `spec` names.
+/// Serves requests only while this node's [`Campaign`](lease_core::leader::Campaign) holds its
+/// lease.
 ///
-/// See the [module docs](crate::leader) for what leaders and followers answer. Clones share one
-/// campaign; it starts when the first service is built (or the first request arrives) inside a
-/// Tokio runtime, and stops, releasing the lease, when the last clone of the layer and of its
-/// services is dropped or the [shutdown token](Self::shutdown_on) is cancelled.
+/// Built from a handle on the campaign (`campaign.handle()`), so the routes share the one
+/// election the process runs for the key with its worker and health checks; the layer itself
+/// starts nothing. Run the campaign next to the server (`tokio::spawn(campaign.run_until(..))`
+/// or `hold_until`). See the [module docs](crate::leader) for what leaders and followers answer,
+/// and for graceful shutdown.
 ///
 /// # Examples
 ///
@@ -29,17 +28,19 @@ use crate::body::retry_after_value;
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use axum::{Router, routing::post};
+/// use lease_core::leader::Campaign;
 /// use lease_core::{LeaseSpec, memory::Memory};
 /// use lease_tower::extract::LeaseSequencer;
 /// use lease_tower::leader::LeaderOnlyLayer;
+/// use tokio_util::sync::CancellationToken;
 ///
-/// let backend = Arc::new(Memory::new());
-/// let leader_only = LeaderOnlyLayer::new(
-///     backend,
+/// let campaign = Campaign::try_new(
+///     Arc::new(Memory::new()),
 ///     LeaseSpec::leader("service/api/leader").value("http://10.0.0.7:8080"),
-/// )
-/// .retry_after(Duration::from_secs(2))
-/// .redirect_to_leader(true);
+/// )?;
+/// let leader_only = LeaderOnlyLayer::new(campaign.handle())
+///     .retry_after(Duration::from_secs(2))
+///     .redirect_to_leader(true);
 ///
 /// let app: Router = Router::new()
 ///     .route(
@@ -48,7 +49,9 @@ use crate::body::retry_after_value;
 ///             format!("compacting as {sequencer}")
 ///         }),
 ///     )
-///     .route_layer(leader_only.clone());
+///     .route_layer(leader_only);
+/// let shutdown = CancellationToken::new();
+/// tokio::spawn(campaign.hold_until(shutdown.clone()));
 /// # let _ = app;
 /// # Ok(())
 /// # }
@@ -56,15 +59,14 @@ use crate::body::retry_after_value;
 #[derive(Clone)]
 #[must_use]
 pub struct LeaderOnlyLayer {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) spec: LeaseSpec,
-    pub(super) handle: Arc<Handle>,
     pub(super) config: Arc<Config>,
 }
 
-/// How followers answer.
+/// The campaign, and how followers are answered: one `Arc`, so a service clone (axum clones a
+/// route's service per request) is one reference-count increment.
 #[derive(Clone, Debug)]
 pub(super) struct Config {
+    pub(super) campaign: CampaignHandle,
     pub(super) retry_after: HeaderValue,
     pub(super) redirect: bool,
 }
@@ -72,9 +74,6 @@ pub(super) struct Config {
 impl fmt::Debug for LeaderOnlyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaderOnlyLayer")
-            .field("backend", &self.backend)
-            .field("spec", &self.spec)
-            .field("handle", &self.handle)
             .field("config", &self.config)
             .finish()
     }
@@ -84,26 +83,21 @@ impl LeaderOnlyLayer {
     /// The default `Retry-After` of a follower's 503.
     pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-    /// A layer that campaigns for `spec` (normally [`LeaseSpec::leader`], with the node's base URL
-    /// as its [`value`](LeaseSpec::value) so followers can point clients to it) on `backend`.
-    pub fn new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
-        let handle = Arc::new(Handle::new(
-            Arc::clone(&backend),
-            spec.clone(),
-            CancellationToken::new(),
-        ));
+    /// A layer serving requests while the campaign behind `campaign` leads. Give the campaign's
+    /// spec the node's base URL as its [`value`](lease_core::LeaseSpec::value), so followers can
+    /// point clients to the leader.
+    pub fn new(campaign: CampaignHandle) -> Self {
         LeaderOnlyLayer {
-            backend,
-            spec,
-            handle,
             config: Arc::new(Config {
+                campaign,
                 retry_after: retry_after_value(Self::DEFAULT_RETRY_AFTER),
                 redirect: false,
             }),
         }
     }
 
-    /// The `Retry-After` of a follower's 503, rounded up to whole seconds. Default: 1 s.
+    /// The `Retry-After` of a 503 (a follower, no leader known, stepping down), rounded up to
+    /// whole seconds. Default: 1 s.
     pub fn retry_after(mut self, after: Duration) -> Self {
         Arc::make_mut(&mut self.config).retry_after = retry_after_value(after);
         self
@@ -117,35 +111,9 @@ impl LeaderOnlyLayer {
         self
     }
 
-    /// Also stop the campaign and release the lease when `token` is cancelled (e.g. on graceful
-    /// shutdown, so a follower takes over without waiting for the session TTL).
-    ///
-    /// Call it before the layer is used: it replaces the campaign, which has not started yet.
-    pub fn shutdown_on(mut self, token: &CancellationToken) -> Self {
-        self.handle = Arc::new(Handle::new(
-            Arc::clone(&self.backend),
-            self.spec.clone(),
-            token.child_token(),
-        ));
-        self
-    }
-
-    /// Stops the campaign and waits until the lease is released (so a follower can take over at
-    /// once); requests get 503 from then on. Call it after the server's graceful shutdown, before
-    /// the runtime ends: a lease still held when the process exits is only freed by its TTL.
-    pub async fn shutdown(&self) {
-        self.handle.shutdown().await;
-    }
-
-    /// Whether this node holds the lease now (an atomic read).
-    pub fn is_leader(&self) -> bool {
-        self.handle.shared.held_tenure().is_some()
-    }
-
-    /// The current leader as the backend's watch last saw it (no I/O); `None` while nobody leads,
-    /// or when the backend cannot observe leader keys.
-    pub fn leader(&self) -> Option<Leader> {
-        self.handle.shared.leader().map(|view| view.leader)
+    /// The campaign the layer serves under: whether this node leads, who does, its state.
+    pub fn campaign(&self) -> &CampaignHandle {
+        &self.config.campaign
     }
 }
 
@@ -153,10 +121,8 @@ impl<S> Layer<S> for LeaderOnlyLayer {
     type Service = LeaderOnly<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.handle.ensure_started();
         LeaderOnly {
             inner,
-            handle: Arc::clone(&self.handle),
             config: Arc::clone(&self.config),
         }
     }

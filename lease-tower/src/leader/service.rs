@@ -1,26 +1,22 @@
-//! [`LeaderOnly`]: the service, which decides each request with one atomic read.
+//! [`LeaderOnly`]: the service, which decides each request with a read of the campaign's term.
 
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
-use lease_core::leader::Leader;
-use lease_core::{Backend, LeaseSpec};
+use lease_core::leader::{CampaignHandle, CampaignState, Leader, Term};
 use tower::Service;
 
 use super::LEADER_HEADER;
 use super::future::ResponseFuture;
 use super::layer::{Config, LeaderOnlyLayer};
-use super::state::Handle;
 use crate::body::{LeaseBody, rejection, unavailable};
 
-/// Passes requests to `S` only while this node holds the leader lease. Built by
+/// Passes requests to `S` only while this node's campaign holds its lease. Built by
 /// [`LeaderOnlyLayer`]; see there and the [module docs](crate::leader).
 pub struct LeaderOnly<S> {
     pub(super) inner: S,
-    pub(super) handle: Arc<Handle>,
     pub(super) config: Arc<Config>,
 }
 
@@ -28,7 +24,6 @@ impl<S: Clone> Clone for LeaderOnly<S> {
     fn clone(&self) -> Self {
         LeaderOnly {
             inner: self.inner.clone(),
-            handle: Arc::clone(&self.handle),
             config: Arc::clone(&self.config),
         }
     }
@@ -38,32 +33,25 @@ impl<S: fmt::Debug> fmt::Debug for LeaderOnly<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaderOnly")
             .field("inner", &self.inner)
-            .field("handle", &self.handle)
             .field("config", &self.config)
             .finish()
     }
 }
 
 impl<S> LeaderOnly<S> {
-    /// Wraps `inner` with its own campaign for `spec` on `backend`; shorthand for
-    /// `LeaderOnlyLayer::new(backend, spec).layer(inner)`.
-    pub fn new(inner: S, backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
-        tower::Layer::layer(&LeaderOnlyLayer::new(backend, spec), inner)
+    /// Wraps `inner`; shorthand for `LeaderOnlyLayer::new(campaign).layer(inner)`.
+    pub fn new(inner: S, campaign: CampaignHandle) -> Self {
+        tower::Layer::layer(&LeaderOnlyLayer::new(campaign), inner)
     }
 
     /// A layer that wraps services in `LeaderOnly`; the same as [`LeaderOnlyLayer::new`].
-    pub fn layer(backend: Arc<dyn Backend>, spec: LeaseSpec) -> LeaderOnlyLayer {
-        LeaderOnlyLayer::new(backend, spec)
+    pub fn layer(campaign: CampaignHandle) -> LeaderOnlyLayer {
+        LeaderOnlyLayer::new(campaign)
     }
 
-    /// Whether this node holds the lease now (an atomic read).
-    pub fn is_leader(&self) -> bool {
-        self.handle.shared.held_tenure().is_some()
-    }
-
-    /// The current leader as the backend's watch last saw it; see [`LeaderOnlyLayer::leader`].
-    pub fn leader(&self) -> Option<Leader> {
-        self.handle.shared.leader().map(|view| view.leader)
+    /// The campaign the service serves under.
+    pub fn campaign(&self) -> &CampaignHandle {
+        &self.config.campaign
     }
 
     /// The inner service.
@@ -81,21 +69,40 @@ impl<S> LeaderOnly<S> {
         self.inner
     }
 
-    fn follower_response<ReqBody, ResBody>(
+    /// The answer when this node does not serve: why, and where to go instead.
+    fn refusal<ReqBody, ResBody>(
         &self,
         request: &Request<ReqBody>,
+        term: Option<&Term>,
     ) -> Response<LeaseBody<ResBody>> {
-        let view = self.handle.shared.leader();
+        let campaign = &self.config.campaign;
+        let key = campaign.key();
+        if term.is_some_and(Term::is_stepping_down) {
+            return unavailable(
+                &self.config.retry_after,
+                "this node is stepping down as leader (it is shutting down); retry on the next leader after the delay in Retry-After\n",
+            );
+        }
+        let text = match campaign.state() {
+            CampaignState::Failed(error) => {
+                return rejection(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "this node cannot campaign for the leader key {key:?}, and retrying cannot fix it: {error}\n"
+                    ),
+                );
+            }
+            CampaignState::NotStarted => format!(
+                "this node's campaign for {key:?} has not started: run it next to the server (Campaign::run_until or hold_until); retry after the delay in Retry-After\n"
+            ),
+            CampaignState::Running => String::new(),
+            _ => format!(
+                "this node no longer campaigns for {key:?}; send the request to the node named in the lease-leader header, if any\n"
+            ),
+        };
+        let leader = campaign.leader();
         if self.config.redirect {
-            let location = view.as_ref().and_then(|view| {
-                let base = view.base_url.as_ref()?;
-                let path = request
-                    .uri()
-                    .path_and_query()
-                    .map_or("/", |path| path.as_str());
-                HeaderValue::try_from(format!("{base}{path}")).ok()
-            });
-            if let Some(location) = location {
+            if let Some(location) = leader.as_ref().and_then(|l| location(l, request)) {
                 let mut response = rejection(
                     StatusCode::TEMPORARY_REDIRECT,
                     "this node is not the leader; follow the redirect to the leader\n",
@@ -104,15 +111,45 @@ impl<S> LeaderOnly<S> {
                 return response;
             }
         }
-        let text: Bytes = match &view {
-            Some(_) => "this node is not the leader; send the request to the node named in the lease-leader header\n".into(),
-            None => "no leader is known yet; retry after the delay in Retry-After\n".into(),
+        let text = match (&leader, text.is_empty()) {
+            (_, false) => text,
+            (Some(_), true) => "this node is not the leader; send the request to the node named in the lease-leader header\n".to_owned(),
+            (None, true) => match campaign.last_error() {
+                Some(error) => format!(
+                    "no leader is known yet; this node's last attempt to campaign failed ({error}); retry after the delay in Retry-After\n"
+                ),
+                None => "no leader is known yet; retry after the delay in Retry-After\n".to_owned(),
+            },
         };
         let mut response = unavailable(&self.config.retry_after, text);
-        if let Some(value) = view.and_then(|view| view.header) {
+        if let Some(value) = leader.and_then(|l| HeaderValue::from_bytes(&l.value).ok()) {
             response.headers_mut().insert(LEADER_HEADER, value);
         }
         response
+    }
+}
+
+/// Where to redirect a request to the leader: its advertised base URL plus the request's path
+/// and query.
+fn location<ReqBody>(leader: &Leader, request: &Request<ReqBody>) -> Option<HeaderValue> {
+    let base = base_url(leader.value_str()?)?;
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |path| path.as_str());
+    HeaderValue::try_from(format!("{base}{path}")).ok()
+}
+
+/// The advertised value as a base URL for redirects: `http://` is assumed when no scheme is given.
+fn base_url(value: &str) -> Option<String> {
+    let value = value.trim().trim_end_matches('/');
+    if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return None;
+    }
+    if value.starts_with("http://") || value.starts_with("https://") {
+        Some(value.to_owned())
+    } else {
+        Some(format!("http://{value}"))
     }
 }
 
@@ -129,13 +166,15 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        self.handle.ensure_started();
-        match self.handle.shared.held_tenure() {
-            Some(tenure) => {
-                request.extensions_mut().insert(tenure.watcher.clone());
-                ResponseFuture::running(self.inner.call(request), tenure)
+        match self.config.campaign.begin() {
+            Some(work) => {
+                request.extensions_mut().insert(work.lease().clone());
+                ResponseFuture::running(self.inner.call(request), work)
             }
-            None => ResponseFuture::rejected(self.follower_response(&request)),
+            None => {
+                let term = self.config.campaign.term();
+                ResponseFuture::rejected(self.refusal(&request, term.as_ref()))
+            }
         }
     }
 }

@@ -29,6 +29,9 @@ where
     config: Arc<Config>,
 }
 
+// The future is created once per request and then pinned in place, so the waiting variant's size
+// costs one larger allocation of the connection's task, not copies; boxing it would cost more.
+#[allow(clippy::large_enum_variant)]
 #[pin_project(project = StateProj)]
 enum State<S, ReqBody>
 where
