@@ -51,6 +51,9 @@ struct FenceInner {
     valid_for: Duration,
     /// Nanoseconds after `epoch` of the last confirmation; `u64::MAX` for an unbounded fence.
     confirmed: AtomicU64,
+    /// `confirmed + valid_for`, kept beside it so the check on every poll is one load and one
+    /// clock read.
+    deadline: AtomicU64,
 }
 
 impl fmt::Debug for Fence {
@@ -72,6 +75,7 @@ impl Fence {
             epoch: confirmed_at,
             valid_for,
             confirmed: AtomicU64::new(0),
+            deadline: AtomicU64::new(saturating_nanos(valid_for)),
         }))
     }
 
@@ -82,6 +86,7 @@ impl Fence {
             epoch: Instant::now(),
             valid_for: Duration::ZERO,
             confirmed: AtomicU64::new(UNBOUNDED),
+            deadline: AtomicU64::new(UNBOUNDED),
         }))
     }
 
@@ -89,6 +94,10 @@ impl Fence {
     /// `sent + valid_for`. A confirmation older than the last one changes nothing.
     pub fn confirm(&self, sent: Instant) {
         let nanos = nanos_between(self.0.epoch, sent).min(UNBOUNDED - 1);
+        let deadline = nanos
+            .saturating_add(saturating_nanos(self.0.valid_for))
+            .min(UNBOUNDED - 1);
+        self.0.deadline.fetch_max(deadline, Ordering::AcqRel);
         self.0.confirmed.fetch_max(nanos, Ordering::AcqRel);
     }
 
@@ -122,6 +131,11 @@ impl Fence {
 
     /// How long the lease has gone unconfirmed, once that is past the deadline; `None` before.
     pub fn overdue(&self) -> Option<Duration> {
+        // The fast path of every poll: nothing to compute while the deadline is ahead.
+        let deadline = self.0.deadline.load(Ordering::Acquire);
+        if deadline == UNBOUNDED || nanos_between(self.0.epoch, Instant::now()) < deadline {
+            return None;
+        }
         let confirmed = self.confirmed_at()?;
         let unconfirmed_for = Instant::now().saturating_duration_since(confirmed);
         (unconfirmed_for >= self.0.valid_for).then_some(unconfirmed_for)
@@ -145,6 +159,10 @@ impl Fence {
             }
         }
     }
+}
+
+fn saturating_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(UNBOUNDED - 1)
 }
 
 fn nanos_between(earlier: Instant, later: Instant) -> u64 {
