@@ -169,11 +169,11 @@ fn end_lost<B>(
 pub(crate) struct LossGuard {
     /// Registered for the loss only once the body has had to wait.
     lost: Option<Pin<Box<dyn Future<Output = LostReason> + Send>>>,
-    held: Held,
+    held: BodyHold,
 }
 
 /// What a body keeps until its last frame is produced or it is dropped, and watches.
-enum Held {
+enum BodyHold {
     /// A leader's request: its place in the term's work in flight, which a voluntary
     /// step-down waits for; the term's lease is watched.
     Term(TermGuard),
@@ -187,7 +187,7 @@ impl LossGuard {
     pub(crate) fn serving(work: TermGuard) -> Self {
         LossGuard {
             lost: None,
-            held: Held::Term(work),
+            held: BodyHold::Term(work),
         }
     }
 
@@ -196,22 +196,22 @@ impl LossGuard {
     pub(crate) fn holding(lease: Lease, local: OwnedSemaphorePermit) -> Self {
         LossGuard {
             lost: None,
-            held: Held::Slot(Box::new((lease, local))),
+            held: BodyHold::Slot(Box::new((lease, local))),
         }
     }
 
     fn is_held(&self) -> bool {
         match &self.held {
-            Held::Term(work) => work.lease().is_held(),
-            Held::Slot(slot) => slot.0.is_held(),
+            BodyHold::Term(work) => work.lease().is_held(),
+            BodyHold::Slot(slot) => slot.0.is_held(),
         }
     }
 
     fn lost_signal(&mut self) -> &mut Pin<Box<dyn Future<Output = LostReason> + Send>> {
         let held = &self.held;
         self.lost.get_or_insert_with(|| match held {
-            Held::Term(work) => Box::pin(work.lease().lost()),
-            Held::Slot(slot) => Box::pin(slot.0.lost()),
+            BodyHold::Term(work) => Box::pin(work.lease().lost()),
+            BodyHold::Slot(slot) => Box::pin(slot.0.lost()),
         })
     }
 
@@ -244,8 +244,8 @@ impl fmt::Debug for LossGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut debug = f.debug_struct("LossGuard");
         match &self.held {
-            Held::Term(work) => debug.field("term", work),
-            Held::Slot(slot) => debug.field("slot", &slot.0),
+            BodyHold::Term(work) => debug.field("term", work),
+            BodyHold::Slot(slot) => debug.field("slot", &slot.0),
         };
         debug.finish_non_exhaustive()
     }

@@ -16,7 +16,7 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, Consumer};
 
-use super::hold::hold;
+use super::hold::into_lease;
 
 use super::naming::SemaphoreNames;
 use super::wire::{self, Failure};
@@ -162,7 +162,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
             let confirmed_at = Instant::now();
             match watch_slot(amqp, &channel, &slot_queue).await {
                 Ok(consumer) => {
-                    return Ok(Scan::Acquired(hold(
+                    return Ok(Scan::Acquired(into_lease(
                         amqp,
                         names,
                         slot,

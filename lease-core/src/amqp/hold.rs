@@ -19,7 +19,7 @@ use crate::backoff::random_below;
 use crate::{BackendKind, Error, Lease, LostReason, Sequencer};
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn hold(
+pub(super) fn into_lease(
     amqp: &Amqp,
     names: &SemaphoreNames,
     slot: u32,

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::http::{Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
 use super::retry::retry_transient;
-use super::session::{self, KeepAlive, Session, SessionEnd, WATCH_WAIT};
+use super::session::{self, Renewals, Session, SessionEnd, WATCH_WAIT};
 use crate::backend::Hold;
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
@@ -39,17 +39,17 @@ pub(crate) async fn acquire(
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
     loop {
-        let (mut session, mut keep_alive) = Session::create(http, spec, Behavior::Release).await?;
+        let (mut session, mut renewals) = Session::create(http, spec, Behavior::Release).await?;
         // If this future is dropped from here on, the session releases the key before it is
         // destroyed, so the next holder does not wait out the lock-delay.
         session.may_hold(spec.key());
         let outcome = tokio::select! {
             biased;
-            end = &mut keep_alive => Err(end),
+            end = &mut renewals => Err(end),
             result = contend(http, session.id(), spec, started, deadline) => Ok(result),
         };
         match outcome {
-            Ok(Ok(held)) => return Ok(hold(spec, session, keep_alive, held, backend)),
+            Ok(Ok(held)) => return Ok(into_lease(spec, session, renewals, held, backend)),
             Ok(Err(error)) => {
                 // Give the session back now, so a caller that asked not to wait leaves nothing behind.
                 let _ = session.give_back().await;
@@ -220,17 +220,17 @@ async fn read_retrying(
 }
 
 /// Turns a successful contention into a lease and starts its holder task.
-fn hold(
+fn into_lease(
     spec: &LeaseSpec,
     session: Session,
-    keep_alive: KeepAlive,
+    renewals: Renewals,
     acquired: Acquired,
     backend: Arc<dyn Backend>,
 ) -> Lease {
     let (key, lock_index) = (spec.key(), acquired.lock_index);
     session::start_lease(key, lock_index, session, backend, |session| LeaderHold {
         session,
-        keep_alive,
+        renewals,
         key: key.to_owned(),
         lock_index,
         index: acquired.modify_index,
@@ -265,7 +265,7 @@ async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option
 
 struct LeaderHold {
     session: Session,
-    keep_alive: KeepAlive,
+    renewals: Renewals,
     key: String,
     lock_index: u64,
     index: u64,
@@ -280,7 +280,7 @@ impl Hold for LeaderHold {
             |blocking| http.kv_get(key, Some(blocking)),
             |entry| verdict(entry.as_ref(), session.id(), lock_index),
         );
-        session::hold_until_lost(&mut self.keep_alive, session, key_watch).await
+        session::hold_until_lost(&mut self.renewals, session, key_watch).await
     }
 
     async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {

@@ -66,7 +66,7 @@ impl From<SessionEnd> for LostReason {
 
 /// The renew loop of a session, boxed so acquire can poll it while waiting and then hand it to
 /// the holder task.
-pub(crate) type KeepAlive = Pin<Box<dyn Future<Output = SessionEnd> + Send>>;
+pub(crate) type Renewals = Pin<Box<dyn Future<Output = SessionEnd> + Send>>;
 
 /// A session this process created. Dropping it gives it back in the background (releasing the
 /// leader key it may hold first, so the next holder does not wait out the lock-delay).
@@ -87,7 +87,7 @@ impl Session {
         http: &Arc<ConsulHttp>,
         spec: &LeaseSpec,
         behavior: Behavior,
-    ) -> Result<(Session, KeepAlive), Error> {
+    ) -> Result<(Session, Renewals), Error> {
         let ttl = spec.session_ttl();
         let sent = Instant::now();
         let id = http
@@ -103,7 +103,12 @@ impl Session {
             })?;
         tracing::debug!(session = %id, ?ttl, "session created");
         let fence = Fence::new(spec.fence_after(), sent);
-        let keep_alive = Box::pin(keep_alive(Arc::clone(http), id.clone(), ttl, fence.clone()));
+        let renewals = Box::pin(renew_until_ended(
+            Arc::clone(http),
+            id.clone(),
+            ttl,
+            fence.clone(),
+        ));
         Ok((
             Session {
                 http: Arc::clone(http),
@@ -112,7 +117,7 @@ impl Session {
                 key: None,
                 ended: false,
             },
-            keep_alive,
+            renewals,
         ))
     }
 
@@ -227,7 +232,12 @@ async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
 /// Renews `id` every TTL/2, confirming `fence` with each renewal's send time, until Consul says
 /// the session is gone or the fence's deadline passes (then it returns `Fenced`, at that
 /// deadline, not later).
-async fn keep_alive(http: Arc<ConsulHttp>, id: String, ttl: Duration, fence: Fence) -> SessionEnd {
+async fn renew_until_ended(
+    http: Arc<ConsulHttp>,
+    id: String,
+    ttl: Duration,
+    fence: Fence,
+) -> SessionEnd {
     let retry_every = (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + ttl / 2;
     let mut last_error = None;
@@ -323,13 +333,13 @@ pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEn
 /// invalidation at once) and `target`, the watch of what the session holds (which catches every
 /// other way to lose it). Returns the first loss.
 pub(crate) async fn hold_until_lost(
-    keep_alive: &mut KeepAlive,
+    renewals: &mut Renewals,
     session: &Session,
     target: impl Future<Output = LostReason>,
 ) -> LostReason {
     tokio::select! {
         biased;
-        end = keep_alive => end.into(),
+        end = renewals => end.into(),
         end = watch_invalidation(session.http(), session.id()) => end.into(),
         reason = target => reason,
     }

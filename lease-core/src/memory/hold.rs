@@ -1,6 +1,6 @@
 //! What a held lease is, and how its holder watches, renews and gives it back.
 //!
-//! A [`Held`] names what one lease holds (a leader key, or a slot: its contender key and the
+//! A [`HeldLock`] names what one lease holds (a leader key, or a slot: its contender key and the
 //! semaphore's `.lock`); [`State::verify`] is the one rule that says whether it still holds it,
 //! for the holder's watch and for `check_sequencer` alike. [`MemoryHold`] is the backend's part
 //! of the holder task (`crate::backend::Hold`).
@@ -17,7 +17,7 @@ use crate::{BoxFuture, Error, LostReason, Sequencer};
 
 /// What one lease holds, enough to verify it against the store.
 #[derive(Clone)]
-pub(super) enum Held {
+pub(super) enum HeldLock {
     Leader {
         key: String,
         session: String,
@@ -31,16 +31,16 @@ pub(super) enum Held {
     },
 }
 
-impl Held {
+impl HeldLock {
     pub(super) fn session(&self) -> &str {
         match self {
-            Held::Leader { session, .. } | Held::Slot { session, .. } => session,
+            HeldLock::Leader { session, .. } | HeldLock::Slot { session, .. } => session,
         }
     }
 
     /// What a sequencer issued by this store claims to hold: a slot if its key is a semaphore's
     /// contender key, else a leader key.
-    pub(super) fn from_sequencer(state: &State, sequencer: &Sequencer) -> Held {
+    pub(super) fn from_sequencer(state: &State, sequencer: &Sequencer) -> HeldLock {
         let session = sequencer.holder().to_owned();
         let prefix = prefix_of(sequencer);
         let is_slot = state
@@ -48,13 +48,13 @@ impl Held {
             .get(sequencer.key())
             .is_none_or(|entry| entry.flags == SEMAPHORE_FLAGS);
         match prefix {
-            Some(prefix) if is_slot => Held::Slot {
+            Some(prefix) if is_slot => HeldLock::Slot {
                 lock_key: lock_key(prefix),
                 contender_key: sequencer.key().to_owned(),
                 session,
                 lock_index: sequencer.index(),
             },
-            _ => Held::Leader {
+            _ => HeldLock::Leader {
                 key: sequencer.key().to_owned(),
                 session,
                 lock_index: sequencer.index(),
@@ -66,12 +66,12 @@ impl Held {
 impl State {
     /// One consistent look at whether `held` is still held; the single rule behind both the
     /// holder's watch and `Lease::check`.
-    pub(super) fn verify(&self, held: &Held) -> Result<(), LostReason> {
+    pub(super) fn verify(&self, held: &HeldLock) -> Result<(), LostReason> {
         if !self.sessions.contains_key(held.session()) {
             return Err(LostReason::SessionInvalidated);
         }
         match held {
-            Held::Leader {
+            HeldLock::Leader {
                 key,
                 session,
                 lock_index,
@@ -86,7 +86,7 @@ impl State {
                     }),
                 }
             }
-            Held::Slot {
+            HeldLock::Slot {
                 lock_key,
                 contender_key,
                 session,
@@ -115,7 +115,7 @@ impl State {
 
 pub(super) struct MemoryHold {
     pub(super) inner: Arc<Inner>,
-    pub(super) held: Held,
+    pub(super) held: HeldLock,
     pub(super) fence: Fence,
     pub(super) renew_every: Duration,
     pub(super) next_renewal: Instant,

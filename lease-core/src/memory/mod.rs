@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use self::hold::{Held, MemoryHold};
+use self::hold::{HeldLock, MemoryHold};
 use self::store::{Attempt, Inner, SessionGuard};
 use crate::backend::Fence;
 use crate::leader::LeaderObserver;
@@ -129,7 +129,7 @@ impl Memory {
             .read(|state, _| state.kv.keys().cloned().collect())
     }
 
-    fn start_lease(&self, held: Held, sequencer: Sequencer, spec: &LeaseSpec) -> Lease {
+    fn start_lease(&self, held: HeldLock, sequencer: Sequencer, spec: &LeaseSpec) -> Lease {
         let ttl = spec.session_ttl();
         let fence = Fence::new(spec.fence_after(), Instant::now());
         let hold = MemoryHold {
@@ -239,7 +239,7 @@ impl crate::Backend for Memory {
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         let verdict = self
             .inner
-            .read(|state, _| state.verify(&Held::from_sequencer(state, sequencer)));
+            .read(|state, _| state.verify(&HeldLock::from_sequencer(state, sequencer)));
         Box::pin(async move { verdict.map_err(Error::Lost) })
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::hold::Held;
+use super::hold::HeldLock;
 use super::store::{Attempt, Entry, State, Value};
 use crate::semaphore::{
     Give, LockValue, Next, Planner, Queue, SEMAPHORE_FLAGS, Snapshot, Take, Taken, Unreadable,
@@ -46,7 +46,7 @@ impl State {
                 let contender_key = contender_key(prefix, session);
                 let sequencer =
                     Sequencer::new(BackendKind::Memory, &contender_key, lock_index, session);
-                let held = Held::Slot {
+                let held = HeldLock::Slot {
                     lock_key: lock_key(prefix),
                     contender_key,
                     session: session.to_owned(),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use super::hold::Held;
+use super::hold::HeldLock;
 use crate::backend::Keepers;
 use crate::leader::Leader;
 use crate::semaphore::{LockValue, Planner, SEMAPHORE_FLAGS};
@@ -211,8 +211,8 @@ enum Vanished {
 
 /// The outcome of one attempt to acquire.
 pub(super) enum Attempt {
-    Acquired(Held, Sequencer),
-    /// Held elsewhere: try again after the next change, or at `until`.
+    Acquired(HeldLock, Sequencer),
+    /// HeldLock elsewhere: try again after the next change, or at `until`.
     Blocked {
         until: Option<Instant>,
     },
@@ -366,7 +366,7 @@ impl State {
             return Ok(Attempt::Blocked { until: Some(until) });
         }
         let lock_index = self.lock(key, LEADER_FLAGS, session, value);
-        let held = Held::Leader {
+        let held = HeldLock::Leader {
             key: key.to_owned(),
             session: session.to_owned(),
             lock_index,

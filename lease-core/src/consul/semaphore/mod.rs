@@ -36,7 +36,7 @@ use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
 use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
 use super::retry::{retry_transient, within};
-use super::session::{self, KeepAlive, Session, SessionEnd};
+use super::session::{self, Renewals, Session, SessionEnd};
 use crate::backend::Hold;
 pub(crate) use crate::semaphore::{SEMAPHORE_FLAGS, prefix_of};
 use crate::semaphore::{Snapshot, Taken, contender_key, lock_key};
@@ -79,15 +79,12 @@ pub(crate) async fn acquire(
     loop {
         let Pooled {
             mut session,
-            mut keep_alive,
+            mut renewals,
         } = match semaphores.pool.take(prefix).await {
             Some(pooled) => pooled,
             None => {
-                let (session, keep_alive) = Session::create(http, spec, Behavior::Delete).await?;
-                Pooled {
-                    session,
-                    keep_alive,
-                }
+                let (session, renewals) = Session::create(http, spec, Behavior::Delete).await?;
+                Pooled { session, renewals }
             }
         };
         let take = semaphores.coordinators.take(
@@ -110,14 +107,14 @@ pub(crate) async fn acquire(
         };
         let outcome = tokio::select! {
             biased;
-            end = &mut keep_alive => Err(end),
+            end = &mut renewals => Err(end),
             taken = waited => Ok(taken),
         };
         match outcome {
             Ok(Some(Ok(Taken::Admitted { lock_index, index }))) => {
                 let admitted = Admitted { lock_index, index };
-                return Ok(hold(
-                    semaphores, spec, session, keep_alive, admitted, backend,
+                return Ok(into_lease(
+                    semaphores, spec, session, renewals, admitted, backend,
                 ));
             }
             Ok(Some(Ok(Taken::SessionGone))) => {
@@ -127,13 +124,9 @@ pub(crate) async fn acquire(
             // out, the coordinator gives that slot back itself): keep it for the next try, or
             // destroy it.
             Ok(Some(Ok(Taken::Full)) | None) => {
-                if let Err(Pooled { mut session, .. }) = semaphores.pool.put(
-                    prefix,
-                    Pooled {
-                        session,
-                        keep_alive,
-                    },
-                ) {
+                if let Err(Pooled { mut session, .. }) =
+                    semaphores.pool.put(prefix, Pooled { session, renewals })
+                {
                     let _ = session.destroy().await;
                 }
                 return Err(busy());
@@ -155,11 +148,11 @@ struct Admitted {
     index: u64,
 }
 
-fn hold(
+fn into_lease(
     semaphores: &Arc<Semaphores>,
     spec: &LeaseSpec,
     session: Session,
-    keep_alive: KeepAlive,
+    renewals: Renewals,
     admitted: Admitted,
     backend: Arc<dyn Backend>,
 ) -> Lease {
@@ -175,7 +168,7 @@ fn hold(
             prefix: prefix.to_owned(),
             settle: spec.settle_after_removal(),
             session: Some(session),
-            keep_alive,
+            renewals,
             lock_index: admitted.lock_index,
             index: admitted.index,
         },
@@ -228,7 +221,7 @@ struct SemaphoreHold {
     settle: Duration,
     /// Taken by a release that parks the session in the pool.
     session: Option<Session>,
-    keep_alive: KeepAlive,
+    renewals: Renewals,
     lock_index: u64,
     index: u64,
 }
@@ -245,7 +238,7 @@ impl Hold for SemaphoreHold {
             |blocking| http.kv_list(prefix, Some(blocking)),
             |entries| verdict(prefix, &entries, session.id(), lock_index),
         );
-        session::hold_until_lost(&mut self.keep_alive, session, prefix_watch).await
+        session::hold_until_lost(&mut self.renewals, session, prefix_watch).await
     }
 
     async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
@@ -269,15 +262,10 @@ impl Hold for SemaphoreHold {
                 self.session = Some(session);
                 return Err(error);
             }
-            let keep_alive =
-                std::mem::replace(&mut self.keep_alive, Box::pin(std::future::pending()));
-            if let Err(Pooled { mut session, .. }) = semaphores.pool.put(
-                prefix,
-                Pooled {
-                    session,
-                    keep_alive,
-                },
-            ) {
+            let renewals = std::mem::replace(&mut self.renewals, Box::pin(std::future::pending()));
+            if let Err(Pooled { mut session, .. }) =
+                semaphores.pool.put(prefix, Pooled { session, renewals })
+            {
                 return session.destroy().await;
             }
             return Ok(());

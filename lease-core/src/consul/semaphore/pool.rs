@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::consul::session::{KeepAlive, Session};
+use crate::consul::session::{Renewals, Session};
 
 /// A session that holds its contender key but no slot.
 pub(super) struct Pooled {
     pub(super) session: Session,
-    pub(super) keep_alive: KeepAlive,
+    pub(super) renewals: Renewals,
 }
 
 /// Idle sessions per prefix; each entry is a claim on an idle task.
@@ -84,19 +84,19 @@ async fn park(
 ) {
     let Pooled {
         mut session,
-        mut keep_alive,
+        mut renewals,
     } = pooled;
     tokio::select! {
         claimed = claim => {
             if let Ok(reply) = claimed {
                 // If the claimer went away meanwhile, the returned value is dropped: the session's
                 // guard destroys it.
-                let _ = reply.send(Pooled { session, keep_alive });
+                let _ = reply.send(Pooled { session, renewals });
             }
         }
         () = tokio::time::sleep(idle_for) => {
             let _ = session.destroy().await;
         }
-        _ = &mut keep_alive => {}
+        _ = &mut renewals => {}
     }
 }
