@@ -39,7 +39,6 @@ impl Backoff {
     }
 
     /// Sleeps for the next pause.
-    #[cfg(any(feature = "consul", feature = "amqp"))]
     pub(crate) async fn wait(&mut self) {
         tokio::time::sleep(self.next_pause()).await;
     }
