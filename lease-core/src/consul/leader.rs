@@ -102,9 +102,10 @@ async fn contend(
                 if left.is_zero() {
                     return Err(busy());
                 }
+                // Consul answers up to a sixteenth after the wait: ask for less, to answer in time.
                 Some(Blocking {
                     index,
-                    wait: left.min(WATCH_WAIT),
+                    wait: (left * 15 / 16).min(WATCH_WAIT),
                 })
             }
         };

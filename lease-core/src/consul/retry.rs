@@ -17,8 +17,15 @@ pub(crate) fn backoff() -> Backoff {
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
 }
 
+/// How long past the caller's deadline one attempt may still run: the round trip of an answer
+/// that was on its way. (Blocking reads ask for at most 15/16 of the time left, so Consul's
+/// jitter of up to a sixteenth still answers them in time.)
+const ATTEMPT_SLACK: Duration = Duration::from_millis(500);
+
 /// Runs `op` until it succeeds, fails in a way retrying cannot help, or the next attempt would
-/// start after `give_up` (never, if `None`).
+/// start after `give_up` (never, if `None`). Each attempt is bounded too: one that has not
+/// answered shortly after `give_up` ends with [`ApiError::TimedOut`], so the total is bounded
+/// whatever the request timeout.
 pub(crate) async fn retry_transient<T, F, Fut>(
     give_up: Option<Instant>,
     mut op: F,
@@ -29,7 +36,13 @@ where
 {
     let mut backoff = backoff();
     loop {
-        match op().await {
+        let attempt = match give_up {
+            Some(give_up) => tokio::time::timeout_at(give_up + ATTEMPT_SLACK, op())
+                .await
+                .unwrap_or(Err(ApiError::TimedOut)),
+            None => op().await,
+        };
+        match attempt {
             Err(e) if e.is_transient() => {
                 let pause = backoff.next_pause();
                 if give_up.is_some_and(|g| Instant::now() + pause >= g) {

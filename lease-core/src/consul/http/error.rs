@@ -16,6 +16,8 @@ pub(crate) enum ApiError {
     Transport(Arc<reqwest::Error>),
     Status(StatusCode, String),
     Malformed(String),
+    /// No answer before the caller's deadline (see `retry_transient`).
+    TimedOut,
 }
 
 impl ApiError {
@@ -26,7 +28,7 @@ impl ApiError {
     /// Worth retrying: the agent or the network may answer differently in a moment.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            ApiError::Transport(_) => true,
+            ApiError::Transport(_) | ApiError::TimedOut => true,
             ApiError::Status(status, _) => {
                 status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
             }
@@ -64,6 +66,12 @@ impl ApiError {
                 message: format!("unexpected answer: {message}"),
                 transient: false,
             },
+            ApiError::TimedOut => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: "no answer in the time left; the agent may be overloaded".to_owned(),
+                transient: true,
+            },
         }
     }
 }
@@ -74,6 +82,7 @@ impl fmt::Display for ApiError {
             ApiError::Transport(e) => write!(f, "{}", DisplayChain(e)),
             ApiError::Status(status, body) => write!(f, "{status}: {body}"),
             ApiError::Malformed(m) => write!(f, "unexpected answer: {m}"),
+            ApiError::TimedOut => f.write_str("no answer in the time left"),
         }
     }
 }
