@@ -63,28 +63,41 @@ pub(super) async fn run(
     };
     let mut watch: Option<PrefixRead> = None;
     let mut open = true;
+    let mut idle_since: Option<Instant> = None;
     loop {
         // A dead holder still to prune keeps the coordinator until it is pruned, so a semaphore
         // whose last event was a loss is not left with its entry.
         let next_wake = coordinator.planner.next_wake();
         let prune_due = next_wake.is_some_and(|at| at <= Instant::now());
-        let idle = coordinator.queue.is_empty();
-        if idle && !coordinator.fresh {
-            // Before idling, look once more: a holder may have died since our own writes, and
-            // its entry is pruned only by someone who has seen it dead.
-            coordinator.snapshot = None;
-        } else if idle && !prune_due {
-            watch = None;
+        if coordinator.queue.is_empty() && !prune_due {
             if !open {
                 return;
             }
-            let idle_for =
-                next_wake.map_or(IDLE_STOP, |at| at.saturating_duration_since(Instant::now()));
-            match tokio::time::timeout(idle_for, requests.recv()).await {
-                Ok(Some(request)) => coordinator.push(request),
-                Err(_) if next_wake.is_some() => {}
-                Ok(None) | Err(_) => return,
+            // Idle: wait for a request, and watch the prefix meanwhile, so a holder that dies
+            // after our own writes (its contender key goes with its session) is seen and pruned
+            // once its settle time is over, without a read on every turn of a busy semaphore.
+            let stop_at = *idle_since.get_or_insert_with(Instant::now) + IDLE_STOP;
+            let read = watch.get_or_insert_with(|| coordinator.read_when_changed());
+            tokio::select! {
+                request = requests.recv() => match request {
+                    Some(request) => {
+                        idle_since = None;
+                        coordinator.push(request);
+                    }
+                    None => return,
+                },
+                answer = read => {
+                    watch = None;
+                    coordinator.observe(answer).await;
+                }
+                () = tokio::time::sleep_until(next_wake.map_or(stop_at, |at| at.min(stop_at))) => {
+                    if next_wake.is_none_or(|at| at > Instant::now()) {
+                        return;
+                    }
+                }
             }
+        } else {
+            idle_since = None;
         }
         while let Ok(request) = requests.try_recv() {
             coordinator.push(request);
