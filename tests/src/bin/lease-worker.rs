@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lease_core::leader::{Campaign, LeaderEvent};
-use lease_core::{Backend, BoxError, Lease, LeaseSpec, Wait};
+use lease_core::{Backend, BoxError, Lease, LeaseSpec, LeaseWatcher, Wait};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -161,9 +161,20 @@ impl History {
 }
 
 /// The guarded work: a `write` line now and every `every` until `hold` has passed (or forever).
-async fn work(history: History, seq: String, every: Duration, hold: Option<Duration>) {
+/// The guarded work: a write every `every`, for `hold` or forever.
+///
+/// `run` checks the lease (and its fence deadline) before every poll; a pause that falls inside a
+/// poll, between that check and the write, is the window no library can close. Like any code with
+/// a side effect to protect, the work checks `is_held()` immediately before each write, which
+/// shrinks that window to the few instructions between the two.
+async fn work(lease: LeaseWatcher, history: History, every: Duration, hold: Option<Duration>) {
+    let seq = lease.sequencer().to_string();
     let end = hold.map(|h| tokio::time::Instant::now() + h);
     loop {
+        if !lease.is_held() {
+            // `run` drops this future at its next poll with the reason.
+            return std::future::pending().await;
+        }
         history.log("write", &seq, "");
         if end.is_some_and(|end| tokio::time::Instant::now() >= end) {
             return;
@@ -277,7 +288,12 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
         };
         let seq = lease.sequencer().to_string();
         history.log("acquired", &seq, "");
-        let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
+        let guarded = work(
+            lease.watcher(),
+            history.clone(),
+            args.write_every,
+            args.hold,
+        );
         let outcome = tokio::select! {
             outcome = lease.run(guarded) => Some(outcome),
             _ = sigterm.recv() => None,
@@ -321,7 +337,7 @@ async fn campaign_select(
         async move {
             let seq = lease.sequencer().to_string();
             history.log("acquired", &seq, "");
-            work(history, seq, every, hold).await;
+            work(lease, history, every, hold).await;
             Ok::<(), BoxError>(())
         }
     };
@@ -373,7 +389,12 @@ async fn guard_until_sigterm(
 ) -> bool {
     let seq = lease.sequencer().to_string();
     history.log("acquired", &seq, "");
-    let guarded = work(history.clone(), seq.clone(), args.write_every, args.hold);
+    let guarded = work(
+        lease.watcher(),
+        history.clone(),
+        args.write_every,
+        args.hold,
+    );
     tokio::select! {
         outcome = lease.run(guarded) => {
             if let Err(reason) = outcome {
