@@ -124,8 +124,10 @@ impl Lease {
     /// started on a lost lease, and a process resumed after a pause longer than the lease's TTL
     /// drops the work without polling it again.
     ///
-    /// A pause can still fall between that check and the work's next side effect. That is why a
-    /// downstream system that must never see a stale write checks the
+    /// A pause can still fall inside a poll, between that check and the work's next side effect.
+    /// Work with a side effect to protect checks [`is_held`](Lease::is_held) immediately before
+    /// it, which shrinks that window to a few instructions; nothing closes it entirely, which is
+    /// why a downstream system that must never see a stale write checks the
     /// [`sequencer`](Lease::sequencer) it is handed (fencing).
     ///
     /// # Cancel safety
