@@ -16,11 +16,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
+use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
 use super::retry::retry_transient;
-use super::session::{self, Renewals, Session, SessionEnd, WATCH_WAIT};
-use crate::backend::Hold;
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use super::session::{self, Renewals, Session, SessionEnd, SessionLock, WATCH_WAIT};
+use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
 pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -228,19 +227,17 @@ fn into_lease(
     acquired: Acquired,
     backend: Arc<dyn Backend>,
 ) -> Lease {
-    let (key, lock_index) = (spec.key(), acquired.lock_index);
-    session::start_lease(key, lock_index, session, backend, |session| LeaderHold {
-        session,
-        renewals,
-        key: key.to_owned(),
-        lock_index,
-        index: acquired.modify_index,
-    })
+    let lock = LeaderKey {
+        key: spec.key().to_owned(),
+        lock_index: acquired.lock_index,
+    };
+    let at = (spec.key(), acquired.lock_index, acquired.modify_index);
+    session::start_lease(at, session, renewals, backend, lock)
 }
 
 /// Compares the key as read with the acquisition (`session`, `lock_index`): `None` if it still
 /// holds. A released key is reported as [`LostReason::KeyReleased`]; whether its session was
-/// invalidated takes one more read ([`refine`]).
+/// invalidated takes one more read (`session::went_with_session`).
 fn verdict(entry: Option<&KvEntry>, session: &str, lock_index: u64) -> Option<LostReason> {
     let Some(entry) = entry else {
         return Some(LostReason::KeyDeleted);
@@ -255,51 +252,35 @@ fn verdict(entry: Option<&KvEntry>, session: &str, lock_index: u64) -> Option<Lo
     }
 }
 
-/// A key released under us: by an operator, or because our session was invalidated. One read
-/// of the session tells.
-async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
-    match reason {
-        LostReason::KeyReleased => session::went_with_session(http, session).await,
-        _ => None,
-    }
-}
-
-struct LeaderHold {
-    session: Session,
-    renewals: Renewals,
+/// The leader key a session holds.
+struct LeaderKey {
     key: String,
     lock_index: u64,
-    index: u64,
 }
 
-impl Hold for LeaderHold {
-    async fn watch(&mut self) -> LostReason {
-        let (session, key, lock_index) = (&self.session, self.key.as_str(), self.lock_index);
-        let http = session.http();
-        let key_watch = session::watch_until_lost(
-            &mut self.index,
-            |blocking| http.kv_get(key, Some(blocking)),
-            |entry| verdict(entry.as_ref(), session.id(), lock_index),
-        );
-        session::hold_until_lost(&mut self.renewals, session, key_watch).await
+impl SessionLock for LeaderKey {
+    /// Released: by an operator, or because our session was invalidated.
+    const COARSE: LostReason = LostReason::KeyReleased;
+
+    async fn check(
+        &self,
+        http: &ConsulHttp,
+        session: &str,
+        blocking: Blocking,
+    ) -> Result<(Option<LostReason>, u64), ApiError> {
+        let (entry, index) = http.kv_get(&self.key, Some(blocking)).await?;
+        Ok((verdict(entry.as_ref(), session, self.lock_index), index))
     }
 
-    async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
-        refine(self.session.http(), reason, self.session.id()).await
-    }
-
-    async fn release(&mut self) -> Result<(), Error> {
-        self.session.give_back().await
-    }
-
-    async fn clean_up(&mut self) {
-        if let Err(error) = self.session.destroy().await {
-            tracing::warn!(%error, "could not destroy the session of a lost lease; it expires with its TTL");
+    async fn give_back(
+        &mut self,
+        session: &mut Option<Session>,
+        _renewals: &mut Renewals,
+    ) -> Result<(), Error> {
+        match session {
+            Some(session) => session.give_back().await,
+            None => Ok(()),
         }
-    }
-
-    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.session.abandon()
     }
 }
 
@@ -309,11 +290,6 @@ pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) ->
         .kv_get(sequencer.key(), None)
         .await
         .map_err(|e| e.into_error(http, format_args!("read {:?}", sequencer.key())))?;
-    match verdict(entry.as_ref(), sequencer.holder(), sequencer.index()) {
-        None => Ok(()),
-        Some(reason) => {
-            let refined = refine(http, &reason, sequencer.holder()).await;
-            Err(Error::Lost(refined.unwrap_or(reason)))
-        }
-    }
+    let lost = verdict(entry.as_ref(), sequencer.holder(), sequencer.index());
+    session::judged::<LeaderKey>(http, sequencer.holder(), lost).await
 }

@@ -275,19 +275,122 @@ async fn renew_until_ended(
     }
 }
 
-/// Turns what `session` acquired (`key`, at LockIndex `lock_index`) into a lease, and starts its
-/// holder task with the hold `hold` builds from the session.
-pub(crate) fn start_lease<H: Hold>(
-    key: &str,
-    lock_index: u64,
+/// What a session-backed lease holds (a leader key, a semaphore slot): how to read it, and how to
+/// give it back. Everything else (the renewals, the watch of the session, the self-fence, the
+/// clean-up after a loss, the last-resort release) is [`SessionHold`]'s, the same for both.
+pub(crate) trait SessionLock: Send + Sync + 'static {
+    /// The reason a loss that may have gone with the session is first published as (a leader
+    /// key released, a contender key deleted); [`went_with_session`] refines it.
+    const COARSE: LostReason;
+
+    /// One read of what is held, blocking from `blocking.index`: whether the acquisition by
+    /// `session` is lost, and the index to block on next.
+    fn check<'a>(
+        &'a self,
+        http: &'a ConsulHttp,
+        session: &'a str,
+        blocking: Blocking,
+    ) -> impl Future<Output = Result<(Option<LostReason>, u64), ApiError>> + Send + 'a;
+
+    /// Gives the lock back cleanly. `session` may be taken (a semaphore's pool keeps it), and
+    /// `renewals` with it.
+    fn give_back(
+        &mut self,
+        session: &mut Option<Session>,
+        renewals: &mut Renewals,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The [`Hold`] of every Consul lease: a session, its renewals, and the lock it holds.
+pub(crate) struct SessionHold<L> {
+    lock: L,
+    /// Taken by a give-back that keeps the session elsewhere.
+    session: Option<Session>,
+    renewals: Renewals,
+    /// The index to block on next.
+    index: u64,
+}
+
+/// Turns what `session` acquired (`key`, at LockIndex `lock_index`, seen at `index`) into a lease
+/// held by a [`SessionHold`] of `lock`, and starts its holder task.
+pub(crate) fn start_lease<L: SessionLock>(
+    (key, lock_index, index): (&str, u64, u64),
     session: Session,
+    renewals: Renewals,
     backend: Arc<dyn Backend>,
-    hold: impl FnOnce(Session) -> H,
+    lock: L,
 ) -> Lease {
     let sequencer = Sequencer::new(BackendKind::Consul, key, lock_index, session.id());
     tracing::info!(%sequencer, "lease acquired");
     let (keepers, fence) = (session.http().keepers().clone(), session.fence().clone());
-    keepers.start(sequencer, fence, backend, hold(session))
+    let hold = SessionHold {
+        lock,
+        session: Some(session),
+        renewals,
+        index,
+    };
+    keepers.start(sequencer, fence, backend, hold)
+}
+
+impl<L: SessionLock> Hold for SessionHold<L> {
+    async fn watch(&mut self) -> LostReason {
+        let Some(session) = &self.session else {
+            return LostReason::Released;
+        };
+        let (lock, http, id) = (&self.lock, session.http(), session.id());
+        let lock_watch = watch_until_lost(
+            &mut self.index,
+            |blocking| lock.check(http, id, blocking),
+            |lost| lost,
+        );
+        hold_until_lost(&mut self.renewals, session, lock_watch).await
+    }
+
+    async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
+        let session = self.session.as_ref()?;
+        if *reason != L::COARSE {
+            return None;
+        }
+        went_with_session(session.http(), session.id()).await
+    }
+
+    async fn release(&mut self) -> Result<(), Error> {
+        self.lock
+            .give_back(&mut self.session, &mut self.renewals)
+            .await
+    }
+
+    async fn clean_up(&mut self) {
+        // After a loss the work may still be stopping: destroy the session without releasing
+        // first, so whatever it still holds stays under lock-delay (or is pruned after the
+        // settle time) while the work stops.
+        if let Some(session) = &mut self.session {
+            if let Err(error) = session.destroy().await {
+                tracing::warn!(%error, "could not destroy the session of a lost lease; it expires with its TTL");
+            }
+        }
+    }
+
+    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+        self.session?.abandon()
+    }
+}
+
+/// The answer of a one-off check (`check_sequencer`) from its verdict: the loss, refined as the
+/// holder task of an `L` refines it.
+pub(crate) async fn judged<L: SessionLock>(
+    http: &ConsulHttp,
+    session: &str,
+    lost: Option<LostReason>,
+) -> Result<(), Error> {
+    match lost {
+        None => Ok(()),
+        Some(reason) if reason == L::COARSE => {
+            let refined = went_with_session(http, session).await;
+            Err(Error::Lost(refined.unwrap_or(reason)))
+        }
+        Some(reason) => Err(Error::Lost(reason)),
+    }
 }
 
 /// Whether a lock that went away under `session` (a leader key released, a contender key

@@ -34,13 +34,12 @@ use tokio::time::Instant;
 
 use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
-use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
+use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry};
 use super::retry::{retry_transient, within};
-use super::session::{self, Renewals, Session, SessionEnd};
-use crate::backend::Hold;
+use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 pub(crate) use crate::semaphore::{SEMAPHORE_FLAGS, prefix_of};
 use crate::semaphore::{Snapshot, Taken, contender_key, lock_key};
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
 #[derive(Debug)]
@@ -158,26 +157,19 @@ fn into_lease(
 ) -> Lease {
     let prefix = spec.key();
     let contender = contender_key(prefix, session.id());
-    session::start_lease(
-        &contender,
-        admitted.lock_index,
-        session,
-        backend,
-        |session| SemaphoreHold {
-            semaphores: Arc::clone(semaphores),
-            prefix: prefix.to_owned(),
-            settle: spec.settle_after_removal(),
-            session: Some(session),
-            renewals,
-            lock_index: admitted.lock_index,
-            index: admitted.index,
-        },
-    )
+    let lock = SemaphoreSlot {
+        semaphores: Arc::clone(semaphores),
+        prefix: prefix.to_owned(),
+        settle: spec.settle_after_removal(),
+        lock_index: admitted.lock_index,
+    };
+    let at = (contender.as_str(), admitted.lock_index, admitted.index);
+    session::start_lease(at, session, renewals, backend, lock)
 }
 
 /// Whether a holder still holds its slot, from one read of the prefix; `None` if it does. A
 /// contender key that is gone is reported as [`LostReason::KeyDeleted`]; whether the session was
-/// invalidated (which deletes it) takes one more read ([`refine`]).
+/// invalidated (which deletes it) takes one more read (`session::went_with_session`).
 fn verdict(
     prefix: &str,
     entries: &[KvEntry],
@@ -206,48 +198,38 @@ fn verdict(
     }
 }
 
-/// A contender key gone under us: deleted by an operator, or with our invalidated session.
-async fn refine(http: &ConsulHttp, reason: &LostReason, session: &str) -> Option<LostReason> {
-    match reason {
-        LostReason::KeyDeleted => session::went_with_session(http, session).await,
-        _ => None,
-    }
-}
-
-struct SemaphoreHold {
+/// The slot a session holds: its contender key under `prefix`, recorded in `Holders`.
+struct SemaphoreSlot {
     semaphores: Arc<Semaphores>,
     prefix: String,
     /// `LeaseSpec::settle_after_removal`, for the give-back.
     settle: Duration,
-    /// Taken by a release that parks the session in the pool.
-    session: Option<Session>,
-    renewals: Renewals,
     lock_index: u64,
-    index: u64,
 }
 
-impl Hold for SemaphoreHold {
-    async fn watch(&mut self) -> LostReason {
-        let Some(session) = &self.session else {
-            return LostReason::Released;
-        };
-        let (prefix, lock_index) = (self.prefix.as_str(), self.lock_index);
-        let http = session.http();
-        let prefix_watch = session::watch_until_lost(
-            &mut self.index,
-            |blocking| http.kv_list(prefix, Some(blocking)),
-            |entries| verdict(prefix, &entries, session.id(), lock_index),
-        );
-        session::hold_until_lost(&mut self.renewals, session, prefix_watch).await
+impl SessionLock for SemaphoreSlot {
+    /// The contender key is gone: deleted by an operator, or with our invalidated session.
+    const COARSE: LostReason = LostReason::KeyDeleted;
+
+    async fn check(
+        &self,
+        http: &ConsulHttp,
+        session: &str,
+        blocking: Blocking,
+    ) -> Result<(Option<LostReason>, u64), ApiError> {
+        let (entries, index) = http.kv_list(&self.prefix, Some(blocking)).await?;
+        Ok((
+            verdict(&self.prefix, &entries, session, self.lock_index),
+            index,
+        ))
     }
 
-    async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
-        let session = self.session.as_ref()?;
-        refine(session.http(), reason, session.id()).await
-    }
-
-    async fn release(&mut self) -> Result<(), Error> {
-        let Some(mut session) = self.session.take() else {
+    async fn give_back(
+        &mut self,
+        slot: &mut Option<Session>,
+        renewals: &mut Renewals,
+    ) -> Result<(), Error> {
+        let Some(mut session) = slot.take() else {
             return Ok(());
         };
         let http = Arc::clone(session.http());
@@ -259,10 +241,10 @@ impl Hold for SemaphoreHold {
                 .give(&http, prefix, session.id(), false, settle)
                 .await;
             if let Err(error) = given {
-                self.session = Some(session);
+                *slot = Some(session);
                 return Err(error);
             }
-            let renewals = std::mem::replace(&mut self.renewals, Box::pin(std::future::pending()));
+            let renewals = std::mem::replace(renewals, Box::pin(std::future::pending()));
             if let Err(Pooled { mut session, .. }) =
                 semaphores.pool.put(prefix, Pooled { session, renewals })
             {
@@ -277,21 +259,6 @@ impl Hold for SemaphoreHold {
         let destroyed = session.destroy().await;
         left.and(destroyed)
     }
-
-    async fn clean_up(&mut self) {
-        // After a loss the work may still be stopping, so the slot is not given back here: the
-        // session's destruction deletes the contender key, and contenders prune the dead entry
-        // from `Holders` once the lock-delay (or settle time) has passed.
-        if let Some(session) = &mut self.session {
-            if let Err(error) = session.destroy().await {
-                tracing::warn!(%error, "could not destroy the session of a lost semaphore slot; it expires with its TTL");
-            }
-        }
-    }
-
-    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.session?.abandon()
-    }
 }
 
 /// Whether `sequencer` (a contender key of the semaphore at `prefix`) still holds a slot.
@@ -304,13 +271,8 @@ pub(crate) async fn check_sequencer(
         .kv_list(prefix, None)
         .await
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
-    match verdict(prefix, &entries, sequencer.holder(), sequencer.index()) {
-        None => Ok(()),
-        Some(reason) => {
-            let refined = refine(http, &reason, sequencer.holder()).await;
-            Err(Error::Lost(refined.unwrap_or(reason)))
-        }
-    }
+    let lost = verdict(prefix, &entries, sequencer.holder(), sequencer.index());
+    session::judged::<SemaphoreSlot>(http, sequencer.holder(), lost).await
 }
 
 /// Removes the semaphore at `prefix` if no live holder remains.
