@@ -93,15 +93,7 @@ async fn a_current_sequencer_passes_and_a_stale_one_gets_409() {
 async fn a_cache_that_can_no_longer_confirm_does_not_pass_the_last_leader() {
     init_tracing();
     let agent = Agent::start().await;
-    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
-        .await
-        .unwrap();
-    let receiver: Arc<dyn Backend> = Arc::new(
-        lease_core::consul::Consul::builder()
-            .address(proxy.url())
-            .build()
-            .unwrap(),
-    );
+    let (proxy, receiver) = behind_a_proxy(&agent).await;
     let app = Router::new()
         .route("/apply", post(|| async { "applied" }))
         .route_layer(SequencerCheckLayer::new(receiver, KEY));
@@ -158,15 +150,7 @@ async fn a_cache_that_can_no_longer_confirm_does_not_pass_the_last_leader() {
 async fn a_silent_network_stops_passing_the_last_leader_within_the_freshness_bound() {
     init_tracing();
     let agent = Agent::start().await;
-    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
-        .await
-        .unwrap();
-    let receiver: Arc<dyn Backend> = Arc::new(
-        lease_core::consul::Consul::builder()
-            .address(proxy.url())
-            .build()
-            .unwrap(),
-    );
+    let (proxy, receiver) = behind_a_proxy(&agent).await;
     let max_staleness = SequencerCheckLayer::DEFAULT_MAX_STALENESS;
     let read_timeout = SequencerCheckLayer::DEFAULT_READ_TIMEOUT;
     let app = Router::new()
@@ -234,4 +218,18 @@ async fn a_silent_network_stops_passing_the_last_leader_within_the_freshness_bou
     .await;
     assert_eq!(send(second.sequencer().to_string()).await.status(), 200);
     second.release().await.unwrap();
+}
+
+/// A receiving backend that reaches `agent` through a fault-injecting proxy.
+async fn behind_a_proxy(agent: &Agent) -> (lease_tests::proxy::Proxy, Arc<dyn Backend>) {
+    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
+        .await
+        .unwrap();
+    let receiver: Arc<dyn Backend> = Arc::new(
+        lease_core::consul::Consul::builder()
+            .address(proxy.url())
+            .build()
+            .unwrap(),
+    );
+    (proxy, receiver)
 }

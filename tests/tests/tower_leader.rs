@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use lease_core::leader::{Campaign, CampaignEnd, CampaignHandle, CampaignState, Term};
 use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, Error, LeaseSpec, Sequencer};
@@ -36,6 +36,18 @@ impl Drop for DropSignal {
     fn drop(&mut self) {
         let _ = self.0.send("handler dropped");
     }
+}
+
+/// A handler that reports its start and its drop on `events`, and never finishes by itself.
+fn slow_handler(events: mpsc::UnboundedSender<&'static str>) -> MethodRouter {
+    get(move || {
+        let events = events.clone();
+        async move {
+            let _signal = DropSignal(events.clone());
+            let _ = events.send("handler started");
+            std::future::pending::<()>().await;
+        }
+    })
 }
 
 /// Runs `campaign` without a worker until the returned token is cancelled.
@@ -96,17 +108,7 @@ async fn instance(agent: &Agent, events: mpsc::UnboundedSender<&'static str>) ->
             "/admin/who",
             get(|LeaseSequencer(s): LeaseSequencer| async move { s.to_string() }),
         )
-        .route(
-            "/admin/slow",
-            get(move || {
-                let events = events.clone();
-                async move {
-                    let _signal = DropSignal(events.clone());
-                    let _ = events.send("handler started");
-                    std::future::pending::<()>().await;
-                }
-            }),
-        )
+        .route("/admin/slow", slow_handler(events.clone()))
         .route_layer(LeaderOnlyLayer::new(campaign.handle()));
     tokio::spawn(campaign.hold_until(CancellationToken::new()));
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -436,17 +438,7 @@ async fn an_in_flight_request_is_woken_by_the_loss_itself_not_by_the_campaign() 
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let app: Router = Router::new()
-        .route(
-            "/slow",
-            get(move || {
-                let events = events_tx.clone();
-                async move {
-                    let _signal = DropSignal(events.clone());
-                    let _ = events.send("handler started");
-                    std::future::pending::<()>().await;
-                }
-            }),
-        )
+        .route("/slow", slow_handler(events_tx.clone()))
         .route_layer(LeaderOnlyLayer::new(handle.clone()));
     let term = term_of(&handle).await;
     let request = tokio::spawn(app.oneshot(get_request("/slow")));
