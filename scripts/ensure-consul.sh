@@ -37,8 +37,8 @@ for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/source
     *.sources)
       uri=$(awk '/^URIs:/ {print $2; exit}' "$f" | grep -v -- '-security' || true)
       if [[ -z "$uri" ]]; then
-        # The first line by parameter expansion, not `| head -n1`: under pipefail an early-exiting
-        # reader kills the writer with SIGPIPE (exit 141).
+        # The first line by parameter expansion, not by piping into an early-exiting reader: under
+        # pipefail the reader's exit kills the writer with SIGPIPE (exit 141).
         uri=$(awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}' "$f" | grep -v -- '-security' || true)
         uri=${uri%%$'\n'*}
       fi

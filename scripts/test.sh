@@ -12,7 +12,8 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "Consul"
 CONSUL_BIN=$(bash scripts/ensure-consul.sh)
 export CONSUL_BIN
-# Not `| head -n1`: under pipefail, head exiting first kills consul with SIGPIPE (exit 141).
+# The first line by parameter expansion: piping consul into an early-exiting reader would kill
+# it with SIGPIPE under pipefail (exit 141).
 consul_version=$("$CONSUL_BIN" version)
 printf '%s\n' "${consul_version%%$'\n'*}" >&2
 
