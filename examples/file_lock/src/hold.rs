@@ -49,7 +49,7 @@ impl Hold for FileHold {
     }
 
     /// After a loss the file is gone or another holder's: nothing of ours is left to give back.
-    async fn clean_up(&mut self) {}
+    async fn clean_up(&mut self, _reason: &LostReason) {}
 
     /// Deleting a file needs no runtime, so the lease is given back here and now.
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {

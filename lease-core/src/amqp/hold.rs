@@ -71,7 +71,6 @@ pub(super) fn into_lease(
             holder: Some(holder),
             fence,
             ping_every,
-            lost: None,
         },
     )
 }
@@ -87,7 +86,6 @@ struct SlotHold {
     holder: Option<HolderQueue>,
     fence: Fence,
     ping_every: Duration,
-    lost: Option<LostReason>,
 }
 
 impl SlotHold {
@@ -122,14 +120,16 @@ impl SlotHold {
         }
     }
 
-    async fn give_back(&mut self) -> Result<(), Error> {
+    /// Deletes `B[L]` and closes the channel. After a self-fence the connection may be one the
+    /// broker is about to drop (or already has), so it is discarded too.
+    async fn give_back(&mut self, self_fenced: bool) -> Result<(), Error> {
         self.consumer = None;
         let Some(holder) = self.holder.take() else {
             return Ok(());
         };
         let result = holder.give_back(Some(&self.channel)).await;
         wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
-        if let Some(LostReason::SelfFenced { .. }) = self.lost {
+        if self_fenced {
             self.amqp.discard_connection(&self.connection).await;
         }
         result
@@ -168,22 +168,16 @@ async fn consumer_ended(
 
 impl Hold for SlotHold {
     async fn watch(&mut self) -> LostReason {
-        let reason = self.watch_inner().await;
-        self.lost = Some(reason.clone());
-        reason
+        self.watch_inner().await
     }
 
     async fn release(&mut self) -> Result<(), Error> {
-        self.give_back().await
+        self.give_back(false).await
     }
 
-    async fn clean_up(&mut self) {
-        if self.fence.is_past() {
-            self.lost = Some(LostReason::SelfFenced {
-                unconfirmed_for: self.fence.overdue().unwrap_or_default(),
-            });
-        }
-        if let Err(error) = self.give_back().await {
+    async fn clean_up(&mut self, reason: &LostReason) {
+        let self_fenced = matches!(reason, LostReason::SelfFenced { .. });
+        if let Err(error) = self.give_back(self_fenced).await {
             tracing::warn!(%error, "could not delete the holder queue after losing the lease");
         }
     }

@@ -360,7 +360,7 @@ impl<L: SessionLock> Hold for SessionHold<L> {
             .await
     }
 
-    async fn clean_up(&mut self) {
+    async fn clean_up(&mut self, _reason: &LostReason) {
         // After a loss the work may still be stopping: destroy the session without releasing
         // first, so whatever it still holds stays under lock-delay (or is pruned after the
         // settle time) while the work stops.

@@ -49,9 +49,10 @@ pub trait Hold: Send + 'static {
         std::future::ready(None)
     }
 
-    /// Cleans up after a loss, without handing the lease on faster than the backend's
-    /// lock-delay would (the guarded work may still be stopping). Bounded by [`RELEASE_BOUND`].
-    fn clean_up(&mut self) -> impl Future<Output = ()> + Send;
+    /// Cleans up after a loss for `reason` (as published, refined if it was), without handing
+    /// the lease on faster than the backend's lock-delay would (the guarded work may still be
+    /// stopping). Bounded by [`RELEASE_BOUND`].
+    fn clean_up(&mut self, reason: &LostReason) -> impl Future<Output = ()> + Send;
 
     /// The last resort, when the runtime drops the holder task before `release` or `clean_up`
     /// finished (the process is ending): a future that gives the lease back without the dying
@@ -277,7 +278,7 @@ async fn keep<H: Hold>(
         state.refine(refined);
     }
     let reason = state.lost_reason().unwrap_or(reason);
-    if tokio::time::timeout(RELEASE_BOUND, hold.clean_up())
+    if tokio::time::timeout(RELEASE_BOUND, hold.clean_up(&reason))
         .await
         .is_err()
     {

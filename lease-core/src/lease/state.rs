@@ -126,7 +126,7 @@ impl Fence {
 
     /// Whether the deadline has passed.
     pub fn is_past(&self) -> bool {
-        self.deadline().is_some_and(|d| Instant::now() >= d)
+        self.overdue().is_some()
     }
 
     /// How long the lease has gone unconfirmed, once that is past the deadline; `None` before.

@@ -154,7 +154,7 @@ impl Hold for MemoryHold {
         Ok(())
     }
 
-    async fn clean_up(&mut self) {
+    async fn clean_up(&mut self, _reason: &LostReason) {
         // After a loss the work may still be stopping: destroy the session like Consul's
         // `session/destroy` (lock-delay applies to whatever it still holds), never hand the lease
         // on faster than that.
