@@ -125,13 +125,14 @@ pub enum Error {
     },
 
     /// The backend could not be reached.
-    #[error("cannot reach {backend} at {address}: {source}; is it running? ({hint})")]
+    #[error("cannot reach {backend} at {address}: {source}; {hint}")]
     Unreachable {
         /// `Consul` or `RabbitMQ`.
         backend: &'static str,
         /// The address tried (never carries credentials).
         address: String,
-        /// How to point the client elsewhere.
+        /// What to do: start the service, fix the address or DNS, or raise the connection limit
+        /// the service enforces, depending on how the connection failed.
         hint: &'static str,
         /// The transport error.
         #[source]

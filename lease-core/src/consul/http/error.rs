@@ -36,6 +36,24 @@ impl ApiError {
         }
     }
 
+    /// What the user should do about this failure, for errors and warnings.
+    pub(crate) fn hint(&self) -> &'static str {
+        match self {
+            ApiError::Transport(source) => match Cause::of(source) {
+                Cause::Refused => "is it running? Start an agent, or point CONSUL_HTTP_ADDR at one",
+                Cause::Dns => {
+                    "the host name did not resolve (DNS): check CONSUL_HTTP_ADDR and the resolver"
+                }
+                Cause::Dropped => LIMIT_HINT,
+                Cause::TimedOut => "no answer in time: the agent or the network is overloaded",
+                Cause::Other => "is it running? Check CONSUL_HTTP_ADDR",
+            },
+            ApiError::Status(StatusCode::TOO_MANY_REQUESTS, _) => LIMIT_HINT,
+            ApiError::Status(..) | ApiError::Malformed(_) => "",
+            ApiError::TimedOut => "no answer in time: the agent or the network is overloaded",
+        }
+    }
+
     /// The public error for one of several requests that failed alike.
     pub(crate) fn to_error(&self, http: &ConsulHttp, operation: impl fmt::Display) -> Error {
         self.clone().into_error(http, operation)
@@ -47,12 +65,18 @@ impl ApiError {
             ApiError::Transport(source) => Error::Unreachable {
                 backend: "Consul",
                 address: http.address(),
-                hint: "start an agent, or point CONSUL_HTTP_ADDR at one",
+                hint: ApiError::Transport(Arc::clone(&source)).hint(),
                 source: Box::new(source),
             },
             ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
                 operation: operation.to_string(),
                 message,
+            },
+            ApiError::Status(StatusCode::TOO_MANY_REQUESTS, message) => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: format!("429 Too Many Requests: {message}; {LIMIT_HINT}"),
+                transient: true,
             },
             ApiError::Status(status, message) => Error::Backend {
                 backend: "Consul",
@@ -84,6 +108,56 @@ impl fmt::Display for ApiError {
             ApiError::Malformed(m) => write!(f, "unexpected answer: {m}"),
             ApiError::TimedOut => f.write_str("no answer in the time left"),
         }
+    }
+}
+
+/// What to change when the agent refuses or drops connections.
+const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows each client IP \
+    `limits.http_max_conns_per_client` connections (default 200), shared by every process on \
+    this host; raise that limit in the agent's configuration, or lower \
+    `ConsulBuilder::max_connections` (default 8) of the processes here";
+
+/// Why a request did not get an answer, as far as the transport error tells.
+enum Cause {
+    /// Nothing listens at the address.
+    Refused,
+    /// The host name did not resolve.
+    Dns,
+    /// The agent closed or reset the connection (what it does past its connection limit).
+    Dropped,
+    TimedOut,
+    Other,
+}
+
+impl Cause {
+    fn of(error: &reqwest::Error) -> Cause {
+        if error.is_timeout() {
+            return Cause::TimedOut;
+        }
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(e) = source {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind::*;
+                match io.kind() {
+                    ConnectionRefused => return Cause::Refused,
+                    ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
+                        return Cause::Dropped;
+                    }
+                    _ => {}
+                }
+            }
+            let text = e.to_string();
+            if text.contains("dns error") || text.contains("failed to lookup address") {
+                return Cause::Dns;
+            }
+            if text.contains("connection closed before message completed")
+                || text.contains("connection reset")
+            {
+                return Cause::Dropped;
+            }
+            source = e.source();
+        }
+        Cause::Other
     }
 }
 

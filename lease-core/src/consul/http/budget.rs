@@ -1,0 +1,231 @@
+//! How many connections one client may use, and how it behaves while the agent refuses them.
+//!
+//! Consul limits each client IP to `limits.http_max_conns_per_client` concurrent HTTP
+//! connections (200 by default), and every process on a host that talks to its local agent
+//! shares that budget. Over HTTP/1.1 a connection carries one request at a time, so a client
+//! that never has more than `max` requests in flight never opens more than `max` connections:
+//! [`Budget::admit`] hands out that many permits, and the connection pool keeps at most that
+//! many idle connections.
+//!
+//! The **outage gate** keeps a refusing agent from being answered with a retry storm. From the
+//! first refused, dropped or unreachable request on, the whole client sends one request at a
+//! time, each after a jittered pause that doubles from 100 ms up to 2 s; so a process sends at
+//! most 20 requests per second during an outage, however many leases it holds or waits for.
+//! The first answer of any kind (the agent is talking again) opens the gate.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+
+/// The default number of connections one client may open to the agent.
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 8;
+/// The fewest connections a client can work with: one for watches, two for everything else.
+pub(crate) const MIN_CONNECTIONS: usize = 3;
+
+/// The first pause of the outage gate. Jitter draws each pause from `[p / 2, p]`, so this
+/// bounds an outage's request rate at 1 / 50 ms = 20 per second.
+const GATE_FIRST: Duration = Duration::from_millis(100);
+const GATE_MAX: Duration = Duration::from_secs(2);
+
+/// The connection budget and outage gate of one client (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    max: usize,
+    in_flight: Semaphore,
+    gate: Gate,
+}
+
+impl Budget {
+    pub(crate) fn new(max: usize) -> Self {
+        let max = max.max(MIN_CONNECTIONS);
+        Budget {
+            max,
+            in_flight: Semaphore::new(max),
+            gate: Gate::default(),
+        }
+    }
+
+    /// How many connections this client may open.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// How many of them blocking queries may keep busy: all but two, so a request that does not
+    /// block never waits behind watches for long.
+    pub(crate) fn max_watches(&self) -> usize {
+        self.max - 2
+    }
+
+    /// Waits until a request may be sent: through the outage gate, then for a connection. The
+    /// request holds the permit until its answer has been read.
+    pub(crate) async fn admit(&self) -> Option<SemaphorePermit<'_>> {
+        self.gate.pass().await;
+        // `None` only if the semaphore were closed, which it never is.
+        self.in_flight.acquire().await.ok()
+    }
+
+    /// The agent answered (with any status): the gate opens.
+    pub(crate) fn answered(&self) {
+        self.gate.open();
+    }
+
+    /// A request was refused, dropped or could not reach the agent. Returns whether this began
+    /// an outage (the caller warns once per outage).
+    pub(crate) fn refused(&self) -> bool {
+        self.gate.close()
+    }
+}
+
+#[derive(Debug)]
+struct Gate {
+    /// Fast path: no outage, nothing to wait for.
+    closed: AtomicBool,
+    /// One request at a time passes a closed gate, in arrival order.
+    turnstile: tokio::sync::Mutex<()>,
+    state: Mutex<GateState>,
+    opened: Notify,
+}
+
+#[derive(Debug)]
+struct GateState {
+    backoff: Backoff,
+    /// When the next request may pass a closed gate.
+    next: Instant,
+    closed: bool,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            closed: AtomicBool::new(false),
+            turnstile: tokio::sync::Mutex::new(()),
+            state: Mutex::new(GateState {
+                backoff: Backoff::new(GATE_FIRST, GATE_MAX),
+                next: Instant::now(),
+                closed: false,
+            }),
+            opened: Notify::new(),
+        }
+    }
+}
+
+impl Gate {
+    async fn pass(&self) {
+        if !self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let _turn = self.turnstile.lock().await;
+        loop {
+            let opened = self.opened.notified();
+            let next = {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if !state.closed {
+                    return;
+                }
+                let now = Instant::now();
+                if state.next <= now {
+                    state.next = now + state.backoff.next_pause();
+                    return;
+                }
+                state.next
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = opened => {}
+            }
+        }
+    }
+
+    fn open(&self) {
+        if !self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.closed {
+            state.closed = false;
+            state.backoff.reset();
+            self.closed.store(false, Ordering::Release);
+            tracing::info!("the Consul agent answers again");
+        }
+        drop(state);
+        self.opened.notify_waiters();
+    }
+
+    fn close(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let began = !state.closed;
+        if began {
+            state.closed = true;
+            state.next = Instant::now() + state.backoff.next_pause();
+            self.closed.store(true, Ordering::Release);
+        }
+        began
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_gate_admits_at_most_twenty_requests_a_second() {
+        let budget = Arc::new(Budget::new(8));
+        assert!(budget.refused());
+        assert!(!budget.refused(), "one outage, one warning");
+        let passed = Arc::new(AtomicUsize::new(0));
+        let outage = Arc::new(AtomicBool::new(true));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let (budget, passed) = (Arc::clone(&budget), Arc::clone(&passed));
+                let outage = Arc::clone(&outage);
+                tokio::spawn(async move {
+                    let _permit = budget.admit().await;
+                    passed.fetch_add(1, Ordering::Relaxed);
+                    if outage.load(Ordering::Relaxed) {
+                        budget.refused();
+                    } else {
+                        budget.answered();
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let in_outage = passed.load(Ordering::Relaxed);
+        assert!(in_outage <= 200, "{in_outage} requests in 10 s of outage");
+        assert!(in_outage >= 5, "the gate still probes: {in_outage}");
+
+        outage.store(false, Ordering::Relaxed);
+        budget.answered();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(passed.load(Ordering::Relaxed), 1000);
+        assert!(
+            started.elapsed() < Duration::from_secs(11),
+            "opened at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_requests_are_in_flight() {
+        let budget = Budget::new(4);
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(budget.admit().await);
+        }
+        let fifth = tokio::time::timeout(Duration::from_millis(20), budget.admit()).await;
+        assert!(fifth.is_err(), "a fifth request was admitted");
+        drop(held);
+        let _fifth = budget.admit().await;
+        assert_eq!(Budget::new(1).max(), MIN_CONNECTIONS);
+    }
+}
