@@ -171,17 +171,17 @@ async fn a_burst_of_500s_does_not_lose_the_lease() {
     let lease = backend.acquire(&spec("burst/leader")).await.unwrap();
 
     proxy.set_http_500(true);
-    // Hold the fault until both the watch and a renewal have been refused.
+    // Hold the fault until both the watch and a heartbeat have been refused.
     within(
         T,
         "a watch request to meet the fault",
-        proxy.answered_500("/v1/kv/burst/leader"),
+        proxy.answered_500("/v1/kv/burst/"),
     )
     .await;
     within(
         T,
-        "a renewal to meet the fault",
-        proxy.answered_500("/v1/session/renew/"),
+        "a heartbeat to meet the fault",
+        proxy.answered_500("/v1/agent/check/pass/"),
     )
     .await;
     proxy.set_http_500(false);
@@ -201,6 +201,7 @@ async fn a_token_without_write_on_the_key_gets_a_permission_error_naming_it() {
     init_tracing();
     let agent = Agent::start_with(AgentOptions {
         acl_master_token: Some("root-token-for-tests".into()),
+        ..AgentOptions::default()
     })
     .await;
     let token = agent

@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::Error;
 
 use super::Consul;
-use super::http::ConsulHttp;
+use super::http::{self, ConsulHttp};
 
 /// An ACL token: sent as a header, never displayed.
 #[derive(Clone)]
@@ -71,6 +71,26 @@ pub struct ConsulBuilder {
     datacenter: Option<String>,
     node_checks: Option<Vec<String>>,
     semaphore_pool: Option<Duration>,
+    max_connections: Option<usize>,
+    keep_alive: KeepAlive,
+}
+
+/// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeepAlive {
+    /// One TTL check per process (per session TTL), registered on the agent as the service
+    /// `lease` and passed every TTL/2; every session of the process is tied to it. Idle traffic
+    /// does not grow with the number of leases, and a process that dies loses its leases one
+    /// TTL after its last pass (a session TTL takes up to twice that: Consul doubles it).
+    /// This needs `service:write` on `lease` beside `session:write` and `key:write`; with a
+    /// token that lacks it, the client warns once and falls back to [`KeepAlive::SessionTtl`].
+    #[default]
+    AgentCheck,
+    /// Each session has its own TTL and is renewed every TTL/2, as `consul lock` does: one
+    /// request per lease per TTL/2, and no service registration (for tokens without
+    /// `service:write`).
+    SessionTtl,
 }
 
 impl ConsulBuilder {
@@ -155,6 +175,25 @@ impl ConsulBuilder {
         self
     }
 
+    /// How many connections this client (and its clones) may open to the agent at once;
+    /// default 8, at least 3. Every lease shares them: blocking queries are multiplexed (all but
+    /// two connections watch prefixes that cover every key of interest), and other requests
+    /// queue for the rest.
+    ///
+    /// The agent allows each client IP `limits.http_max_conns_per_client` connections (default
+    /// 200), shared by every process on the host: keep the sum of this budget over those
+    /// processes below it.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = Some(max);
+        self
+    }
+
+    /// How sessions are kept alive; default [`KeepAlive::AgentCheck`].
+    pub fn keep_alive(mut self, keep_alive: KeepAlive) -> Self {
+        self.keep_alive = keep_alive;
+        self
+    }
+
     /// Validates the configuration and builds the backend. No request is sent.
     pub fn build(self) -> Result<Consul, Error> {
         let base = base_url(self.address.as_deref(), self.ssl.unwrap_or(false))?;
@@ -185,31 +224,45 @@ impl ConsulBuilder {
             })?),
             None => None,
         };
-        let client = build_client(ca_pem.as_deref()).map_err(|e| {
+        let max_connections = self
+            .max_connections
+            .unwrap_or(http::DEFAULT_MAX_CONNECTIONS);
+        if max_connections < http::MIN_CONNECTIONS {
+            return Err(Error::Config(format!(
+                "max_connections {max_connections} is too few: a Consul client needs at least {} \
+                 (one for watches, two for other requests)",
+                http::MIN_CONNECTIONS
+            )));
+        }
+        let client = build_client(ca_pem.as_deref(), max_connections).map_err(|e| {
             let path = self.ca_cert.as_deref().unwrap_or(std::path::Path::new(""));
             Error::Config(format!(
                 "cannot build the HTTP client (CONSUL_CACERT {}): {e}",
                 path.display()
             ))
         })?;
-        let http = ConsulHttp::new(
-            client,
-            ca_pem,
-            base,
+        let settings = http::Settings {
             token,
-            self.datacenter,
-            self.node_checks,
-        );
+            datacenter: self.datacenter,
+            node_checks: self.node_checks,
+            max_connections,
+            keep_alive: self.keep_alive,
+        };
+        let http = ConsulHttp::new(client, ca_pem, base, settings);
         Ok(Consul::from_parts(http, self.semaphore_pool))
     }
 }
 
 /// The HTTP client every request of a [`Consul`] handle goes through, trusting `ca_pem` (a PEM
 /// certificate) beside the system's roots.
-pub(crate) fn build_client(ca_pem: Option<&[u8]>) -> Result<reqwest::Client, reqwest::Error> {
+pub(crate) fn build_client(
+    ca_pem: Option<&[u8]>,
+    max_connections: usize,
+) -> Result<reqwest::Client, reqwest::Error> {
     let mut client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
+        .pool_max_idle_per_host(max_connections)
         .pool_idle_timeout(Duration::from_secs(60));
     if let Some(pem) = ca_pem {
         client = client.add_root_certificate(reqwest::Certificate::from_pem(pem)?);

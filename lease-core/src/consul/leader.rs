@@ -2,11 +2,11 @@
 //!
 //! Acquire (seed 002): create a session (behaviour release, as `consul lock` does), then
 //! `PUT ?acquire=` the key with `consul lock`'s flags and the advertised value. A held key is
-//! waited for with blocking queries on its index. A free key that refuses the acquire is under
+//! waited for through the client's shared prefix watches (`watch`). A free key that refuses the acquire is under
 //! lock-delay (its last holder's session was invalidated); we retry after a short, growing pause
 //! rather than `consul lock`'s fixed 5 s.
 //!
-//! Hold: a consistent blocking query on the key. The lease is lost when the key is deleted, held by
+//! Hold: the key, through the client's shared prefix watches. The lease is lost when the key is deleted, held by
 //! another (LockIndex, Session), or no longer held (then one read of our session tells an
 //! invalidated session from an operator's `?release=`), and when the session's renew loop gives
 //! up (invalidated, or self-fenced).
@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry, TxnOp};
+use super::http::{Behavior, ConsulHttp, KvEntry, TxnOp};
 use super::retry::retry_transient;
-use super::session::{self, Renewals, Session, SessionEnd, SessionLock, WATCH_WAIT};
+use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
+use super::watch::{Interest, Listing, Watches};
 use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
@@ -48,7 +49,14 @@ pub(crate) async fn acquire(
             result = contend(http, session.id(), spec, started, deadline) => Ok(result),
         };
         match outcome {
-            Ok(Ok(held)) => return Ok(into_lease(spec, session, renewals, held, backend)),
+            Ok(Ok(Contended::Acquired(held))) => {
+                return Ok(into_lease(spec, session, renewals, held, backend));
+            }
+            // Consul no longer knows our waiting session (destroyed by an operator, or gone with
+            // its check): wait with a new one.
+            Ok(Ok(Contended::SessionGone)) => {
+                let _ = session.destroy().await;
+            }
             Ok(Err(error)) => {
                 // Give the session back now, so a caller that asked not to wait leaves nothing behind.
                 let _ = session.give_back().await;
@@ -59,6 +67,13 @@ pub(crate) async fn acquire(
             Err(end @ SessionEnd::Fenced { .. }) => return Err(end.into_wait_error(spec.key())),
         }
     }
+}
+
+/// How a contention ended, short of an error.
+enum Contended {
+    Acquired(Acquired),
+    /// The session we contend with no longer exists.
+    SessionGone,
 }
 
 /// What a successful contention learned about our acquisition.
@@ -73,47 +88,48 @@ struct Acquired {
 /// invalidated under a lock-delay of 0) is still stopping its work for a moment: the key is left
 /// alone until `LeaseSpec::settle_time` after that was seen.
 async fn contend(
-    http: &ConsulHttp,
+    http: &Arc<ConsulHttp>,
     session: &str,
     spec: &LeaseSpec,
     started: Instant,
     deadline: Option<Instant>,
-) -> Result<Acquired, Error> {
+) -> Result<Contended, Error> {
     let key = spec.key();
     let busy = || Error::Busy {
         key: key.to_owned(),
         waited: started.elapsed(),
     };
-    let mut index = 0;
+    let mut watched = Watches::watch(http, Interest::Key(key.to_owned()), false);
+    // The index of the last state judged; `None`: read the key afresh.
+    let mut index: Option<u64> = None;
     let mut lock_delay_pause = LOCK_DELAY_FIRST_PAUSE;
     // The other session last seen holding the key, and its lock-delay once read.
     let mut seen_holder: Option<(String, Option<Duration>)> = None;
     let mut settle_until: Option<Instant> = None;
     loop {
-        let blocking = match deadline {
-            _ if index == 0 => None,
-            None => Some(Blocking {
-                index,
-                wait: WATCH_WAIT,
-            }),
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(busy());
-                }
-                // Consul answers up to a sixteenth after the wait: ask for less, to answer in time.
-                Some(Blocking {
-                    index,
-                    wait: (left * 15 / 16).min(WATCH_WAIT),
-                })
+        let entry = match index {
+            None => {
+                let (entry, read_at) = read_retrying(http, key, deadline).await?;
+                index = Some(read_at);
+                entry
             }
-        };
-        let (entry, new_index) = read_retrying(http, key, blocking, deadline).await?;
-        // Consul's rule for blocking queries: an index that went backwards means start over.
-        index = if new_index < index {
-            0
-        } else {
-            new_index.max(1)
+            Some(read_at) => {
+                let changed = async {
+                    loop {
+                        if let Ok(listing) = watched.next(read_at + 1).await {
+                            return listing;
+                        }
+                    }
+                };
+                let listing = match deadline {
+                    None => changed.await,
+                    Some(deadline) => tokio::time::timeout_at(deadline, changed)
+                        .await
+                        .map_err(|_| busy())?,
+                };
+                index = Some(listing.index);
+                listing.get(key).cloned()
+            }
         };
         if let Some(entry) = &entry {
             if entry.flags != LEADER_FLAGS {
@@ -160,7 +176,7 @@ async fn contend(
                 "the last holder lost the key without a release; settling"
             );
             tokio::time::sleep_until(until).await;
-            index = 0;
+            index = None;
             continue;
         }
         // `?acquire=` as a one-operation transaction: its answer carries the LockIndex, so no
@@ -178,9 +194,11 @@ async fn contend(
         if let Ok(entries) = locked {
             let ours = entries.iter().find(|e| e.key == key);
             return ours
-                .map(|e| Acquired {
-                    lock_index: e.lock_index,
-                    modify_index: e.modify_index,
+                .map(|e| {
+                    Contended::Acquired(Acquired {
+                        lock_index: e.lock_index,
+                        modify_index: e.modify_index,
+                    })
                 })
                 .ok_or_else(|| Error::Backend {
                     backend: "Consul",
@@ -190,11 +208,15 @@ async fn contend(
                 });
         }
         // Refused. Either someone else won the race (the next read shows them), or the key is
-        // free but under lock-delay: then pause briefly, growing, never past the deadline.
-        let (entry, new_index) = read_retrying(http, key, None, deadline).await?;
-        index = new_index.max(1);
+        // free but under lock-delay, or our session is gone: then pause briefly, growing, never
+        // past the deadline.
+        let (entry, read_at) = read_retrying(http, key, deadline).await?;
+        index = Some(read_at);
         if entry.as_ref().is_some_and(|e| e.holder().is_some()) {
             continue;
+        }
+        if let Ok(false) = http.session_exists(session).await {
+            return Ok(Contended::SessionGone);
         }
         let pause_until = Instant::now() + lock_delay_pause;
         if deadline.is_some_and(|d| pause_until >= d) {
@@ -203,7 +225,7 @@ async fn contend(
         tracing::debug!(pause = ?lock_delay_pause, "key is free but under lock-delay");
         tokio::time::sleep_until(pause_until).await;
         lock_delay_pause = (lock_delay_pause * 2).min(LOCK_DELAY_MAX_PAUSE);
-        index = 0;
+        index = None;
     }
 }
 
@@ -211,10 +233,9 @@ async fn contend(
 async fn read_retrying(
     http: &ConsulHttp,
     key: &str,
-    blocking: Option<Blocking>,
     deadline: Option<Instant>,
 ) -> Result<(Option<KvEntry>, u64), Error> {
-    retry_transient(deadline, || http.kv_get(key, blocking))
+    retry_transient(deadline, || http.kv_get(key))
         .await
         .map_err(|e| e.into_error(http, format_args!("read {key:?}")))
 }
@@ -262,14 +283,12 @@ impl SessionLock for LeaderKey {
     /// Released: by an operator, or because our session was invalidated.
     const COARSE: LostReason = LostReason::KeyReleased;
 
-    async fn check(
-        &self,
-        http: &ConsulHttp,
-        session: &str,
-        blocking: Blocking,
-    ) -> Result<(Option<LostReason>, u64), ApiError> {
-        let (entry, index) = http.kv_get(&self.key, Some(blocking)).await?;
-        Ok((verdict(entry.as_ref(), session, self.lock_index), index))
+    fn interest(&self) -> Interest {
+        Interest::Key(self.key.clone())
+    }
+
+    fn verdict(&self, listing: &Listing, session: &str) -> Option<LostReason> {
+        verdict(listing.get(&self.key), session, self.lock_index)
     }
 
     async fn give_back(
@@ -287,7 +306,7 @@ impl SessionLock for LeaderKey {
 /// Whether `sequencer` is still the current holder of its leader key.
 pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) -> Result<(), Error> {
     let (entry, _) = http
-        .kv_get(sequencer.key(), None)
+        .kv_get(sequencer.key())
         .await
         .map_err(|e| e.into_error(http, format_args!("read {:?}", sequencer.key())))?;
     let lost = verdict(entry.as_ref(), sequencer.holder(), sequencer.index());

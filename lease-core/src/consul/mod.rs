@@ -14,11 +14,13 @@
 
 mod config;
 mod http;
+mod keepalive;
 mod leader;
 mod observe;
 mod retry;
 mod semaphore;
 mod session;
+mod watch;
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-pub use config::ConsulBuilder;
+pub use config::{ConsulBuilder, KeepAlive};
 
 use crate::leader::LeaderObserver;
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
@@ -91,6 +93,12 @@ impl Consul {
         self.http.writes_sent()
     }
 
+    /// How many prefix watches (blocking queries, each on one connection) this client runs now:
+    /// at most `max_connections − 2`, however many leases it holds or waits for.
+    pub fn prefix_watches(&self) -> usize {
+        self.http.watches().groups()
+    }
+
     /// How many semaphore compare-and-set writes this client lost to other contenders.
     pub fn cas_conflicts(&self) -> u64 {
         self.http.cas_conflicts()
@@ -103,7 +111,7 @@ impl Consul {
     /// `Err(Error::Lost(_))` says why it is stale.
     pub async fn check_sequencer(&self, sequencer: &Sequencer) -> Result<(), Error> {
         let (entry, _) =
-            self.http.kv_get(sequencer.key(), None).await.map_err(|e| {
+            self.http.kv_get(sequencer.key()).await.map_err(|e| {
                 e.into_error(&self.http, format_args!("read {:?}", sequencer.key()))
             })?;
         match (entry, semaphore::prefix_of(sequencer)) {

@@ -1,6 +1,8 @@
-//! Consul sessions: created per lease, renewed while it lives, destroyed when it ends.
+//! Consul sessions: created per lease, kept alive while it lives, destroyed when it ends.
 //!
-//! The renew loop is also where this crate keeps DESIGN rule 2 (self-fencing). Consul promises
+//! A session is kept alive by the process's heartbeat check (`keepalive`, the default) or by
+//! renewing its own TTL (`KeepAlive::SessionTtl`). Either way, the loop that keeps it alive is
+//! where this crate keeps DESIGN rule 2 (self-fencing). For renewals: Consul promises
 //! not to invalidate a session before its TTL has passed since the last renewal the servers
 //! processed. A renewal we *sent* at time T and saw succeed was processed after T, so the session
 //! is safe until at least T + TTL. If no renewal succeeds, the loop gives the session up at
@@ -14,14 +16,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{ApiError, Behavior, Blocking, ConsulHttp};
+use super::http::{Behavior, ConsulHttp, SessionLife};
+use super::keepalive::Heartbeat;
 use super::leader::LEADER_FLAGS;
-use super::retry::{backoff, retry_transient, within};
+use super::retry::{retry_transient, within};
+use super::watch::{Interest, Listing, Watches};
 use crate::backend::{Fence, Hold, RELEASE_BOUND};
 use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
-
-/// How long one blocking query waits before Consul answers unchanged.
-pub(crate) const WATCH_WAIT: Duration = Duration::from_secs(300);
 
 /// How a session's life ended, as seen by its renew loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,8 +65,9 @@ impl From<SessionEnd> for LostReason {
     }
 }
 
-/// The renew loop of a session, boxed so acquire can poll it while waiting and then hand it to
-/// the holder task.
+/// What keeps a session alive (its renew loop, or its share of the heartbeat), boxed so acquire
+/// can poll it while waiting and then hand it to the holder task. It ends when the session must
+/// be considered gone.
 pub(crate) type Renewals = Pin<Box<dyn Future<Output = SessionEnd> + Send>>;
 
 /// A session this process created. Dropping it gives it back in the background (releasing the
@@ -78,10 +80,12 @@ pub(crate) struct Session {
     /// A leader key this session may hold: released before the session is destroyed.
     key: Option<String>,
     ended: bool,
+    /// The heartbeat the session is tied to (kept registered while the session lives).
+    _heartbeat: Option<Arc<Heartbeat>>,
 }
 
 impl Session {
-    /// Creates a session for `spec` and starts its renew loop (returned, to be polled), which
+    /// Creates a session for `spec`, and what keeps it alive (returned, to be polled), which
     /// confirms the session's [`Fence`].
     pub(crate) async fn create(
         http: &Arc<ConsulHttp>,
@@ -89,11 +93,19 @@ impl Session {
         behavior: Behavior,
     ) -> Result<(Session, Renewals), Error> {
         let ttl = spec.session_ttl();
+        let heartbeat = http
+            .keep_alives()
+            .heartbeat(http, ttl, spec.fence_after())
+            .await?;
+        let life = match &heartbeat {
+            Some(heartbeat) => SessionLife::Check(heartbeat.check()),
+            None => SessionLife::Ttl(ttl),
+        };
         let sent = Instant::now();
         let id = http
             .session_create(
                 &spec.session_name_or_default(),
-                ttl,
+                life,
                 spec.session_lock_delay(),
                 behavior,
             )
@@ -102,13 +114,20 @@ impl Session {
                 e.into_error(http, format_args!("create a session for {:?}", spec.key()))
             })?;
         tracing::debug!(session = %id, ?ttl, "session created");
-        let fence = Fence::new(spec.fence_after(), sent);
-        let renewals = Box::pin(renew_until_ended(
-            Arc::clone(http),
-            id.clone(),
-            ttl,
-            fence.clone(),
-        ));
+        let (fence, renewals): (Fence, Renewals) = match &heartbeat {
+            Some(heartbeat) => {
+                // Valid as long as the check: from its last pass, not from now.
+                let fence =
+                    Fence::new(spec.fence_after(), heartbeat.confirmed_at().unwrap_or(sent));
+                let keep = Arc::clone(heartbeat).keep(fence.clone());
+                (fence, Box::pin(keep))
+            }
+            None => {
+                let fence = Fence::new(spec.fence_after(), sent);
+                let renew = renew_until_ended(Arc::clone(http), id.clone(), ttl, fence.clone());
+                (fence, Box::pin(renew))
+            }
+        };
         Ok((
             Session {
                 http: Arc::clone(http),
@@ -116,6 +135,7 @@ impl Session {
                 fence,
                 key: None,
                 ended: false,
+                _heartbeat: heartbeat,
             },
             renewals,
         ))
@@ -156,7 +176,14 @@ impl Session {
     /// [`give_back`](Session::give_back) on a detached runtime, for a process that is ending.
     pub(crate) fn abandon(mut self) -> Option<BoxFuture<'static, ()>> {
         self.ended = true;
-        detached_give_back(&self.http, &self.id, self.key.as_deref())
+        let give_back = detached_give_back(&self.http, &self.id, self.key.as_deref())?;
+        // Deregistering the heartbeat check first would invalidate the session under its
+        // lock-delay instead of releasing it: keep the check until the give-back is done.
+        let heartbeat = self._heartbeat.take();
+        Some(Box::pin(async move {
+            give_back.await;
+            drop(heartbeat);
+        }))
     }
 }
 
@@ -173,11 +200,14 @@ impl Drop for Session {
             self.key.take(),
         );
         let abandoned = (Arc::clone(&http), id.clone(), key.clone());
+        // The heartbeat check stays registered until the session is given back.
+        let heartbeat = self._heartbeat.take();
         http.keepers().clone().spawn_clean_up(
             async move {
                 if let Err(error) = give_back(&http, &id, key.as_deref()).await {
-                    tracing::warn!(session = %id, %error, "could not destroy session; it expires with its TTL");
+                    tracing::warn!(session = %id, %error, "could not destroy session; it expires with its TTL or heartbeat check");
                 }
+                drop(heartbeat);
             },
             move || {
                 let (http, id, key) = abandoned;
@@ -275,22 +305,21 @@ async fn renew_until_ended(
     }
 }
 
-/// What a session-backed lease holds (a leader key, a semaphore slot): how to read it, and how to
-/// give it back. Everything else (the renewals, the watch of the session, the self-fence, the
-/// clean-up after a loss, the last-resort release) is [`SessionHold`]'s, the same for both.
+/// What a session-backed lease holds (a leader key, a semaphore slot): what to watch, how to
+/// judge it, and how to give it back. Everything else (keeping the session alive, the
+/// self-fence, the clean-up after a loss, the last-resort release) is [`SessionHold`]'s, the
+/// same for both.
 pub(crate) trait SessionLock: Send + Sync + 'static {
     /// The reason a loss that may have gone with the session is first published as (a leader
     /// key released, a contender key deleted); [`went_with_session`] refines it.
     const COARSE: LostReason;
 
-    /// One read of what is held, blocking from `blocking.index`: whether the acquisition by
-    /// `session` is lost, and the index to block on next.
-    fn check<'a>(
-        &'a self,
-        http: &'a ConsulHttp,
-        session: &'a str,
-        blocking: Blocking,
-    ) -> impl Future<Output = Result<(Option<LostReason>, u64), ApiError>> + Send + 'a;
+    /// The key or prefix whose changes can mean loss.
+    fn interest(&self) -> Interest;
+
+    /// Whether the acquisition by `session` is lost, judged from a listing that covers
+    /// [`interest`](SessionLock::interest).
+    fn verdict(&self, listing: &Listing, session: &str) -> Option<LostReason>;
 
     /// Gives the lock back cleanly. `session` may be taken (a semaphore's pool keeps it), and
     /// `renewals` with it.
@@ -301,18 +330,18 @@ pub(crate) trait SessionLock: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The [`Hold`] of every Consul lease: a session, its renewals, and the lock it holds.
+/// The [`Hold`] of every Consul lease: a session, what keeps it alive, and the lock it holds.
 pub(crate) struct SessionHold<L> {
     lock: L,
     /// Taken by a give-back that keeps the session elsewhere.
     session: Option<Session>,
     renewals: Renewals,
-    /// The index to block on next.
-    index: u64,
+    /// The index of our acquisition: older listings do not show it and are not judged.
+    acquired_at: u64,
 }
 
-/// Turns what `session` acquired (`key`, at LockIndex `lock_index`, seen at `index`) into a lease
-/// held by a [`SessionHold`] of `lock`, and starts its holder task.
+/// Turns what `session` acquired (`key`, at LockIndex `lock_index`, written at `index`) into a
+/// lease held by a [`SessionHold`] of `lock`, and starts its holder task.
 pub(crate) fn start_lease<L: SessionLock>(
     (key, lock_index, index): (&str, u64, u64),
     session: Session,
@@ -327,7 +356,7 @@ pub(crate) fn start_lease<L: SessionLock>(
         lock,
         session: Some(session),
         renewals,
-        index,
+        acquired_at: index,
     };
     keepers.start(sequencer, fence, backend, hold)
 }
@@ -337,13 +366,24 @@ impl<L: SessionLock> Hold for SessionHold<L> {
         let Some(session) = &self.session else {
             return LostReason::Released;
         };
-        let (lock, http, id) = (&self.lock, session.http(), session.id());
-        let lock_watch = watch_until_lost(
-            &mut self.index,
-            |blocking| lock.check(http, id, blocking),
-            |lost| lost,
-        );
-        hold_until_lost(&mut self.renewals, session, lock_watch).await
+        let (lock, id, acquired_at) = (&self.lock, session.id(), self.acquired_at);
+        let mut watched = Watches::watch(session.http(), lock.interest(), false);
+        let lock_watch = async {
+            loop {
+                // Failures are not reported to this watch: keeping the session alive is what
+                // self-fences when they last.
+                if let Ok(listing) = watched.next(acquired_at).await {
+                    if let Some(reason) = lock.verdict(&listing, id) {
+                        return reason;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            end = &mut self.renewals => end.into(),
+            reason = lock_watch => reason,
+        }
     }
 
     async fn refine(&mut self, reason: &LostReason) -> Option<LostReason> {
@@ -366,7 +406,7 @@ impl<L: SessionLock> Hold for SessionHold<L> {
         // settle time) while the work stops.
         if let Some(session) = &mut self.session {
             if let Err(error) = session.destroy().await {
-                tracing::warn!(%error, "could not destroy the session of a lost lease; it expires with its TTL");
+                tracing::warn!(%error, "could not destroy the session of a lost lease; it expires with its TTL or heartbeat check");
             }
         }
     }
@@ -400,85 +440,5 @@ pub(crate) async fn went_with_session(http: &ConsulHttp, session: &str) -> Optio
     match http.session_exists(session).await {
         Ok(false) => Some(LostReason::SessionInvalidated),
         Ok(true) | Err(_) => None,
-    }
-}
-
-/// Blocks on the session until Consul no longer knows it; returns only then.
-///
-/// Watching the session beside the key lets a holder name the reason for a loss without a
-/// further read: when an operator destroys the session, this answers `SessionInvalidated` while
-/// the key's watch only sees the lock released. Failures are retried; the renew loop is what
-/// self-fences when they last.
-pub(crate) async fn watch_invalidation(http: &ConsulHttp, id: &str) -> SessionEnd {
-    let mut index = 0;
-    let mut backoff = backoff();
-    loop {
-        let blocking = Blocking {
-            index,
-            wait: WATCH_WAIT,
-        };
-        match http.session_watch(id, blocking).await {
-            Ok((false, _)) => return SessionEnd::Invalidated,
-            Ok((true, new_index)) => {
-                backoff.reset();
-                index = if new_index < index { 0 } else { new_index };
-            }
-            Err(error) => {
-                tracing::debug!(session = %id, %error, "watching the session failed; retrying");
-                backoff.wait().await;
-            }
-        }
-    }
-}
-
-/// Holds a lease: polls the session's renew loop (so the self-fencing deadline fires even while
-/// blocking queries hang on a dead network), the session's own watch (which names an
-/// invalidation at once) and `target`, the watch of what the session holds (which catches every
-/// other way to lose it). Returns the first loss.
-pub(crate) async fn hold_until_lost(
-    renewals: &mut Renewals,
-    session: &Session,
-    target: impl Future<Output = LostReason>,
-) -> LostReason {
-    tokio::select! {
-        biased;
-        end = renewals => end.into(),
-        end = watch_invalidation(session.http(), session.id()) => end.into(),
-        reason = target => reason,
-    }
-}
-
-/// Blocking reads from `index` on, until `judge` finds the lease lost in an answer. Brief trouble
-/// is retried: the renew loop is what self-fences when it lasts.
-pub(crate) async fn watch_until_lost<T, R, RF, J>(
-    index: &mut u64,
-    mut read: R,
-    mut judge: J,
-) -> LostReason
-where
-    R: FnMut(Blocking) -> RF,
-    RF: Future<Output = Result<(T, u64), ApiError>>,
-    J: FnMut(T) -> Option<LostReason>,
-{
-    let mut backoff = backoff();
-    loop {
-        let blocking = Blocking {
-            index: *index,
-            wait: WATCH_WAIT,
-        };
-        match read(blocking).await {
-            Ok((answer, new_index)) => {
-                backoff.reset();
-                if let Some(reason) = judge(answer) {
-                    return reason;
-                }
-                // Consul's rule for blocking queries: an index that went backwards means start over.
-                *index = if new_index < *index { 0 } else { new_index };
-            }
-            Err(error) => {
-                tracing::debug!(%error, "watching the lease failed; retrying");
-                backoff.wait().await;
-            }
-        }
     }
 }

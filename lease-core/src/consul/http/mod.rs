@@ -12,17 +12,43 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
+mod budget;
 mod error;
 mod types;
 
+pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS};
 pub(crate) use error::ApiError;
 pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
 
-use super::config::Token;
+use super::config::{KeepAlive, Token};
+use super::keepalive::KeepAlives;
+use super::watch::Watches;
 use crate::backend::Keepers;
+
+/// The node check every session is tied to unless configured otherwise (Consul's default).
+const SERF_HEALTH: &str = "serfHealth";
+
+/// How a session stays alive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SessionLife<'a> {
+    /// Renewed by its holder within this TTL.
+    Ttl(Duration),
+    /// Tied to this agent check (beside the node checks): invalidated when it turns critical.
+    Check(&'a str),
+}
 
 /// Timeout of a request that does not block server-side.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a client is configured with, beyond its address and TLS.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) token: Option<Token>,
+    pub(crate) datacenter: Option<String>,
+    pub(crate) node_checks: Option<Vec<String>>,
+    pub(crate) max_connections: usize,
+    pub(crate) keep_alive: KeepAlive,
+}
+
 /// The Consul HTTP API, as this crate uses it.
 pub(crate) struct ConsulHttp {
     client: reqwest::Client,
@@ -34,6 +60,11 @@ pub(crate) struct ConsulHttp {
     token: Option<Token>,
     datacenter: Option<String>,
     node_checks: Option<Vec<String>>,
+    budget: Budget,
+    /// Every blocking query of this client, multiplexed.
+    watches: Watches,
+    /// The heartbeat checks this client's sessions are tied to.
+    keep_alives: KeepAlives,
     requests: AtomicU64,
     writes: AtomicU64,
     cas_conflicts: AtomicU64,
@@ -54,18 +85,20 @@ impl ConsulHttp {
         client: reqwest::Client,
         ca_pem: Option<Vec<u8>>,
         base: Url,
-        token: Option<Token>,
-        datacenter: Option<String>,
-        node_checks: Option<Vec<String>>,
+        settings: Settings,
     ) -> Arc<Self> {
+        let budget = Budget::new(settings.max_connections);
         Arc::new(ConsulHttp {
             client,
             ca_pem,
             keepers: Keepers::new(),
             base,
-            token,
-            datacenter,
-            node_checks,
+            token: settings.token,
+            datacenter: settings.datacenter,
+            node_checks: settings.node_checks,
+            watches: Watches::new(budget.max_watches()),
+            budget,
+            keep_alives: KeepAlives::new(settings.keep_alive),
             requests: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             cas_conflicts: AtomicU64::new(0),
@@ -81,7 +114,8 @@ impl ConsulHttp {
     /// (the connections of this one belong to the runtime that made them). `None` if the TLS
     /// configuration cannot be built again.
     pub(crate) fn detached(&self) -> Option<Arc<ConsulHttp>> {
-        let client = super::config::build_client(self.ca_pem.as_deref()).ok()?;
+        let max = self.budget.max();
+        let client = super::config::build_client(self.ca_pem.as_deref(), max).ok()?;
         Some(Arc::new(ConsulHttp {
             client,
             ca_pem: self.ca_pem.clone(),
@@ -90,10 +124,23 @@ impl ConsulHttp {
             token: self.token.clone(),
             datacenter: self.datacenter.clone(),
             node_checks: self.node_checks.clone(),
+            budget: Budget::new(max),
+            watches: Watches::new(Budget::new(max).max_watches()),
+            keep_alives: KeepAlives::new(self.keep_alives.mode()),
             requests: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             cas_conflicts: AtomicU64::new(0),
         }))
+    }
+
+    /// The prefix watches of this client.
+    pub(crate) fn watches(&self) -> &Watches {
+        &self.watches
+    }
+
+    /// The heartbeats of this client's sessions.
+    pub(crate) fn keep_alives(&self) -> &KeepAlives {
+        &self.keep_alives
     }
 
     /// The agent's address, for messages.
@@ -136,13 +183,16 @@ impl ConsulHttp {
         self.url(std::iter::once("kv").chain(key.split('/')))
     }
 
-    async fn send(
+    /// Sends one request and reads its whole answer, holding a connection of the budget for
+    /// exactly that long.
+    async fn exchange(
         &self,
         method: Method,
         url: Url,
         body: Option<Vec<u8>>,
         timeout: Duration,
-    ) -> Result<reqwest::Response, ApiError> {
+    ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
+        let _connection = self.budget.admit().await;
         self.requests.fetch_add(1, Ordering::Relaxed);
         if method != Method::GET {
             self.writes.fetch_add(1, Ordering::Relaxed);
@@ -154,7 +204,30 @@ impl ConsulHttp {
         if let Some(body) = body {
             request = request.body(body);
         }
-        request.send().await.map_err(ApiError::transport)
+        let answer = match request.send().await {
+            Ok(response) => read(response).await,
+            Err(error) => Err(ApiError::transport(error)),
+        };
+        let refused = match &answer {
+            Ok((status @ StatusCode::TOO_MANY_REQUESTS, _, bytes)) => {
+                Some(status_error(*status, bytes))
+            }
+            Err(error @ ApiError::Transport(_)) => Some(error.clone()),
+            Ok(_) => {
+                self.budget.answered();
+                None
+            }
+            Err(_) => None,
+        };
+        if let Some(error) = refused.filter(|_| self.budget.refused()) {
+            tracing::warn!(
+                agent = %self.address(),
+                %error,
+                hint = error.hint(),
+                "Consul refused or dropped a request; sending one request at a time until it answers"
+            );
+        }
+        answer
     }
 
     /// Sends and returns the body of a 2xx answer, or the status and body of another.
@@ -164,21 +237,20 @@ impl ConsulHttp {
         url: Url,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
-        let response = self.send(method, url, body, REQUEST_TIMEOUT).await?;
-        read(response).await
+        self.exchange(method, url, body, REQUEST_TIMEOUT).await
     }
 
-    /// `PUT /v1/session/create`; returns the new session's ID.
+    /// `PUT /v1/session/create`; returns the new session's ID. The session lives as long as
+    /// `keep_alive` says: renewed within `ttl`, or tied to an agent check.
     pub(crate) async fn session_create(
         &self,
         name: &str,
-        ttl: Duration,
+        keep_alive: SessionLife<'_>,
         lock_delay: Duration,
         behavior: Behavior,
     ) -> Result<String, ApiError> {
         let mut body = serde_json::json!({
             "Name": name,
-            "TTL": format!("{}s", ttl.as_secs()),
             // Consul reads a duration string; "0s" really disables the delay.
             "LockDelay": format!("{}ms", lock_delay.as_millis()),
             "Behavior": match behavior {
@@ -186,8 +258,21 @@ impl ConsulHttp {
                 Behavior::Delete => "delete",
             },
         });
-        if let Some(checks) = &self.node_checks {
-            body["NodeChecks"] = serde_json::json!(checks);
+        let node_checks = self.node_checks.as_deref();
+        match keep_alive {
+            SessionLife::Ttl(ttl) => {
+                body["TTL"] = serde_json::json!(format!("{}s", ttl.as_secs()));
+                if let Some(checks) = node_checks {
+                    body["NodeChecks"] = serde_json::json!(checks);
+                }
+            }
+            SessionLife::Check(check) => {
+                body["NodeChecks"] = match node_checks {
+                    Some(checks) => serde_json::json!(checks),
+                    None => serde_json::json!([SERF_HEALTH]),
+                };
+                body["ServiceChecks"] = serde_json::json!([{ "ID": check }]);
+            }
         }
         let body = serde_json::to_vec(&body).map_err(|e| ApiError::Malformed(e.to_string()))?;
         let (status, _, bytes) = self
@@ -206,6 +291,69 @@ impl ConsulHttp {
             ));
         }
         Ok(created.id)
+    }
+
+    /// `PUT /v1/agent/service/register`: a service `id` whose one check, also `id`, is a TTL
+    /// check that starts passing; Consul deregisters it once it has been critical for
+    /// `reap_after` (at least a minute).
+    pub(crate) async fn agent_register_ttl_check(
+        &self,
+        id: &str,
+        name: &str,
+        ttl: Duration,
+        reap_after: Duration,
+    ) -> Result<(), ApiError> {
+        let body = serde_json::json!({
+            "ID": id,
+            "Name": name,
+            "Check": {
+                "CheckID": id,
+                "Name": "lease holder process alive",
+                "TTL": format!("{}s", ttl.as_secs()),
+                "Status": "passing",
+                "DeregisterCriticalServiceAfter": format!("{}s", reap_after.as_secs()),
+            },
+        });
+        let body = serde_json::to_vec(&body).map_err(|e| ApiError::Malformed(e.to_string()))?;
+        let (status, _, bytes) = self
+            .call(
+                Method::PUT,
+                self.url(["agent", "service", "register"]),
+                Some(body),
+            )
+            .await?;
+        expect_ok(status, &bytes)
+    }
+
+    /// `PUT /v1/agent/check/pass/<id>`: `Ok(false)` if the agent no longer knows the check.
+    pub(crate) async fn agent_check_pass(&self, id: &str) -> Result<bool, ApiError> {
+        let (status, _, bytes) = self
+            .call(Method::PUT, self.url(["agent", "check", "pass", id]), None)
+            .await?;
+        // Consul 1.8 answers 500 "CheckID ... does not have associated TTL" for an unknown check.
+        if status == StatusCode::NOT_FOUND
+            || (status.is_server_error()
+                && String::from_utf8_lossy(&bytes).contains("does not have associated TTL"))
+        {
+            return Ok(false);
+        }
+        expect_ok(status, &bytes)?;
+        Ok(true)
+    }
+
+    /// `PUT /v1/agent/service/deregister/<id>` (which invalidates the sessions tied to its check).
+    pub(crate) async fn agent_deregister(&self, id: &str) -> Result<(), ApiError> {
+        let (status, _, bytes) = self
+            .call(
+                Method::PUT,
+                self.url(["agent", "service", "deregister", id]),
+                None,
+            )
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(());
+        }
+        expect_ok(status, &bytes)
     }
 
     /// `PUT /v1/session/renew/<id>`: `Ok(false)` if the session no longer exists.
@@ -244,27 +392,6 @@ impl ConsulHttp {
             .map(|info| Duration::from_nanos(info.lock_delay)))
     }
 
-    /// `GET /v1/session/info/<id>?consistent&index=`: blocks until the session changes; returns
-    /// whether it still exists and the index to block on next.
-    pub(crate) async fn session_watch(
-        &self,
-        id: &str,
-        blocking: Blocking,
-    ) -> Result<(bool, u64), ApiError> {
-        let mut url = self.url(["session", "info", id]);
-        url.query_pairs_mut()
-            .append_key_only("consistent")
-            .append_pair("index", &blocking.index.to_string())
-            .append_pair("wait", &format!("{}ms", blocking.wait.as_millis().max(1)));
-        let timeout = blocking.wait + blocking.wait / 16 + REQUEST_TIMEOUT;
-        let response = self.send(Method::GET, url, None, timeout).await?;
-        let (status, index, bytes) = read(response).await?;
-        expect_ok(status, &bytes)?;
-        let index = index.ok_or_else(|| ApiError::Malformed("no X-Consul-Index header".into()))?;
-        let sessions: Option<Vec<serde_json::Value>> = parse_json(&bytes)?;
-        Ok((sessions.is_some_and(|s| !s.is_empty()), index))
-    }
-
     /// `PUT /v1/session/destroy/<id>`. Destroying a session that is gone succeeds.
     pub(crate) async fn session_destroy(&self, id: &str) -> Result<(), ApiError> {
         let (status, _, bytes) = self
@@ -273,19 +400,28 @@ impl ConsulHttp {
         expect_ok(status, &bytes)
     }
 
-    /// `GET /v1/kv/<key>?consistent`, blocking if asked; returns the entry (none if the key does
-    /// not exist) and the index to block on next.
-    pub(crate) async fn kv_get(
-        &self,
-        key: &str,
-        blocking: Option<Blocking>,
-    ) -> Result<(Option<KvEntry>, u64), ApiError> {
-        let (entries, index) = self.kv_read(self.kv_url(key), blocking).await?;
+    /// `GET /v1/kv/<key>?consistent`: the entry (none if the key does not exist) and the index.
+    pub(crate) async fn kv_get(&self, key: &str) -> Result<(Option<KvEntry>, u64), ApiError> {
+        let mut url = self.kv_url(key);
+        url.query_pairs_mut().append_key_only("consistent");
+        let (entries, index) = self.kv_read(url, None).await?;
         Ok((entries.into_iter().find(|e| e.key == key), index))
     }
 
-    /// `GET /v1/kv/<prefix>?recurse&consistent`, blocking if asked.
-    pub(crate) async fn kv_list(
+    /// `GET /v1/kv/<prefix>?recurse&consistent`.
+    pub(crate) async fn kv_list(&self, prefix: &str) -> Result<(Vec<KvEntry>, u64), ApiError> {
+        let mut url = self.kv_url(prefix);
+        url.query_pairs_mut()
+            .append_key_only("recurse")
+            .append_key_only("consistent");
+        self.kv_read(url, None).await
+    }
+
+    /// `GET /v1/kv/<prefix>?recurse&index=`: a blocking query on everything under `prefix`
+    /// (in Consul's default consistency mode: the leader answers without a verification round,
+    /// which would cost more than the whole read on a large prefix; a watcher that must not act
+    /// on a state older than its own write compares indexes).
+    pub(crate) async fn kv_watch(
         &self,
         prefix: &str,
         blocking: Option<Blocking>,
@@ -300,7 +436,6 @@ impl ConsulHttp {
         mut url: Url,
         blocking: Option<Blocking>,
     ) -> Result<(Vec<KvEntry>, u64), ApiError> {
-        url.query_pairs_mut().append_key_only("consistent");
         let mut timeout = REQUEST_TIMEOUT;
         if let Some(b) = blocking {
             url.query_pairs_mut()
@@ -309,8 +444,7 @@ impl ConsulHttp {
             // Consul adds up to wait/16 of jitter before answering.
             timeout = b.wait + b.wait / 16 + REQUEST_TIMEOUT;
         }
-        let response = self.send(Method::GET, url, None, timeout).await?;
-        let (status, index, bytes) = read(response).await?;
+        let (status, index, bytes) = self.exchange(Method::GET, url, None, timeout).await?;
         if status != StatusCode::NOT_FOUND {
             expect_ok(status, &bytes)?;
         }
@@ -418,10 +552,13 @@ fn expect_ok(status: StatusCode, body: &[u8]) -> Result<(), ApiError> {
     if status.is_success() {
         return Ok(());
     }
+    Err(status_error(status, body))
+}
+
+fn status_error(status: StatusCode, body: &[u8]) -> ApiError {
     // Consul's error bodies are short plain text; keep at most a line of it.
     let text = String::from_utf8_lossy(body);
-    let text: String = text.trim().chars().take(300).collect();
-    Err(ApiError::Status(status, text))
+    ApiError::Status(status, text.trim().chars().take(300).collect())
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {

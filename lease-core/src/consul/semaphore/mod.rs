@@ -10,15 +10,15 @@
 //! key's ModifyIndex (0 when creating), pruning holders whose session no longer holds a key. The
 //! process's takes and give-backs of one prefix are batched into such transactions by one
 //! [`coordinator`] task, so they never race each other; a full semaphore is waited for with a
-//! blocking query on the prefix. Who is admitted, kept or pruned is decided by the planner shared
+//! watch of the prefix. Who is admitted, kept or pruned is decided by the planner shared
 //! with the memory backend (`crate::semaphore`); the coordinator only executes its plans.
 //!
 //! A holder whose session is gone keeps its slot for the settle time before it is pruned, so a
 //! holder invalidated behind its back has that long to notice and stop its work before anyone
 //! else is admitted; lock-delay and settle 0 prune at once.
 //!
-//! Holding: a consistent blocking watch of the prefix, beside the session's own watch and renew
-//! loop. The lease is lost when our session leaves `Holders`, our contender key goes or changes
+//! Holding: the prefix, through the client's shared prefix watches (`watch`), beside what keeps
+//! the session alive. The lease is lost when our session leaves `Holders`, our contender key goes or changes
 //! hands, the session is invalidated, or the self-fencing deadline passes. The sequencer is our
 //! contender key with its LockIndex and our session. A pooled session ([`pool`]) re-locks its
 //! contender key when admitted again, so the sequencer changes on every acquisition.
@@ -34,9 +34,10 @@ use tokio::time::Instant;
 
 use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
-use super::http::{ApiError, Behavior, Blocking, ConsulHttp, KvEntry};
+use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
 use super::retry::{retry_transient, within};
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
+use super::watch::{Interest, Listing};
 pub(crate) use crate::semaphore::{SEMAPHORE_FLAGS, prefix_of};
 use crate::semaphore::{Snapshot, Taken, contender_key, lock_key};
 use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
@@ -211,17 +212,13 @@ impl SessionLock for SemaphoreSlot {
     /// The contender key is gone: deleted by an operator, or with our invalidated session.
     const COARSE: LostReason = LostReason::KeyDeleted;
 
-    async fn check(
-        &self,
-        http: &ConsulHttp,
-        session: &str,
-        blocking: Blocking,
-    ) -> Result<(Option<LostReason>, u64), ApiError> {
-        let (entries, index) = http.kv_list(&self.prefix, Some(blocking)).await?;
-        Ok((
-            verdict(&self.prefix, &entries, session, self.lock_index),
-            index,
-        ))
+    fn interest(&self) -> Interest {
+        Interest::Prefix(directory(&self.prefix))
+    }
+
+    fn verdict(&self, listing: &Listing, session: &str) -> Option<LostReason> {
+        let entries = listing.under(&directory(&self.prefix));
+        verdict(&self.prefix, entries, session, self.lock_index)
     }
 
     async fn give_back(
@@ -268,22 +265,26 @@ pub(crate) async fn check_sequencer(
     sequencer: &Sequencer,
 ) -> Result<(), Error> {
     let (entries, _) = http
-        .kv_list(prefix, None)
+        .kv_list(prefix)
         .await
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
     let lost = verdict(prefix, &entries, sequencer.holder(), sequencer.index());
     session::judged::<SemaphoreSlot>(http, sequencer.holder(), lost).await
 }
 
+/// `<prefix>/`: the directory every key of the semaphore at `prefix` is in.
+pub(super) fn directory(prefix: &str) -> String {
+    format!("{prefix}/")
+}
+
 /// Removes the semaphore at `prefix` if no live holder remains.
 pub(crate) async fn destroy(http: &ConsulHttp, prefix: &str) -> Result<(), Error> {
     let fail = |e: ApiError| e.into_error(http, format_args!("destroy semaphore {prefix:?}"));
     loop {
-        let (entries, index) = retry_transient(within(Duration::from_secs(5)), || {
-            http.kv_list(prefix, None)
-        })
-        .await
-        .map_err(fail)?;
+        let (entries, index) =
+            retry_transient(within(Duration::from_secs(5)), || http.kv_list(prefix))
+                .await
+                .map_err(fail)?;
         let snapshot = Snapshot::read(prefix, &entries, index);
         let modify_index = match &snapshot.lock {
             Err(unreadable) => return Err(unreadable.to_error(prefix)),

@@ -1,9 +1,9 @@
 //! The coordinator task: reads the prefix, plans a round, writes the plan as one transaction,
-//! answers; blocks on the prefix while the semaphore is full (see the parent module).
+//! answers; watches the prefix (through the client's shared watches) while the semaphore is
+//! full or idle (see the parent module).
 
 use std::collections::HashSet;
 use std::future::{Future, poll_fn};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -14,8 +14,9 @@ use tokio::time::Instant;
 use super::{GiveReply, Request, TakeReply};
 use crate::Error;
 use crate::backoff::Backoff;
-use crate::consul::http::{ApiError, Blocking, ConsulHttp, KvEntry, TxnOp};
+use crate::consul::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
 use crate::consul::retry::backoff;
+use crate::consul::watch::{Interest, Watched, Watches};
 use crate::semaphore::{
     Give, Next, Planner, Queue, SEMAPHORE_FLAGS, Snapshot, Take, Taken, Write, contender_key,
     lock_key,
@@ -23,10 +24,6 @@ use crate::semaphore::{
 
 /// A coordinator with nothing to do for this long stops; the next request starts another.
 const IDLE_STOP: Duration = Duration::from_secs(30);
-/// How long one blocking read of a full semaphore lasts at most.
-const FULL_WAIT: Duration = Duration::from_secs(10);
-
-type PrefixRead = Pin<Box<dyn Future<Output = Result<(Vec<KvEntry>, u64), ApiError>> + Send>>;
 
 /// What a round achieved.
 enum Round {
@@ -61,7 +58,11 @@ pub(super) async fn run(
         fresh: false,
         backoff: backoff(),
     };
-    let mut watch: Option<PrefixRead> = None;
+    let mut watched = Watches::watch(
+        &coordinator.http,
+        Interest::Prefix(super::super::directory(&coordinator.prefix)),
+        true,
+    );
     let mut open = true;
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -77,7 +78,7 @@ pub(super) async fn run(
             // after our own writes (its contender key goes with its session) is seen and pruned
             // once its settle time is over, without a read on every turn of a busy semaphore.
             let stop_at = *idle_since.get_or_insert_with(Instant::now) + IDLE_STOP;
-            let read = watch.get_or_insert_with(|| coordinator.read_when_changed());
+            let after = coordinator.known_index();
             tokio::select! {
                 request = requests.recv() => match request {
                     Some(request) => {
@@ -86,8 +87,7 @@ pub(super) async fn run(
                     }
                     None => return,
                 },
-                answer = read => {
-                    watch = None;
+                answer = changed(&mut watched, &coordinator.prefix, after) => {
                     coordinator.observe(answer).await;
                 }
                 () = tokio::time::sleep_until(next_wake.map_or(stop_at, |at| at.min(stop_at))) => {
@@ -106,21 +106,41 @@ pub(super) async fn run(
             .queue
             .retain_takes(|reply| !reply.answer.is_closed());
         if let Round::Full = coordinator.round().await {
-            let read = watch.get_or_insert_with(|| coordinator.read_when_changed());
+            let after = coordinator.known_index();
+            // Wake up in time to prune a dead holder whose settle time runs out: with a fresh
+            // read, the next round prunes it.
+            let prune_at = coordinator.planner.next_wake();
             tokio::select! {
                 request = requests.recv(), if open => match request {
                     Some(request) => coordinator.push(request),
                     None => open = false,
                 },
-                answer = read => {
-                    watch = None;
+                answer = changed(&mut watched, &coordinator.prefix, after) => {
                     coordinator.observe(answer).await;
+                }
+                () = tokio::time::sleep_until(prune_at.unwrap_or_else(far_future)), if prune_at.is_some() => {
+                    coordinator.snapshot = None;
                 }
                 // Dropped at the top of the loop.
                 () = abandoned(&mut coordinator.queue) => {}
             }
         }
     }
+}
+
+/// The next listing of the prefix newer than `after`, as the entries under it.
+async fn changed(
+    watched: &mut Watched,
+    prefix: &str,
+    after: u64,
+) -> Result<(Vec<KvEntry>, u64), ApiError> {
+    let listing = watched.next(after + 1).await?;
+    let entries = listing.under(&super::super::directory(prefix)).to_vec();
+    Ok((entries, listing.index))
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400)
 }
 
 /// Completes when the caller of some queued take has gone away.
@@ -143,16 +163,9 @@ impl Coordinator {
         }
     }
 
-    fn read_when_changed(&self) -> PrefixRead {
-        let http = Arc::clone(&self.http);
-        let prefix = self.prefix.clone();
-        let index = self.snapshot.as_ref().map_or(0, |s| s.index);
-        // Wake up in time to prune a dead holder whose settle time is about to run out.
-        let wait = self.planner.next_wake().map_or(FULL_WAIT, |at| {
-            at.saturating_duration_since(Instant::now())
-                .clamp(Duration::from_millis(1), FULL_WAIT)
-        });
-        Box::pin(async move { http.kv_list(&prefix, Some(Blocking { index, wait })).await })
+    /// The index of the state the coordinator knows (read or written), 0 if none.
+    fn known_index(&self) -> u64 {
+        self.snapshot.as_ref().map_or(0, |s| s.index)
     }
 
     /// Takes in a read of the prefix, unless our own writes already know a later state.
@@ -195,7 +208,7 @@ impl Coordinator {
     /// One round: read if needed, answer what can be answered, write one transaction.
     async fn round(&mut self) -> Round {
         if self.snapshot.is_none() {
-            match self.http.kv_list(&self.prefix, None).await {
+            match self.http.kv_list(&self.prefix).await {
                 Ok((entries, index)) => {
                     self.snapshot = Some(Snapshot::read(&self.prefix, &entries, index));
                     self.fresh = true;
@@ -412,7 +425,7 @@ mod tests {
         let mut queue = Queue::default();
         let _stays = waiting("a", &mut queue);
         let leaves = waiting("b", &mut queue);
-        let quiet = tokio::time::timeout(FULL_WAIT, abandoned(&mut queue)).await;
+        let quiet = tokio::time::timeout(Duration::from_secs(10), abandoned(&mut queue)).await;
         assert!(quiet.is_err(), "woken with every caller still waiting");
 
         let abandon = async {

@@ -1,0 +1,549 @@
+//! Every blocking query of a client, multiplexed onto a few prefix watches.
+//!
+//! A held lease must notice at once when its key changes, and a waiting one when the key frees
+//! up. One blocking query per lease would need one connection per lease (HTTP/1.1 carries one
+//! request at a time), and Consul allows each client IP 200. Instead, a client watches **groups**:
+//! prefixes that together cover every key and prefix some lease, waiter, observer or
+//! semaphore coordinator is interested in. Each group is one recursive blocking query
+//! (`GET /v1/kv/<group>?recurse&index=`); when it answers, the group compares the listing with
+//! the previous one and wakes only the watchers whose keys changed.
+//!
+//! There are at most [`Budget::max_watches`](super::http::Budget::max_watches) groups (all the
+//! connections but two), and no group's prefix is a prefix of another's, so every key is covered
+//! by at most one group. A watcher whose key no group covers gets a new group (its key's
+//! directory) while there is room; otherwise the group sharing the longest prefix with it is
+//! widened to that common prefix, absorbing any groups the wider prefix covers. A group nobody
+//! watches any more stops.
+//!
+//! The cost of this multiplexing is that an answer carries every key under its group: a loss
+//! among 10,000 keys under one directory is read as a listing of 10,000 entries (tens of
+//! milliseconds in Consul 1.8). Consul 1.8 has no cheaper way to learn which of many keys changed.
+//!
+//! Answers are read in Consul's default consistency mode. A watcher never acts on a listing
+//! older than what it already knows: each listing carries its index, and a watcher that wrote
+//! at index `i` waits for a listing of index `i` or later.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use super::http::{ApiError, Blocking, ConsulHttp, KvEntry};
+use super::retry::backoff;
+
+/// How long one blocking query waits before Consul answers unchanged.
+///
+/// An answer that does not come within this (plus Consul's jitter and a request timeout) ends
+/// the read as failed, so a silent network is noticed by observers within about 45 s; idle, the
+/// watches of a client send a few requests a minute whatever the number of leases.
+pub(crate) const WATCH_WAIT: Duration = Duration::from_secs(30);
+
+/// What a watcher is interested in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Interest {
+    /// One key.
+    Key(String),
+    /// Every key under a prefix (a semaphore's `<prefix>/`).
+    Prefix(String),
+}
+
+impl Interest {
+    fn path(&self) -> &str {
+        match self {
+            Interest::Key(path) | Interest::Prefix(path) => path,
+        }
+    }
+}
+
+/// A sorted listing of everything under a group's prefix, as of `index`.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    pub(crate) index: u64,
+    entries: Vec<KvEntry>,
+}
+
+impl Listing {
+    fn new(mut entries: Vec<KvEntry>, index: u64) -> Listing {
+        // Consul answers in key order already; sorting sorted input is linear.
+        entries.sort_by(|a, b| a.key.cmp(&b.key));
+        Listing { index, entries }
+    }
+
+    /// The entry of `key`, if it exists (and the group covers it).
+    pub(crate) fn get(&self, key: &str) -> Option<&KvEntry> {
+        let at = self
+            .entries
+            .binary_search_by(|e| e.key.as_str().cmp(key))
+            .ok()?;
+        self.entries.get(at)
+    }
+
+    /// Every entry whose key starts with `prefix`.
+    pub(crate) fn under(&self, prefix: &str) -> &[KvEntry] {
+        let start = self.entries.partition_point(|e| e.key.as_str() < prefix);
+        let len = self.entries[start..]
+            .iter()
+            .take_while(|e| e.key.starts_with(prefix))
+            .count();
+        &self.entries[start..start + len]
+    }
+}
+
+/// What a watcher sees.
+#[derive(Clone, Debug)]
+enum View {
+    /// Nothing read yet.
+    Pending,
+    /// The latest listing of the group that covers the interest.
+    Read(Arc<Listing>),
+    /// The group's last read failed (sent only to watchers that asked for failures); the group
+    /// retries with backoff.
+    Trouble(ApiError),
+}
+
+/// The watches of one client.
+#[derive(Debug)]
+pub(crate) struct Watches {
+    max_groups: usize,
+    groups: Mutex<BTreeMap<String, Group>>,
+    next_id: Mutex<u64>,
+}
+
+#[derive(Debug)]
+struct Group {
+    shared: Arc<Shared>,
+    task: AbortHandle,
+}
+
+/// What a group's task and its registry share.
+#[derive(Debug, Default)]
+struct Shared {
+    watchers: Mutex<Watchers>,
+}
+
+#[derive(Debug, Default)]
+struct Watchers {
+    /// Watchers of one key, by key.
+    keys: HashMap<String, Vec<Watcher>>,
+    /// Watchers of a prefix.
+    prefixes: Vec<(String, Watcher)>,
+    /// The group's latest listing.
+    latest: Option<Arc<Listing>>,
+}
+
+#[derive(Debug)]
+struct Watcher {
+    id: u64,
+    troubles: bool,
+    sender: watch::Sender<View>,
+}
+
+impl Watchers {
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.prefixes.is_empty()
+    }
+
+    fn insert(&mut self, interest: Interest, watcher: Watcher) {
+        if let Some(latest) = &self.latest {
+            watcher.sender.send_replace(View::Read(Arc::clone(latest)));
+        }
+        match interest {
+            Interest::Key(key) => self.keys.entry(key).or_default().push(watcher),
+            Interest::Prefix(prefix) => self.prefixes.push((prefix, watcher)),
+        }
+    }
+
+    fn remove(&mut self, interest: &Interest, id: u64) {
+        match interest {
+            Interest::Key(key) => {
+                if let Some(watchers) = self.keys.get_mut(key) {
+                    watchers.retain(|w| w.id != id);
+                    if watchers.is_empty() {
+                        self.keys.remove(key);
+                    }
+                }
+            }
+            Interest::Prefix(_) => self.prefixes.retain(|(_, w)| w.id != id),
+        }
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = (Interest, Watcher)> + '_ {
+        let keys = self
+            .keys
+            .drain()
+            .flat_map(|(key, ws)| ws.into_iter().map(move |w| (Interest::Key(key.clone()), w)));
+        let prefixes = self
+            .prefixes
+            .drain(..)
+            .map(|(prefix, w)| (Interest::Prefix(prefix), w));
+        keys.chain(prefixes)
+    }
+
+    /// Takes in a new listing and wakes the watchers whose keys changed since the last one.
+    fn publish(&mut self, listing: Listing) {
+        let listing = Arc::new(listing);
+        let previous = self.latest.replace(Arc::clone(&listing));
+        let view = || View::Read(Arc::clone(&listing));
+        let Some(previous) = previous else {
+            for (_, watcher) in self.all() {
+                watcher.sender.send_replace(view());
+            }
+            return;
+        };
+        let mut woken_prefixes = vec![false; self.prefixes.len()];
+        for key in changed_keys(&previous.entries, &listing.entries) {
+            if let Some(watchers) = self.keys.get(key) {
+                for watcher in watchers {
+                    watcher.sender.send_replace(view());
+                }
+            }
+            for (woken, (prefix, _)) in woken_prefixes.iter_mut().zip(&self.prefixes) {
+                *woken |= key.starts_with(prefix.as_str());
+            }
+        }
+        for (woken, (_, watcher)) in woken_prefixes.into_iter().zip(&self.prefixes) {
+            if woken {
+                watcher.sender.send_replace(view());
+            }
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = (&str, &Watcher)> {
+        let keys = (self.keys.iter()).flat_map(|(k, ws)| ws.iter().map(move |w| (k.as_str(), w)));
+        let prefixes = self.prefixes.iter().map(|(p, w)| (p.as_str(), w));
+        keys.chain(prefixes)
+    }
+
+    fn trouble(&self, error: &ApiError) {
+        for (_, watcher) in self.all() {
+            if watcher.troubles {
+                watcher.sender.send_replace(View::Trouble(error.clone()));
+            }
+        }
+    }
+}
+
+/// The keys that differ between two sorted listings (added, removed or modified).
+fn changed_keys<'a>(old: &'a [KvEntry], new: &'a [KvEntry]) -> Vec<&'a str> {
+    let (mut i, mut j) = (0, 0);
+    let mut changed = Vec::new();
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a.key == b.key => {
+                if a.modify_index != b.modify_index || a != b {
+                    changed.push(b.key.as_str());
+                }
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a.key < b.key => {
+                changed.push(a.key.as_str());
+                i += 1;
+            }
+            (Some(_), Some(b)) => {
+                changed.push(b.key.as_str());
+                j += 1;
+            }
+            (Some(a), None) => {
+                changed.push(a.key.as_str());
+                i += 1;
+            }
+            (None, Some(b)) => {
+                changed.push(b.key.as_str());
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    changed
+}
+
+/// A watch of one interest; stops watching when dropped.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    view: watch::Receiver<View>,
+    /// Whether the current view was returned already.
+    seen: bool,
+    _registration: Registration,
+}
+
+#[derive(Debug)]
+struct Registration {
+    watches: Weak<ConsulHttp>,
+    interest: Interest,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(http) = self.watches.upgrade() {
+            http.watches().remove(&self.interest, self.id);
+        }
+    }
+}
+
+impl Watched {
+    /// The next listing of index `min_index` or later in which this interest differs from the
+    /// last one returned (the first call returns the current listing, once read). A failed read
+    /// is returned only to a watch started with `troubles`.
+    pub(crate) async fn next(&mut self, min_index: u64) -> Result<Arc<Listing>, ApiError> {
+        loop {
+            // The sender lives in the registry while we are registered: it never goes away.
+            if self.seen && self.view.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            self.seen = true;
+            let view = self.view.borrow_and_update().clone();
+            match view {
+                View::Read(listing) if listing.index >= min_index => return Ok(listing),
+                View::Trouble(error) => return Err(error),
+                View::Read(_) | View::Pending => {}
+            }
+        }
+    }
+}
+
+impl Watches {
+    pub(crate) fn new(max_groups: usize) -> Self {
+        Watches {
+            max_groups: max_groups.max(1),
+            groups: Mutex::default(),
+            next_id: Mutex::new(0),
+        }
+    }
+
+    /// How many prefix watches are running, for measuring.
+    pub(crate) fn groups(&self) -> usize {
+        self.groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Starts watching `interest`; with `troubles`, failed reads are reported too.
+    pub(crate) fn watch(http: &Arc<ConsulHttp>, interest: Interest, troubles: bool) -> Watched {
+        let watches = http.watches();
+        let id = {
+            let mut next = watches
+                .next_id
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *next += 1;
+            *next
+        };
+        let (sender, view) = watch::channel(View::Pending);
+        let watcher = Watcher {
+            id,
+            troubles,
+            sender,
+        };
+        let mut groups = watches
+            .groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let prefix = watches.group_for(http, &mut groups, interest.path());
+        if let Some(group) = groups.get(&prefix) {
+            lock(&group.shared).insert(interest.clone(), watcher);
+        }
+        drop(groups);
+        Watched {
+            view,
+            seen: false,
+            _registration: Registration {
+                watches: Arc::downgrade(http),
+                interest,
+                id,
+            },
+        }
+    }
+
+    /// The prefix of the group that covers `path`, started (or widened) if none does.
+    fn group_for(
+        &self,
+        http: &Arc<ConsulHttp>,
+        groups: &mut BTreeMap<String, Group>,
+        path: &str,
+    ) -> String {
+        if let Some(prefix) = covering(groups, path) {
+            return prefix;
+        }
+        // A key's directory; a key at the root is its own group, not the whole store.
+        let own = match directory(path) {
+            "" => path.to_owned(),
+            dir => dir.to_owned(),
+        };
+        let wanted = if groups.len() < self.max_groups {
+            own
+        } else {
+            let closest = groups
+                .keys()
+                .max_by_key(|g| common_prefix(g, &own).len())
+                .cloned()
+                .unwrap_or_default();
+            common_prefix(&closest, &own).to_owned()
+        };
+        // Absorb the groups the new prefix covers: their watchers move over, and are sent the
+        // new group's first listing.
+        let absorbed: Vec<String> = groups
+            .keys()
+            .filter(|g| g.starts_with(wanted.as_str()))
+            .cloned()
+            .collect();
+        let shared = Arc::new(Shared::default());
+        {
+            let mut moved = lock(&shared);
+            for prefix in absorbed {
+                if let Some(old) = groups.remove(&prefix) {
+                    old.task.abort();
+                    for (interest, watcher) in lock(&old.shared).drain() {
+                        moved.insert(interest, watcher);
+                    }
+                }
+            }
+        }
+        tracing::debug!(prefix = %wanted, groups = groups.len() + 1, "watching a Consul prefix");
+        let task = tokio::spawn(run(Arc::clone(http), wanted.clone(), Arc::clone(&shared)));
+        groups.insert(
+            wanted.clone(),
+            Group {
+                shared,
+                task: task.abort_handle(),
+            },
+        );
+        wanted
+    }
+
+    fn remove(&self, interest: &Interest, id: u64) {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(prefix) = covering(&groups, interest.path()) else {
+            return;
+        };
+        let empty = groups.get(&prefix).is_some_and(|group| {
+            let mut watchers = lock(&group.shared);
+            watchers.remove(interest, id);
+            watchers.is_empty()
+        });
+        if empty {
+            if let Some(group) = groups.remove(&prefix) {
+                group.task.abort();
+            }
+        }
+    }
+}
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Watchers> {
+    shared
+        .watchers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The group whose prefix covers `path` (there is at most one).
+fn covering(groups: &BTreeMap<String, Group>, path: &str) -> Option<String> {
+    // A covering prefix sorts at or before `path`; the nearest one before it that is a prefix
+    // is the only candidate, since no group's prefix is a prefix of another's.
+    groups
+        .range::<str, _>((std::ops::Bound::Unbounded, std::ops::Bound::Included(path)))
+        .next_back()
+        .filter(|(prefix, _)| path.starts_with(prefix.as_str()))
+        .map(|(prefix, _)| prefix.clone())
+}
+
+/// `a/b/` for `a/b/c`, `a/b/` for the prefix `a/b/`, and `` for `c`.
+fn directory(path: &str) -> &str {
+    path.rfind('/').map_or("", |at| &path[..=at])
+}
+
+fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
+    let len = a
+        .char_indices()
+        .zip(b.chars())
+        .take_while(|((_, x), y)| x == y)
+        .last()
+        .map_or(0, |((at, x), _)| at + x.len_utf8());
+    &a[..len]
+}
+
+/// A group's blocking query loop: read, publish, repeat; failures are retried with backoff
+/// (the outage gate of the client bounds how often).
+async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
+    let mut index = 0;
+    let mut backoff = backoff();
+    loop {
+        let blocking = (index > 0).then_some(Blocking {
+            index,
+            wait: WATCH_WAIT,
+        });
+        match http.kv_watch(&prefix, blocking).await {
+            Ok((entries, new_index)) => {
+                backoff.reset();
+                // Consul's rule for blocking queries: an index that went backwards means start
+                // over; an index of 0 is never blocked on.
+                index = if new_index < index {
+                    0
+                } else {
+                    new_index.max(1)
+                };
+                lock(&shared).publish(Listing::new(entries, new_index));
+            }
+            Err(error) => {
+                tracing::debug!(%prefix, %error, "watching a Consul prefix failed; retrying");
+                lock(&shared).trouble(&error);
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, modify_index: u64) -> KvEntry {
+        KvEntry {
+            key: key.into(),
+            flags: 0,
+            value: None,
+            session: None,
+            lock_index: 0,
+            modify_index,
+        }
+    }
+
+    #[test]
+    fn only_changed_keys_are_reported() {
+        let old = [entry("a", 1), entry("b", 2), entry("c", 3)];
+        let new = [entry("a", 1), entry("b", 5), entry("d", 6)];
+        assert_eq!(changed_keys(&old, &new), ["b", "c", "d"]);
+        assert!(changed_keys(&new, &new).is_empty());
+    }
+
+    #[test]
+    fn listings_find_keys_and_prefixes() {
+        let listing = Listing::new(
+            vec![
+                entry("s/b", 1),
+                entry("s/a/x", 1),
+                entry("s/a/.lock", 1),
+                entry("s/ab", 1),
+            ],
+            7,
+        );
+        assert_eq!(listing.get("s/b").map(|e| e.key.as_str()), Some("s/b"));
+        assert!(listing.get("s/c").is_none());
+        let under: Vec<_> = listing.under("s/a/").iter().map(|e| &e.key).collect();
+        assert_eq!(under, ["s/a/.lock", "s/a/x"]);
+    }
+
+    #[test]
+    fn prefixes_are_cut_at_directories_and_common_parts() {
+        assert_eq!(directory("a/b/c"), "a/b/");
+        assert_eq!(directory("a/b/"), "a/b/");
+        assert_eq!(directory("c"), "");
+        assert_eq!(common_prefix("jobs/a/", "jobs/b/"), "jobs/");
+        assert_eq!(common_prefix("é/x", "é/y"), "é/");
+        assert_eq!(common_prefix("x", "y"), "");
+    }
+}
