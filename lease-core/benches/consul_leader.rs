@@ -17,10 +17,9 @@ use std::time::Duration;
 
 use lease_core::consul::Consul;
 use lease_core::{Backend, LeaseSpec};
-use lease_tests::consul::Agent;
+use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
 use lease_tests::overlap::now_ns;
 use lease_tests::stats::percentile;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LOSS_TRIALS: usize = 50;
 const CONTENDERS: usize = 16;
@@ -59,53 +58,6 @@ async fn ours_loss_to_cancel(agent: &Agent, consul: &Consul) -> Vec<f64> {
         runner.await.unwrap();
         let t1 = dropped.lock().unwrap().expect("work dropped");
         samples.push((t1.saturating_sub(t0)) as f64 / 1e6);
-    }
-    samples
-}
-
-/// A child for `consul lock` that reports when it is signalled (and when it started).
-const SIGNAL_CHILD: &str = r#"python3 -u -c 'import signal,sys,time
-def h(*_):
-    print("signal", time.time_ns(), flush=True); sys.exit(0)
-signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)
-print("ready", flush=True)
-while True: time.sleep(1)'"#;
-
-async fn consul_lock_loss_to_signal(agent: &Agent) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for trial in 0..LOSS_TRIALS {
-        let prefix = format!("bench/loss/cl-{trial}");
-        let mut child = agent
-            .command()
-            .args(["lock", &prefix, SIGNAL_CHILD])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line == "ready" {
-                break;
-            }
-        }
-        let entry = agent.key(&format!("{prefix}/.lock")).await;
-        let session = entry["Session"]
-            .as_str()
-            .expect("consul lock holds the key")
-            .to_owned();
-        let t0 = now_ns();
-        agent.destroy_session(&session).await;
-        let mut signalled = None;
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(ts) = line.strip_prefix("signal ") {
-                signalled = ts.trim().parse::<u128>().ok();
-                break;
-            }
-        }
-        let _ = child.kill().await;
-        if let Some(t1) = signalled {
-            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
-        }
     }
     samples
 }
@@ -206,7 +158,7 @@ async fn main() {
     let consul = Consul::builder().address(agent.url()).build().unwrap();
 
     let ours_loss = ours_loss_to_cancel(&agent, &consul).await;
-    let cl_loss = consul_lock_loss_to_signal(&agent).await;
+    let cl_loss = consul_lock_loss_to_signal(&agent, LOSS_TRIALS).await;
     let ours_gap = ours_handoff(&consul).await;
     let cl_gap = consul_lock_handoff(&agent).await;
 

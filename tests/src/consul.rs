@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use lease_core::consul::Consul;
 use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::overlap::now_ns;
 
 /// The consul binary the tests use, found once per process.
 pub fn consul_bin() -> PathBuf {
@@ -58,6 +61,8 @@ fn free_port() -> u16 {
 pub struct AgentOptions {
     /// Enable ACLs with default deny and this management token.
     pub acl_master_token: Option<String>,
+    /// More agent configuration, in HCL (e.g. `limits { http_max_conns_per_client = 20 }`).
+    pub extra_hcl: Option<String>,
 }
 
 /// A running dev agent.
@@ -101,6 +106,10 @@ impl Agent {
             hcl.push_str(&format!(
                 " acl {{ enabled = true default_policy = \"deny\" tokens {{ master = \"{token}\" agent = \"{token}\" }} }}"
             ));
+        }
+        if let Some(extra) = &options.extra_hcl {
+            hcl.push(' ');
+            hcl.push_str(extra);
         }
         let logs = workspace_root().join("target/consul-logs");
         std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
@@ -317,4 +326,54 @@ impl Agent {
             .expect("token has a SecretID")
             .to_owned()
     }
+}
+
+/// A child for `consul lock` that reports when it is signalled (and when it started).
+const SIGNAL_CHILD: &str = r#"python3 -u -c 'import signal,sys,time
+def h(*_):
+    print("signal", time.time_ns(), flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)
+print("ready", flush=True)
+while True: time.sleep(1)'"#;
+
+/// Loss → signal of `consul lock` (the reference the benchmarks compare with): `trials` times, a
+/// `consul lock` holds a prefix with a child that reports when it is signalled, an operator
+/// destroys its session, and the time from the destroy to the child's signal is one sample (ms).
+pub async fn consul_lock_loss_to_signal(agent: &Agent, trials: usize) -> Vec<f64> {
+    let mut samples = Vec::new();
+    for trial in 0..trials {
+        let prefix = format!("bench/loss/cl-{trial}");
+        let mut child = agent
+            .command()
+            .args(["lock", &prefix, SIGNAL_CHILD])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == "ready" {
+                break;
+            }
+        }
+        let entry = agent.key(&format!("{prefix}/.lock")).await;
+        let session = entry["Session"]
+            .as_str()
+            .expect("consul lock holds the key")
+            .to_owned();
+        let t0 = now_ns();
+        agent.destroy_session(&session).await;
+        let mut signalled = None;
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(ts) = line.strip_prefix("signal ") {
+                signalled = ts.trim().parse::<u128>().ok();
+                break;
+            }
+        }
+        let _ = child.kill().await;
+        if let Some(t1) = signalled {
+            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
+        }
+    }
+    samples
 }

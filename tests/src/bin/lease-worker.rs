@@ -19,6 +19,9 @@
 //!   in a local (dropped as `main` ends).
 //! - `wait-then-exit`: acquire (waiting forever); on SIGTERM return from `main` at once, dropping
 //!   the acquire future.
+//! - `hold-many`: acquire `--count N` leases at once (`KEY/0` … `KEY/N-1`, each a semaphore of
+//!   `--limit` if given), print `held N` on stdout; on SIGTERM print `still held M` (how many are
+//!   still held), shut the backend down and exit.
 //!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
@@ -36,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
-[--mode loop|campaign-select|drop-at-exit|wait-then-exit]";
+[--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many] [--count N]";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -44,6 +47,7 @@ enum Mode {
     CampaignSelect,
     DropAtExit,
     WaitThenExit,
+    HoldMany,
 }
 
 #[derive(Debug)]
@@ -58,6 +62,7 @@ struct Args {
     write_every: Duration,
     hold: Option<Duration>,
     mode: Mode,
+    count: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -66,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
     let (mut ttl, mut lock_delay, mut hold) = (None, None, None);
     let mut write_every = Duration::from_millis(5);
     let mut mode = Mode::Loop;
+    let mut count = 1;
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         let number = |v: String| {
@@ -91,9 +97,11 @@ fn parse_args() -> Result<Args, String> {
                     "campaign-select" => Mode::CampaignSelect,
                     "drop-at-exit" => Mode::DropAtExit,
                     "wait-then-exit" => Mode::WaitThenExit,
+                    "hold-many" => Mode::HoldMany,
                     other => return Err(format!("unknown mode {other:?}")),
                 }
             }
+            "--count" => count = number(value()?)?,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -112,6 +120,7 @@ fn parse_args() -> Result<Args, String> {
         write_every,
         hold,
         mode,
+        count,
     })
 }
 
@@ -259,7 +268,35 @@ async fn main() {
         Mode::CampaignSelect => campaign_select(&args, backend, history, &mut sigterm).await,
         Mode::DropAtExit => drop_at_exit(&args, backend, history, &mut sigterm).await,
         Mode::WaitThenExit => wait_then_exit(&args, backend, history, &mut sigterm).await,
+        Mode::HoldMany => hold_many(&args, backend, &mut sigterm).await,
     }
+}
+
+async fn hold_many(args: &Args, backend: Arc<dyn Backend>, sigterm: &mut Signal) {
+    let mut acquiring = tokio::task::JoinSet::new();
+    for i in 0..args.count {
+        let (backend, mut spec) = (Arc::clone(&backend), spec(args));
+        spec = match args.limit {
+            Some(n) => LeaseSpec::semaphore(format!("{}/{i}", args.key), n),
+            None => LeaseSpec::leader(format!("{}/{i}", args.key)),
+        }
+        .wait(Wait::Forever)
+        .ttl(spec.session_ttl());
+        acquiring.spawn(async move { backend.acquire(&spec).await });
+    }
+    let mut leases = Vec::new();
+    while let Some(acquired) = acquiring.join_next().await {
+        match acquired {
+            Ok(Ok(lease)) => leases.push(lease),
+            Ok(Err(e)) => eprintln!("acquire failed: {e}"),
+            Err(e) => eprintln!("acquire panicked: {e}"),
+        }
+    }
+    println!("held {}", leases.len());
+    sigterm.recv().await;
+    let held = leases.iter().filter(|l| l.is_held()).count();
+    println!("still held {held}");
+    backend.shutdown().await;
 }
 
 async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigterm: &mut Signal) {

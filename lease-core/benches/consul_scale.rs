@@ -1,0 +1,187 @@
+//! Consul at scale: N leases held by one process on a bounded connection budget.
+//!
+//! `cargo bench -p lease-core --features consul --bench consul_scale` (`SCALE_NS=100,1000` to
+//! choose the sizes; default 100, 1,000 and 10,000).
+//!
+//! For each N, on a fresh dev agent, one client holds N/2 leader keys (`scale/leader/<i>`) and
+//! N/2 semaphore slots over up to 100 prefixes, and this prints:
+//! - the time to acquire them all (all requested at once);
+//! - the peak of connections open to the agent, counted by a proxy in between;
+//! - requests per second while idle (over [`IDLE`]), counted by the proxy;
+//! - resident memory per lease (growth of this process's RSS over the N leases);
+//! - loss → cancel p99 of single leader sessions destroyed among the N by an operator.
+//!
+//! The same figures follow for per-session keep-alive (`KeepAlive::SessionTtl`: every session
+//! renews its own TTL, as `consul lock` and this crate before 0.2 did), and the loss → signal
+//! p99 of `consul lock` on the same kind of agent. The per-lease watch design of before 0.2 is
+//! not run: it needed one connection per lease and lost every lease past about 100.
+
+#![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::consul::{Consul, KeepAlive};
+use lease_core::{Backend, Lease, LeaseSpec, Wait};
+use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
+use lease_tests::proxy::Proxy;
+use lease_tests::stats::percentile;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(15);
+const IDLE: Duration = Duration::from_secs(20);
+const LOSS_TRIALS: usize = 30;
+/// Acquisitions in flight at once (the client queues the rest itself; this bounds the
+/// benchmark's own tasks).
+const IN_FLIGHT: usize = 1024;
+
+struct Figures {
+    held: usize,
+    acquire_s: f64,
+    peak_conns: usize,
+    idle_rps: f64,
+    rss_kb_per_lease: f64,
+    loss_p99_ms: f64,
+}
+
+fn specs(n: usize) -> Vec<LeaseSpec> {
+    let leaders = n / 2;
+    let slots = n - leaders;
+    let prefixes = slots.clamp(1, 100);
+    let limit = slots.div_ceil(prefixes);
+    let leader = (0..leaders).map(|i| LeaseSpec::leader(format!("scale/leader/{i}")));
+    let slot = (0..slots).map(|i| {
+        LeaseSpec::semaphore(
+            format!("scale/sem/{}", i % prefixes),
+            u32::try_from(limit).unwrap(),
+        )
+    });
+    leader
+        .chain(slot)
+        .map(|s| s.ttl(TTL).lock_delay(Duration::ZERO).wait(Wait::Never))
+        .collect()
+}
+
+fn rss_kb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
+    let agent = Agent::start().await;
+    let proxy = Proxy::start(agent.addr()).await.unwrap();
+    let consul = Consul::builder()
+        .address(proxy.url())
+        .keep_alive(keep_alive)
+        .build()
+        .unwrap();
+    let rss_before = rss_kb();
+    let started = Instant::now();
+    let room = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut acquiring = JoinSet::new();
+    for spec in specs(n) {
+        let (consul, room) = (consul.clone(), Arc::clone(&room));
+        acquiring.spawn(async move {
+            let _room = room.acquire_owned().await.unwrap();
+            consul.acquire(&spec).await
+        });
+    }
+    let mut leases: Vec<Lease> = Vec::new();
+    let mut failed = 0;
+    while let Some(acquired) = acquiring.join_next().await {
+        match acquired.unwrap() {
+            Ok(lease) => leases.push(lease),
+            Err(_) => failed += 1,
+        }
+    }
+    let acquire_s = started.elapsed().as_secs_f64();
+    if failed > 0 {
+        eprintln!("  {failed} of {n} acquisitions failed");
+    }
+    let rss_kb_per_lease = (rss_kb() - rss_before) / n as f64;
+
+    let from = proxy.requests();
+    tokio::time::sleep(IDLE).await;
+    let idle_rps = (proxy.requests() - from) as f64 / IDLE.as_secs_f64();
+    let held = leases.iter().filter(|l| l.is_held()).count();
+    let peak_conns = proxy.peak_connections();
+
+    // Loss → cancel of single leader sessions among the N.
+    let leaders: Vec<usize> = (leases.iter().enumerate())
+        .filter(|(_, l)| l.sequencer().key().starts_with("scale/leader/"))
+        .map(|(i, _)| i)
+        .collect();
+    let trials = LOSS_TRIALS.min(leaders.len());
+    let victims: Vec<usize> = (0..trials)
+        .map(|t| leaders[t * leaders.len() / trials])
+        .collect();
+    let mut leases: Vec<Option<Lease>> = leases.into_iter().map(Some).collect();
+    let mut samples = Vec::new();
+    for at in victims {
+        let Some(victim) = leases[at].take() else {
+            continue;
+        };
+        let session = victim.sequencer().holder().to_owned();
+        let lost = victim.lost();
+        let noticed = tokio::spawn(async move {
+            lost.await;
+            Instant::now()
+        });
+        let t0 = Instant::now();
+        agent.destroy_session(&session).await;
+        let at = noticed.await.unwrap();
+        samples.push(at.duration_since(t0).as_secs_f64() * 1e3);
+        drop(victim);
+    }
+    consul.shutdown().await;
+    Figures {
+        held,
+        acquire_s,
+        peak_conns,
+        idle_rps,
+        rss_kb_per_lease,
+        loss_p99_ms: percentile(&samples, 99.0),
+    }
+}
+
+fn print(label: &str, n: usize, f: &Figures) {
+    println!(
+        "{label:<18} N={n:>6}  held {:>6}  acquire-all {:>7.2} s  peak conns {:>4}  idle {:>8.2} req/s  \
+         RSS {:>6.1} KB/lease  loss→cancel p99 {:>7.2} ms",
+        f.held, f.acquire_s, f.peak_conns, f.idle_rps, f.rss_kb_per_lease, f.loss_p99_ms
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let sizes: Vec<usize> = std::env::var("SCALE_NS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![100, 1_000, 10_000]);
+    println!("consul_scale: one process, default budget of 8 connections, TTL {TTL:?}");
+    let mut last = None;
+    for &n in &sizes {
+        let ours = run(n, KeepAlive::AgentCheck).await;
+        print("ours (heartbeat)", n, &ours);
+        let renewing = run(n, KeepAlive::SessionTtl).await;
+        print("per-session TTL", n, &renewing);
+        last = Some((n, ours));
+    }
+    let agent = Agent::start().await;
+    let cl = consul_lock_loss_to_signal(&agent, LOSS_TRIALS).await;
+    let cl_p99 = percentile(&cl, 99.0);
+    println!(
+        "consul lock        loss→signal p99 {cl_p99:.2} ms ({} trials)",
+        cl.len()
+    );
+    if let Some((n, ours)) = last {
+        println!(
+            "RESULT held_{n}={} max_conns_{n}={} idle_rps_{n}={:.2} rss_kb_per_lease={:.1} \
+             loss_p99_ms_at_{n}={:.2} consul_lock_loss_p99_ms={cl_p99:.2}",
+            ours.held, ours.peak_conns, ours.idle_rps, ours.rss_kb_per_lease, ours.loss_p99_ms
+        );
+    }
+}
