@@ -1,8 +1,28 @@
 //! The Consul backend: leases on Consul sessions and KV.
 //!
 //! [`Consul`] is a cheap, cloneable handle (an HTTP client and its configuration). Each acquired
-//! lease has its own session, renewed every TTL/2 by the lease's holder task, and is watched with
-//! consistent blocking queries, so loss is noticed as soon as Consul knows it.
+//! lease has its own session, and is watched with blocking queries, so loss is noticed as soon as
+//! Consul knows it.
+//!
+//! # Many leases per process
+//!
+//! A client uses at most [`ConsulBuilder::max_connections`] connections (default 8) however many
+//! leases it holds, so ten processes on one host stay under the agent's default limit of 200 per
+//! client IP (`limits.http_max_conns_per_client`):
+//!
+//! - **Watches are shared.** Every blocking query goes through at most `max_connections − 2`
+//!   recursive prefix watches covering every key some lease, waiter or observer cares about; an
+//!   answer wakes only the watchers whose keys changed. The price: an answer carries every key
+//!   under its prefix, so a loss among many keys in one directory is read as one large listing
+//!   (see the README's measured figures).
+//! - **One heartbeat keeps every session alive.** Sessions are tied to one agent TTL check per
+//!   process (a service `lease`), passed every TTL/2: idle traffic does not grow with the number
+//!   of leases, and each lease keeps its own session, so destroying one session loses one lease.
+//!   A process that dies loses its leases one TTL after its last pass. See [`KeepAlive`] for the
+//!   per-session alternative (and the ACL it needs).
+//! - **No retry storms.** After a refused, dropped or unreachable request the client sends one
+//!   request at a time, paced by a jittered backoff from 100 ms to 2 s: at most 20 requests per
+//!   second during an outage. Leases are still given up at their fence deadline, never later.
 //!
 //! Await [`Backend::shutdown`] before the process exits to give every lease back at once; a
 //! process that exits without it (its runtime dropping the holder tasks) still releases its keys
