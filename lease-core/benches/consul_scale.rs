@@ -94,7 +94,12 @@ async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
     while let Some(acquired) = acquiring.join_next().await {
         match acquired.unwrap() {
             Ok(lease) => leases.push(lease),
-            Err(_) => failed += 1,
+            Err(error) => {
+                if failed == 0 {
+                    eprintln!("  first failure: {error}");
+                }
+                failed += 1;
+            }
         }
     }
     let acquire_s = started.elapsed().as_secs_f64();

@@ -82,8 +82,10 @@ async fn three_hundred_leases_outlive_two_ttls_on_eight_connections() {
     assert!(lost.is_err(), "a lease was lost while held: {lost:?}");
     assert!(leases.iter().all(Lease::is_held));
 
+    // At most BUDGET requests are ever in flight. hyper may still finish connecting a
+    // connection it no longer needs (another became idle first) and park it: one more, at most.
     let peak = proxy.peak_connections();
-    assert!(peak <= BUDGET, "{peak} connections open at once");
+    assert!(peak <= BUDGET + 1, "{peak} connections open at once");
     // One heartbeat per TTL/2 and a few watch renewals, not one renewal per lease per TTL/2
     // (which would be 300 × 21 s / 5 s = 1,260 requests).
     let idle_requests = proxy.requests() - idle_from;

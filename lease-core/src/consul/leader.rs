@@ -28,6 +28,8 @@ pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
 /// First pause after an acquire refused by lock-delay; doubles up to [`LOCK_DELAY_MAX_PAUSE`].
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);
 const LOCK_DELAY_MAX_PAUSE: Duration = Duration::from_secs(1);
+/// The least time a read of the key gets, whatever the acquire's deadline.
+const READ_GRACE: Duration = Duration::from_secs(5);
 
 /// Acquires the leader lock `spec` names (validated by the caller); `backend` answers the
 /// lease's checks.
@@ -229,13 +231,16 @@ async fn contend(
     }
 }
 
-/// Reads `key`, retrying transient failures until `deadline` (if any).
+/// Reads `key`, retrying transient failures until `deadline` (if any). The deadline is how long
+/// to wait for *another holder*; a read queued behind many of this client's own requests (its
+/// connection budget) still gets [`READ_GRACE`] to answer.
 async fn read_retrying(
     http: &ConsulHttp,
     key: &str,
     deadline: Option<Instant>,
 ) -> Result<(Option<KvEntry>, u64), Error> {
-    retry_transient(deadline, || http.kv_get(key))
+    let give_up = deadline.map(|d| d.max(Instant::now() + READ_GRACE));
+    retry_transient(give_up, || http.kv_get(key))
         .await
         .map_err(|e| e.into_error(http, format_args!("read {key:?}")))
 }

@@ -13,7 +13,9 @@
 //! by at most one group. A watcher whose key no group covers gets a new group (its key's
 //! directory) while there is room; otherwise the group sharing the longest prefix with it is
 //! widened to that common prefix, absorbing any groups the wider prefix covers. A group nobody
-//! watches any more stops.
+//! watches any more stops after its current read (so a watcher that comes back meanwhile finds
+//! it still running), and so does an absorbed one: a read is never abandoned mid-flight, since
+//! its connection would stay open, outside the budget, until Consul answered.
 //!
 //! The cost of this multiplexing is that an answer carries every key under its group: a loss
 //! among 10,000 keys under one directory is read as a listing of 10,000 entries (tens of
@@ -27,8 +29,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 use super::http::{ApiError, Blocking, ConsulHttp, KvEntry};
 use super::retry::backoff;
@@ -114,13 +117,14 @@ pub(crate) struct Watches {
 #[derive(Debug)]
 struct Group {
     shared: Arc<Shared>,
-    task: AbortHandle,
 }
 
 /// What a group's task and its registry share.
 #[derive(Debug, Default)]
 struct Shared {
     watchers: Mutex<Watchers>,
+    /// Absorbed by a wider group: the task ends after its current read.
+    retired: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -396,7 +400,7 @@ impl Watches {
             let mut moved = lock(&shared);
             for prefix in absorbed {
                 if let Some(old) = groups.remove(&prefix) {
-                    old.task.abort();
+                    old.shared.retired.store(true, Ordering::Release);
                     for (interest, watcher) in lock(&old.shared).drain() {
                         moved.insert(interest, watcher);
                     }
@@ -404,32 +408,36 @@ impl Watches {
             }
         }
         tracing::debug!(prefix = %wanted, groups = groups.len() + 1, "watching a Consul prefix");
-        let task = tokio::spawn(run(Arc::clone(http), wanted.clone(), Arc::clone(&shared)));
-        groups.insert(
-            wanted.clone(),
-            Group {
-                shared,
-                task: task.abort_handle(),
-            },
-        );
+        tokio::spawn(run(Arc::clone(http), wanted.clone(), Arc::clone(&shared)));
+        groups.insert(wanted.clone(), Group { shared });
         wanted
     }
 
     fn remove(&self, interest: &Interest, id: u64) {
-        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(prefix) = covering(&groups, interest.path()) else {
-            return;
-        };
-        let empty = groups.get(&prefix).is_some_and(|group| {
-            let mut watchers = lock(&group.shared);
-            watchers.remove(interest, id);
-            watchers.is_empty()
-        });
-        if empty {
-            if let Some(group) = groups.remove(&prefix) {
-                group.task.abort();
-            }
+        let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(group) = covering(&groups, interest.path()).and_then(|p| groups.get(&p)) {
+            lock(&group.shared).remove(interest, id);
         }
+    }
+
+    /// Whether the group task of `prefix` (sharing `shared`) should end: it was absorbed, or
+    /// nobody watches it any more (then it leaves the registry).
+    fn ends(&self, prefix: &str, shared: &Arc<Shared>) -> bool {
+        if shared.retired.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let ours = groups
+            .get(prefix)
+            .is_some_and(|g| Arc::ptr_eq(&g.shared, shared));
+        if !ours {
+            return true;
+        }
+        if lock(shared).is_empty() {
+            groups.remove(prefix);
+            return true;
+        }
+        false
     }
 }
 
@@ -471,7 +479,7 @@ fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
 async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
     let mut index = 0;
     let mut backoff = backoff();
-    loop {
+    while !http.watches().ends(&prefix, &shared) {
         let blocking = (index > 0).then_some(Blocking {
             index,
             wait: WATCH_WAIT,
