@@ -42,6 +42,7 @@ mod client;
 mod config;
 mod hold;
 mod naming;
+mod pool;
 mod wire;
 
 use std::collections::HashMap;
@@ -52,12 +53,15 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 pub use admin::Admin;
-pub use config::{AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT};
+pub use config::{
+    AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
+};
 
 use crate::backend::Keepers;
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
 use naming::SemaphoreNames;
+use pool::{ConnectionPool, PooledConnection, Reservation};
 use wire::Failure;
 
 /// How a holder learns that an administrator removed its slot `A[L]`.
@@ -99,9 +103,9 @@ pub struct Amqp {
 
 struct Inner {
     config: AmqpConfig,
-    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    connections: ConnectionPool,
     /// Slots held (`Some(holder)`, the holder part of the lease's sequencer) or being taken
-    /// (`None`) by leases on our connection.
+    /// (`None`) by leases on any of our connections.
     claims: Mutex<HashMap<(String, u32), Option<String>>>,
     /// The holder tasks of this handle's leases.
     keepers: Keepers,
@@ -150,7 +154,7 @@ impl Amqp {
         Amqp {
             inner: Arc::new(Inner {
                 config,
-                connection: tokio::sync::Mutex::new(None),
+                connections: ConnectionPool::new(),
                 claims: Mutex::new(HashMap::new()),
                 keepers: Keepers::new(),
                 admin_lock: tokio::sync::Mutex::new(()),
@@ -162,34 +166,25 @@ impl Amqp {
         &self.inner.config
     }
 
-    /// The shared connection, opened (again) if there is none or it closed.
-    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, Error> {
-        let mut slot = self.inner.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            if connection.status().connected() {
-                return Ok(Arc::clone(connection));
-            }
-        }
-        let connection = Arc::new(self.connect().await?);
-        *slot = Some(Arc::clone(&connection));
-        Ok(connection)
+    /// A channel of one of our connections, spoken for until the reservation is dropped; see
+    /// [`ConnectionPool::reserve`].
+    pub(crate) async fn reserve_channel(&self) -> Result<Reservation, Error> {
+        self.inner.connections.reserve(self).await
     }
 
-    /// Stops handing out `connection` (it self-fenced) and closes it, so its exclusive queues go.
-    pub(crate) async fn discard_connection(&self, connection: &Arc<Connection>) {
-        {
-            let mut slot = self.inner.connection.lock().await;
-            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
-                *slot = None;
-            }
-        }
+    /// Stops reserving channels on `pooled` (a lease on it self-fenced) and closes it, so its
+    /// exclusive queues go. Only the leases on that connection are lost.
+    pub(crate) async fn discard_connection(&self, pooled: &Arc<PooledConnection>) {
+        self.inner.connections.remove(pooled).await;
+        let connection = pooled.connection();
         if connection.status().connected() {
             let close = connection.close(320, lapin::types::ShortString::from("lease self-fenced"));
             let _ = tokio::time::timeout(self.inner.config.operation_timeout, close).await;
         }
     }
 
-    async fn connect(&self) -> Result<Connection, Error> {
+    /// Opens a new connection to the broker (the pool decides when).
+    pub(crate) async fn connect(&self) -> Result<Connection, Error> {
         let config = &self.inner.config;
         let mut properties = ConnectionProperties::default();
         if let Some(name) = &config.connection_name {

@@ -80,8 +80,23 @@ impl Failure {
 
 /// Classifies a lapin error from an operation on `queue`.
 pub(crate) fn classify(error: lapin::Error, queue: &str) -> Failure {
-    let ErrorKind::ProtocolError(amqp) = error.kind() else {
-        return Failure::Closed(error);
+    let amqp = match error.kind() {
+        ErrorKind::ProtocolError(amqp) => amqp,
+        // lapin refuses the channel itself, before the broker sees it; the connection is fine.
+        // Reservations (see `pool`) keep this from happening to acquires; it is left for the few
+        // uncounted channels, should they ever outnumber the headroom.
+        ErrorKind::ChannelsLimitReached => {
+            return Failure::Other(Error::Backend {
+                backend: BACKEND,
+                operation: "open a channel".to_owned(),
+                message: format!(
+                    "{error} (the negotiated channel_max); the connection and its leases are \
+                     unaffected"
+                ),
+                transient: true,
+            });
+        }
+        _ => return Failure::Closed(error),
     };
     let message = amqp.get_message().to_string();
     match amqp.kind() {
