@@ -12,13 +12,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use lapin::Channel;
-use tokio::sync::MutexGuard;
 
-use super::Amqp;
 use super::client::delete_exclusive;
 use super::naming::SemaphoreNames;
 use super::pool::Reservation;
 use super::wire::{self, Failure};
+use super::{AdminLock, Amqp};
 use crate::Error;
 use crate::backoff::Backoff;
 
@@ -197,7 +196,7 @@ pub(crate) async fn create_if_missing(
 /// Takes the administration mutex of `names`: this process's lock, then the broker's exclusive
 /// queue, retried with backoff while another administrator holds it.
 async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'a>, Error> {
-    let local = amqp.admin_lock().lock().await;
+    let local = amqp.admin_lock(names.name()).await;
     let timeout = amqp.config().operation_timeout;
     let reservation = amqp.reserve_channel().await?;
     let mutex = names.admin_queue();
@@ -215,7 +214,7 @@ async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'
                     channel,
                     reservation,
                     unlocked: false,
-                    _local: local,
+                    local: Some(local),
                 });
             }
             Err(Failure::ResourceLocked) if started.elapsed() < timeout => {
@@ -242,7 +241,9 @@ struct Session<'a> {
     channel: Channel,
     reservation: Reservation,
     unlocked: bool,
-    _local: MutexGuard<'a, ()>,
+    /// Kept until the broker's mutex is deleted, so no administration of ours can take that
+    /// mutex while a cancelled one's delete is still on its way.
+    local: Option<AdminLock>,
 }
 
 impl Session<'_> {
@@ -335,13 +336,15 @@ impl Drop for Session<'_> {
             return;
         };
         if !self.unlocked {
-            let (amqp, pooled, mutex) = (
+            let (amqp, pooled, mutex, local) = (
                 self.amqp.clone(),
                 std::sync::Arc::clone(self.reservation.pooled()),
                 self.names.admin_queue(),
+                self.local.take(),
             );
             runtime.spawn(async move {
                 let _ = delete_exclusive(&amqp, pooled.connection(), None, &mutex).await;
+                drop(local);
             });
         }
     }

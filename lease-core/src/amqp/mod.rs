@@ -109,9 +109,11 @@ struct Inner {
     claims: Mutex<HashMap<(String, u32), Option<String>>>,
     /// The holder tasks of this handle's leases.
     keepers: Keepers,
-    /// Serialises this process's administration: the broker's mutex is an exclusive queue, which
-    /// every channel of our own connection could declare at once.
-    admin_lock: tokio::sync::Mutex<()>,
+    /// Per semaphore, serialises this process's administration of it: the broker's mutex is an
+    /// exclusive queue, which every channel of one of our connections could declare at once.
+    /// Different semaphores are administered in parallel (a process taking thousands of new
+    /// leader keys creates them concurrently).
+    admin_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl fmt::Debug for Amqp {
@@ -157,7 +159,7 @@ impl Amqp {
                 connections: ConnectionPool::new(),
                 claims: Mutex::new(HashMap::new()),
                 keepers: Keepers::new(),
-                admin_lock: tokio::sync::Mutex::new(()),
+                admin_locks: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -251,12 +253,57 @@ impl Amqp {
         &self.inner.keepers
     }
 
-    pub(crate) fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
-        &self.inner.admin_lock
+    /// Waits for this process's administration lock of semaphore `name`.
+    pub(crate) async fn admin_lock(&self, name: &str) -> AdminLock {
+        let mutex = Arc::clone(self.admin_locks().entry(name.to_owned()).or_default());
+        AdminLock {
+            amqp: self.clone(),
+            name: name.to_owned(),
+            guard: Some(mutex.lock_owned().await),
+        }
+    }
+
+    /// The administration locks. Each update is one map operation, so a poisoned lock is used
+    /// as it is.
+    fn admin_locks(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        self.inner
+            .admin_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn unreachable(&self, operation: &str, failure: Failure) -> Error {
         failure.into_error(operation, &self.redacted_url())
+    }
+}
+
+/// This process's administration lock of one semaphore, held; released on drop, and forgotten
+/// once nobody holds or waits for it.
+pub(crate) struct AdminLock {
+    amqp: Amqp,
+    name: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl fmt::Debug for AdminLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AdminLock").field(&self.name).finish()
+    }
+}
+
+impl Drop for AdminLock {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self.amqp.admin_locks();
+        // Waiters clone the mutex under the map's lock, so one count means nobody else has it.
+        if locks
+            .get(&self.name)
+            .is_some_and(|mutex| Arc::strong_count(mutex) == 1)
+        {
+            locks.remove(&self.name);
+        }
     }
 }
 
