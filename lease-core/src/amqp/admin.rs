@@ -15,7 +15,7 @@ use lapin::Channel;
 
 use super::client::delete_exclusive;
 use super::naming::SemaphoreNames;
-use super::pool::Reservation;
+use super::pool::{Reservation, Use};
 use super::wire::{self, Failure};
 use super::{AdminLock, Amqp};
 use crate::Error;
@@ -198,7 +198,7 @@ pub(crate) async fn create_if_missing(
 async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'a>, Error> {
     let local = amqp.admin_lock(names.name()).await;
     let timeout = amqp.config().operation_timeout;
-    let reservation = amqp.reserve_channel().await?;
+    let reservation = amqp.reserve_channel(Use::Brief).await?;
     let mutex = names.admin_queue();
     let started = Instant::now();
     let mut backoff = admin_backoff();

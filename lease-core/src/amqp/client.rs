@@ -18,7 +18,7 @@ use lapin::{Channel, Connection, Consumer};
 
 use super::hold::into_lease;
 use super::naming::SemaphoreNames;
-use super::pool::PooledConnection;
+use super::pool::{PooledConnection, Use};
 use super::wire::{self, Failure};
 use super::{Amqp, Claim, LossDetection, admin};
 use crate::backoff::{Backoff, jitter};
@@ -80,7 +80,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
     let config = amqp.config();
     let timeout = config.operation_timeout;
     // The channel every scan of this acquire runs on, and the lease's channel if it wins a slot.
-    let reservation = amqp.reserve_channel().await?;
+    let reservation = amqp.reserve_channel(Use::Lease).await?;
     let pooled = Arc::clone(reservation.pooled());
     let connection = pooled.connection();
     let mut channel = open(amqp, connection).await?;
@@ -312,7 +312,7 @@ pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Resul
         u32::try_from(sequencer.index()).map_err(|_| Error::Lost(LostReason::SlotRemoved))?;
     let local = amqp.local_holder(names.name(), slot);
     let timeout = amqp.config().operation_timeout;
-    let reservation = amqp.reserve_channel().await?;
+    let reservation = amqp.reserve_channel(Use::Brief).await?;
     let channel = open(amqp, reservation.connection()).await?;
     let probed: Result<Option<bool>, Failure> = async {
         if !wire::probe(&channel, &names.slot_queue(slot), timeout).await? {

@@ -61,7 +61,7 @@ use crate::backend::Keepers;
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
 use naming::SemaphoreNames;
-use pool::{ConnectionPool, PooledConnection, Reservation};
+use pool::{ConnectionPool, PooledConnection, Reservation, Use};
 use wire::Failure;
 
 /// How a holder learns that an administrator removed its slot `A[L]`.
@@ -168,10 +168,10 @@ impl Amqp {
         &self.inner.config
     }
 
-    /// A channel of one of our connections, spoken for until the reservation is dropped; see
-    /// [`ConnectionPool::reserve`].
-    pub(crate) async fn reserve_channel(&self) -> Result<Reservation, Error> {
-        self.inner.connections.reserve(self).await
+    /// A channel of one of our connections for `use_`, spoken for until the reservation is
+    /// dropped; see [`ConnectionPool::reserve`].
+    pub(crate) async fn reserve_channel(&self, use_: Use) -> Result<Reservation, Error> {
+        self.inner.connections.reserve(self, use_).await
     }
 
     /// Stops reserving channels on `pooled` (a lease on it self-fenced) and closes it, so its

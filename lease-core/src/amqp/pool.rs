@@ -3,16 +3,21 @@
 //! A held lease keeps one channel open (its `A[L]` consumer and its probes run on it), and a
 //! connection carries at most the `channel_max` negotiated with the broker: the lower of the
 //! broker's (RabbitMQ's default is 2047, `channel_max` in rabbitmq.conf) and the URL's
-//! `?channel_max=`. lapin refuses to open a channel beyond it (`ChannelsLimitReached`, the
-//! connection unharmed), so that refusal never costs a held lease, but an acquire that met it
-//! would fail. So every lease, acquire, administration and sequencer check first reserves its
-//! channel here: on the first connection with room, or on a new connection, up to
-//! `max_connections`. Beyond that, [`ConnectionPool::reserve`] fails with
-//! [`Error::ChannelsExhausted`], which names both settings to change.
+//! `?channel_max=`. lapin refuses to open a channel beyond it (`ChannelsLimitReached`) without
+//! harming the connection, so that refusal never costs a held lease; but an acquire that met it
+//! would fail. So every channel is reserved here before it is opened, on the first connection
+//! with room, or on a new connection, up to `max_connections`:
 //!
-//! [`HEADROOM`] channels of every connection are never reserved: they are for the short-lived
-//! channels that must be on a given connection and are not counted (deleting a holder queue when
-//! the lease's own channel failed, or after a cancelled acquire), and for channels lapin has not
+//! - a [`Use::Lease`] channel (an acquire's, kept by the lease it wins) may take a connection up
+//!   to `channel_max - HEADROOM`. When every connection allowed is that full, the reservation
+//!   fails at once with [`Error::ChannelsExhausted`], which names both settings to change;
+//! - a [`Use::Brief`] channel (an administration, a sequencer check: closed when done) may also
+//!   take half the headroom, so a full connection can still check and administer its leases;
+//!   when even that is taken it waits, up to the operation timeout, for one to be given back.
+//!
+//! The last `HEADROOM / 2` channels of every connection are never reserved: they are for the
+//! uncounted channels that must be on a given connection (deleting a holder queue when the
+//! lease's own channel failed, or after a cancelled acquire) and for channels lapin has not
 //! forgotten yet because their close is still in flight.
 
 use std::fmt;
@@ -20,58 +25,103 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use lapin::Connection;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::Amqp;
 use crate::Error;
 
-/// Channels of every connection kept out of reservations; see the module docs.
+/// Channels of every connection that leases never take; see the module docs.
 pub(crate) const HEADROOM: u32 = 8;
+
+/// What a reserved channel is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Use {
+    /// An acquire's channel, kept open by the lease it wins for as long as it is held.
+    Lease,
+    /// A channel closed when one operation is done.
+    Brief,
+}
 
 /// The connections of one [`Amqp`], in the order they were opened.
 pub(crate) struct ConnectionPool {
     /// Locked across a connect, so concurrent reservations that find every connection full open
     /// one new connection between them, not one each.
     connections: tokio::sync::Mutex<Vec<Arc<PooledConnection>>>,
+    /// Told whenever a reservation is given back, for brief reservations waiting for room.
+    given_back: Arc<Notify>,
 }
 
 impl ConnectionPool {
     pub(crate) fn new() -> Self {
         ConnectionPool {
             connections: tokio::sync::Mutex::new(Vec::new()),
+            given_back: Arc::new(Notify::new()),
         }
     }
 
-    /// Reserves a channel on the first open connection with room, opening a connection when none
-    /// has any and fewer than `max_connections` are open.
+    /// Reserves a channel for `use_`; see the module docs.
     ///
-    /// Never waits for room: a full pool is [`Error::ChannelsExhausted`] at once, so an acquire
-    /// that already holds a reservation cannot wait on one it would have to give back itself.
-    pub(crate) async fn reserve(&self, amqp: &Amqp) -> Result<Reservation, Error> {
+    /// A lease reservation never waits: an acquire already holding one cannot wait for room it
+    /// would have to give back itself.
+    pub(crate) async fn reserve(&self, amqp: &Amqp, use_: Use) -> Result<Reservation, Error> {
+        let deadline = Instant::now() + amqp.config().operation_timeout;
+        loop {
+            // Registered before looking, so a give-back between the look and the wait is seen.
+            let given_back = self.given_back.notified();
+            let full = match self.try_reserve(amqp, use_).await? {
+                Ok(reservation) => return Ok(reservation),
+                Err(full) => full,
+            };
+            if use_ == Use::Lease || tokio::time::timeout_at(deadline, given_back).await.is_err() {
+                return Err(full);
+            }
+        }
+    }
+
+    /// A reservation on the first connection with room, or on a new one; `Ok(Err(_))` if every
+    /// connection allowed is full.
+    async fn try_reserve(
+        &self,
+        amqp: &Amqp,
+        use_: Use,
+    ) -> Result<Result<Reservation, Error>, Error> {
         let mut connections = self.connections.lock().await;
         // A closed connection's leases are already lost (their holders saw it close); it only
         // has to stop taking new ones.
         connections.retain(|pooled| pooled.connection.status().connected());
-        if let Some(reservation) = connections.iter().find_map(PooledConnection::try_reserve) {
-            return Ok(reservation);
+        if let Some(reservation) = connections
+            .iter()
+            .find_map(|pooled| pooled.try_reserve(use_))
+        {
+            return Ok(Ok(reservation));
         }
         let max_connections = amqp.config().max_connections;
         if connections.len() >= max_connections as usize {
-            let channel_max = connections.first().map_or(0, |pooled| pooled.channel_max());
-            return Err(Error::ChannelsExhausted {
+            let channel_max = connections.first().map_or(0, |p| p.channel_max());
+            return Ok(Err(Error::ChannelsExhausted {
                 connections: max_connections,
                 leases_per_connection: channel_max.saturating_sub(HEADROOM),
                 channel_max,
-            });
+            }));
         }
-        let pooled = Arc::new(PooledConnection::new(amqp.connect().await?));
-        let Some(reservation) = pooled.try_reserve() else {
-            return Err(Error::Config(format!(
-                "the negotiated channel_max of {} is {}, which leaves no channel for a lease after \
-                 the {HEADROOM} this client keeps for acquiring and releasing; raise channel_max in \
-                 rabbitmq.conf or the URL's ?channel_max= above {HEADROOM}",
-                amqp.redacted_url(),
-                pooled.channel_max()
-            )));
+        let connection = amqp.connect().await?;
+        let pooled = Arc::new(PooledConnection::new(
+            connection,
+            Arc::clone(&self.given_back),
+        ));
+        let reservation = match pooled.try_reserve(use_) {
+            Some(reservation) if pooled.channel_max() > HEADROOM => reservation,
+            _ => {
+                return Err(Error::Config(format!(
+                    "the channel_max negotiated with {} is {}, which leaves no channel for a \
+                     lease after the {HEADROOM} this client keeps for acquiring and releasing; \
+                     raise channel_max in rabbitmq.conf, or the URL's ?channel_max=, above \
+                     {HEADROOM}",
+                    amqp.redacted_url(),
+                    pooled.channel_max()
+                )));
+            }
         };
         tracing::debug!(
             connections = connections.len() + 1,
@@ -79,7 +129,7 @@ impl ConnectionPool {
             "opened another connection to RabbitMQ"
         );
         connections.push(pooled);
-        Ok(reservation)
+        Ok(Ok(reservation))
     }
 
     /// Stops reserving channels on `pooled` (its leases are being given up).
@@ -92,27 +142,29 @@ impl ConnectionPool {
 /// One connection of the pool.
 pub(crate) struct PooledConnection {
     connection: Connection,
-    /// How many channels reservations may take: the negotiated `channel_max` less [`HEADROOM`].
-    capacity: u32,
+    /// The negotiated `channel_max`.
+    channel_max: u32,
     reserved: AtomicU32,
+    given_back: Arc<Notify>,
 }
 
 impl fmt::Debug for PooledConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PooledConnection")
-            .field("capacity", &self.capacity)
+            .field("channel_max", &self.channel_max)
             .field("reserved", &self.reserved.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
 
 impl PooledConnection {
-    fn new(connection: Connection) -> Self {
-        let capacity = u32::from(connection.configuration().channel_max()).saturating_sub(HEADROOM);
+    fn new(connection: Connection, given_back: Arc<Notify>) -> Self {
+        let channel_max = u32::from(connection.configuration().channel_max());
         PooledConnection {
             connection,
-            capacity,
+            channel_max,
             reserved: AtomicU32::new(0),
+            given_back,
         }
     }
 
@@ -122,13 +174,18 @@ impl PooledConnection {
 
     /// The `channel_max` negotiated for this connection.
     fn channel_max(&self) -> u32 {
-        u32::from(self.connection.configuration().channel_max())
+        self.channel_max
     }
 
-    fn try_reserve(self: &Arc<Self>) -> Option<Reservation> {
+    fn try_reserve(self: &Arc<Self>, use_: Use) -> Option<Reservation> {
+        let kept_back = match use_ {
+            Use::Lease => HEADROOM,
+            Use::Brief => HEADROOM / 2,
+        };
+        let limit = self.channel_max.saturating_sub(kept_back);
         self.reserved
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |reserved| {
-                (reserved < self.capacity).then_some(reserved + 1)
+                (reserved < limit).then_some(reserved + 1)
             })
             .ok()
             .map(|_| Reservation {
@@ -162,5 +219,6 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.pooled.reserved.fetch_sub(1, Ordering::AcqRel);
+        self.pooled.given_back.notify_waiters();
     }
 }
