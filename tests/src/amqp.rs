@@ -100,6 +100,18 @@ pub fn connection_pid(connection_name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The broker-side process ids of every open connection named `connection_name` (a backend's
+/// pooled connections share its name).
+pub fn connection_pids(connection_name: &str) -> Vec<String> {
+    let needle = format!("{{\"connection_name\",\"{connection_name}\"}}");
+    rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
+        .lines()
+        .filter(|line| line.contains(&needle))
+        .filter_map(|line| line.split('\t').next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Closes the connection named `connection_name` from the broker side, as an operator would
 /// (`rabbitmqctl close_connection`). Panics if no such connection is open.
 pub fn close_connection(connection_name: &str) {

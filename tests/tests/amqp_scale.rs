@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lease_core::amqp::Amqp;
-use lease_core::{Backend, Error, Lease, LeaseSpec, Wait};
+use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::amqp::{self as broker, require_broker, unique};
-use lease_tests::{init_tracing, within};
+use lease_tests::{init_tracing, release_lost, within};
+
+const T: Duration = Duration::from_secs(30);
 
 /// How many broker operations the tests keep in flight at once.
 const CONCURRENCY: usize = 32;
@@ -236,5 +238,83 @@ async fn leases_beyond_a_full_connection_go_on_another_and_a_full_pool_refuses_t
 
     release_all(leases).await;
     assert_eq!(channels().await, vec![0, 0]);
+    destroy_all(vec![name.clone()], format!("{name}-")).await;
+}
+
+#[tokio::test]
+async fn a_closed_pooled_connection_loses_only_the_leases_on_it() {
+    init_tracing();
+    require_broker().await;
+    const PER_CONNECTION: usize = 12;
+    let connection_name = unique("pool-close-conn");
+    let amqp = Amqp::builder(broker::url_with_channel_max(20))
+        .connection_name(&connection_name)
+        .max_connections(2)
+        .build()
+        .unwrap();
+    let name = unique("pool-close");
+    let spec = LeaseSpec::semaphore(&name, 30).wait(Wait::Never);
+    let mut leases = Vec::new();
+    for _ in 0..2 * PER_CONNECTION {
+        leases.push(amqp.acquire(&spec).await.unwrap());
+    }
+    let pids = listing({
+        let name = connection_name.clone();
+        move || broker::connection_pids(&name)
+    })
+    .await;
+    assert_eq!(pids.len(), 2, "{pids:?}");
+
+    let mut losses = tokio::task::JoinSet::new();
+    for (index, lease) in leases.iter().enumerate() {
+        let lost = lease.lost();
+        losses.spawn(async move { (index, lost.await) });
+    }
+    let closed = pids[0].clone();
+    listing(move || broker::close_connection_pid(&closed)).await;
+    let mut lost = HashSet::new();
+    while lost.len() < PER_CONNECTION {
+        let (index, reason) = within(
+            T,
+            "the leases on the closed connection to be lost",
+            losses.join_next(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(reason, LostReason::ConnectionClosed);
+        lost.insert(index);
+    }
+    losses.abort_all();
+
+    // The leases on the other connection are untouched, here and on the broker.
+    for (index, lease) in leases.iter().enumerate() {
+        if !lost.contains(&index) {
+            assert!(
+                lease.is_held(),
+                "lease {index} was lost with another connection"
+            );
+            lease.check().await.unwrap();
+        }
+    }
+    // The closed connection is replaced for new leases.
+    for _ in 0..PER_CONNECTION {
+        leases.push(amqp.acquire(&spec).await.unwrap());
+    }
+    let mut channels = listing({
+        let name = connection_name.clone();
+        move || broker::connection_channels(&name)
+    })
+    .await;
+    channels.sort_unstable();
+    assert_eq!(channels, vec![PER_CONNECTION as u64, PER_CONNECTION as u64]);
+
+    for (index, lease) in leases.into_iter().enumerate() {
+        if lost.contains(&index) {
+            release_lost(lease).await;
+        } else {
+            lease.release().await.unwrap();
+        }
+    }
     destroy_all(vec![name.clone()], format!("{name}-")).await;
 }
