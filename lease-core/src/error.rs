@@ -179,6 +179,26 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// Every connection an AMQP backend may open carries as many leases as its channels allow: a
+    /// held lease keeps one channel open, and a connection has at most the `channel_max`
+    /// negotiated with the broker. Nothing held was touched; the acquire was refused before it
+    /// opened a channel. Room comes back as leases are released.
+    #[error(
+        "all {connections} RabbitMQ connection(s) of this backend are full: each carries at most \
+         {leases_per_connection} leases (its negotiated channel_max of {channel_max}, less the \
+         channels kept for acquiring and releasing); release leases, allow more connections \
+         (AmqpBuilder::max_connections), or raise channel_max in rabbitmq.conf (and in the URL's \
+         ?channel_max= if it sets one)"
+    )]
+    ChannelsExhausted {
+        /// How many connections the backend may open (`AmqpBuilder::max_connections`).
+        connections: u32,
+        /// How many leases one connection carries.
+        leases_per_connection: u32,
+        /// The `channel_max` negotiated with the broker: the lower of the broker's and the URL's.
+        channel_max: u32,
+    },
+
     /// The client configuration (environment or builder) is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -223,8 +243,8 @@ impl Error {
     }
 
     /// Whether retrying the same operation later can help: the lease is held elsewhere or was
-    /// lost, the backend is unreachable or briefly in trouble (a 5xx, a 429, a timeout), or a
-    /// race was lost. False for everything a retry cannot fix: an invalid key or spec, a limit
+    /// lost, the backend is unreachable or briefly in trouble (a 5xx, a 429, a timeout), a
+    /// race was lost, or the AMQP connections are full (releases make room). False for everything a retry cannot fix: an invalid key or spec, a limit
     /// mismatch, a key used by another kind of lock, a permission denial, a configuration error,
     /// an answer the client cannot read.
     ///
@@ -235,6 +255,7 @@ impl Error {
             | Error::Lost(_)
             | Error::Unreachable { .. }
             | Error::Contended { .. }
+            | Error::ChannelsExhausted { .. }
             | Error::ObserverClosed { .. }
             | Error::ReleaseTimedOut { .. } => true,
             Error::Backend { transient, .. } => *transient,

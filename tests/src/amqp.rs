@@ -100,6 +100,18 @@ pub fn connection_pid(connection_name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The broker-side process ids of every open connection named `connection_name` (a backend's
+/// pooled connections share its name).
+pub fn connection_pids(connection_name: &str) -> Vec<String> {
+    let needle = format!("{{\"connection_name\",\"{connection_name}\"}}");
+    rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
+        .lines()
+        .filter(|line| line.contains(&needle))
+        .filter_map(|line| line.split('\t').next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Closes the connection named `connection_name` from the broker side, as an operator would
 /// (`rabbitmqctl close_connection`). Panics if no such connection is open.
 pub fn close_connection(connection_name: &str) {
@@ -127,4 +139,32 @@ pub fn queues(prefix: &str) -> Vec<(String, u64)> {
                 .then(|| (name.to_owned(), messages))
         })
         .collect()
+}
+
+/// The open channels of each broker connection named `connection_name`
+/// (`rabbitmqctl list_connections channels client_properties`), one entry per connection.
+pub fn connection_channels(connection_name: &str) -> Vec<u64> {
+    let needle = format!("{{\"connection_name\",\"{connection_name}\"}}");
+    rabbitmqctl(&["-q", "list_connections", "channels", "client_properties"])
+        .lines()
+        .filter(|line| line.contains(&needle))
+        .filter_map(|line| line.split('\t').next()?.trim().parse().ok())
+        .collect()
+}
+
+/// How many consumers the broker has on queues whose names start with `prefix`
+/// (`rabbitmqctl list_consumers queue_name`).
+pub fn consumers(prefix: &str) -> usize {
+    rabbitmqctl(&["-q", "list_consumers", "queue_name"])
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .count()
+}
+
+/// The URL of the test broker with `?channel_max=` (the client's offer; the lower of it and the
+/// broker's is negotiated) set to `channel_max`.
+pub fn url_with_channel_max(channel_max: u16) -> String {
+    let url = url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}channel_max={channel_max}")
 }

@@ -12,12 +12,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use lapin::Channel;
-use tokio::sync::MutexGuard;
 
-use super::Amqp;
 use super::client::delete_exclusive;
 use super::naming::SemaphoreNames;
+use super::pool::{Reservation, Use};
 use super::wire::{self, Failure};
+use super::{AdminLock, Amqp};
 use crate::Error;
 use crate::backoff::Backoff;
 
@@ -196,14 +196,14 @@ pub(crate) async fn create_if_missing(
 /// Takes the administration mutex of `names`: this process's lock, then the broker's exclusive
 /// queue, retried with backoff while another administrator holds it.
 async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'a>, Error> {
-    let local = amqp.admin_lock().lock().await;
+    let local = amqp.admin_lock(names.name()).await;
     let timeout = amqp.config().operation_timeout;
-    let connection = amqp.connection().await?;
+    let reservation = amqp.reserve_channel(Use::Brief).await?;
     let mutex = names.admin_queue();
     let started = Instant::now();
     let mut backoff = admin_backoff();
     loop {
-        let channel = wire::open_channel(&connection, timeout)
+        let channel = wire::open_channel(reservation.connection(), timeout)
             .await
             .map_err(|f| amqp.unreachable("open a channel", f))?;
         match wire::declare_exclusive(&channel, &mutex, timeout).await {
@@ -212,9 +212,9 @@ async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'
                     amqp,
                     names,
                     channel,
-                    connection,
+                    reservation,
                     unlocked: false,
-                    _local: local,
+                    local: Some(local),
                 });
             }
             Err(Failure::ResourceLocked) if started.elapsed() < timeout => {
@@ -239,9 +239,11 @@ struct Session<'a> {
     amqp: &'a Amqp,
     names: &'a SemaphoreNames,
     channel: Channel,
-    connection: std::sync::Arc<lapin::Connection>,
+    reservation: Reservation,
     unlocked: bool,
-    _local: MutexGuard<'a, ()>,
+    /// Kept until the broker's mutex is deleted, so no administration of ours can take that
+    /// mutex while a cancelled one's delete is still on its way.
+    local: Option<AdminLock>,
 }
 
 impl Session<'_> {
@@ -312,8 +314,13 @@ impl Session<'_> {
     async fn unlock<T>(mut self, result: Result<T, Error>) -> Result<T, Error> {
         self.unlocked = true;
         let mutex = self.names.admin_queue();
-        let released =
-            delete_exclusive(self.amqp, &self.connection, Some(&self.channel), &mutex).await;
+        let released = delete_exclusive(
+            self.amqp,
+            self.reservation.connection(),
+            Some(&self.channel),
+            &mutex,
+        )
+        .await;
         wire::close_channel(&self.channel, self.timeout()).await;
         let value = result?;
         released?;
@@ -329,13 +336,15 @@ impl Drop for Session<'_> {
             return;
         };
         if !self.unlocked {
-            let (amqp, connection, mutex) = (
+            let (amqp, pooled, mutex, local) = (
                 self.amqp.clone(),
-                std::sync::Arc::clone(&self.connection),
+                std::sync::Arc::clone(self.reservation.pooled()),
                 self.names.admin_queue(),
+                self.local.take(),
             );
             runtime.spawn(async move {
-                let _ = delete_exclusive(&amqp, &connection, None, &mutex).await;
+                let _ = delete_exclusive(&amqp, pooled.connection(), None, &mutex).await;
+                drop(local);
             });
         }
     }

@@ -17,8 +17,8 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, Consumer};
 
 use super::hold::into_lease;
-
 use super::naming::SemaphoreNames;
+use super::pool::{PooledConnection, Use};
 use super::wire::{self, Failure};
 use super::{Amqp, Claim, LossDetection, admin};
 use crate::backoff::{Backoff, jitter};
@@ -79,8 +79,11 @@ enum Scan {
 async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<Scan, Error> {
     let config = amqp.config();
     let timeout = config.operation_timeout;
-    let connection = amqp.connection().await?;
-    let mut channel = open(amqp, &connection).await?;
+    // The channel every scan of this acquire runs on, and the lease's channel if it wins a slot.
+    let reservation = amqp.reserve_channel(Use::Lease).await?;
+    let pooled = Arc::clone(reservation.pooled());
+    let connection = pooled.connection();
+    let mut channel = open(amqp, connection).await?;
     let mut races = 0;
     let mut unsettled = false;
     let mut created = false;
@@ -144,7 +147,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
                     // Randomly skewed, so racers that collided do not collide again.
                     tokio::time::sleep(jitter(Duration::from_millis(u64::from(races.min(10)) * 5)))
                         .await;
-                    channel = open(amqp, &connection).await?;
+                    channel = open(amqp, connection).await?;
                     continue 'scan;
                 }
                 Err(failure) => {
@@ -154,7 +157,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
             }
             let holder = HolderQueue {
                 amqp: amqp.clone(),
-                connection: Arc::clone(&connection),
+                pooled: Arc::clone(&pooled),
                 queue: holder_queue,
                 armed: true,
                 claim,
@@ -166,7 +169,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
                         amqp,
                         names,
                         slot,
-                        connection,
+                        reservation,
                         channel,
                         consumer,
                         holder,
@@ -176,7 +179,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
                 Err(Failure::NotFound) => {
                     // A[L] was removed after the scan saw it: the slot is not ours to take.
                     let _ = holder.give_back(None).await;
-                    channel = open(amqp, &connection).await?;
+                    channel = open(amqp, connection).await?;
                     continue 'scan;
                 }
                 Err(failure) => {
@@ -235,7 +238,7 @@ async fn watch_slot(
 /// if dropped first (a cancelled acquire), so no slot is left taken.
 pub(super) struct HolderQueue {
     amqp: Amqp,
-    connection: Arc<Connection>,
+    pooled: Arc<PooledConnection>,
     queue: String,
     armed: bool,
     pub(super) claim: Claim,
@@ -246,7 +249,7 @@ impl HolderQueue {
     /// broker's delete-ok. If the connection is closed, `B[L]` went with it.
     pub(super) async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
         self.armed = false;
-        delete_exclusive(&self.amqp, &self.connection, channel, &self.queue).await
+        delete_exclusive(&self.amqp, self.pooled.connection(), channel, &self.queue).await
     }
 }
 
@@ -258,13 +261,13 @@ impl Drop for HolderQueue {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (amqp, connection, queue) = (
+        let (amqp, pooled, queue) = (
             self.amqp.clone(),
-            Arc::clone(&self.connection),
+            Arc::clone(&self.pooled),
             self.queue.clone(),
         );
         runtime.spawn(async move {
-            if let Err(error) = delete_exclusive(&amqp, &connection, None, &queue).await {
+            if let Err(error) = delete_exclusive(&amqp, pooled.connection(), None, &queue).await {
                 tracing::warn!(%error, queue, "could not delete an abandoned holder queue");
             }
         });
@@ -309,8 +312,8 @@ pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Resul
         u32::try_from(sequencer.index()).map_err(|_| Error::Lost(LostReason::SlotRemoved))?;
     let local = amqp.local_holder(names.name(), slot);
     let timeout = amqp.config().operation_timeout;
-    let connection = amqp.connection().await?;
-    let channel = open(amqp, &connection).await?;
+    let reservation = amqp.reserve_channel(Use::Brief).await?;
+    let channel = open(amqp, reservation.connection()).await?;
     let probed: Result<Option<bool>, Failure> = async {
         if !wire::probe(&channel, &names.slot_queue(slot), timeout).await? {
             return Ok(None);

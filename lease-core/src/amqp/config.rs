@@ -17,6 +17,9 @@ pub const AMQP_URL_ENV: &str = "AMQP_URL";
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// The default AMQP heartbeat. A dead peer is noticed within about two heartbeats.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// How many connections an [`Amqp`] backend opens at most, unless
+/// [`AmqpBuilder::max_connections`] says otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 
 /// The validated configuration of an [`Amqp`] backend.
 #[derive(Clone)]
@@ -29,6 +32,7 @@ pub(crate) struct AmqpConfig {
     pub(crate) loss_detection: LossDetection,
     pub(crate) connection_name: Option<String>,
     pub(crate) overshoot: u32,
+    pub(crate) max_connections: u32,
 }
 
 impl AmqpConfig {
@@ -60,6 +64,7 @@ impl fmt::Debug for AmqpConfig {
             .field("loss_detection", &self.loss_detection)
             .field("connection_name", &self.connection_name)
             .field("overshoot", &self.overshoot)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -88,6 +93,7 @@ pub struct AmqpBuilder {
     loss_detection: LossDetection,
     connection_name: Option<String>,
     overshoot: u32,
+    max_connections: u32,
 }
 
 impl fmt::Debug for AmqpBuilder {
@@ -111,6 +117,7 @@ impl AmqpBuilder {
             loss_detection: LossDetection::default(),
             connection_name: None,
             overshoot: 0,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 
@@ -167,6 +174,20 @@ impl AmqpBuilder {
         self
     }
 
+    /// How many connections to the broker this backend may open. Default
+    /// [`DEFAULT_MAX_CONNECTIONS`] (8).
+    ///
+    /// Each held lease keeps one channel open, and a connection carries at most the
+    /// `channel_max` negotiated with the broker (RabbitMQ's default 2047, set by `channel_max`
+    /// in rabbitmq.conf; the URL's `?channel_max=` can only lower it) less a few channels kept
+    /// for acquiring and releasing: 2,039 leases at the defaults. Leases beyond that go on
+    /// another connection; once `max_connections` connections are full, acquire fails with
+    /// [`Error::ChannelsExhausted`] and the leases already held are untouched.
+    pub fn max_connections(mut self, connections: u32) -> Self {
+        self.max_connections = connections;
+        self
+    }
+
     /// Validates the configuration. Does not connect: the first acquire does.
     pub fn build(self) -> Result<Amqp, Error> {
         let mut uri: AMQPUri = self.url.parse().map_err(|reason: String| {
@@ -195,6 +216,11 @@ impl AmqpBuilder {
                 ));
             }
         }
+        if self.max_connections == 0 {
+            return Err(Error::Config(
+                "AmqpBuilder::max_connections must be at least 1".to_owned(),
+            ));
+        }
         if self.connect_timeout.is_zero() || self.operation_timeout.is_zero() {
             return Err(Error::Config(
                 "AMQP connect and operation timeouts must be above zero".to_owned(),
@@ -209,6 +235,7 @@ impl AmqpBuilder {
             loss_detection: self.loss_detection,
             connection_name: self.connection_name,
             overshoot: self.overshoot,
+            max_connections: self.max_connections,
         }))
     }
 }

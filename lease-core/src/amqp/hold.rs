@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::client::HolderQueue;
 use super::naming::SemaphoreNames;
+use super::pool::Reservation;
 use super::wire::{self, Failure};
 use super::{Amqp, LossDetection};
 use crate::backend::{Fence, Hold};
@@ -23,7 +24,7 @@ pub(super) fn into_lease(
     amqp: &Amqp,
     names: &SemaphoreNames,
     slot: u32,
-    connection: Arc<Connection>,
+    reservation: Reservation,
     channel: Channel,
     consumer: Option<Consumer>,
     holder: HolderQueue,
@@ -44,7 +45,9 @@ pub(super) fn into_lease(
     holder.claim.mark_held(sequencer.holder());
     let config = amqp.config();
     // The broker may have negotiated a shorter heartbeat than we asked for; fence by that one.
-    let negotiated = Duration::from_secs(u64::from(connection.configuration().heartbeat()));
+    let negotiated = Duration::from_secs(u64::from(
+        reservation.connection().configuration().heartbeat(),
+    ));
     let heartbeat = if negotiated.is_zero() {
         config.heartbeat
     } else {
@@ -64,7 +67,7 @@ pub(super) fn into_lease(
         Arc::new(amqp.clone()),
         SlotHold {
             amqp: amqp.clone(),
-            connection,
+            reservation,
             channel,
             consumer,
             slot_queue: names.slot_queue(slot),
@@ -78,7 +81,9 @@ pub(super) fn into_lease(
 /// What the keeper task holds for an acquired slot.
 struct SlotHold {
     amqp: Amqp,
-    connection: Arc<Connection>,
+    /// The lease's channel on its connection, counted against that connection's `channel_max`
+    /// for as long as the lease is held.
+    reservation: Reservation,
     channel: Channel,
     consumer: Option<Consumer>,
     slot_queue: String,
@@ -110,7 +115,7 @@ impl SlotHold {
             };
             let outcome = tokio::select! {
                 biased;
-                reason = consumer_ended(self.consumer.as_mut(), &self.channel, &self.connection) => Err(reason),
+                reason = consumer_ended(self.consumer.as_mut(), &self.channel, self.reservation.connection()) => Err(reason),
                 outcome = ping => outcome,
             };
             match outcome {
@@ -121,7 +126,8 @@ impl SlotHold {
     }
 
     /// Deletes `B[L]` and closes the channel. After a self-fence the connection may be one the
-    /// broker is about to drop (or already has), so it is discarded too.
+    /// broker is about to drop (or already has), so it is discarded too: the other leases on it
+    /// are lost with it, those on the backend's other connections are not.
     async fn give_back(&mut self, self_fenced: bool) -> Result<(), Error> {
         self.consumer = None;
         let Some(holder) = self.holder.take() else {
@@ -130,7 +136,9 @@ impl SlotHold {
         let result = holder.give_back(Some(&self.channel)).await;
         wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
         if self_fenced {
-            self.amqp.discard_connection(&self.connection).await;
+            self.amqp
+                .discard_connection(self.reservation.pooled())
+                .await;
         }
         result
     }

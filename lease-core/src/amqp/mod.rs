@@ -42,6 +42,7 @@ mod client;
 mod config;
 mod hold;
 mod naming;
+mod pool;
 mod wire;
 
 use std::collections::HashMap;
@@ -52,12 +53,15 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 pub use admin::Admin;
-pub use config::{AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT};
+pub use config::{
+    AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
+};
 
 use crate::backend::Keepers;
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
 use naming::SemaphoreNames;
+use pool::{ConnectionPool, PooledConnection, Reservation, Use};
 use wire::Failure;
 
 /// How a holder learns that an administrator removed its slot `A[L]`.
@@ -99,15 +103,17 @@ pub struct Amqp {
 
 struct Inner {
     config: AmqpConfig,
-    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    connections: ConnectionPool,
     /// Slots held (`Some(holder)`, the holder part of the lease's sequencer) or being taken
-    /// (`None`) by leases on our connection.
+    /// (`None`) by leases on any of our connections.
     claims: Mutex<HashMap<(String, u32), Option<String>>>,
     /// The holder tasks of this handle's leases.
     keepers: Keepers,
-    /// Serialises this process's administration: the broker's mutex is an exclusive queue, which
-    /// every channel of our own connection could declare at once.
-    admin_lock: tokio::sync::Mutex<()>,
+    /// Per semaphore, serialises this process's administration of it: the broker's mutex is an
+    /// exclusive queue, which every channel of one of our connections could declare at once.
+    /// Different semaphores are administered in parallel (a process taking thousands of new
+    /// leader keys creates them concurrently).
+    admin_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl fmt::Debug for Amqp {
@@ -150,10 +156,10 @@ impl Amqp {
         Amqp {
             inner: Arc::new(Inner {
                 config,
-                connection: tokio::sync::Mutex::new(None),
+                connections: ConnectionPool::new(),
                 claims: Mutex::new(HashMap::new()),
                 keepers: Keepers::new(),
-                admin_lock: tokio::sync::Mutex::new(()),
+                admin_locks: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -162,34 +168,25 @@ impl Amqp {
         &self.inner.config
     }
 
-    /// The shared connection, opened (again) if there is none or it closed.
-    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, Error> {
-        let mut slot = self.inner.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            if connection.status().connected() {
-                return Ok(Arc::clone(connection));
-            }
-        }
-        let connection = Arc::new(self.connect().await?);
-        *slot = Some(Arc::clone(&connection));
-        Ok(connection)
+    /// A channel of one of our connections for `use_`, spoken for until the reservation is
+    /// dropped; see [`ConnectionPool::reserve`].
+    pub(crate) async fn reserve_channel(&self, use_: Use) -> Result<Reservation, Error> {
+        self.inner.connections.reserve(self, use_).await
     }
 
-    /// Stops handing out `connection` (it self-fenced) and closes it, so its exclusive queues go.
-    pub(crate) async fn discard_connection(&self, connection: &Arc<Connection>) {
-        {
-            let mut slot = self.inner.connection.lock().await;
-            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
-                *slot = None;
-            }
-        }
+    /// Stops reserving channels on `pooled` (a lease on it self-fenced) and closes it, so its
+    /// exclusive queues go. Only the leases on that connection are lost.
+    pub(crate) async fn discard_connection(&self, pooled: &Arc<PooledConnection>) {
+        self.inner.connections.remove(pooled).await;
+        let connection = pooled.connection();
         if connection.status().connected() {
             let close = connection.close(320, lapin::types::ShortString::from("lease self-fenced"));
             let _ = tokio::time::timeout(self.inner.config.operation_timeout, close).await;
         }
     }
 
-    async fn connect(&self) -> Result<Connection, Error> {
+    /// Opens a new connection to the broker (the pool decides when).
+    pub(crate) async fn connect(&self) -> Result<Connection, Error> {
         let config = &self.inner.config;
         let mut properties = ConnectionProperties::default();
         if let Some(name) = &config.connection_name {
@@ -256,12 +253,57 @@ impl Amqp {
         &self.inner.keepers
     }
 
-    pub(crate) fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
-        &self.inner.admin_lock
+    /// Waits for this process's administration lock of semaphore `name`.
+    pub(crate) async fn admin_lock(&self, name: &str) -> AdminLock {
+        let mutex = Arc::clone(self.admin_locks().entry(name.to_owned()).or_default());
+        AdminLock {
+            amqp: self.clone(),
+            name: name.to_owned(),
+            guard: Some(mutex.lock_owned().await),
+        }
+    }
+
+    /// The administration locks. Each update is one map operation, so a poisoned lock is used
+    /// as it is.
+    fn admin_locks(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        self.inner
+            .admin_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn unreachable(&self, operation: &str, failure: Failure) -> Error {
         failure.into_error(operation, &self.redacted_url())
+    }
+}
+
+/// This process's administration lock of one semaphore, held; released on drop, and forgotten
+/// once nobody holds or waits for it.
+pub(crate) struct AdminLock {
+    amqp: Amqp,
+    name: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl fmt::Debug for AdminLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AdminLock").field(&self.name).finish()
+    }
+}
+
+impl Drop for AdminLock {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self.amqp.admin_locks();
+        // Waiters clone the mutex under the map's lock, so one count means nobody else has it.
+        if locks
+            .get(&self.name)
+            .is_some_and(|mutex| Arc::strong_count(mutex) == 1)
+        {
+            locks.remove(&self.name);
+        }
     }
 }
 

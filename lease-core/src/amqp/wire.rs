@@ -8,6 +8,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -16,6 +18,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ErrorKind};
 
 use super::naming::MAX_QUEUE_NAME;
+use crate::backoff::Backoff;
 use crate::{Error, LostReason};
 
 pub(crate) const BACKEND: &str = "RabbitMQ";
@@ -80,8 +83,23 @@ impl Failure {
 
 /// Classifies a lapin error from an operation on `queue`.
 pub(crate) fn classify(error: lapin::Error, queue: &str) -> Failure {
-    let ErrorKind::ProtocolError(amqp) = error.kind() else {
-        return Failure::Closed(error);
+    let amqp = match error.kind() {
+        ErrorKind::ProtocolError(amqp) => amqp,
+        // lapin refuses the channel itself, before the broker sees it; the connection is fine.
+        // Reservations (see `pool`) keep this from happening to acquires; it is left for the few
+        // uncounted channels, should they ever outnumber the headroom.
+        ErrorKind::ChannelsLimitReached => {
+            return Failure::Other(Error::Backend {
+                backend: BACKEND,
+                operation: "open a channel".to_owned(),
+                message: format!(
+                    "{error} (the negotiated channel_max); the connection and its leases are \
+                     unaffected"
+                ),
+                transient: true,
+            });
+        }
+        _ => return Failure::Closed(error),
     };
     let message = amqp.get_message().to_string();
     match amqp.kind() {
@@ -127,11 +145,33 @@ fn queue_arguments() -> FieldTable {
 }
 
 /// Opens a channel in confirm mode (needed by [`probe`]).
+///
+/// lapin forgets a closed channel a moment after its close-ok (in its own background task), so
+/// right after many channels closed it may count more open than the pool's reservations do and
+/// refuse one (`ChannelsLimitReached`). That refusal harms nothing, so it is retried until
+/// `timeout`.
 pub(crate) async fn open_channel(
     connection: &Connection,
     timeout: Duration,
 ) -> Result<Channel, Failure> {
-    let channel = bounded(timeout, "", connection.create_channel()).await?;
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+    let channel = loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, connection.create_channel()).await {
+            Ok(Ok(channel)) => break channel,
+            Ok(Err(error)) if matches!(error.kind(), ErrorKind::ChannelsLimitReached) => {
+                let pause = backoff.next_pause();
+                if Instant::now() + pause >= deadline {
+                    return Err(classify(error, ""));
+                }
+                tracing::debug!(?pause, "lapin still counts closed channels; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Err(error)) => return Err(classify(error, "")),
+            Err(_) => return Err(Failure::TimedOut),
+        }
+    };
     bounded(
         timeout,
         "",
