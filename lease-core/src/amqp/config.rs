@@ -180,7 +180,7 @@ impl AmqpBuilder {
     /// Each held lease keeps one channel open, and a connection carries at most the
     /// `channel_max` negotiated with the broker (RabbitMQ's default 2047, set by `channel_max`
     /// in rabbitmq.conf; the URL's `?channel_max=` can only lower it) less a few channels kept
-    /// for acquiring and releasing: 2,039 leases at the defaults. Leases beyond that go on
+    /// for acquiring and releasing: 2,039 leases per connection at the defaults. Leases beyond that go on
     /// another connection; once `max_connections` connections are full, acquire fails with
     /// [`Error::ChannelsExhausted`] and the leases already held are untouched.
     pub fn max_connections(mut self, connections: u32) -> Self {
@@ -254,6 +254,18 @@ mod tests {
         assert!(text.contains("amqp://user@example.com:5673/prod"), "{text}");
         let builder = AmqpBuilder::new("amqp://user:hunter2@example.com");
         assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn max_connections_defaults_and_validation() {
+        let amqp = AmqpBuilder::new(DEFAULT_AMQP_URL)
+            .build()
+            .expect("valid in this test");
+        assert_eq!(amqp.config().max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert!(matches!(
+            AmqpBuilder::new(DEFAULT_AMQP_URL).max_connections(0).build(),
+            Err(Error::Config(message)) if message.contains("max_connections")
+        ));
     }
 
     #[test]
