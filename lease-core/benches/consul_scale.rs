@@ -3,13 +3,15 @@
 //! `cargo bench -p lease-core --features consul --bench consul_scale` (`SCALE_NS=100,1000` to
 //! choose the sizes; default 100, 1,000 and 10,000).
 //!
-//! For each N, on a fresh dev agent, one client holds N/2 leader keys (`scale/leader/<i>`) and
+//! For each N, on a fresh dev agent, one client holds N/2 leader keys (`<base>/leader/<i>`) and
 //! N/2 semaphore slots over up to 100 prefixes, and this prints:
 //! - the time to acquire them all (all requested at once);
 //! - the peak of connections open to the agent, counted by a proxy in between;
 //! - requests per second while idle (over [`IDLE`]), counted by the proxy;
 //! - resident memory per lease (growth of this process's RSS over the N leases);
-//! - loss → cancel p99 of single leader sessions destroyed among the N by an operator.
+//! - loss → cancel p50 and p99 of single leader sessions destroyed among the N by an operator,
+//!   on a second client that talks to the agent directly (as `consul lock` does), holding the
+//!   same N leases.
 //!
 //! The same figures follow for per-session keep-alive (`KeepAlive::SessionTtl`: every session
 //! renews its own TTL, as `consul lock` and this crate before 0.2 did), and the loss → signal
@@ -43,18 +45,19 @@ struct Figures {
     peak_conns: usize,
     idle_rps: f64,
     rss_kb_per_lease: f64,
+    loss_p50_ms: f64,
     loss_p99_ms: f64,
 }
 
-fn specs(n: usize) -> Vec<LeaseSpec> {
+fn specs(base: &str, n: usize) -> Vec<LeaseSpec> {
     let leaders = n / 2;
     let slots = n - leaders;
     let prefixes = slots.clamp(1, 100);
     let limit = slots.div_ceil(prefixes);
-    let leader = (0..leaders).map(|i| LeaseSpec::leader(format!("scale/leader/{i}")));
+    let leader = (0..leaders).map(|i| LeaseSpec::leader(format!("{base}/leader/{i}")));
     let slot = (0..slots).map(|i| {
         LeaseSpec::semaphore(
-            format!("scale/sem/{}", i % prefixes),
+            format!("{base}/sem/{}", i % prefixes),
             u32::try_from(limit).unwrap(),
         )
     });
@@ -70,19 +73,11 @@ fn rss_kb() -> f64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
-    let agent = Agent::start().await;
-    let proxy = Proxy::start(agent.addr()).await.unwrap();
-    let consul = Consul::builder()
-        .address(proxy.url())
-        .keep_alive(keep_alive)
-        .build()
-        .unwrap();
-    let rss_before = rss_kb();
-    let started = Instant::now();
+/// Acquires `specs(base, n)` on `consul`, all at once (bounded by [`IN_FLIGHT`]).
+async fn acquire_all(consul: &Consul, base: &str, n: usize) -> Vec<Lease> {
     let room = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut acquiring = JoinSet::new();
-    for spec in specs(n) {
+    for spec in specs(base, n) {
         let (consul, room) = (consul.clone(), Arc::clone(&room));
         acquiring.spawn(async move {
             let _room = room.acquire_owned().await.unwrap();
@@ -102,10 +97,28 @@ async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
             }
         }
     }
-    let acquire_s = started.elapsed().as_secs_f64();
     if failed > 0 {
         eprintln!("  {failed} of {n} acquisitions failed");
     }
+    leases
+}
+
+fn client(address: String, keep_alive: KeepAlive) -> Consul {
+    Consul::builder()
+        .address(address)
+        .keep_alive(keep_alive)
+        .build()
+        .unwrap()
+}
+
+async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
+    let agent = Agent::start().await;
+    let proxy = Proxy::start(agent.addr()).await.unwrap();
+    let consul = client(proxy.url(), keep_alive);
+    let rss_before = rss_kb();
+    let started = Instant::now();
+    let leases = acquire_all(&consul, "scale", n).await;
+    let acquire_s = started.elapsed().as_secs_f64();
     let rss_kb_per_lease = (rss_kb() - rss_before) / n as f64;
 
     let from = proxy.requests();
@@ -113,10 +126,21 @@ async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
     let idle_rps = (proxy.requests() - from) as f64 / IDLE.as_secs_f64();
     let held = leases.iter().filter(|l| l.is_held()).count();
     let peak_conns = proxy.peak_connections();
+    // Released before the next phase, so its writes do not wake the next client's watches.
+    let mut releasing = JoinSet::new();
+    for lease in leases {
+        releasing.spawn(lease.release());
+    }
+    while releasing.join_next().await.is_some() {}
+    consul.shutdown().await;
+
+    // The same N again, without the proxy in the way, for loss → cancel.
+    let consul = client(agent.url(), keep_alive);
+    let leases = acquire_all(&consul, "direct", n).await;
 
     // Loss → cancel of single leader sessions among the N.
     let leaders: Vec<usize> = (leases.iter().enumerate())
-        .filter(|(_, l)| l.sequencer().key().starts_with("scale/leader/"))
+        .filter(|(_, l)| l.sequencer().key().starts_with("direct/leader/"))
         .map(|(i, _)| i)
         .collect();
     let trials = LOSS_TRIALS.min(leaders.len());
@@ -148,6 +172,7 @@ async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
         peak_conns,
         idle_rps,
         rss_kb_per_lease,
+        loss_p50_ms: percentile(&samples, 50.0),
         loss_p99_ms: percentile(&samples, 99.0),
     }
 }
@@ -155,8 +180,14 @@ async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
 fn print(label: &str, n: usize, f: &Figures) {
     println!(
         "{label:<18} N={n:>6}  held {:>6}  acquire-all {:>7.2} s  peak conns {:>4}  idle {:>8.2} req/s  \
-         RSS {:>6.1} KB/lease  loss→cancel p99 {:>7.2} ms",
-        f.held, f.acquire_s, f.peak_conns, f.idle_rps, f.rss_kb_per_lease, f.loss_p99_ms
+         RSS {:>6.1} KB/lease  loss→cancel p50 {:>7.2} p99 {:>7.2} ms",
+        f.held,
+        f.acquire_s,
+        f.peak_conns,
+        f.idle_rps,
+        f.rss_kb_per_lease,
+        f.loss_p50_ms,
+        f.loss_p99_ms
     );
 }
 

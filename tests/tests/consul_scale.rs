@@ -74,7 +74,7 @@ async fn three_hundred_leases_outlive_two_ttls_on_eight_connections() {
 
     let leases = acquire_all(&consul, specs("many", 150, 150, 15)).await;
     assert_eq!(leases.len(), 300);
-    assert!(consul.prefix_watches() <= BUDGET - 2);
+    assert!(consul.prefix_watches() <= BUDGET - 3);
 
     let idle_from = proxy.requests();
     let held_for = 2 * TTL + Duration::from_secs(1);
@@ -82,10 +82,8 @@ async fn three_hundred_leases_outlive_two_ttls_on_eight_connections() {
     assert!(lost.is_err(), "a lease was lost while held: {lost:?}");
     assert!(leases.iter().all(Lease::is_held));
 
-    // At most BUDGET requests are ever in flight. hyper may still finish connecting a
-    // connection it no longer needs (another became idle first) and park it: one more, at most.
     let peak = proxy.peak_connections();
-    assert!(peak <= BUDGET + 1, "{peak} connections open at once");
+    assert!(peak <= BUDGET, "{peak} connections open at once");
     // One heartbeat per TTL/2 and a few watch renewals, not one renewal per lease per TTL/2
     // (which would be 300 × 21 s / 5 s = 1,260 requests).
     let idle_requests = proxy.requests() - idle_from;
@@ -116,16 +114,28 @@ async fn an_agent_that_allows_twenty_connections_per_client_still_holds_a_hundre
 }
 
 #[tokio::test]
-async fn destroying_one_session_among_many_loses_exactly_that_lease() {
+async fn an_operator_fault_on_one_lease_among_many_loses_exactly_that_lease() {
     init_tracing();
     let agent = Agent::start().await;
     let consul = agent.backend();
     let mut leases = acquire_all(&consul, specs("one", 100, 100, 10)).await;
     let mut observer = consul.observe_leader("one/leader/marker").await.unwrap();
 
-    for victim in [37, 150] {
-        let session = leases[victim].sequencer().holder().to_owned();
-        agent.destroy_session(&session).await;
+    // An operator destroys a leader's session, deletes a leader key, releases a slot's
+    // contender key, and destroys a slot's session.
+    for (victim, fault) in [
+        (37, "destroy"),
+        (60, "delete"),
+        (120, "release"),
+        (150, "destroy"),
+    ] {
+        let sequencer = leases[victim].sequencer().clone();
+        let session = sequencer.holder().to_owned();
+        match fault {
+            "destroy" => agent.destroy_session(&session).await,
+            "delete" => agent.delete_key(sequencer.key()).await,
+            _ => assert!(agent.release_key(sequencer.key(), &session).await),
+        }
         let (lost, reason) = within(T, "the loss", first_loss(&leases)).await;
         assert_eq!(lost, victim, "the wrong lease was lost: {reason}");
         let lease = leases.remove(victim);
@@ -133,7 +143,7 @@ async fn destroying_one_session_among_many_loses_exactly_that_lease() {
 
         // A later change under the same prefix, seen through the same watches: every other
         // lease has been shown the destruction by then, and is still held.
-        let marker = format!("after-{victim}");
+        let marker = format!("after-{fault}-{victim}");
         let spec = LeaseSpec::leader("one/leader/marker").value(marker.clone());
         let marking = consul.acquire(&spec).await.unwrap();
         within(
@@ -210,6 +220,36 @@ async fn a_refusing_agent_gets_at_most_twenty_requests_a_second_and_leases_self_
     for lease in leases {
         assert!(matches!(lease.release().await, Err(Error::Lost(_))));
     }
+}
+
+#[tokio::test]
+async fn errors_name_a_stopped_agent_and_a_name_that_does_not_resolve() {
+    init_tracing();
+    // Nothing listens on this port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let stopped = Consul::builder()
+        .address(closed.to_string())
+        .build()
+        .unwrap();
+    let error = stopped
+        .acquire(&specs("errors", 1, 0, 1).remove(0))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("is it running?"), "{error}");
+
+    let unresolvable = Consul::builder()
+        .address("consul.does-not-exist.invalid:8500")
+        .build()
+        .unwrap();
+    let error = unresolvable
+        .acquire(&specs("errors", 1, 0, 1).remove(0))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("DNS"), "{error}");
+    assert!(!error.to_string().contains("is it running?"), "{error}");
 }
 
 #[tokio::test]

@@ -176,9 +176,10 @@ impl ConsulBuilder {
     }
 
     /// How many connections this client (and its clones) may open to the agent at once;
-    /// default 8, at least 3. Every lease shares them: blocking queries are multiplexed (all but
-    /// two connections watch prefixes that cover every key of interest), and other requests
-    /// queue for the rest.
+    /// default 8, at least 4. Every lease shares them: blocking queries are multiplexed (up to
+    /// `max − 3` connections watch prefixes that cover every key of interest), other requests
+    /// queue for the rest, and one is kept for the connection pool's connect race (a connection
+    /// it finishes opening after another came free).
     ///
     /// The agent allows each client IP `limits.http_max_conns_per_client` connections (default
     /// 200), shared by every process on the host: keep the sum of this budget over those
@@ -230,7 +231,7 @@ impl ConsulBuilder {
         if max_connections < http::MIN_CONNECTIONS {
             return Err(Error::Config(format!(
                 "max_connections {max_connections} is too few: a Consul client needs at least {} \
-                 (one for watches, two for other requests)",
+                 (one for watches, two for other requests, one spare)",
                 http::MIN_CONNECTIONS
             )));
         }

@@ -10,7 +10,7 @@
 //! leases it holds, so ten processes on one host stay under the agent's default limit of 200 per
 //! client IP (`limits.http_max_conns_per_client`):
 //!
-//! - **Watches are shared.** Every blocking query goes through at most `max_connections − 2`
+//! - **Watches are shared.** Every blocking query goes through at most `max_connections − 3`
 //!   recursive prefix watches covering every key some lease, waiter or observer cares about; an
 //!   answer wakes only the watchers whose keys changed. The price: an answer carries every key
 //!   under its prefix, so a loss among many keys in one directory is read as one large listing
@@ -114,7 +114,7 @@ impl Consul {
     }
 
     /// How many prefix watches (blocking queries, each on one connection) this client runs now:
-    /// at most `max_connections − 2`, however many leases it holds or waits for.
+    /// at most `max_connections − 3`, however many leases it holds or waits for.
     pub fn prefix_watches(&self) -> usize {
         self.http.watches().groups()
     }

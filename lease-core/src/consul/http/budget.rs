@@ -3,9 +3,10 @@
 //! Consul limits each client IP to `limits.http_max_conns_per_client` concurrent HTTP
 //! connections (200 by default), and every process on a host that talks to its local agent
 //! shares that budget. Over HTTP/1.1 a connection carries one request at a time, so a client
-//! that never has more than `max` requests in flight never opens more than `max` connections:
-//! [`Budget::admit`] hands out that many permits, and the connection pool keeps at most that
-//! many idle connections.
+//! that never has more than `max − 1` requests in flight opens at most `max` connections:
+//! [`Budget::admit`] hands out `max − 1` permits, and the last connection is for the pool's
+//! connect race (a request that started connecting and was then served by a connection that came
+//! free meanwhile still finishes its connection and parks it).
 //!
 //! The **outage gate** keeps a refusing agent from being answered with a retry storm. From the
 //! first refused, dropped or unreachable request on, the whole client sends one request at a
@@ -24,8 +25,9 @@ use crate::backoff::Backoff;
 
 /// The default number of connections one client may open to the agent.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 8;
-/// The fewest connections a client can work with: one for watches, two for everything else.
-pub(crate) const MIN_CONNECTIONS: usize = 3;
+/// The fewest connections a client can work with: one for watches, two for everything else,
+/// one for the pool's connect race.
+pub(crate) const MIN_CONNECTIONS: usize = 4;
 
 /// The first pause of the outage gate. Jitter draws each pause from `[p / 2, p]`, so this
 /// bounds an outage's request rate at 1 / 50 ms = 20 per second.
@@ -45,7 +47,7 @@ impl Budget {
         let max = max.max(MIN_CONNECTIONS);
         Budget {
             max,
-            in_flight: Semaphore::new(max),
+            in_flight: Semaphore::new(max - 1),
             gate: Gate::default(),
         }
     }
@@ -55,10 +57,10 @@ impl Budget {
         self.max
     }
 
-    /// How many of them blocking queries may keep busy: all but two, so a request that does not
-    /// block never waits behind watches for long.
+    /// How many of them blocking queries may keep busy: all but three (two for requests that
+    /// do not block, so they never wait behind watches for long, and the connect race's).
     pub(crate) fn max_watches(&self) -> usize {
-        self.max - 2
+        self.max - 3
     }
 
     /// Waits until a request may be sent: through the outage gate, then for a connection. The
@@ -217,7 +219,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_more_than_max_requests_are_in_flight() {
-        let budget = Budget::new(4);
+        let budget = Budget::new(5);
         let mut held = Vec::new();
         for _ in 0..4 {
             held.push(budget.admit().await);
