@@ -147,8 +147,9 @@ impl LeaseSpec {
         self
     }
 
-    /// Session TTL, 10 s to 24 h. Default 15 s. The holder renews every TTL/2 and treats the lease
-    /// as lost (self-fences) if it has not renewed for nearly a TTL.
+    /// Session TTL, 10 s to 24 h. Default 15 s. The session is confirmed alive every TTL/2 (on
+    /// Consul by the process's heartbeat check, or by renewing the session itself), and the
+    /// lease is treated as lost (self-fenced) if nothing was confirmed for nearly a TTL.
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;

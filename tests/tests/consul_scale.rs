@@ -49,6 +49,15 @@ async fn acquire_all(consul: &Consul, specs: Vec<LeaseSpec>) -> Vec<Lease> {
     leases
 }
 
+/// An agent, a counting proxy in front of it, and a client with the default budget behind that.
+async fn proxied() -> (Agent, Proxy, Consul) {
+    init_tracing();
+    let agent = Agent::start().await;
+    let proxy = Proxy::start(agent.addr()).await.unwrap();
+    let consul = Consul::builder().address(proxy.url()).build().unwrap();
+    (agent, proxy, consul)
+}
+
 /// The first loss among `leases`, with its lease's index.
 async fn first_loss(leases: &[Lease]) -> (usize, LostReason) {
     let mut losses = JoinSet::new();
@@ -67,10 +76,7 @@ async fn release_all(leases: Vec<Lease>) {
 
 #[tokio::test]
 async fn three_hundred_leases_outlive_two_ttls_on_eight_connections() {
-    init_tracing();
-    let agent = Agent::start().await;
-    let proxy = Proxy::start(agent.addr()).await.unwrap();
-    let consul = Consul::builder().address(proxy.url()).build().unwrap();
+    let (_agent, proxy, consul) = proxied().await;
 
     let leases = acquire_all(&consul, specs("many", 150, 150, 15)).await;
     assert_eq!(leases.len(), 300);
@@ -162,10 +168,7 @@ async fn an_operator_fault_on_one_lease_among_many_loses_exactly_that_lease() {
 
 #[tokio::test]
 async fn a_refusing_agent_gets_at_most_twenty_requests_a_second_and_leases_self_fence_in_time() {
-    init_tracing();
-    let agent = Agent::start().await;
-    let proxy = Proxy::start(agent.addr()).await.unwrap();
-    let consul = Consul::builder().address(proxy.url()).build().unwrap();
+    let (_agent, proxy, consul) = proxied().await;
     let leases = acquire_all(&consul, specs("refused", 50, 50, 10)).await;
 
     let refused_at = Instant::now();

@@ -76,6 +76,21 @@ pub struct ConsulBuilder {
 }
 
 /// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`]).
+///
+/// # Examples
+///
+/// A client for a token without `service:write`, with a larger connection budget:
+///
+/// ```
+/// use lease_core::consul::{Consul, KeepAlive};
+///
+/// let consul = Consul::builder()
+///     .max_connections(16)
+///     .keep_alive(KeepAlive::SessionTtl)
+///     .build()
+///     .unwrap();
+/// # let _ = consul;
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeepAlive {

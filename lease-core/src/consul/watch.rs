@@ -18,8 +18,11 @@
 //! its connection would stay open, outside the budget, until Consul answered.
 //!
 //! The cost of this multiplexing is that an answer carries every key under its group: a loss
-//! among 10,000 keys under one directory is read as a listing of 10,000 entries (tens of
-//! milliseconds in Consul 1.8). Consul 1.8 has no cheaper way to learn which of many keys changed.
+//! among 5,000 keys under one directory is read as a listing of 5,000 entries (12–16 ms of
+//! Consul 1.8's time; 18 ms from destroy to cancel at the median, against about 1 ms for a
+//! one-key blocking query). Consul 1.8 has no cheaper way to learn which of many keys changed:
+//! its KV listing has no filter and no paging, and a separator-folded `?keys` listing, though
+//! tiny, says only *that* something under a directory changed.
 //!
 //! Answers are read in Consul's default consistency mode. A watcher never acts on a listing
 //! older than what it already knows: each listing carries its index, and a watcher that wrote
