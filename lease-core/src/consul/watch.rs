@@ -10,9 +10,10 @@
 //!
 //! There are at most [`Budget::max_watches`](super::http::Budget::max_watches) groups (all the
 //! connections but two), and no group's prefix is a prefix of another's, so every key is covered
-//! by at most one group. A watcher whose key no group covers gets a new group (its key's
-//! directory) while there is room; otherwise the group sharing the longest prefix with it is
-//! widened to that common prefix, absorbing any groups the wider prefix covers. A group nobody
+//! by at most one group. A watcher whose key no group covers gets a new group (of that key alone,
+//! so a process with a few leases watches each key on its own) while there is room; otherwise the
+//! group sharing the longest prefix with it is widened to that common prefix, absorbing any
+//! groups the wider prefix covers. A group nobody
 //! watches any more stops after its current read (so a watcher that comes back meanwhile finds
 //! it still running), and so does an absorbed one: a read is never abandoned mid-flight, since
 //! its connection would stay open, outside the budget, until Consul answered.
@@ -376,21 +377,7 @@ impl Watches {
         if let Some(prefix) = covering(groups, path) {
             return prefix;
         }
-        // A key's directory; a key at the root is its own group, not the whole store.
-        let own = match directory(path) {
-            "" => path.to_owned(),
-            dir => dir.to_owned(),
-        };
-        let wanted = if groups.len() < self.max_groups {
-            own
-        } else {
-            let closest = groups
-                .keys()
-                .max_by_key(|g| common_prefix(g, &own).len())
-                .cloned()
-                .unwrap_or_default();
-            common_prefix(&closest, &own).to_owned()
-        };
+        let wanted = new_group(groups.keys().map(String::as_str), self.max_groups, path);
         // Absorb the groups the new prefix covers: their watchers move over, and are sent the
         // new group's first listing.
         let absorbed: Vec<String> = groups
@@ -462,9 +449,21 @@ fn covering(groups: &BTreeMap<String, Group>, path: &str) -> Option<String> {
         .map(|(prefix, _)| prefix.clone())
 }
 
-/// `a/b/` for `a/b/c`, `a/b/` for the prefix `a/b/`, and `` for `c`.
-fn directory(path: &str) -> &str {
-    path.rfind('/').map_or("", |at| &path[..=at])
+/// The prefix of the group to start for `path`, which no group of `existing` covers: `path`
+/// itself while there are fewer than `max` groups (a process with a few leases watches each key
+/// on its own, whatever else its directory holds), else the longest prefix `path` shares with
+/// an existing group (which absorbs every group it covers).
+fn new_group<'a>(existing: impl Iterator<Item = &'a str>, max: usize, path: &str) -> String {
+    let existing: Vec<&str> = existing.collect();
+    if existing.len() < max {
+        return path.to_owned();
+    }
+    let closest = existing
+        .iter()
+        .max_by_key(|g| common_prefix(g, path).len())
+        .copied()
+        .unwrap_or_default();
+    common_prefix(closest, path).to_owned()
 }
 
 fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
@@ -548,11 +547,38 @@ mod tests {
         assert_eq!(under, ["s/a/.lock", "s/a/x"]);
     }
 
+    /// Groups as [`Watches`] keeps them: each new path joins a covering group, or gets one from
+    /// [`new_group`], which absorbs the groups it covers.
+    fn grouped(paths: &[&str], max: usize) -> Vec<String> {
+        let mut groups: Vec<String> = Vec::new();
+        for path in paths {
+            if groups.iter().any(|g| path.starts_with(g.as_str())) {
+                continue;
+            }
+            let wanted = new_group(groups.iter().map(String::as_str), max, path);
+            groups.retain(|g| !g.starts_with(wanted.as_str()));
+            groups.push(wanted);
+        }
+        groups.sort();
+        groups
+    }
+
     #[test]
-    fn prefixes_are_cut_at_directories_and_common_parts() {
-        assert_eq!(directory("a/b/c"), "a/b/");
-        assert_eq!(directory("a/b/"), "a/b/");
-        assert_eq!(directory("c"), "");
+    fn a_few_keys_are_watched_alone_and_many_under_their_common_prefixes() {
+        assert_eq!(
+            grouped(&["svc/a/leader", "svc/b/leader"], 5),
+            ["svc/a/leader", "svc/b/leader"]
+        );
+        let mut many: Vec<String> = (0..50).map(|i| format!("scale/leader/{i}")).collect();
+        many.extend((0..20).map(|i| format!("scale/sem/{i}/")));
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(grouped(&many, 5), ["scale/leader/", "scale/sem/"]);
+        // Nothing shared at all: the whole store, rather than more watches than connections.
+        assert_eq!(grouped(&["a", "b", "c"], 2), [""]);
+    }
+
+    #[test]
+    fn common_prefixes_respect_characters() {
         assert_eq!(common_prefix("jobs/a/", "jobs/b/"), "jobs/");
         assert_eq!(common_prefix("é/x", "é/y"), "é/");
         assert_eq!(common_prefix("x", "y"), "");
