@@ -223,7 +223,9 @@ impl Scenario {
     fn pause_range_ms(&self) -> (u64, u64) {
         match self.backend {
             Backend::Amqp => (AMQP_HEARTBEAT_SECS * 2500, AMQP_HEARTBEAT_SECS * 4000),
-            _ => (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000),
+            // `consul lock`'s session (TTL 15 s) may live up to twice its TTL: outlast that.
+            Backend::ConsulLock => (31_000, 33_000),
+            Backend::Consul => (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000),
         }
     }
 

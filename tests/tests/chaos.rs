@@ -54,7 +54,8 @@ async fn chaos_amqp_leader() {
 
 /// The long mode: `scripts/chaos.sh` sets `CHAOS_MINUTES` (and maybe `CHAOS_SEED`) and runs
 /// this; it prints one table row per scenario, `consul lock` included, and fails on a violation
-/// of ours (the reference's are its findings).
+/// of ours (the reference's are its findings). `CHAOS_ONLY=consul-lock` runs the scenarios whose
+/// names contain it.
 #[tokio::test]
 #[ignore = "long mode: run by scripts/chaos.sh"]
 async fn chaos_long() {
@@ -76,7 +77,11 @@ async fn chaos_long() {
     let each = (total / scenarios.len() as u32).max(Duration::from_secs(30));
     let mut rows = Vec::new();
     let mut ours_failed = Vec::new();
+    let only = std::env::var("CHAOS_ONLY").unwrap_or_default();
     for (name, backend, limit) in scenarios {
+        if !name.contains(only.as_str()) {
+            continue;
+        }
         let report = run(&Scenario::new(name, backend, limit, each), WORKER.as_ref()).await;
         println!("{}\n{}", Report::header(), report.row());
         if !report.violations.is_empty() {
