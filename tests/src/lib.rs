@@ -10,17 +10,23 @@
 //! - [`proxy`]: a TCP proxy between a client and a service that can stop forwarding, cut every
 //!   connection, or answer HTTP requests with 500 — the faults the leases must survive or detect.
 //!
+//! - [`workers`]: child processes (`lease-worker`, `consul lock`) with their histories, signalled
+//!   and stopped with a bound.
+//! - [`chaos`]: the randomized fault-injection driver and the checker that judges its histories.
+//!
 //! Helpers here panic with a message that says how to fix the environment: a test that cannot
 //! reach its service fails; it never passes by skipping.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 pub mod amqp;
 pub mod body;
+pub mod chaos;
 pub mod consul;
 pub mod history;
 pub mod overlap;
 pub mod proxy;
 pub mod stats;
+pub mod workers;
 
 /// The waits and loss assertions the conformance scenarios are written with, shared by every
 /// test here.

@@ -12,16 +12,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use lease_core::Sequencer;
-use lease_tests::consul::{Agent, workspace_root};
+use lease_tests::consul::Agent;
 use lease_tests::history::{History, Kind, Line, gap_percentiles};
 use lease_tests::overlap::now_ns;
 use lease_tests::stats::percentile;
-use tokio::process::{Child, Command};
+use lease_tests::workers::{Run, signal, wait_for, wait_for_async};
 use tokio::time::Instant;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lease-worker");
@@ -39,175 +37,7 @@ const AMQP_HEARTBEAT_SECS: u64 = 3;
 /// Generous bounds for a loaded two-core machine.
 const START: Duration = Duration::from_secs(90);
 const STEP: Duration = Duration::from_secs(30);
-const EXIT: Duration = Duration::from_secs(10);
 
-// ---------------------------------------------------------------------------------------------
-// Processes and their histories
-
-#[derive(Debug)]
-struct Worker {
-    name: String,
-    child: Child,
-    pid: u32,
-    history: PathBuf,
-    log: PathBuf,
-    exited: bool,
-}
-
-/// The workers of one test, with their files under one directory.
-#[derive(Debug)]
-struct Run {
-    dir: PathBuf,
-    workers: Vec<Worker>,
-    keep: bool,
-}
-
-impl Run {
-    fn new(test: &str) -> Run {
-        let dir = workspace_root().join("target/process-edges").join(format!(
-            "{test}-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Run {
-            dir,
-            workers: Vec::new(),
-            keep: false,
-        }
-    }
-
-    /// Starts a worker with `args` (its `--history` is added); returns its index.
-    fn spawn(&mut self, name: &str, args: &[String]) -> usize {
-        let history = self.dir.join(format!("{name}.history"));
-        let log = self.dir.join(format!("{name}.log"));
-        let child = Command::new(WORKER)
-            .args(args)
-            .arg("--history")
-            .arg(&history)
-            .env("RUST_LOG", "lease_core=info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {WORKER}: {e}"));
-        let pid = child.id().unwrap();
-        self.workers.push(Worker {
-            name: name.to_owned(),
-            child,
-            pid,
-            history,
-            log,
-            exited: false,
-        });
-        self.workers.len() - 1
-    }
-
-    fn pid(&self, i: usize) -> u32 {
-        self.workers[i].pid
-    }
-
-    fn history(&self, which: &[usize]) -> History {
-        let paths: Vec<&Path> = which
-            .iter()
-            .map(|&i| self.workers[i].history.as_path())
-            .collect();
-        History::load(&paths)
-    }
-
-    fn all(&self) -> History {
-        History::load_dir(&self.dir)
-    }
-
-    /// Where to look when something failed.
-    fn files(&self) -> String {
-        format!("histories and worker logs in {}", self.dir.display())
-    }
-
-    /// Fails if a worker died on its own (a crash, a bad argument): its log says why.
-    fn assert_alive(&mut self) {
-        for w in &mut self.workers {
-            if w.exited {
-                continue;
-            }
-            if let Ok(Some(status)) = w.child.try_wait() {
-                let log = std::fs::read_to_string(&w.log).unwrap_or_default();
-                self.keep = true;
-                panic!(
-                    "worker {} (pid {}) exited by itself with {status}; its log:\n{log}",
-                    w.name, w.pid
-                );
-            }
-        }
-    }
-
-    /// Sends SIGTERM to `which` and waits (bounded) for each to exit.
-    async fn terminate(&mut self, which: &[usize]) -> Result<(), String> {
-        let pids: Vec<u32> = which
-            .iter()
-            .filter(|&&i| !self.workers[i].exited)
-            .map(|&i| self.workers[i].pid)
-            .collect();
-        signal("CONT", &pids);
-        signal("TERM", &pids);
-        let mut slow = Vec::new();
-        for &i in which {
-            let w = &mut self.workers[i];
-            if w.exited {
-                continue;
-            }
-            match tokio::time::timeout(EXIT, w.child.wait()).await {
-                Ok(_) => w.exited = true,
-                Err(_) => {
-                    let _ = w.child.start_kill();
-                    let _ = w.child.wait().await;
-                    w.exited = true;
-                    slow.push(format!("{} (pid {})", w.name, w.pid));
-                }
-            }
-        }
-        if slow.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "did not exit within {EXIT:?} of SIGTERM (killed): {}",
-                slow.join(", ")
-            ))
-        }
-    }
-
-    async fn terminate_all(&mut self) -> Result<(), String> {
-        let all: Vec<usize> = (0..self.workers.len()).collect();
-        self.terminate(&all).await
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        // Children are killed by `kill_on_drop`. Keep the files of a failed test.
-        if self.keep || std::thread::panicking() {
-            eprintln!("process_edges: {}", self.files());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-/// `kill -<sig> <pids…>`: one command, so all of them get it at once.
-fn signal(sig: &str, pids: &[u32]) {
-    if pids.is_empty() {
-        return;
-    }
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .args(pids.iter().map(u32::to_string))
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-    assert!(status.success(), "kill -{sig} {pids:?} failed");
-}
-
-/// Polls `check` (every 20 ms) until it gives a value; panics after `limit` with `what()`.
 /// Waits for worker `who`'s first write and returns the session of the lease it wrote under.
 async fn first_write_session(run: &Run, who: usize, what: &str) -> String {
     let seq = wait_for(
@@ -221,41 +51,6 @@ async fn first_write_session(run: &Run, who: usize, what: &str) -> String {
     )
     .await;
     seq.parse::<Sequencer>().unwrap().holder().to_owned()
-}
-
-async fn wait_for<T>(
-    limit: Duration,
-    what: impl Fn() -> String,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {limit:?} waiting for {}", what());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// `wait_for` with an async check.
-async fn wait_for_async<T, F: std::future::Future<Output = Option<T>>>(
-    limit: Duration,
-    what: impl Fn() -> String,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {limit:?} waiting for {}", what());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -322,7 +117,7 @@ async fn frozen_holders(
     keys: &[String],
     fence_bound: Duration,
 ) {
-    let mut run = Run::new(test);
+    let mut run = Run::new("process-edges", test, WORKER.as_ref());
     let mut pairs = Vec::new();
     for (k, key) in keys.iter().enumerate() {
         let mut args = backend_args.to_vec();
@@ -591,7 +386,7 @@ async fn deleting_the_leader_key_never_lets_two_leaders_write() {
     let _serial = SERIAL.lock().await;
     let agent = Agent::start().await;
     let key = "edges/delete/leader";
-    let mut run = Run::new("delete_leader");
+    let mut run = Run::new("process-edges", "delete_leader", WORKER.as_ref());
     let args = strings(&[
         "--consul",
         &agent.url(),
@@ -668,7 +463,7 @@ async fn deleting_semaphore_keys_never_lets_more_than_the_limit_write() {
     let agent = Agent::start().await;
     let prefix = "edges/delete/sem";
     let limit = 3;
-    let mut run = Run::new("delete_semaphore");
+    let mut run = Run::new("process-edges", "delete_semaphore", WORKER.as_ref());
     // Holders give their slot back every 400 ms, so there is always a next holder to wait for.
     let args = strings(&[
         "--consul",
@@ -890,7 +685,7 @@ async fn new_sessions(agent: &Agent, known: &[String], what: &str, run: &Run) ->
 /// on its own key; the first failure fails the test.
 async fn exit_handoff(mode: &str) {
     let agent = Agent::start().await;
-    let mut run = Run::new(&format!("exit_{mode}"));
+    let mut run = Run::new("process-edges", &format!("exit_{mode}"), WORKER.as_ref());
     let mut handoffs = Vec::new();
     for attempt in 0..EXIT_TRIES {
         let key = format!("edges/exit/{mode}/{attempt}");
@@ -1003,7 +798,7 @@ async fn a_waiter_that_exits_leaves_no_session_behind() {
     let _serial = SERIAL.lock().await;
     let agent = Agent::start().await;
     let key = "edges/exit/waiter";
-    let mut run = Run::new("exit_waiter");
+    let mut run = Run::new("process-edges", "exit_waiter", WORKER.as_ref());
     let base = strings(&["--consul", &agent.url(), "--key", key]);
     let a = run.spawn("holder", &base);
     let a_session = first_write_session(&run, a, "the holder").await;

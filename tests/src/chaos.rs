@@ -1,0 +1,1091 @@
+//! The randomized fault-injection suite: real workers contend for one lease while a driver
+//! injects faults at times drawn from a printed seed, and a checker judges the promise from the
+//! histories alone.
+//!
+//! - A [`Scenario`] names the backend and target (a Consul leader key or semaphore, an AMQP
+//!   semaphore, or `consul lock` as the reference), how many workers, the TTL, how long, and the
+//!   seed.
+//! - [`run`] starts the workers (`lease-worker --mode loop`, each Consul worker behind its own
+//!   [`Proxy`]), plays the fault schedule drawn from the seed, logs every fault as a line of
+//!   `faults.history` (pid 0, event `fault`, so it merges into the interleaving), then stops:
+//!   SIGTERM to all, a hang is a worker still running 2 s later, and a leak is a session, a held
+//!   key or a holder queue still there once the TTL of the last crashed worker has run out.
+//! - The checker ([`judge`]) reads only the histories: the most sequencers writing at once
+//!   against the limit, stale writes, hand-off gaps. On a violation the [`Report`] carries the seed
+//!   and the merged interleaving around it.
+//!
+//! One thing no library can close is exempted and counted apart: a process stopped between its
+//! `is_held()` check and its write makes that one write after SIGCONT (see `lease-worker`'s
+//! `work`). Only the first write of a pid after its SIGCONT, at most one per pause, is exempt;
+//! a holder that did not self-fence writes again 10 ms later and is caught.
+//!
+//! The `consul lock` reference runs `consul lock [-n N] PREFIX <child>` in a shell loop; the
+//! child shell appends `write` lines stamped with `date +%s%N`. Its token is per child process
+//! (`consul:<child pid>:cl<child pid>:<key>`), not Consul's LockIndex: the column detects two
+//! children writing at once and a superseded child still writing (stale), which is what a
+//! `consul lock` user would suffer; it cannot see which session a child ran under, and pauses
+//! stop the `consul` process only (its child runs on, as a real child would).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use lease_core::Sequencer;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+use crate::consul::{Agent, consul_bin};
+use crate::history::{History, Kind, Line, gap_percentiles};
+use crate::overlap::now_ns;
+use crate::proxy::{Mode, Proxy};
+use crate::workers::{Run, signal};
+
+/// The seed used when `CHAOS_SEED` is not set.
+pub const DEFAULT_SEED: u64 = 20_251_122;
+
+/// The seed from `CHAOS_SEED`, else [`DEFAULT_SEED`].
+pub fn seed_from_env() -> u64 {
+    std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(DEFAULT_SEED)
+}
+
+/// SplitMix64: small, seeded, and the same on every platform, so a seed replays its schedule.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Uniform in `lo..=hi` milliseconds.
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// Where the workers contend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `lease-worker`s on a Consul dev agent, each through its own proxy.
+    Consul,
+    /// `lease-worker`s on the RabbitMQ of [`crate::amqp`].
+    Amqp,
+    /// `consul lock` (`-n N` for a semaphore) on a Consul dev agent: the reference.
+    ConsulLock,
+}
+
+/// One kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// `kill -9` of a worker (a new one takes its place).
+    Kill9,
+    /// SIGSTOP for longer than the TTL, then SIGCONT.
+    Pause,
+    /// An operator destroys a holder's session.
+    DestroySession,
+    /// An operator deletes the leader key, the semaphore's `.lock`, or a contender key.
+    DeleteKey,
+    /// The worker's proxy stops forwarding for a while.
+    Blackhole,
+    /// The worker's proxy resets every connection.
+    Cut,
+    /// The worker's proxy answers 500 for a while.
+    Http500,
+    /// The broker closes a worker's connection (`rabbitmqctl close_connection`).
+    CloseConnection,
+    /// The administrator removes a slot, and adds it back a moment later.
+    RemoveSlot,
+}
+
+impl Fault {
+    /// Its short name, as in the faults file and the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill9 => "kill9",
+            Fault::Pause => "pause",
+            Fault::DestroySession => "destroy",
+            Fault::DeleteKey => "delete",
+            Fault::Blackhole => "blackhole",
+            Fault::Cut => "cut",
+            Fault::Http500 => "http500",
+            Fault::CloseConnection => "close-conn",
+            Fault::RemoveSlot => "rm-slot",
+        }
+    }
+}
+
+/// One scenario of the suite.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Its name (files, table rows).
+    pub name: String,
+    /// Where the workers contend.
+    pub backend: Backend,
+    /// A semaphore of this many slots, else a leader key.
+    pub limit: Option<u32>,
+    /// How many workers contend at any time.
+    pub workers: usize,
+    /// Session TTL (Consul); for AMQP the heartbeat is [`AMQP_HEARTBEAT_SECS`].
+    pub ttl_secs: u64,
+    /// Consul lock-delay.
+    pub lock_delay_ms: u64,
+    /// How long faults are injected.
+    pub duration: Duration,
+    /// The mean time between two faults.
+    pub mean_gap: Duration,
+    /// How long a worker holds before it releases and acquires again.
+    pub hold_ms: u64,
+    /// The seed of the fault schedule.
+    pub seed: u64,
+}
+
+/// The AMQP heartbeat the workers ask for: a stopped worker's connection is dropped by the
+/// broker after about two of them.
+pub const AMQP_HEARTBEAT_SECS: u64 = 3;
+/// How long a worker has to exit after SIGTERM before it counts as hung.
+pub const EXIT_WITHIN: Duration = Duration::from_secs(2);
+
+impl Scenario {
+    /// A scenario with the defaults the CI short mode uses: 3 workers, TTL 10 s, lock-delay
+    /// 1 s, a hold of 300 ms, a fault every 2.5 s on average.
+    pub fn new(name: &str, backend: Backend, limit: Option<u32>, duration: Duration) -> Self {
+        Scenario {
+            name: name.to_owned(),
+            backend,
+            limit,
+            workers: if limit.is_some_and(|l| l > 1) { 4 } else { 3 },
+            ttl_secs: 10,
+            lock_delay_ms: 1000,
+            duration,
+            mean_gap: Duration::from_millis(2500),
+            hold_ms: 300,
+            seed: seed_from_env(),
+        }
+    }
+
+    /// The same scenario with another seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The faults this backend can be given.
+    pub fn fault_kinds(&self) -> Vec<Fault> {
+        match self.backend {
+            Backend::Consul => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::DestroySession,
+                Fault::DeleteKey,
+                Fault::Blackhole,
+                Fault::Cut,
+                Fault::Http500,
+            ],
+            Backend::ConsulLock => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::DestroySession,
+                Fault::DeleteKey,
+            ],
+            Backend::Amqp => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::CloseConnection,
+                Fault::RemoveSlot,
+            ],
+        }
+    }
+
+    fn limit_n(&self) -> usize {
+        self.limit.unwrap_or(1) as usize
+    }
+
+    /// How long a pause lasts: past the TTL (Consul) or two heartbeats and more (AMQP).
+    fn pause_range_ms(&self) -> (u64, u64) {
+        match self.backend {
+            Backend::Amqp => (AMQP_HEARTBEAT_SECS * 2500, AMQP_HEARTBEAT_SECS * 4000),
+            // `consul lock`'s session (TTL 15 s) may live up to twice its TTL: outlast that.
+            Backend::ConsulLock => (31_000, 33_000),
+            Backend::Consul => (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000),
+        }
+    }
+
+    /// How long after a crash the backend may keep the crashed worker's session or queue.
+    fn crash_expiry(&self) -> Duration {
+        match self.backend {
+            Backend::Amqp => Duration::from_secs(AMQP_HEARTBEAT_SECS * 3),
+            // Consul invalidates a TTL session between TTL and 2 × TTL after its last renewal.
+            Backend::Consul => Duration::from_secs(self.ttl_secs * 2 + 1),
+            // `consul lock` sessions have a 15 s TTL.
+            Backend::ConsulLock => Duration::from_secs(31),
+        }
+    }
+}
+
+/// One planned fault: when (from the start of the schedule), what, and on which worker slot.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// Offset from the start.
+    pub at: Duration,
+    /// The fault.
+    pub fault: Fault,
+    /// The worker slot it hits (or picks a holder with).
+    pub pick: u64,
+    /// How long it lasts (pause, blackhole, 500s, a removed slot).
+    pub lasts: Duration,
+}
+
+/// The schedule drawn from the scenario's seed: faults at gaps uniform in 0.4–1.6 × the mean gap,
+/// the first after one mean gap; none in the last 2 s (restorations, such as the end of a pause,
+/// may fall later and extend the run). Each kind comes once first, in a seeded order; after that
+/// kills and pauses are the rarer half.
+pub fn schedule(scenario: &Scenario) -> Vec<Planned> {
+    let mut rng = Rng::new(scenario.seed);
+    let kinds = scenario.fault_kinds();
+    let mean = scenario.mean_gap.as_millis() as u64;
+    let end = scenario.duration.saturating_sub(Duration::from_secs(2));
+    let mut at = scenario.mean_gap;
+    let mut plan = Vec::new();
+    let (pause_lo, pause_hi) = scenario.pause_range_ms();
+    // Every kind once first, in a seeded order, so even a short run meets each of them.
+    let mut first_round = kinds.clone();
+    for i in (1..first_round.len()).rev() {
+        first_round.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    first_round.reverse();
+    while at < end {
+        // Kill and pause take a worker out for a TTL; give them half the weight of the others.
+        let fault = if let Some(k) = first_round.pop() {
+            k
+        } else {
+            loop {
+                let k = kinds[rng.below(kinds.len() as u64) as usize];
+                if !matches!(k, Fault::Kill9 | Fault::Pause) || rng.below(2) == 0 {
+                    break k;
+                }
+            }
+        };
+        let lasts = match fault {
+            Fault::Pause => rng.millis(pause_lo, pause_hi),
+            Fault::Blackhole => rng.millis(500, scenario.ttl_secs * 1000 + 4000),
+            Fault::Http500 => rng.millis(300, 6000),
+            Fault::RemoveSlot => rng.millis(200, 2000),
+            _ => Duration::ZERO,
+        };
+        plan.push(Planned {
+            at,
+            fault,
+            pick: rng.next_u64(),
+            lasts,
+        });
+        at += rng.millis(mean * 2 / 5, mean * 8 / 5);
+    }
+    plan
+}
+
+/// What a scenario showed.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The scenario's name.
+    pub scenario: String,
+    /// Its seed.
+    pub seed: u64,
+    /// The limit judged against.
+    pub limit: usize,
+    /// `acquired` lines.
+    pub acquisitions: usize,
+    /// `write` lines.
+    pub writes: usize,
+    /// Faults injected, by kind (a fault with nothing to hit, e.g. no holder, is not counted).
+    pub faults: BTreeMap<&'static str, usize>,
+    /// The most sequencers writing at once.
+    pub max_concurrent: usize,
+    /// Writes after the writer was superseded.
+    pub stale_writes: usize,
+    /// Single writes right after a SIGCONT (the window no library can close), exempted.
+    pub resumed_writes: usize,
+    /// What was left behind after the run.
+    pub leaks: Vec<String>,
+    /// Workers not gone 2 s after SIGTERM (or that died on their own).
+    pub hangs: Vec<String>,
+    /// Hand-off gaps, p50 and p99 (ms); NaN for a semaphore of more than one slot.
+    pub handoff_ms: (f64, f64),
+    /// Every violation, each with the interleaving around it.
+    pub violations: Vec<String>,
+    /// Where the files are.
+    pub files: String,
+}
+
+impl Report {
+    /// The header of [`row`](Report::row).
+    pub fn header() -> String {
+        format!(
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>17}",
+            "scenario",
+            "seed",
+            "acq",
+            "writes",
+            "faults",
+            "max/lim",
+            "stale",
+            "resum",
+            "leaks",
+            "hangs",
+            "hand-off p50/p99"
+        )
+    }
+
+    /// One line of the table.
+    pub fn row(&self) -> String {
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{k}:{n}"))
+            .collect();
+        format!(
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>17}",
+            self.scenario,
+            self.seed,
+            self.acquisitions,
+            self.writes,
+            faults.join(" "),
+            format!("{}/{}", self.max_concurrent, self.limit),
+            self.stale_writes,
+            self.resumed_writes,
+            self.leaks.len(),
+            self.hangs.len(),
+            if self.handoff_ms.0.is_nan() {
+                "-".to_owned()
+            } else {
+                format!("{:.0}/{:.0} ms", self.handoff_ms.0, self.handoff_ms.1)
+            }
+        )
+    }
+
+    /// Panics with the seed and the interleavings if anything was violated.
+    pub fn assert_clean(&self) {
+        if self.violations.is_empty() {
+            return;
+        }
+        panic!(
+            "chaos scenario {} with seed {} (replay: CHAOS_SEED={}): {} violation(s)\n{}\n({})",
+            self.scenario,
+            self.seed,
+            self.seed,
+            self.violations.len(),
+            self.violations.join("\n\n"),
+            self.files
+        );
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}\n{}", Report::header(), self.row())
+    }
+}
+
+/// The verdicts of the histories: counts, and violations with the interleaving around each.
+///
+/// `resumes` are `(pid, SIGCONT instant)`: the first write of that pid after it, if stale, is
+/// the unclosable window (see the module docs) and is counted in `resumed_writes` instead.
+pub fn judge(
+    history: &History,
+    limit: usize,
+    shared_slots: bool,
+    resumes: &[(u32, u128)],
+) -> Report {
+    let mut exempt = Vec::new();
+    for &(pid, cont) in resumes {
+        if let Some(first) = history
+            .of_pid(pid)
+            .find(|l| l.kind == Kind::Write && l.t >= cont)
+        {
+            exempt.push(first.clone());
+        }
+    }
+    let stale_of = |h: &History| {
+        if shared_slots {
+            h.stale_writes_shared(limit)
+        } else {
+            h.stale_writes()
+        }
+    };
+    // Judge without the resumed writes; count as resumed only those that were stale.
+    let without: Vec<Line> = history
+        .lines()
+        .iter()
+        .filter(|l| !exempt.contains(l))
+        .cloned()
+        .collect();
+    let judged = History::from_lines(without);
+    let stale_with: Vec<u128> = stale_of(history).iter().map(|w| w.t).collect();
+    let resumed_writes = exempt.iter().filter(|l| stale_with.contains(&l.t)).count();
+    let mut report = Report {
+        limit,
+        resumed_writes,
+        ..Report::default()
+    };
+    report.acquisitions = history
+        .lines()
+        .iter()
+        .filter(|l| l.kind == Kind::Acquired)
+        .count();
+    report.writes = history
+        .lines()
+        .iter()
+        .filter(|l| l.kind == Kind::Write)
+        .count();
+    let over = judged.max_concurrent_writers(limit);
+    report.max_concurrent = over.count;
+    if over.exceeds_limit() {
+        report.violations.push(format!(
+            "{over}\n--- interleaving (faults are pid 0):\n{}",
+            history.around(over.at, 12)
+        ));
+    }
+    let stale = stale_of(&judged);
+    report.stale_writes = stale.len();
+    if let Some(first) = stale.first() {
+        report.violations.push(format!(
+            "{} stale write(s); the first: {first}\n--- interleaving (faults are pid 0):\n{}",
+            stale.len(),
+            history.around(first.t, 12)
+        ));
+    }
+    // With more than one slot, holders overlap by design: the gap says nothing there.
+    report.handoff_ms = if limit == 1 {
+        gap_percentiles(&judged.handoff_gaps())
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    report
+}
+
+/// The fault log: one history line per fault, pid 0, event `fault`.
+#[derive(Debug)]
+struct FaultLog {
+    file: std::fs::File,
+}
+
+impl FaultLog {
+    fn log(&mut self, what: &str) {
+        use std::io::Write;
+        let line = format!("{} 0 fault - {what}\n", now_ns());
+        self.file
+            .write_all(line.as_bytes())
+            .expect("cannot append to the fault log");
+    }
+}
+
+/// A contending process and what hits it.
+#[derive(Debug)]
+struct Slot {
+    /// Index into the run's processes of the current incarnation.
+    process: usize,
+    generation: usize,
+    proxy: Option<Proxy>,
+    paused_until: Option<Instant>,
+}
+
+/// Restorations the driver owes: end a pause, lift a proxy fault, give a slot back.
+#[derive(Debug)]
+enum Restore {
+    Cont(usize),
+    Forward(usize),
+    AddSlot,
+}
+
+/// The services one scenario runs against.
+#[derive(Debug)]
+struct Services {
+    agent: Option<Agent>,
+    amqp: Option<lease_core::amqp::Amqp>,
+    amqp_url: String,
+    key: String,
+}
+
+/// Runs `scenario` with `worker_bin` (`env!("CARGO_BIN_EXE_lease-worker")`) and judges it.
+pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
+    let mut run = Run::new("chaos", &scenario.name, worker_bin);
+    run.exit_within = EXIT_WITHIN;
+    let services = match scenario.backend {
+        Backend::Consul | Backend::ConsulLock => Services {
+            agent: Some(Agent::start().await),
+            amqp: None,
+            amqp_url: String::new(),
+            key: format!("chaos/{}", scenario.name),
+        },
+        Backend::Amqp => {
+            crate::amqp::require_broker().await;
+            let base = crate::amqp::url();
+            let sep = if base.contains('?') { '&' } else { '?' };
+            Services {
+                agent: None,
+                amqp: Some(crate::amqp::backend().0),
+                amqp_url: format!("{base}{sep}heartbeat={AMQP_HEARTBEAT_SECS}"),
+                key: crate::amqp::unique(&format!("chaos-{}", scenario.name)),
+            }
+        }
+    };
+    let mut faults = FaultLog {
+        file: std::fs::File::create(run.dir.join("faults.history")).unwrap(),
+    };
+    faults.log(&format!(
+        "seed {} scenario {}",
+        scenario.seed, scenario.name
+    ));
+
+    let mut slots = Vec::new();
+    for i in 0..scenario.workers {
+        let proxy = match (&services.agent, scenario.backend) {
+            (Some(agent), Backend::Consul) => Some(Proxy::start(agent.addr()).await.unwrap()),
+            _ => None,
+        };
+        let mut slot = Slot {
+            process: 0,
+            generation: 0,
+            proxy,
+            paused_until: None,
+        };
+        slot.process = start(&mut run, scenario, &services, &slot, i);
+        slots.push(slot);
+    }
+
+    let mut report_extra = Vec::new();
+    // The clock starts at the first write, so a slow start does not eat the schedule.
+    let first_write = tokio::time::timeout(Duration::from_secs(60), async {
+        while !run.all().lines().iter().any(|l| l.kind == Kind::Write) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if first_write.is_err() {
+        report_extra.push(format!("no worker wrote within 60 s; {}", run.files()));
+    }
+
+    let start_at = Instant::now();
+    let mut plan = schedule(scenario);
+    plan.reverse();
+    let mut owed: Vec<(Instant, Restore)> = Vec::new();
+    let mut rng = Rng::new(scenario.seed ^ 0x5EED);
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut resumes: Vec<(u32, u128)> = Vec::new();
+    let mut last_crash: Option<Instant> = None;
+    loop {
+        let next_fault = plan.last().map(|p| start_at + p.at);
+        let next_owed = owed.iter().map(|(t, _)| *t).min();
+        let next = match (next_fault, next_owed) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => break,
+        };
+        // Fault scheduling by the seeded clock: this sleep is the schedule, not a wait.
+        tokio::time::sleep_until(next).await;
+        let now = Instant::now();
+        if let Some(i) = owed.iter().position(|(t, _)| *t <= now) {
+            let (_, restore) = owed.swap_remove(i);
+            match restore {
+                Restore::Cont(s) => {
+                    let pid = run.pid(slots[s].process);
+                    if run.running(slots[s].process) {
+                        let t = now_ns();
+                        signal("CONT", &[pid]);
+                        resumes.push((pid, t));
+                        faults.log(&format!("end pause w{s} pid {pid}"));
+                    }
+                    slots[s].paused_until = None;
+                }
+                Restore::Forward(s) => {
+                    if let Some(p) = &slots[s].proxy {
+                        p.set_mode(Mode::Forward);
+                        faults.log(&format!("end proxy fault w{s}"));
+                    }
+                }
+                Restore::AddSlot => {
+                    let detail = restore_slots(&services, scenario.limit.unwrap_or(1)).await;
+                    faults.log(&format!("end rm-slot: {detail}"));
+                }
+            }
+            continue;
+        }
+        let Some(p) = plan.pop() else { continue };
+        let s = (p.pick % slots.len() as u64) as usize;
+        let injected = inject(
+            &p,
+            s,
+            scenario,
+            &services,
+            &mut run,
+            &mut slots,
+            &mut faults,
+            &mut owed,
+            &mut rng,
+        )
+        .await;
+        if injected {
+            *counts.entry(p.fault.name()).or_default() += 1;
+            if p.fault == Fault::Kill9 || p.fault == Fault::Pause {
+                last_crash = Some(Instant::now() + p.lasts);
+            }
+        }
+    }
+
+    // A worker that died on its own is a finding, not a crash of the test.
+    let mut hangs = Vec::new();
+    for w in 0..run.workers.len() {
+        if !run.workers[w].exited && !run.running(w) {
+            let log = std::fs::read_to_string(&run.workers[w].log).unwrap_or_default();
+            let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
+            hangs.push(format!(
+                "{} (pid {}) exited by itself; the end of its log:\n{tail}",
+                run.workers[w].name, run.workers[w].pid
+            ));
+            run.workers[w].exited = true;
+        }
+    }
+    faults.log("stop: SIGTERM to every worker");
+    if let Err(e) = stop(&mut run, scenario).await {
+        hangs.push(e);
+    }
+    let leaks = leaks(scenario, &services, last_crash).await;
+
+    let history = run.all();
+    let mut report = judge(
+        &history,
+        scenario.limit_n(),
+        scenario.limit.is_some() && scenario.backend != Backend::Amqp,
+        &resumes,
+    );
+    report.scenario = scenario.name.clone();
+    report.seed = scenario.seed;
+    report.faults = counts;
+    report.files = run.files();
+    for h in &hangs {
+        report.violations.push(format!("hang: {h}"));
+    }
+    for l in &leaks {
+        report.violations.push(format!("leak: {l}"));
+    }
+    report.violations.extend(report_extra);
+    if report.acquisitions == 0 {
+        report
+            .violations
+            .push("nothing was acquired: the faults left no room to work".to_owned());
+    }
+    report.hangs = hangs;
+    report.leaks = leaks;
+    // The reference is expected to break the promise; its files are kept for reading, but a
+    // run of `consul lock` is not a failure of ours.
+    if !report.violations.is_empty() || scenario.backend == Backend::ConsulLock {
+        run.keep = true;
+    }
+    if let Some(amqp) = &services.amqp {
+        let _ = amqp.admin().destroy(&services.key).await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), lease_core::Backend::shutdown(amqp)).await;
+    }
+    report
+}
+
+/// Starts incarnation `slot.generation` of worker slot `i`; returns its process index.
+fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i: usize) -> usize {
+    let name = format!("w{i}.{}", slot.generation);
+    let mut args: Vec<String> = Vec::new();
+    match scenario.backend {
+        Backend::Consul => {
+            let url = slot.proxy.as_ref().map(Proxy::url).unwrap_or_default();
+            args.extend(["--consul".into(), url]);
+            args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
+            args.extend(["--lock-delay".into(), scenario.lock_delay_ms.to_string()]);
+        }
+        Backend::Amqp => args.extend(["--amqp".into(), services.amqp_url.clone()]),
+        Backend::ConsulLock => return start_consul_lock(run, scenario, services, &name),
+    }
+    args.extend(["--key".into(), services.key.clone()]);
+    if let Some(limit) = scenario.limit {
+        args.extend(["--limit".into(), limit.to_string()]);
+    }
+    args.extend(["--write-every-ms".into(), "10".into()]);
+    args.extend(["--hold-ms".into(), scenario.hold_ms.to_string()]);
+    run.spawn(&name, &args)
+}
+
+/// The child `consul lock` runs: it appends history lines until it is signalled.
+const CONSUL_LOCK_CHILD: &str = r#"trap 'echo "$(date +%s%N) $$ lost $TOK signalled" >> "$HIST"; exit 0' TERM INT
+TOK="consul:$$:cl$$:$KEY_OF"
+echo "$(date +%s%N) $$ acquired $TOK" >> "$HIST"
+end=$(( $(date +%s%N) + HOLD_MS * 1000000 ))
+while [ "$(date +%s%N)" -lt "$end" ]; do echo "$(date +%s%N) $$ write $TOK" >> "$HIST"; sleep 0.01; done
+echo "$(date +%s%N) $$ released $TOK ok" >> "$HIST""#;
+
+fn start_consul_lock(run: &mut Run, scenario: &Scenario, services: &Services, name: &str) -> usize {
+    let agent = services
+        .agent
+        .as_ref()
+        .expect("consul lock runs on an agent");
+    let history = run.history_path(name);
+    let key_of = match scenario.limit {
+        // The leader's key; a semaphore holder's "contender key" under the prefix.
+        None => format!("{}/.lock", services.key),
+        Some(_) => format!("{}/cl$$", services.key),
+    };
+    let n = scenario
+        .limit
+        .map(|n| format!("-n {n} "))
+        .unwrap_or_default();
+    // The loop plays `lease-worker --mode loop`: one `consul lock` per acquisition. On SIGTERM it
+    // passes the signal on, starts no other `consul lock` (one started as the signal came is
+    // stopped at once), and waits for the last one to give its session back.
+    let script = format!(
+        "stop=; trap 'stop=1; kill -TERM $c 2>/dev/null' TERM; \
+         while [ -z \"$stop\" ]; do \"{consul}\" lock {n}{key} \"$CHILD\" & c=$!; \
+         [ -n \"$stop\" ] && kill -TERM $c; wait $c; done; wait $c",
+        consul = consul_bin().display(),
+        key = services.key,
+    );
+    let child = CONSUL_LOCK_CHILD.replace("$KEY_OF", &key_of);
+    let mut command = Command::new("bash");
+    command
+        .arg("-c")
+        .arg(script)
+        .env("CONSUL_HTTP_ADDR", agent.addr().to_string())
+        .env(
+            "CHILD",
+            format!("bash -c '{}'", child.replace('\'', "'\\''")),
+        )
+        .env("HIST", &history)
+        .env("HOLD_MS", scenario.hold_ms.to_string());
+    run.spawn_command(name, command)
+}
+
+/// The child processes of `pid` (from `/proc`).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The processes a kill or a pause hits: the worker, or for the reference the `consul lock`
+/// process (the shell loop's child), never its child.
+fn targets(scenario: &Scenario, pid: u32) -> Vec<u32> {
+    match scenario.backend {
+        Backend::ConsulLock => children_of(pid),
+        _ => vec![pid],
+    }
+}
+
+/// The holders now, from the histories: sequencers acquired and not yet lost or released.
+fn holders(run: &Run) -> Vec<String> {
+    let mut open: BTreeMap<String, bool> = BTreeMap::new();
+    for l in run.all().lines() {
+        match l.kind {
+            Kind::Acquired => {
+                open.insert(l.seq.clone(), true);
+            }
+            Kind::Lost | Kind::Released => {
+                open.insert(l.seq.clone(), false);
+            }
+            _ => {}
+        }
+    }
+    open.into_iter()
+        .filter_map(|(seq, held)| held.then_some(seq))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn inject(
+    p: &Planned,
+    s: usize,
+    scenario: &Scenario,
+    services: &Services,
+    run: &mut Run,
+    slots: &mut [Slot],
+    faults: &mut FaultLog,
+    owed: &mut Vec<(Instant, Restore)>,
+    rng: &mut Rng,
+) -> bool {
+    let process = slots[s].process;
+    let pid = run.pid(process);
+    match p.fault {
+        Fault::Kill9 => {
+            if slots[s].paused_until.is_some() {
+                return false;
+            }
+            let hit = targets(scenario, pid);
+            if scenario.backend == Backend::ConsulLock {
+                signal("KILL", &hit);
+            } else {
+                run.kill9(process).await;
+            }
+            faults.log(&format!("kill9 w{s} pid {pid} {hit:?}"));
+            if scenario.backend != Backend::ConsulLock {
+                slots[s].generation += 1;
+                slots[s].process = start(run, scenario, services, &slots[s], s);
+            }
+            true
+        }
+        Fault::Pause => {
+            // One pause at a time, so the others can take over.
+            if slots.iter().any(|x| x.paused_until.is_some()) {
+                return false;
+            }
+            let hit = targets(scenario, pid);
+            if hit.is_empty() {
+                return false;
+            }
+            signal("STOP", &hit);
+            faults.log(&format!("pause w{s} pid {pid} {hit:?} for {:?}", p.lasts));
+            let until = Instant::now() + p.lasts;
+            slots[s].paused_until = Some(until);
+            owed.push((until, Restore::Cont(s)));
+            true
+        }
+        Fault::DestroySession | Fault::DeleteKey => {
+            let Some(agent) = &services.agent else {
+                return false;
+            };
+            let held = holders(run);
+            if held.is_empty() {
+                return false;
+            }
+            let seq = &held[(p.pick % held.len() as u64) as usize];
+            let Ok(parsed) = seq.parse::<Sequencer>() else {
+                return false;
+            };
+            if p.fault == Fault::DestroySession {
+                let session = if scenario.backend == Backend::ConsulLock {
+                    // The reference's token is not a session: destroy whoever holds the key.
+                    let entry = agent.key(&format!("{}/.lock", services.key)).await;
+                    match entry["Session"].as_str() {
+                        Some(s) if scenario.limit.is_none() => s.to_owned(),
+                        _ => match agent.sessions().await.first() {
+                            Some(s) => s.clone(),
+                            None => return false,
+                        },
+                    }
+                } else {
+                    parsed.holder().to_owned()
+                };
+                agent.destroy_session(&session).await;
+                faults.log(&format!("destroy session {session} (holder {seq})"));
+            } else {
+                let key = match scenario.limit {
+                    None => parsed.key().to_owned(),
+                    Some(_) if rng.below(2) == 0 || scenario.backend == Backend::ConsulLock => {
+                        format!("{}/.lock", services.key)
+                    }
+                    Some(_) => parsed.key().to_owned(),
+                };
+                agent.delete_key(&key).await;
+                faults.log(&format!("delete key {key} (holder {seq})"));
+            }
+            true
+        }
+        Fault::Blackhole | Fault::Http500 | Fault::Cut => {
+            let Some(proxy) = &slots[s].proxy else {
+                return false;
+            };
+            match p.fault {
+                Fault::Cut => {
+                    proxy.cut_all();
+                    faults.log(&format!("cut w{s} pid {pid}"));
+                }
+                fault => {
+                    let mode = if fault == Fault::Blackhole {
+                        Mode::Blackhole
+                    } else {
+                        Mode::Http500
+                    };
+                    proxy.set_mode(mode);
+                    faults.log(&format!(
+                        "{} w{s} pid {pid} for {:?}",
+                        fault.name(),
+                        p.lasts
+                    ));
+                    owed.retain(|(_, r)| !matches!(r, Restore::Forward(x) if *x == s));
+                    owed.push((Instant::now() + p.lasts, Restore::Forward(s)));
+                }
+            }
+            true
+        }
+        Fault::CloseConnection => {
+            let name = format!("lease-worker-{pid}");
+            let pids = tokio::task::spawn_blocking(move || crate::amqp::connection_pids(&name))
+                .await
+                .unwrap_or_default();
+            if pids.is_empty() {
+                return false;
+            }
+            for conn in &pids {
+                let conn = conn.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    crate::amqp::close_connection_pid(&conn);
+                })
+                .await;
+            }
+            faults.log(&format!(
+                "close-conn w{s} pid {pid} ({} connections)",
+                pids.len()
+            ));
+            true
+        }
+        Fault::RemoveSlot => {
+            let Some(amqp) = &services.amqp else {
+                return false;
+            };
+            if owed.iter().any(|(_, r)| matches!(r, Restore::AddSlot)) {
+                return false;
+            }
+            let result = amqp.admin().remove(&services.key, 1).await;
+            faults.log(&format!("rm-slot {}: {result:?}", services.key));
+            owed.push((Instant::now() + p.lasts, Restore::AddSlot));
+            result.is_ok()
+        }
+    }
+}
+
+/// Gives the semaphore its `limit` slots back after a removal.
+async fn restore_slots(services: &Services, limit: u32) -> String {
+    let Some(amqp) = &services.amqp else {
+        return String::new();
+    };
+    let admin = amqp.admin();
+    let result = match admin.slots(&services.key).await {
+        Ok(0) => admin.create(&services.key, limit).await.map(|()| limit),
+        Ok(n) if n < limit => admin.add(&services.key, limit - n).await,
+        other => other,
+    };
+    format!("{result:?}")
+}
+
+/// SIGCONT and SIGTERM to every process; a hang is one still running [`EXIT_WITHIN`] later.
+async fn stop(run: &mut Run, scenario: &Scenario) -> Result<(), String> {
+    if scenario.backend == Backend::ConsulLock {
+        // Resume every stopped `consul lock` so the shell loop can pass SIGTERM on.
+        let kids: Vec<u32> = (0..run.workers.len())
+            .filter(|&w| !run.workers[w].exited)
+            .flat_map(|w| children_of(run.pid(w)))
+            .collect();
+        signal("CONT", &kids);
+    }
+    run.terminate_all().await
+}
+
+/// What is left once the last crashed worker's session or connection has had time to expire:
+/// sessions and held keys (Consul), holder queues (AMQP). Waits, bounded, for them to go.
+async fn leaks(
+    scenario: &Scenario,
+    services: &Services,
+    last_crash: Option<Instant>,
+) -> Vec<String> {
+    let grace = Duration::from_secs(2);
+    let deadline = last_crash
+        .map(|t| t + scenario.crash_expiry())
+        .unwrap_or_else(Instant::now)
+        .max(Instant::now())
+        + grace;
+    loop {
+        let found = leftovers(scenario, services).await;
+        if found.is_empty() || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn leftovers(scenario: &Scenario, services: &Services) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Some(agent) = &services.agent {
+        for s in agent.sessions().await {
+            found.push(format!("session {s}"));
+        }
+        for key in agent.keys(&services.key).await {
+            let entry = agent.key(&key).await;
+            let held = entry["Session"].as_str().is_some_and(|s| !s.is_empty());
+            let contender = scenario.limit.is_some() && !key.ends_with("/.lock");
+            if held || contender {
+                found.push(format!("key {key}{}", if held { " (held)" } else { "" }));
+            }
+        }
+    }
+    if services.amqp.is_some() {
+        let prefix = services.key.clone();
+        let queues = tokio::task::spawn_blocking(move || crate::amqp::queues(&prefix))
+            .await
+            .unwrap_or_default();
+        for (q, _) in queues {
+            if q.ends_with("-B") || q.ends_with("-admin") {
+                found.push(format!("queue {q}"));
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_replays_its_schedule_and_another_seed_does_not() {
+        let s = Scenario::new("t", Backend::Consul, None, Duration::from_secs(60)).seed(7);
+        let a: Vec<_> = schedule(&s)
+            .iter()
+            .map(|p| (p.at, p.fault, p.pick))
+            .collect();
+        let b: Vec<_> = schedule(&s)
+            .iter()
+            .map(|p| (p.at, p.fault, p.pick))
+            .collect();
+        assert_eq!(a, b);
+        assert!(a.len() > 10, "{a:?}");
+        let c: Vec<_> = schedule(&s.clone().seed(8))
+            .iter()
+            .map(|p| (p.at, p.fault, p.pick))
+            .collect();
+        assert_ne!(a, c);
+        assert!(a.iter().all(|(at, _, _)| *at < Duration::from_secs(58)));
+        let mut first: Vec<Fault> = a[..s.fault_kinds().len()].iter().map(|p| p.1).collect();
+        first.sort();
+        assert_eq!(first, s.fault_kinds(), "every kind comes once first");
+    }
+
+    #[test]
+    fn the_first_write_after_a_resume_is_exempt_but_a_second_is_not() {
+        let a = "consul:1:aaaa:k";
+        let b = "consul:2:bbbb:k";
+        let text = format!("10 1 write {a}\n20 2 write {b}\n30 1 write {a}\n40 2 write {b}\n");
+        let h = History::parse(&text).unwrap();
+        let one = judge(&h, 1, false, &[(1, 25)]);
+        assert_eq!((one.stale_writes, one.resumed_writes), (0, 1));
+        assert!(one.violations.is_empty(), "{:?}", one.violations);
+        let two = History::parse(&format!("{text}50 1 write {a}\n")).unwrap();
+        let judged = judge(&two, 1, false, &[(1, 25)]);
+        assert_eq!(judged.stale_writes, 1);
+        assert_eq!(judged.violations.len(), 2, "overlap and stale");
+        assert!(judged.violations[1].contains(">>"));
+    }
+}
