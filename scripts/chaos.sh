@@ -7,6 +7,8 @@
 #
 #   bash scripts/chaos.sh --minutes 30 [--seed N]
 #   CHAOS_ONLY=consul-lock bash scripts/chaos.sh --minutes 1   # only the scenarios named so
+#   CHAOS_PARALLEL=1 CHAOS_MEAN_GAP_MS=1000 CHAOS_ONLY=consul-leader,consul-sem2,amqp \
+#     bash scripts/chaos.sh --minutes 20   # ours at once, each for 20 min, a fault a second
 #
 # A failure of ours prints the seed and the interleaving; `CHAOS_SEED=N` (or --seed N) replays the
 # same fault schedule. The reference's violations are printed, not failed on: they are what
@@ -20,7 +22,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done

@@ -55,7 +55,7 @@ async fn chaos_amqp_leader() {
 /// The long mode: `scripts/chaos.sh` sets `CHAOS_MINUTES` (and maybe `CHAOS_SEED`) and runs
 /// this; it prints one table row per scenario, `consul lock` included, and fails on a violation
 /// of ours (the reference's are its findings). `CHAOS_ONLY=consul-lock` runs the scenarios whose
-/// names contain it.
+/// names contain it (a comma-separated list: any of them).
 #[tokio::test]
 #[ignore = "long mode: run by scripts/chaos.sh"]
 async fn chaos_long() {
@@ -72,18 +72,55 @@ async fn chaos_long() {
         ("consul-lock-leader", Backend::ConsulLock, None),
         ("consul-lock-n2", Backend::ConsulLock, Some(2)),
     ];
-    // Each scenario gets its share of the time; they run one after another so one machine's
-    // load does not blur the figures.
-    let each = (total / scenarios.len() as u32).max(Duration::from_secs(30));
+    let only = std::env::var("CHAOS_ONLY").unwrap_or_default();
+    let chosen: Vec<_> = (scenarios.into_iter())
+        .filter(|(name, ..)| only.split(',').any(|part| name.contains(part)))
+        .collect();
+    // `CHAOS_PARALLEL=1` runs the chosen scenarios at once, each for the whole time (more faults
+    // per hour, on a busier machine); by default they run one after another, each for its share,
+    // so one machine's load does not blur the figures.
+    let parallel = std::env::var("CHAOS_PARALLEL").is_ok_and(|v| v == "1");
+    let each = if parallel {
+        total
+    } else {
+        (total / chosen.len().max(1) as u32).max(Duration::from_secs(30))
+    };
+    // `CHAOS_MEAN_GAP_MS` sets the mean time between faults (default 2,500 ms).
+    let mean_gap = std::env::var("CHAOS_MEAN_GAP_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis);
+    let scenario = |name: &str, backend, limit| {
+        let mut scenario = Scenario::new(name, backend, limit, each);
+        if let Some(gap) = mean_gap {
+            scenario.mean_gap = gap;
+        }
+        scenario
+    };
+    let reports = if parallel {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, &(name, backend, limit)) in chosen.iter().enumerate() {
+            let scenario = scenario(name, backend, limit);
+            set.spawn(async move { (i, run(&scenario, WORKER.as_ref()).await) });
+        }
+        let mut reports = Vec::new();
+        while let Some(done) = set.join_next().await {
+            reports.push(done.unwrap());
+        }
+        reports.sort_by_key(|(i, _)| *i);
+        reports.into_iter().map(|(_, r)| r).collect()
+    } else {
+        let mut reports = Vec::new();
+        for &(name, backend, limit) in &chosen {
+            let report = run(&scenario(name, backend, limit), WORKER.as_ref()).await;
+            println!("{}\n{}", Report::header(), report.row());
+            reports.push(report);
+        }
+        reports
+    };
     let mut rows = Vec::new();
     let mut ours_failed = Vec::new();
-    let only = std::env::var("CHAOS_ONLY").unwrap_or_default();
-    for (name, backend, limit) in scenarios {
-        if !name.contains(only.as_str()) {
-            continue;
-        }
-        let report = run(&Scenario::new(name, backend, limit, each), WORKER.as_ref()).await;
-        println!("{}\n{}", Report::header(), report.row());
+    for (&(name, backend, _), report) in chosen.iter().zip(&reports) {
         if !report.violations.is_empty() {
             eprintln!(
                 "{name}: {}\n{}",
