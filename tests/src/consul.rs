@@ -49,7 +49,7 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -70,9 +70,24 @@ pub struct AgentOptions {
 pub struct Agent {
     child: Child,
     http_addr: SocketAddr,
+    api: Api,
+    log: PathBuf,
+}
+
+/// An agent's operator HTTP API (shared by [`Agent`] and [`crate::cluster::Cluster`]).
+#[derive(Clone, Debug)]
+pub struct Api {
+    base: String,
     http: reqwest::Client,
     token: Option<String>,
-    log: PathBuf,
+}
+
+impl std::ops::Deref for Agent {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 impl Agent {
@@ -134,8 +149,10 @@ impl Agent {
         let mut agent = Agent {
             child,
             http_addr: SocketAddr::from(([127, 0, 0, 1], http_port)),
-            http: reqwest::Client::new(),
-            token: options.acl_master_token.clone(),
+            api: Api::new(
+                SocketAddr::from(([127, 0, 0, 1], http_port)),
+                options.acl_master_token.clone(),
+            ),
             log,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -186,7 +203,7 @@ impl Agent {
     /// A backend talking to this agent (with the management token if ACLs are on).
     pub fn backend(&self) -> Consul {
         let mut builder = Consul::builder().address(self.url());
-        if let Some(token) = &self.token {
+        if let Some(token) = &self.api.token {
             builder = builder.token(token);
         }
         builder.build().expect("valid test configuration")
@@ -200,21 +217,35 @@ impl Agent {
             .env_remove("CONSUL_HTTP_TOKEN_FILE")
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        if let Some(token) = &self.token {
+        if let Some(token) = &self.api.token {
             cmd.env("CONSUL_HTTP_TOKEN", token);
         }
         cmd
     }
+}
+
+impl Api {
+    /// The API of the agent whose HTTP address is `addr`.
+    pub fn new(addr: SocketAddr, token: Option<String>) -> Api {
+        Api {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("an HTTP client"),
+            token,
+        }
+    }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let mut req = self.http.request(method, format!("{}{path}", self.url()));
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             req = req.header("X-Consul-Token", token);
         }
         req
     }
 
-    async fn get(&self, path: &str) -> Result<Value, String> {
+    pub(crate) async fn get(&self, path: &str) -> Result<Value, String> {
         let resp = self
             .request(reqwest::Method::GET, path)
             .send()

@@ -21,6 +21,7 @@
 pub mod amqp;
 pub mod body;
 pub mod chaos;
+pub mod cluster;
 pub mod consul;
 pub mod history;
 pub mod overlap;
