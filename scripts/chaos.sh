@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The chaos suite's long mode (issue 15): every scenario (Consul leader and semaphore, AMQP leader
-# and semaphore, and `consul lock` / `consul lock -n 2` as the reference) under seeded faults for
-# about N minutes in all, then one table row per scenario: acquisitions, writes, faults by kind,
-# most writers at once / limit, stale writes, resumed writes (the one write a process stopped
-# between its check and its write makes; exempt), leaks, hangs, hand-off gap p50/p99.
+# and semaphore, a 3-server cluster whose raft leader is killed with kill -9 and restarted, and
+# `consul lock` / `consul lock -n 2` as the reference) under seeded faults for about N minutes in
+# all, then one table row per scenario: acquisitions, writes, faults by kind, most writers at
+# once / limit, stale writes, resumed writes (the one write a process stopped between its check
+# and its write makes; exempt), leaks, hangs, false losses (a `lost` where the only faults are
+# raft leader kills; any fails the run), raft election p50/max, hand-off gap p50/p99.
 #
 #   bash scripts/chaos.sh --minutes 30 [--seed N]
 #   CHAOS_ONLY=consul-lock bash scripts/chaos.sh --minutes 1   # only the scenarios named so
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done

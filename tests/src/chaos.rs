@@ -35,7 +35,8 @@ use lease_core::Sequencer;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::consul::{Agent, consul_bin};
+use crate::cluster::Cluster;
+use crate::consul::{Agent, Api, consul_bin};
 use crate::history::{History, Kind, Line, gap_percentiles};
 use crate::overlap::now_ns;
 use crate::proxy::{Mode, Proxy};
@@ -91,6 +92,9 @@ pub enum Backend {
     Amqp,
     /// `consul lock` (`-n N` for a semaphore) on a Consul dev agent: the reference.
     ConsulLock,
+    /// `lease-worker`s on the client agent of a 3-server [`Cluster`] (no proxy), for faults of
+    /// the servers.
+    ConsulCluster,
 }
 
 /// One kind of fault.
@@ -114,6 +118,8 @@ pub enum Fault {
     CloseConnection,
     /// The administrator removes a slot, and adds it back a moment later.
     RemoveSlot,
+    /// `kill -9` of the server that is raft leader; it is restarted a few seconds later.
+    RaftLeaderKill,
 }
 
 impl Fault {
@@ -129,6 +135,7 @@ impl Fault {
             Fault::Http500 => "http500",
             Fault::CloseConnection => "close-conn",
             Fault::RemoveSlot => "rm-slot",
+            Fault::RaftLeaderKill => "raft-kill",
         }
     }
 }
@@ -176,7 +183,12 @@ impl Scenario {
             ttl_secs: 10,
             lock_delay_ms: 1000,
             duration,
-            mean_gap: Duration::from_millis(2500),
+            // A raft leader kill takes a server out for its restart and rejoin: fewer of them.
+            mean_gap: Duration::from_millis(if backend == Backend::ConsulCluster {
+                7000
+            } else {
+                2500
+            }),
             hold_ms: 300,
             seed: seed_from_env(),
         }
@@ -206,6 +218,8 @@ impl Scenario {
                 Fault::DestroySession,
                 Fault::DeleteKey,
             ],
+            // Only brief trouble: every loss in this scenario is a false one.
+            Backend::ConsulCluster => vec![Fault::RaftLeaderKill],
             Backend::Amqp => vec![
                 Fault::Kill9,
                 Fault::Pause,
@@ -225,7 +239,9 @@ impl Scenario {
             Backend::Amqp => (AMQP_HEARTBEAT_SECS * 2500, AMQP_HEARTBEAT_SECS * 4000),
             // `consul lock`'s session (TTL 15 s) may live up to twice its TTL: outlast that.
             Backend::ConsulLock => (31_000, 33_000),
-            Backend::Consul => (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000),
+            Backend::Consul | Backend::ConsulCluster => {
+                (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000)
+            }
         }
     }
 
@@ -234,7 +250,7 @@ impl Scenario {
         match self.backend {
             Backend::Amqp => Duration::from_secs(AMQP_HEARTBEAT_SECS * 3),
             // Consul invalidates a TTL session between TTL and 2 × TTL after its last renewal.
-            Backend::Consul => Duration::from_secs(self.ttl_secs * 2 + 1),
+            Backend::Consul | Backend::ConsulCluster => Duration::from_secs(self.ttl_secs * 2 + 1),
             // `consul lock` sessions have a 15 s TTL.
             Backend::ConsulLock => Duration::from_secs(31),
         }
@@ -289,6 +305,8 @@ pub fn schedule(scenario: &Scenario) -> Vec<Planned> {
             Fault::Blackhole => rng.millis(500, scenario.ttl_secs * 1000 + 4000),
             Fault::Http500 => rng.millis(300, 6000),
             Fault::RemoveSlot => rng.millis(200, 2000),
+            // How long the killed server stays down.
+            Fault::RaftLeaderKill => rng.millis(2000, 6000),
             _ => Duration::ZERO,
         };
         plan.push(Planned {
@@ -327,6 +345,11 @@ pub struct Report {
     pub leaks: Vec<String>,
     /// Workers not gone 2 s after SIGTERM (or that died on their own).
     pub hangs: Vec<String>,
+    /// `lost` lines in a scenario whose faults are all brief trouble (raft leader kills): every
+    /// one is false; `None` where losses are expected.
+    pub false_losses: Option<usize>,
+    /// How long each raft election took, from the `kill -9` to a new leader (ms).
+    pub elections_ms: Vec<f64>,
     /// Hand-off gaps, p50 and p99 (ms); NaN for a semaphore of more than one slot.
     pub handoff_ms: (f64, f64),
     /// Every violation, each with the interleaving around it.
@@ -339,7 +362,7 @@ impl Report {
     /// The header of [`row`](Report::row).
     pub fn header() -> String {
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>17}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17}",
             "scenario",
             "seed",
             "acq",
@@ -350,6 +373,8 @@ impl Report {
             "resum",
             "leaks",
             "hangs",
+            "false",
+            "elect p50/max",
             "hand-off p50/p99"
         )
     }
@@ -362,7 +387,7 @@ impl Report {
             .map(|(k, n)| format!("{k}:{n}"))
             .collect();
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>17}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17}",
             self.scenario,
             self.seed,
             self.acquisitions,
@@ -373,6 +398,17 @@ impl Report {
             self.resumed_writes,
             self.leaks.len(),
             self.hangs.len(),
+            self.false_losses
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            if self.elections_ms.is_empty() {
+                "-".to_owned()
+            } else {
+                let mut sorted = self.elections_ms.clone();
+                sorted.sort_by(f64::total_cmp);
+                let p50 = sorted[sorted.len() / 2];
+                let max = sorted[sorted.len() - 1];
+                format!("{p50:.0}/{max:.0} ms")
+            },
             if self.handoff_ms.0.is_nan() {
                 "-".to_owned()
             } else {
@@ -513,24 +549,46 @@ enum Restore {
     Cont(usize),
     Forward(usize),
     AddSlot,
+    /// Start the killed server `i` again.
+    Restart(usize),
 }
 
 /// The services one scenario runs against.
 #[derive(Debug)]
 struct Services {
     agent: Option<Agent>,
+    cluster: Option<Cluster>,
     amqp: Option<lease_core::amqp::Amqp>,
     amqp_url: String,
     key: String,
+}
+
+impl Services {
+    /// The operator API: the dev agent's, or the cluster's client agent's.
+    fn api(&self) -> Option<&Api> {
+        match (&self.agent, &self.cluster) {
+            (Some(agent), _) => Some(agent),
+            (None, Some(cluster)) => Some(cluster),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Runs `scenario` with `worker_bin` (`env!("CARGO_BIN_EXE_lease-worker")`) and judges it.
 pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     let mut run = Run::new("chaos", &scenario.name, worker_bin);
     run.exit_within = EXIT_WITHIN;
-    let services = match scenario.backend {
+    let mut services = match scenario.backend {
         Backend::Consul | Backend::ConsulLock => Services {
             agent: Some(Agent::start().await),
+            cluster: None,
+            amqp: None,
+            amqp_url: String::new(),
+            key: format!("chaos/{}", scenario.name),
+        },
+        Backend::ConsulCluster => Services {
+            agent: None,
+            cluster: Some(Cluster::start(3).await),
             amqp: None,
             amqp_url: String::new(),
             key: format!("chaos/{}", scenario.name),
@@ -541,6 +599,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             let sep = if base.contains('?') { '&' } else { '?' };
             Services {
                 agent: None,
+                cluster: None,
                 amqp: Some(crate::amqp::backend().0),
                 amqp_url: format!("{base}{sep}heartbeat={AMQP_HEARTBEAT_SECS}"),
                 key: crate::amqp::unique(&format!("chaos-{}", scenario.name)),
@@ -591,6 +650,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut resumes: Vec<(u32, u128)> = Vec::new();
     let mut last_crash: Option<Instant> = None;
+    let mut elections: Vec<f64> = Vec::new();
     loop {
         let next_fault = plan.last().map(|p| start_at + p.at);
         let next_owed = owed.iter().map(|(t, _)| *t).min();
@@ -625,6 +685,17 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
                     let detail = restore_slots(&services, scenario.limit.unwrap_or(1)).await;
                     faults.log(&format!("end rm-slot: {detail}"));
                 }
+                Restore::Restart(i) => {
+                    if let Some(cluster) = services.cluster.as_mut() {
+                        match cluster.restart(i).await {
+                            Ok(took) => faults.log(&format!("restart s{i}: rejoined in {took:?}")),
+                            Err(e) => {
+                                faults.log(&format!("restart s{i}: {e}"));
+                                report_extra.push(format!("server s{i} did not come back: {e}"));
+                            }
+                        }
+                    }
+                }
             }
             continue;
         }
@@ -634,12 +705,13 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             &p,
             s,
             scenario,
-            &services,
+            &mut services,
             &mut run,
             &mut slots,
             &mut faults,
             &mut owed,
             &mut rng,
+            &mut elections,
         )
         .await;
         if injected {
@@ -679,6 +751,23 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     report.scenario = scenario.name.clone();
     report.seed = scenario.seed;
     report.faults = counts;
+    report.elections_ms = elections;
+    // Brief trouble is not loss: where every fault is of that kind, each `lost` is false.
+    if (scenario.fault_kinds().iter()).all(|f| *f == Fault::RaftLeaderKill) {
+        let lost: Vec<Line> = (history.lines().iter())
+            .filter(|l| l.kind == Kind::Lost)
+            .cloned()
+            .collect();
+        report.false_losses = Some(lost.len());
+        if let Some(first) = lost.first() {
+            report.violations.push(format!(
+                "{} false loss(es) under brief trouble only; the first: {first}\n\
+                 --- interleaving (faults are pid 0):\n{}",
+                lost.len(),
+                history.around(first.t, 12)
+            ));
+        }
+    }
     report.files = run.files();
     for h in &hangs {
         report.violations.push(format!("hang: {h}"));
@@ -696,7 +785,9 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     report.leaks = leaks;
     // The reference is expected to break the promise; its files are kept for reading, but a
     // run of `consul lock` is not a failure of ours.
-    if !report.violations.is_empty() || scenario.backend == Backend::ConsulLock {
+    // `CHAOS_KEEP=1` keeps the files of a clean run too.
+    let keep = std::env::var("CHAOS_KEEP").is_ok_and(|v| v == "1");
+    if keep || !report.violations.is_empty() || scenario.backend == Backend::ConsulLock {
         run.keep = true;
     }
     if let Some(amqp) = &services.amqp {
@@ -712,8 +803,11 @@ fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i
     let name = format!("w{i}.{}", slot.generation);
     let mut args: Vec<String> = Vec::new();
     match scenario.backend {
-        Backend::Consul => {
-            let url = slot.proxy.as_ref().map(Proxy::url).unwrap_or_default();
+        Backend::Consul | Backend::ConsulCluster => {
+            let url = match &services.cluster {
+                Some(cluster) => cluster.url(),
+                None => slot.proxy.as_ref().map(Proxy::url).unwrap_or_default(),
+            };
             args.extend(["--consul".into(), url]);
             args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
             args.extend(["--lock-delay".into(), scenario.lock_delay_ms.to_string()]);
@@ -820,12 +914,13 @@ async fn inject(
     p: &Planned,
     s: usize,
     scenario: &Scenario,
-    services: &Services,
+    services: &mut Services,
     run: &mut Run,
     slots: &mut [Slot],
     faults: &mut FaultLog,
     owed: &mut Vec<(Instant, Restore)>,
     rng: &mut Rng,
+    elections: &mut Vec<f64>,
 ) -> bool {
     let process = slots[s].process;
     let pid = run.pid(process);
@@ -864,7 +959,7 @@ async fn inject(
             true
         }
         Fault::DestroySession | Fault::DeleteKey => {
-            let Some(agent) = &services.agent else {
+            let Some(agent) = services.api() else {
                 return false;
             };
             let held = holders(run);
@@ -952,6 +1047,34 @@ async fn inject(
             ));
             true
         }
+        Fault::RaftLeaderKill => {
+            let Some(cluster) = services.cluster.as_mut() else {
+                return false;
+            };
+            // One server down at a time: two would leave no quorum, which is not brief.
+            if owed.iter().any(|(_, r)| matches!(r, Restore::Restart(_))) {
+                return false;
+            }
+            let Some(leader) = cluster.leader().await else {
+                return false;
+            };
+            let t0 = Instant::now();
+            cluster.kill9(leader).await;
+            faults.log(&format!("raft-kill s{leader} (the raft leader)"));
+            match cluster
+                .await_leader(Some(leader), Duration::from_secs(30))
+                .await
+            {
+                Some(next) => {
+                    let took = t0.elapsed();
+                    elections.push(took.as_secs_f64() * 1000.0);
+                    faults.log(&format!("election: s{next} leads after {took:?}"));
+                }
+                None => faults.log("election: no new leader within 30 s"),
+            }
+            owed.push((t0 + p.lasts, Restore::Restart(leader)));
+            true
+        }
         Fault::RemoveSlot => {
             let Some(amqp) = &services.amqp else {
                 return false;
@@ -1018,7 +1141,7 @@ async fn leaks(
 
 async fn leftovers(scenario: &Scenario, services: &Services) -> Vec<String> {
     let mut found = Vec::new();
-    if let Some(agent) = &services.agent {
+    if let Some(agent) = services.api() {
         for s in agent.sessions().await {
             found.push(format!("session {s}"));
         }

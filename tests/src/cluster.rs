@@ -4,7 +4,8 @@
 //!
 //! Every node keeps its ports, node name and data directory across [`Cluster::kill9`] and
 //! [`Cluster::restart`], so a restarted server rejoins as itself. The nodes are killed when the
-//! cluster is dropped; their logs are under `target/consul-logs/cluster-<port>/`.
+//! cluster is dropped (their data with them); their logs stay under
+//! `target/consul-logs/cluster-<port>/`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,7 +88,10 @@ impl Drop for Cluster {
                 let _ = child.start_kill();
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // The data goes; the logs stay for reading.
+        for node in self.servers.iter().chain(Some(&self.client)) {
+            let _ = std::fs::remove_dir_all(self.dir.join(&node.name));
+        }
     }
 }
 

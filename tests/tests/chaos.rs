@@ -3,7 +3,7 @@
 //! never more writers than the limit, no stale write, nothing leaked, no worker hung at SIGTERM.
 //!
 //! The seed is `CHAOS_SEED` (default `lease_tests::chaos::DEFAULT_SEED`); a failure prints it and the merged
-//! interleaving around the violation, faults included. The three scenarios run in parallel and
+//! interleaving around the violation, faults included. The four scenarios run in parallel and
 //! take about a minute together. The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
 //!
 //! ```sh
@@ -52,6 +52,19 @@ async fn chaos_amqp_leader() {
     short(Scenario::new("amqp-leader", Backend::Amqp, None, SHORT)).await;
 }
 
+/// A 3-server cluster whose raft leader is killed with `kill -9` and restarted: brief trouble,
+/// so any `lost` is a false loss and fails the run.
+#[tokio::test]
+async fn chaos_consul_raft_leader() {
+    short(Scenario::new(
+        "consul-raft-leader",
+        Backend::ConsulCluster,
+        None,
+        SHORT,
+    ))
+    .await;
+}
+
 /// The long mode: `scripts/chaos.sh` sets `CHAOS_MINUTES` (and maybe `CHAOS_SEED`) and runs
 /// this; it prints one table row per scenario, `consul lock` included, and fails on a violation
 /// of ours (the reference's are its findings). `CHAOS_ONLY=consul-lock` runs the scenarios whose
@@ -69,6 +82,7 @@ async fn chaos_long() {
         ("consul-sem2", Backend::Consul, Some(2)),
         ("amqp-leader", Backend::Amqp, None),
         ("amqp-sem2", Backend::Amqp, Some(2)),
+        ("consul-raft-leader", Backend::ConsulCluster, None),
         ("consul-lock-leader", Backend::ConsulLock, None),
         ("consul-lock-n2", Backend::ConsulLock, Some(2)),
     ];
