@@ -270,7 +270,7 @@ async fn beat_until_gone(
     fence: Fence,
     tx: watch::Sender<Beat>,
 ) {
-    let retry_every = (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let retry_every = super::session::retry_pause(ttl);
     let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + ttl / 2;
     loop {
         let Some(deadline) = fence.deadline() else {

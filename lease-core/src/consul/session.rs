@@ -259,6 +259,12 @@ async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// How soon a failed renewal or heartbeat pass of a `ttl` session is tried again: TTL/20,
+/// between 100 ms and 1 s.
+pub(crate) fn retry_pause(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
 /// Renews `id` every TTL/2, confirming `fence` with each renewal's send time, until Consul says
 /// the session is gone or the fence's deadline passes (then it returns `Fenced`, at that
 /// deadline, not later).
@@ -268,7 +274,7 @@ async fn renew_until_ended(
     ttl: Duration,
     fence: Fence,
 ) -> SessionEnd {
-    let retry_every = (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let retry_every = retry_pause(ttl);
     let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + ttl / 2;
     let mut last_error = None;
     loop {

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::watch;
 
@@ -115,7 +115,7 @@ enum View {
 pub(crate) struct Watches {
     max_groups: usize,
     groups: Mutex<BTreeMap<String, Group>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -318,7 +318,7 @@ impl Watches {
         Watches {
             max_groups: max_groups.max(1),
             groups: Mutex::default(),
-            next_id: Mutex::new(0),
+            next_id: AtomicU64::new(0),
         }
     }
 
@@ -333,14 +333,7 @@ impl Watches {
     /// Starts watching `interest`; with `troubles`, failed reads are reported too.
     pub(crate) fn watch(http: &Arc<ConsulHttp>, interest: Interest, troubles: bool) -> Watched {
         let watches = http.watches();
-        let id = {
-            let mut next = watches
-                .next_id
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *next += 1;
-            *next
-        };
+        let id = watches.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, view) = watch::channel(View::Pending);
         let watcher = Watcher {
             id,

@@ -114,23 +114,21 @@ impl ConsulHttp {
     /// (the connections of this one belong to the runtime that made them). `None` if the TLS
     /// configuration cannot be built again.
     pub(crate) fn detached(&self) -> Option<Arc<ConsulHttp>> {
-        let max = self.budget.max();
-        let client = super::config::build_client(self.ca_pem.as_deref(), max).ok()?;
-        Some(Arc::new(ConsulHttp {
-            client,
-            ca_pem: self.ca_pem.clone(),
-            keepers: Keepers::new(),
-            base: self.base.clone(),
+        let max_connections = self.budget.max();
+        let client = super::config::build_client(self.ca_pem.as_deref(), max_connections).ok()?;
+        let settings = Settings {
             token: self.token.clone(),
             datacenter: self.datacenter.clone(),
             node_checks: self.node_checks.clone(),
-            budget: Budget::new(max),
-            watches: Watches::new(Budget::new(max).max_watches()),
-            keep_alives: KeepAlives::new(self.keep_alives.mode()),
-            requests: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            cas_conflicts: AtomicU64::new(0),
-        }))
+            max_connections,
+            keep_alive: self.keep_alives.mode(),
+        };
+        Some(ConsulHttp::new(
+            client,
+            self.ca_pem.clone(),
+            self.base.clone(),
+            settings,
+        ))
     }
 
     /// The prefix watches of this client.

@@ -161,6 +161,7 @@ fn into_lease(
     let lock = SemaphoreSlot {
         semaphores: Arc::clone(semaphores),
         prefix: prefix.to_owned(),
+        directory: directory(prefix),
         settle: spec.settle_after_removal(),
         lock_index: admitted.lock_index,
     };
@@ -203,6 +204,8 @@ fn verdict(
 struct SemaphoreSlot {
     semaphores: Arc<Semaphores>,
     prefix: String,
+    /// `<prefix>/`, which every key of the semaphore is under.
+    directory: String,
     /// `LeaseSpec::settle_after_removal`, for the give-back.
     settle: Duration,
     lock_index: u64,
@@ -213,11 +216,11 @@ impl SessionLock for SemaphoreSlot {
     const COARSE: LostReason = LostReason::KeyDeleted;
 
     fn interest(&self) -> Interest {
-        Interest::Prefix(directory(&self.prefix))
+        Interest::Prefix(self.directory.clone())
     }
 
     fn verdict(&self, listing: &Listing, session: &str) -> Option<LostReason> {
-        let entries = listing.under(&directory(&self.prefix));
+        let entries = listing.under(&self.directory);
         verdict(&self.prefix, entries, session, self.lock_index)
     }
 

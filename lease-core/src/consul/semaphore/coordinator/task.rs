@@ -58,11 +58,8 @@ pub(super) async fn run(
         fresh: false,
         backoff: backoff(),
     };
-    let mut watched = Watches::watch(
-        &coordinator.http,
-        Interest::Prefix(super::super::directory(&coordinator.prefix)),
-        true,
-    );
+    let directory = super::super::directory(&coordinator.prefix);
+    let mut watched = Watches::watch(&coordinator.http, Interest::Prefix(directory.clone()), true);
     let mut open = true;
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -87,7 +84,7 @@ pub(super) async fn run(
                     }
                     None => return,
                 },
-                answer = changed(&mut watched, &coordinator.prefix, after) => {
+                answer = changed(&mut watched, &directory, after) => {
                     coordinator.observe(answer).await;
                 }
                 () = tokio::time::sleep_until(next_wake.map_or(stop_at, |at| at.min(stop_at))) => {
@@ -115,7 +112,7 @@ pub(super) async fn run(
                     Some(request) => coordinator.push(request),
                     None => open = false,
                 },
-                answer = changed(&mut watched, &coordinator.prefix, after) => {
+                answer = changed(&mut watched, &directory, after) => {
                     coordinator.observe(answer).await;
                 }
                 () = tokio::time::sleep_until(prune_at.unwrap_or_else(far_future)), if prune_at.is_some() => {
@@ -128,14 +125,14 @@ pub(super) async fn run(
     }
 }
 
-/// The next listing of the prefix newer than `after`, as the entries under it.
+/// The next listing newer than `after`, as the entries under `directory` (the semaphore's).
 async fn changed(
     watched: &mut Watched,
-    prefix: &str,
+    directory: &str,
     after: u64,
 ) -> Result<(Vec<KvEntry>, u64), ApiError> {
     let listing = watched.next(after + 1).await?;
-    let entries = listing.under(&super::super::directory(prefix)).to_vec();
+    let entries = listing.under(directory).to_vec();
     Ok((entries, listing.index))
 }
 
