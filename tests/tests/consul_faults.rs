@@ -314,6 +314,7 @@ async fn bad_input_gives_typed_errors() {
         .unwrap_err();
     assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
     assert!(err.to_string().contains("CONSUL_HTTP_ADDR"), "{err}");
+    assert!(err.to_string().contains("is it running?"), "{err}");
 
     assert!(Consul::builder().address("ftp://x").build().is_err());
 }
