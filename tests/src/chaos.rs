@@ -450,15 +450,6 @@ pub fn judge(
     shared_slots: bool,
     resumes: &[(u32, u128)],
 ) -> Report {
-    let mut exempt = Vec::new();
-    for &(pid, cont) in resumes {
-        if let Some(first) = history
-            .of_pid(pid)
-            .find(|l| l.kind == Kind::Write && l.t >= cont)
-        {
-            exempt.push(first.clone());
-        }
-    }
     let stale_of = |h: &History| {
         if shared_slots {
             h.stale_writes_shared(limit)
@@ -467,13 +458,7 @@ pub fn judge(
         }
     };
     // Judge without the resumed writes; count as resumed only those that were stale.
-    let without: Vec<Line> = history
-        .lines()
-        .iter()
-        .filter(|l| !exempt.contains(l))
-        .cloned()
-        .collect();
-    let judged = History::from_lines(without);
+    let (judged, exempt) = history.without_resumed_writes(resumes);
     let stale_with: Vec<u128> = stale_of(history).iter().map(|w| w.t).collect();
     let resumed_writes = exempt.iter().filter(|l| stale_with.contains(&l.t)).count();
     let mut report = Report {

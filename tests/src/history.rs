@@ -311,6 +311,32 @@ impl History {
         self.of_pid(pid).find(|l| &l.kind == kind)
     }
 
+    /// Splits off the one write per pause that no library can prevent.
+    ///
+    /// `resumes` are `(pid, SIGCONT instant)`. A process stopped between its `is_held()` check
+    /// and its write makes that one write after SIGCONT, whatever the library does; the first
+    /// write of each pid at or after its SIGCONT is taken out. Returns the history without those
+    /// writes, to judge, and the writes taken out, to count apart. A holder that did not
+    /// self-fence writes again a few milliseconds later, and that second write stays in.
+    pub fn without_resumed_writes(&self, resumes: &[(u32, u128)]) -> (History, Vec<Line>) {
+        let mut exempt: Vec<Line> = Vec::new();
+        for &(pid, cont) in resumes {
+            if let Some(first) = self
+                .of_pid(pid)
+                .find(|l| l.kind == Kind::Write && l.t >= cont)
+            {
+                exempt.push(first.clone());
+            }
+        }
+        let judged = self
+            .lines
+            .iter()
+            .filter(|l| !exempt.contains(l))
+            .cloned()
+            .collect();
+        (History::from_lines(judged), exempt)
+    }
+
     /// The writes of `seq` after `t`.
     pub fn writes_after(&self, seq: &str, t: u128) -> Vec<&Line> {
         self.lines
