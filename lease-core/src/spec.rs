@@ -174,8 +174,13 @@ impl LeaseSpec {
     /// before; taking the lease at once would let both run for that moment. Contenders of this
     /// library wait `settle` after an invalidation whose lock-delay was shorter, and
     /// [`settle_after_removal`](Self::settle_after_removal) after a deletion. A clean release is
-    /// not a loss: the next holder takes it at once. `consul lock` does not wait, so against its holders the
-    /// window remains; fence downstream writes with the sequencer where that matters.
+    /// not a loss: the next holder takes it at once. `consul lock` does not wait, so against its
+    /// holders the window remains; fence downstream writes with the sequencer where that matters.
+    ///
+    /// On RabbitMQ, which has no lock-delay at all, the *holder's* settle time is what protects
+    /// it: a slot freed by anything but a clean release (the broker dropped the connection, the
+    /// process died) is not taken by anyone for `settle` after the drop, as the broker counts it.
+    /// The memory backend loses a lease only by release or expiry and does not wait.
     #[must_use]
     pub fn settle(mut self, settle: Duration) -> Self {
         self.settle = settle;

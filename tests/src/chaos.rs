@@ -1103,7 +1103,8 @@ async fn stop(run: &mut Run, scenario: &Scenario) -> Result<(), String> {
 }
 
 /// What is left once the last crashed worker's session or connection has had time to expire:
-/// sessions and held keys (Consul), holder queues (AMQP). Waits, bounded, for them to go.
+/// sessions and held keys (Consul), holder and settle queues (AMQP). Waits, bounded, for them
+/// to go.
 async fn leaks(
     scenario: &Scenario,
     services: &Services,
@@ -1145,7 +1146,7 @@ async fn leftovers(scenario: &Scenario, services: &Services) -> Vec<String> {
             .await
             .unwrap_or_default();
         for (q, _) in queues {
-            if q.ends_with("-B") || q.ends_with("-admin") {
+            if q.ends_with("-B") || q.ends_with("-C") || q.ends_with("-admin") {
                 found.push(format!("queue {q}"));
             }
         }

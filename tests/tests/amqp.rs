@@ -126,6 +126,84 @@ async fn closed_connection_cancels_the_work_and_frees_the_leader_slot() {
     destroy(&name).await;
 }
 
+/// RabbitMQ has no lock-delay; the holder's settle queue stands in for it. A slot freed by a
+/// dropped connection is not taken before the holder's settle time, measured from the drop, by a
+/// waiter or by a process that arrives afterwards; a clean release is taken at once, although the
+/// settle time is longer than the test's bound.
+#[tokio::test]
+async fn a_slot_freed_by_a_dropped_connection_waits_out_the_settle_time_and_a_release_does_not() {
+    init_tracing();
+    require_broker().await;
+    const SETTLE: Duration = Duration::from_secs(2);
+    let name = unique("settle");
+    let (holder, holder_conn) = backend();
+    let (waiter, _) = backend();
+    let (latecomer, _) = backend();
+    let spec = LeaseSpec::leader(&name).settle(SETTLE).wait(Wait::UpTo(T));
+    let lease = holder.acquire(&spec).await.unwrap();
+    let work = guarded_work(&lease);
+    let next = tokio::spawn({
+        let spec = spec.clone();
+        async move {
+            let lease = waiter.acquire(&spec).await;
+            (lease, tokio::time::Instant::now())
+        }
+    });
+    tokio::task::spawn_blocking(move || broker::close_connection(&holder_conn))
+        .await
+        .unwrap();
+    let reason = within(T, "the work to be cancelled", work).await.unwrap();
+    assert_eq!(reason, Err(LostReason::ConnectionClosed));
+    // The broker dropped the connection a few milliseconds before the holder noticed; the
+    // margin below covers that, not the settle time.
+    let dropped = tokio::time::Instant::now() - Duration::from_millis(200);
+    // Arrives after the loss, never having seen the holder: it waits out the settle time too.
+    let late = latecomer
+        .acquire(&LeaseSpec::leader(&name).wait(Wait::UpTo(SETTLE / 4)))
+        .await;
+    assert!(
+        matches!(late, Err(Error::Busy { .. })),
+        "a newcomer took the slot {:?} after its holder's connection was dropped, within the \
+         holder's settle time {SETTLE:?}: {late:?}",
+        dropped.elapsed()
+    );
+    let (next, taken) = within(T, "the waiter to take the slot", next)
+        .await
+        .unwrap();
+    let next = next.unwrap();
+    assert!(
+        taken - dropped >= SETTLE,
+        "the waiter took the slot {:?} after the holder's connection was dropped, before the \
+         holder's settle time {SETTLE:?}",
+        taken - dropped
+    );
+
+    next.release().await.unwrap();
+
+    // A clean release is taken at once, although the releasing holder's settle time is far
+    // longer than the test's bound.
+    let long = latecomer
+        .acquire(&LeaseSpec::leader(&name).settle(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let (last, _) = backend();
+    let after = tokio::spawn({
+        let spec = LeaseSpec::leader(&name).wait(Wait::UpTo(T));
+        async move { last.acquire(&spec).await }
+    });
+    long.release().await.unwrap();
+    let after = within(T, "the slot to be taken after a clean release", after)
+        .await
+        .unwrap()
+        .unwrap();
+    after.release().await.unwrap();
+    destroy(&name).await;
+    let left = tokio::task::spawn_blocking(move || broker::queues(&name))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "queues left after destroy: {left:?}");
+}
+
 #[tokio::test]
 async fn connection_cut_by_a_proxy_cancels_the_work_and_frees_the_slot() {
     init_tracing();

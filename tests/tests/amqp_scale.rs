@@ -107,8 +107,9 @@ async fn two_thousand_leader_leases_on_one_backend_are_held_and_leave_nothing_be
     let taken: HashSet<&str> = leases.iter().map(|l| l.sequencer().key()).collect();
     assert_eq!(taken.len(), LEASES, "a key was taken twice or not at all");
 
-    // What each lease costs the broker: one channel, one consumer (on A[L]), one exclusive
-    // holder queue B[L]. 2,000 channels fit on one connection (channel_max 2047 less headroom).
+    // What each lease costs the broker: one channel, two consumers (on A[L] and on its settle
+    // queue C[L]), the exclusive holder queue B[L] and C[L]. 2,000 channels fit on one connection
+    // (channel_max 2047 less headroom).
     let (channels, consumers, queues) = listing({
         let (name, prefix) = (connection_name.clone(), prefix.clone());
         move || {
@@ -121,9 +122,11 @@ async fn two_thousand_leader_leases_on_one_backend_are_held_and_leave_nothing_be
     })
     .await;
     assert_eq!(channels, vec![LEASES as u64], "channels per connection");
-    assert_eq!(consumers, LEASES);
+    assert_eq!(consumers, 2 * LEASES);
     let holder_queues = queues.iter().filter(|(q, _)| q.ends_with("-B")).count();
     assert_eq!(holder_queues, LEASES);
+    let settle_queues = queues.iter().filter(|(q, _)| q.ends_with("-C")).count();
+    assert_eq!(settle_queues, LEASES);
 
     // Every lease is held as the broker sees it too (a confirmed probe of A[L] and B[L] each).
     let checked = bounded(leases.iter().map(Lease::watcher).collect(), |watcher| {

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use lapin::Channel;
 
-use super::client::delete_exclusive;
+use super::client::delete_queue;
 use super::naming::SemaphoreNames;
 use super::pool::{Reservation, Use};
 use super::wire::{self, Failure};
@@ -314,7 +314,7 @@ impl Session<'_> {
     async fn unlock<T>(mut self, result: Result<T, Error>) -> Result<T, Error> {
         self.unlocked = true;
         let mutex = self.names.admin_queue();
-        let released = delete_exclusive(
+        let released = delete_queue(
             self.amqp,
             self.reservation.connection(),
             Some(&self.channel),
@@ -343,7 +343,7 @@ impl Drop for Session<'_> {
                 self.local.take(),
             );
             runtime.spawn(async move {
-                let _ = delete_exclusive(&amqp, pooled.connection(), None, &mutex).await;
+                let _ = delete_queue(&amqp, pooled.connection(), None, &mutex).await;
                 drop(local);
             });
         }

@@ -6,6 +6,16 @@
 //! `race_retries` times. A won declare is only trusted once `A[L]` is shown to still exist, by the
 //! consume (or probe) that then watches it, so an administrator's delete in between is never
 //! missed.
+//!
+//! **Settling.** RabbitMQ has no lock-delay: when the broker drops a holder's connection, `B[L]`
+//! goes at once, while the holder learns of it only when the close reaches it (milliseconds, or
+//! longer on a loaded machine). So a holder also keeps a settle queue `C[L]` (ours, not the
+//! seed's), declared with `x-expires` = its [`LeaseSpec::settle_time`] and consumed for as long
+//! as it holds the slot. A clean release deletes `C[L]` before `B[L]`; any other end leaves it,
+//! and the broker deletes it one settle time after the holder's consumer went away. An acquirer
+//! that wins `B[L]` while `C[L]` is still there waits, holding `B[L]`, until it is gone: the
+//! Consul contenders' settle rule, kept by the broker's clock, for every acquirer at once (a new
+//! process that never saw the old holder too).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +37,9 @@ use crate::{Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 /// The first and longest pause between scans of a full semaphore.
 const SCAN_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
+/// The first and longest pause between looks at a settle queue `C[L]` that is about to expire.
+const SETTLE_POLL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
+
 pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Error> {
     spec.validate()?;
     let (name, limit) = match spec.target() {
@@ -39,7 +52,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     let mut backoff = Backoff::new(SCAN_BACKOFF.0, SCAN_BACKOFF.1);
     let mut unsettled_scans = 0;
     loop {
-        match try_acquire(amqp, &names, limit).await? {
+        match try_acquire(amqp, &names, limit, spec.settle_time(), deadline).await? {
             Scan::Acquired(lease) => return Ok(lease),
             // Slots were changing hands while we looked: "busy" would not be the truth yet, so
             // look again soon, even when told not to wait (a bounded number of times).
@@ -75,8 +88,15 @@ enum Scan {
     Unsettled,
 }
 
-/// One scan of the semaphore.
-async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<Scan, Error> {
+/// One scan of the semaphore. A slot whose last holder has not settled yet is waited for until
+/// `deadline` (then the scan is [`Scan::Full`]).
+async fn try_acquire(
+    amqp: &Amqp,
+    names: &SemaphoreNames,
+    limit: u32,
+    settle: Duration,
+    deadline: Option<Instant>,
+) -> Result<Scan, Error> {
     let config = amqp.config();
     let timeout = config.operation_timeout;
     // The channel every scan of this acquire runs on, and the lease's channel if it wins a slot.
@@ -155,13 +175,39 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
                     return Err(amqp.unreachable("declare the holder queue", failure));
                 }
             }
-            let holder = HolderQueue {
+            let mut holder = HolderQueue {
                 amqp: amqp.clone(),
                 pooled: Arc::clone(&pooled),
                 queue: holder_queue,
+                settle_queue: None,
                 armed: true,
                 claim,
             };
+            let settle_consumer = match settle_in(
+                amqp,
+                &mut channel,
+                names,
+                slot,
+                settle,
+                deadline,
+                &mut holder,
+            )
+            .await
+            {
+                Ok(Some(settle_consumer)) => settle_consumer,
+                Ok(None) => {
+                    // Still settling at the deadline: busy, as far as this caller knows.
+                    let _ = holder.give_back(Some(&channel)).await;
+                    wire::close_channel(&channel, timeout).await;
+                    return Ok(Scan::Full);
+                }
+                Err(failure) => {
+                    let _ = holder.give_back(Some(&channel)).await;
+                    wire::close_channel(&channel, timeout).await;
+                    return Err(amqp.unreachable("settle the slot", failure));
+                }
+            };
+            // The fence starts when the request that proves the channel alive was sent.
             let confirmed_at = Instant::now();
             match watch_slot(amqp, &channel, &slot_queue).await {
                 Ok(consumer) => {
@@ -172,6 +218,7 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
                         reservation,
                         channel,
                         consumer,
+                        settle_consumer,
                         holder,
                         confirmed_at,
                     )));
@@ -188,6 +235,69 @@ async fn try_acquire(amqp: &Amqp, names: &SemaphoreNames, limit: u32) -> Result<
                     return Err(amqp.unreachable("watch the slot queue", failure));
                 }
             }
+        }
+    }
+}
+
+/// With `B[L]` won: waits until the last holder's settle queue `C[L]` has expired (or until
+/// `deadline`: `Ok(None)`), then declares and consumes our own, unless `settle` is zero.
+/// Returns the consumer that keeps `C[L]` while we hold the slot.
+///
+/// `C[L]` starts expiring when it is declared, and only our consume stops that: on a broker
+/// slow enough to let it expire in between, the consume fails (closing the channel), and the
+/// declare and consume are made again on a fresh channel. Nobody else can declare it meanwhile:
+/// we hold `B[L]`.
+async fn settle_in(
+    amqp: &Amqp,
+    channel: &mut Channel,
+    names: &SemaphoreNames,
+    slot: u32,
+    settle: Duration,
+    deadline: Option<Instant>,
+    holder: &mut HolderQueue,
+) -> Result<Option<Option<Consumer>>, Failure> {
+    let timeout = amqp.config().operation_timeout;
+    let queue = names.settle_queue(slot);
+    let mut backoff = Backoff::new(SETTLE_POLL.0, SETTLE_POLL.1);
+    let mut settling = false;
+    while wire::probe(channel, &queue, timeout).await? {
+        if !std::mem::replace(&mut settling, true) {
+            tracing::debug!(
+                semaphore = names.name(),
+                slot,
+                "the slot's last holder lost it without a release; settling"
+            );
+        }
+        let mut pause = backoff.next_pause();
+        if let Some(deadline) = deadline {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            pause = pause.min(deadline - now);
+        }
+        tokio::time::sleep(pause).await;
+    }
+    if settle.is_zero() {
+        return Ok(Some(None));
+    }
+    // Named before it exists, so a give-back (or a cancelled acquire) deletes it.
+    holder.settle_queue = Some(queue.clone());
+    let mut attempts = 0;
+    loop {
+        wire::declare_settle(channel, &queue, settle, timeout).await?;
+        match consume(channel, &queue, timeout).await {
+            Ok(consumer) => return Ok(Some(Some(consumer))),
+            Err(Failure::NotFound) if attempts < amqp.config().race_retries => {
+                attempts += 1;
+                tracing::debug!(
+                    queue,
+                    attempts,
+                    "the settle queue expired before its consume"
+                );
+                *channel = wire::open_channel(holder.pooled.connection(), timeout).await?;
+            }
+            Err(failure) => return Err(failure),
         }
     }
 }
@@ -213,20 +323,7 @@ async fn watch_slot(
 ) -> Result<Option<Consumer>, Failure> {
     let timeout = amqp.config().operation_timeout;
     match amqp.config().loss_detection {
-        LossDetection::ConsumerCancel => {
-            let options = BasicConsumeOptions {
-                // Stray messages must not pile up unacknowledged on the holder's channel.
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            };
-            let consume = channel.basic_consume(
-                ShortString::from(slot_queue),
-                ShortString::from(""),
-                options,
-                FieldTable::default(),
-            );
-            wire::bounded(timeout, slot_queue, consume).await.map(Some)
-        }
+        LossDetection::ConsumerCancel => consume(channel, slot_queue, timeout).await.map(Some),
         LossDetection::Verify { .. } => match wire::probe(channel, slot_queue, timeout).await? {
             true => Ok(None),
             false => Err(Failure::NotFound),
@@ -234,22 +331,56 @@ async fn watch_slot(
     }
 }
 
-/// `B[L]` while we own it: deleted by [`give_back`](HolderQueue::give_back), or in the background
-/// if dropped first (a cancelled acquire), so no slot is left taken.
+/// Consumes `queue` without acknowledgements (stray messages must not pile up unacknowledged on
+/// the holder's channel).
+async fn consume(channel: &Channel, queue: &str, timeout: Duration) -> Result<Consumer, Failure> {
+    let options = BasicConsumeOptions {
+        no_ack: true,
+        ..BasicConsumeOptions::default()
+    };
+    let consume = channel.basic_consume(
+        ShortString::from(queue),
+        ShortString::from(""),
+        options,
+        FieldTable::default(),
+    );
+    wire::bounded(timeout, queue, consume).await
+}
+
+/// `B[L]` (and `C[L]`) while we own it: deleted by [`give_back`](HolderQueue::give_back), or in
+/// the background if dropped first (a cancelled acquire), so no slot is left taken.
 pub(super) struct HolderQueue {
     amqp: Amqp,
     pooled: Arc<PooledConnection>,
     queue: String,
+    /// `C[L]`, once we declare it.
+    settle_queue: Option<String>,
     armed: bool,
     pub(super) claim: Claim,
 }
 
 impl HolderQueue {
-    /// Deletes `B[L]` (on `channel` if it still works, else on a fresh one) and waits for the
-    /// broker's delete-ok. If the connection is closed, `B[L]` went with it.
+    /// A clean release: deletes `C[L]`, then `B[L]` (on `channel` if it still works, else on a
+    /// fresh one), each confirmed, so the next holder need not settle. If the connection is
+    /// closed, `B[L]` went with it and `C[L]` expires on its own.
     pub(super) async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
         self.armed = false;
-        delete_exclusive(&self.amqp, self.pooled.connection(), channel, &self.queue).await
+        let connection = self.pooled.connection();
+        if let Some(settle_queue) = self.settle_queue.take() {
+            delete_queue(&self.amqp, connection, channel, &settle_queue).await?;
+        }
+        delete_queue(&self.amqp, connection, channel, &self.queue).await
+    }
+
+    /// After a loss: deletes `B[L]` only. `C[L]` is left to expire one settle time after the
+    /// channel that consumes it closes, so nobody takes the slot before this holder's work has
+    /// had that long to stop.
+    pub(super) async fn give_back_after_loss(
+        mut self,
+        channel: Option<&Channel>,
+    ) -> Result<(), Error> {
+        self.armed = false;
+        delete_queue(&self.amqp, self.pooled.connection(), channel, &self.queue).await
     }
 }
 
@@ -261,21 +392,25 @@ impl Drop for HolderQueue {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (amqp, pooled, queue) = (
-            self.amqp.clone(),
-            Arc::clone(&self.pooled),
-            self.queue.clone(),
-        );
+        // A cancelled acquire never ran work: nothing to settle.
+        let (amqp, pooled) = (self.amqp.clone(), Arc::clone(&self.pooled));
+        let queues: Vec<String> = (self.settle_queue.take().into_iter())
+            .chain([self.queue.clone()])
+            .collect();
         runtime.spawn(async move {
-            if let Err(error) = delete_exclusive(&amqp, pooled.connection(), None, &queue).await {
-                tracing::warn!(%error, queue, "could not delete an abandoned holder queue");
+            for queue in queues {
+                if let Err(error) = delete_queue(&amqp, pooled.connection(), None, &queue).await {
+                    tracing::warn!(%error, queue, "could not delete an abandoned holder queue");
+                    return;
+                }
             }
         });
     }
 }
 
-/// Deletes an exclusive queue of `connection`, confirmed.
-pub(crate) async fn delete_exclusive(
+/// Deletes a queue on `connection`, confirmed. If `connection` is closed there is nothing to do:
+/// its exclusive queues went with it, and a settle queue it consumed expires on its own.
+pub(crate) async fn delete_queue(
     amqp: &Amqp,
     connection: &Connection,
     channel: Option<&Channel>,
@@ -301,7 +436,7 @@ pub(crate) async fn delete_exclusive(
     match result {
         Ok(()) => Ok(()),
         Err(_) if !connection.status().connected() => Ok(()),
-        Err(failure) => Err(amqp.unreachable("delete the holder queue", failure)),
+        Err(failure) => Err(amqp.unreachable(&format!("delete the queue {queue:?}"), failure)),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Holding a slot: the keeper's watch of `A[L]` (a consumer the broker cancels when the queue is
 //! deleted, and a probe every quarter heartbeat that confirms the lease's fence), and the
-//! give-back of `B[L]`.
+//! give-back of `B[L]` (with `C[L]` on a clean release; after a loss `C[L]` is left to expire).
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -27,6 +27,7 @@ pub(super) fn into_lease(
     reservation: Reservation,
     channel: Channel,
     consumer: Option<Consumer>,
+    settle_consumer: Option<Consumer>,
     holder: HolderQueue,
     confirmed_at: Instant,
 ) -> Lease {
@@ -70,6 +71,7 @@ pub(super) fn into_lease(
             reservation,
             channel,
             consumer,
+            settle_consumer,
             slot_queue: names.slot_queue(slot),
             holder: Some(holder),
             fence,
@@ -86,6 +88,8 @@ struct SlotHold {
     reservation: Reservation,
     channel: Channel,
     consumer: Option<Consumer>,
+    /// Keeps `C[L]` in use (so it does not expire) until the channel closes.
+    settle_consumer: Option<Consumer>,
     slot_queue: String,
     /// Taken by the give-back.
     holder: Option<HolderQueue>,
@@ -125,17 +129,23 @@ impl SlotHold {
         }
     }
 
-    /// Deletes `B[L]` and closes the channel. After a self-fence the connection may be one the
-    /// broker is about to drop (or already has), so it is discarded too: the other leases on it
-    /// are lost with it, those on the backend's other connections are not.
-    async fn give_back(&mut self, self_fenced: bool) -> Result<(), Error> {
+    /// Gives the slot back and closes the channel: cleanly (`lost` is `None`: `C[L]` and `B[L]`
+    /// deleted, the next holder need not settle), or after a loss (`B[L]` only; `C[L]` expires
+    /// one settle time after the channel closes). After a self-fence the connection may be one
+    /// the broker is about to drop (or already has), so it is discarded too: the other leases on
+    /// it are lost with it, those on the backend's other connections are not.
+    async fn give_back(&mut self, lost: Option<&LostReason>) -> Result<(), Error> {
         self.consumer = None;
         let Some(holder) = self.holder.take() else {
             return Ok(());
         };
-        let result = holder.give_back(Some(&self.channel)).await;
+        let result = match lost {
+            None => holder.give_back(Some(&self.channel)).await,
+            Some(_) => holder.give_back_after_loss(Some(&self.channel)).await,
+        };
         wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
-        if self_fenced {
+        self.settle_consumer = None;
+        if matches!(lost, Some(LostReason::SelfFenced { .. })) {
             self.amqp
                 .discard_connection(self.reservation.pooled())
                 .await;
@@ -180,12 +190,11 @@ impl Hold for SlotHold {
     }
 
     async fn release(&mut self) -> Result<(), Error> {
-        self.give_back(false).await
+        self.give_back(None).await
     }
 
     async fn clean_up(&mut self, reason: &LostReason) {
-        let self_fenced = matches!(reason, LostReason::SelfFenced { .. });
-        if let Err(error) = self.give_back(self_fenced).await {
+        if let Err(error) = self.give_back(Some(reason)).await {
             tracing::warn!(%error, "could not delete the holder queue after losing the lease");
         }
     }

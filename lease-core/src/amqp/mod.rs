@@ -24,14 +24,22 @@
 //!   channel every quarter heartbeat and self-fences ([`LostReason::SelfFenced`]) when it has
 //!   heard nothing for three quarters of a heartbeat, before the broker can drop the connection
 //!   and give the slot away.
+//! - **Settling, in place of a lock-delay**: the broker frees `B[L]` the moment it drops a
+//!   holder's connection, before the holder has heard of it. So the holder also keeps a settle
+//!   queue `N-L-C` (`C[L]`), declared with `x-expires` = its [`LeaseSpec::settle`] (100 ms by
+//!   default) and consumed while it holds the slot. A clean release deletes it first; after any
+//!   other end the broker deletes it one settle time after the holder's channel went, and an
+//!   acquirer that wins `B[L]` meanwhile waits for it to go. Measured on a 2-core machine under
+//!   11× load, the old holder noticed a dropped connection 42 ms after the broker dropped it.
 //! - **Probes leave nothing behind**: existence checks are mandatory publishes with confirms, and
 //!   every queue is declared with `x-max-length = 0`, so a probe that reaches a queue is dropped.
 //!
 //! # Connections, channels and scale
 //!
 //! **What a held lease costs the broker:** one channel, open for as long as the lease is held;
-//! one consumer, on its slot queue `A[L]` (none with [`LossDetection::Verify`]); and one exclusive
-//! holder queue `B[L]`. Its semaphore's durable slot queues exist whether they are held or not. A
+//! one consumer on its slot queue `A[L]` (none with [`LossDetection::Verify`]) and one on its
+//! settle queue `C[L]` (none with a settle time of zero); the exclusive holder queue `B[L]` and
+//! `C[L]`. Its semaphore's durable slot queues exist whether they are held or not. A
 //! holder sends one confirmed probe every quarter heartbeat (2,000 leases at the default 10 s
 //! heartbeat: 800 a second). An acquire that creates its semaphore uses a second channel for the
 //! administration meanwhile, and [`check_sequencer`](Backend::check_sequencer) one for its two

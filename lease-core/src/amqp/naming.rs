@@ -1,8 +1,9 @@
 //! The queue names of a persistent semaphore (seed 004), and the rules a semaphore name obeys.
 //!
 //! A semaphore `N` is the set of durable slot queues `N-1-A` … `N-C-A` (`A[L]`), the exclusive holder
-//! queues `N-L-B` (`B[L]`) of whoever holds slot L, and the administration mutex `N-admin`. The mutex
-//! ends in neither `-A` nor `-B`, so it can never collide with a slot or holder queue of `N`.
+//! queues `N-L-B` (`B[L]`) of whoever holds slot L, the settle queues `N-L-C` (`C[L]`, ours, not
+//! the seed's: see `client`) and the administration mutex `N-admin`. The mutex ends in none of
+//! `-A`, `-B` or `-C`, so it can never collide with a slot's queue of `N`.
 
 use crate::Error;
 use crate::spec::validate_key;
@@ -62,6 +63,12 @@ impl SemaphoreNames {
         format!("{}-{slot}-B", self.name)
     }
 
+    /// `C[slot]`: the queue that outlives its holder's connection by the holder's settle time
+    /// (`x-expires`), unless the holder released the slot cleanly.
+    pub(crate) fn settle_queue(&self, slot: u32) -> String {
+        format!("{}-{slot}-C", self.name)
+    }
+
     /// The administration mutex.
     pub(crate) fn admin_queue(&self) -> String {
         format!("{}-admin", self.name)
@@ -82,6 +89,7 @@ mod tests {
         let n = SemaphoreNames::new("jobs/reports", 3).expect("valid in this test");
         assert_eq!(n.slot_queue(2), "jobs/reports-2-A");
         assert_eq!(n.holder_queue(2), "jobs/reports-2-B");
+        assert_eq!(n.settle_queue(2), "jobs/reports-2-C");
         assert_eq!(n.admin_queue(), "jobs/reports-admin");
     }
 

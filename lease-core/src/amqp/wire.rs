@@ -241,6 +241,39 @@ pub(crate) async fn declare_exclusive(
     declare(channel, queue, options, timeout).await
 }
 
+/// Declares a settle queue `C[L]`: RabbitMQ deletes it `settle` after its last consumer (the
+/// holder's) went away, and not before (`x-expires`; a consumer keeps a queue in use).
+///
+/// Sent without waiting for the broker's declare-ok (`nowait`), so that the consume sent right
+/// after it reaches the broker in the same breath: `C[L]` starts expiring when it is declared,
+/// and a round trip in between can take longer than a short settle time on a loaded broker. A
+/// failed declare closes the channel, which the consume then reports.
+pub(crate) async fn declare_settle(
+    channel: &Channel,
+    queue: &str,
+    settle: Duration,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let mut arguments = queue_arguments();
+    // x-expires must be a positive number of milliseconds.
+    let expires = i32::try_from(settle.as_millis()).unwrap_or(i32::MAX).max(1);
+    arguments.insert(ShortString::from("x-expires"), AMQPValue::LongInt(expires));
+    bounded(
+        timeout,
+        queue,
+        channel.queue_declare(
+            ShortString::from(queue),
+            QueueDeclareOptions {
+                nowait: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        ),
+    )
+    .await
+    .map(drop)
+}
+
 /// Declares `queue` with the arguments every client uses (so a mismatch is a typed error).
 async fn declare(
     channel: &Channel,
