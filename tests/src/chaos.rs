@@ -24,7 +24,9 @@
 //! (`consul:<child pid>:cl<child pid>:<key>`), not Consul's LockIndex: the column detects two
 //! children writing at once and a superseded child still writing (stale), which is what a
 //! `consul lock` user would suffer; it cannot see which session a child ran under, and pauses
-//! stop the `consul` process only (its child runs on, as a real child would).
+//! stop the `consul` process only (its child runs on, as a real child would). Each `consul lock`
+//! loop reaches the agent through its own proxy (`CONSUL_HTTP_ADDR`), so it gets the network
+//! faults ours get.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -90,7 +92,8 @@ pub enum Backend {
     Consul,
     /// `lease-worker`s on the RabbitMQ of [`crate::amqp`].
     Amqp,
-    /// `consul lock` (`-n N` for a semaphore) on a Consul dev agent: the reference.
+    /// `consul lock` (`-n N` for a semaphore) on a Consul dev agent, each through its own proxy:
+    /// the reference, under the same faults as [`Backend::Consul`].
     ConsulLock,
     /// `lease-worker`s on the client agent of a 3-server [`Cluster`] (no proxy), for faults of
     /// the servers.
@@ -212,11 +215,15 @@ impl Scenario {
                 Fault::Cut,
                 Fault::Http500,
             ],
+            // The same faults as ours: `consul lock` talks to the agent through its own proxy.
             Backend::ConsulLock => vec![
                 Fault::Kill9,
                 Fault::Pause,
                 Fault::DestroySession,
                 Fault::DeleteKey,
+                Fault::Blackhole,
+                Fault::Cut,
+                Fault::Http500,
             ],
             // Only brief trouble: every loss in this scenario is a false one.
             Backend::ConsulCluster => vec![Fault::RaftLeaderKill],
@@ -602,7 +609,9 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     let mut slots = Vec::new();
     for i in 0..scenario.workers {
         let proxy = match (&services.agent, scenario.backend) {
-            (Some(agent), Backend::Consul) => Some(Proxy::start(agent.addr()).await.unwrap()),
+            (Some(agent), Backend::Consul | Backend::ConsulLock) => {
+                Some(Proxy::start(agent.addr()).await.unwrap())
+            }
             _ => None,
         };
         let mut slot = Slot {
@@ -798,7 +807,7 @@ fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i
             args.extend(["--lock-delay".into(), scenario.lock_delay_ms.to_string()]);
         }
         Backend::Amqp => args.extend(["--amqp".into(), services.amqp_url.clone()]),
-        Backend::ConsulLock => return start_consul_lock(run, scenario, services, &name),
+        Backend::ConsulLock => return start_consul_lock(run, scenario, services, slot, &name),
     }
     args.extend(["--key".into(), services.key.clone()]);
     if let Some(limit) = scenario.limit {
@@ -817,11 +826,18 @@ end=$(( $(date +%s%N) + HOLD_MS * 1000000 ))
 while [ "$(date +%s%N)" -lt "$end" ]; do echo "$(date +%s%N) $$ write $TOK" >> "$HIST"; sleep 0.01; done
 echo "$(date +%s%N) $$ released $TOK ok" >> "$HIST""#;
 
-fn start_consul_lock(run: &mut Run, scenario: &Scenario, services: &Services, name: &str) -> usize {
+fn start_consul_lock(
+    run: &mut Run,
+    scenario: &Scenario,
+    services: &Services,
+    slot: &Slot,
+    name: &str,
+) -> usize {
     let agent = services
         .agent
         .as_ref()
         .expect("consul lock runs on an agent");
+    let addr = slot.proxy.as_ref().map_or(agent.addr(), Proxy::addr);
     let history = run.history_path(name);
     let key_of = match scenario.limit {
         // The leader's key; a semaphore holder's "contender key" under the prefix.
@@ -847,7 +863,7 @@ fn start_consul_lock(run: &mut Run, scenario: &Scenario, services: &Services, na
     command
         .arg("-c")
         .arg(script)
-        .env("CONSUL_HTTP_ADDR", agent.addr().to_string())
+        .env("CONSUL_HTTP_ADDR", addr.to_string())
         .env(
             "CHILD",
             format!("bash -c '{}'", child.replace('\'', "'\\''")),
