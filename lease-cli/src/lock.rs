@@ -239,7 +239,7 @@ async fn report_waiting(
                         leader.sequencer.holder(),
                         leader.sequencer.index()
                     ),
-                    None => "free, settling after its last holder lost it".to_owned(),
+                    None => "free (its last holder has just left)".to_owned(),
                 });
                 if observer.changed().await.is_err() {
                     break;
