@@ -34,7 +34,10 @@ pub(crate) async fn run(command: AmqpCommand) -> Result<u8, Failure> {
             .await
             .map(|slots| format!("{name}: {slots} slots")),
         AmqpCommand::Wait {
-            name, slot, timeout, ..
+            name,
+            slot,
+            timeout,
+            ..
         } => admin
             .wait_for_holder(&name, slot, timeout)
             .await

@@ -67,10 +67,16 @@ impl Spawn<'_> {
             )
         })?;
         let pid = child.id().ok_or_else(|| {
-            Failure::new(exit::CANNOT_RUN, "the command exited before it could be watched")
+            Failure::new(
+                exit::CANNOT_RUN,
+                "the command exited before it could be watched",
+            )
         })?;
         let group = Pid::from_raw(i32::try_from(pid).map_err(|_| {
-            Failure::new(exit::CANNOT_RUN, format_args!("process id {pid} out of range"))
+            Failure::new(
+                exit::CANNOT_RUN,
+                format_args!("process id {pid} out of range"),
+            )
         })?);
         Ok(Guarded { child, group })
     }

@@ -72,7 +72,9 @@ pub(crate) enum Command {
     #[command(long_about = LOCK_ABOUT, after_help = EXIT_CODES, after_long_help = format!("{LOCK_EXAMPLES}\n\n{EXIT_CODES}"))]
     Lock(LockArgs),
     /// Print who holds a lock or semaphore (exit 0 held, 1 not held, 2 error).
-    #[command(after_help = "Examples:\n  lease status jobs/backup\n  lease status -n 3 --json jobs/reports")]
+    #[command(
+        after_help = "Examples:\n  lease status jobs/backup\n  lease status -n 3 --json jobs/reports"
+    )]
     Status(StatusArgs),
     /// Check that a sequencer is still current (exit 0 current, 1 stale, 2 error).
     #[command(
@@ -300,12 +302,17 @@ mod tests {
     #[test]
     fn single_dash_long_flags_become_double_dash_before_the_command_only() {
         assert_eq!(
-            norm(&["lease", "lock", "-try", "5s", "-name=x", "-n", "3", "k", "--", "-try"]),
-            ["lease", "lock", "--try", "5s", "--name=x", "-n", "3", "k", "--", "-try"]
+            norm(&[
+                "lease", "lock", "-try", "5s", "-name=x", "-n", "3", "k", "--", "-try"
+            ]),
+            [
+                "lease", "lock", "--try", "5s", "--name=x", "-n", "3", "k", "--", "-try"
+            ]
         );
-        assert_eq!(norm(&["lease", "lock", "-shell", "--grace", "1s"]), [
-            "lease", "lock", "--shell", "--grace", "1s"
-        ]);
+        assert_eq!(
+            norm(&["lease", "lock", "-shell", "--grace", "1s"]),
+            ["lease", "lock", "--shell", "--grace", "1s"]
+        );
         assert_eq!(norm(&["lease", "lock", "-x"]), ["lease", "lock", "-x"]);
     }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 /// or `h` (decimals allowed, as in `1.5s`), or a bare `0`.
 pub(crate) fn parse(text: &str) -> Result<Duration, String> {
     let bad = || {
-        format!("invalid duration {text:?}: write a number and a unit, like 500ms, 10s, 1m30s or 2h")
+        format!(
+            "invalid duration {text:?}: write a number and a unit, like 500ms, 10s, 1m30s or 2h"
+        )
     };
     if text == "0" {
         return Ok(Duration::ZERO);
@@ -21,7 +23,9 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .ok_or_else(bad)?;
         let (number, tail) = rest.split_at(number_len);
-        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         let seconds_per_unit = match unit {
             "ns" => 1e-9,

@@ -118,7 +118,10 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
         // 5. Release at once, then pass the command's code on.
         Ok(status) => {
             let status = status.map_err(|e| {
-                Failure::new(exit::BACKEND, format_args!("cannot wait for the command: {e}"))
+                Failure::new(
+                    exit::BACKEND,
+                    format_args!("cannot wait for the command: {e}"),
+                )
             })?;
             match lease.release().await {
                 Ok(()) => {}
@@ -148,7 +151,9 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             };
             Err(Failure::new(
                 exit::LOST,
-                format_args!("the command was stopped after the lease was lost; it ended with {how}"),
+                format_args!(
+                    "the command was stopped after the lease was lost; it ended with {how}"
+                ),
             ))
         }
     }
@@ -235,7 +240,10 @@ async fn report_waiting(
                 say(match observer.leader() {
                     Some(leader) => format!(
                         "held by {} (session {}, lock index {})",
-                        leader.value_str().filter(|v| !v.is_empty()).unwrap_or("an unnamed holder"),
+                        leader
+                            .value_str()
+                            .filter(|v| !v.is_empty())
+                            .unwrap_or("an unnamed holder"),
                         leader.sequencer.holder(),
                         leader.sequencer.index()
                     ),
@@ -295,7 +303,10 @@ impl Signals {
     fn new() -> Result<Signals, Failure> {
         let listen = |kind| {
             signal(kind).map_err(|e| {
-                Failure::new(exit::BACKEND, format_args!("cannot listen for signals: {e}"))
+                Failure::new(
+                    exit::BACKEND,
+                    format_args!("cannot listen for signals: {e}"),
+                )
             })
         };
         Ok(Signals {

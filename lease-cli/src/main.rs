@@ -43,7 +43,12 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(runtime) => runtime,
-        Err(e) => return report(Failure::new(exit::BACKEND, format_args!("cannot start: {e}"))),
+        Err(e) => {
+            return report(Failure::new(
+                exit::BACKEND,
+                format_args!("cannot start: {e}"),
+            ));
+        }
     };
     let result = runtime.block_on(async {
         match cli.command {

@@ -99,7 +99,9 @@ fn print_text(report: &Value) {
                         .as_object()
                         .into_iter()
                         .flatten()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().map_or(v.to_string(), str::to_owned)))
+                        .map(|(k, v)| {
+                            format!("{k}={}", v.as_str().map_or(v.to_string(), str::to_owned))
+                        })
                         .collect();
                     println!("  {}", line.join(" "));
                 }
@@ -116,13 +118,16 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     let sequencer: Sequencer = args.sequencer.parse().map_err(|e| {
         Failure::new(
             exit::QUERY_FAILED,
-            format_args!("{:?} is not a sequencer: {e}; pass LEASE_SEQUENCER as it was given", args.sequencer),
+            format_args!(
+                "{:?} is not a sequencer: {e}; pass LEASE_SEQUENCER as it was given",
+                args.sequencer
+            ),
         )
     })?;
     let chosen = match sequencer.backend() {
-        BackendKind::Amqp if args.backend.amqp.is_none() => Chosen::Amqp(
-            Amqp::from_env().map_err(|e| Failure::new(exit::QUERY_FAILED, e))?,
-        ),
+        BackendKind::Amqp if args.backend.amqp.is_none() => {
+            Chosen::Amqp(Amqp::from_env().map_err(|e| Failure::new(exit::QUERY_FAILED, e))?)
+        }
         BackendKind::Consul if args.backend.amqp.is_some() => {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
@@ -136,7 +141,9 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         other => {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
-                format_args!("a {other}: sequencer lives in one process and cannot be checked from here"),
+                format_args!(
+                    "a {other}: sequencer lives in one process and cannot be checked from here"
+                ),
             ));
         }
     };

@@ -21,12 +21,24 @@ async fn administers_a_semaphore_and_guards_a_command_on_it() {
     let out = run(&["amqp", "create", &name, "2"]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = run(&["amqp", "add", &name, "1"]).await;
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{name}: 3 slots"));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{name}: 3 slots")
+    );
 
     // A guarded command on it gets an AMQP sequencer, and leaves no holder queue.
     let amqp_url = url();
     let out = run(&[
-        "lock", "--amqp", &amqp_url, "-n", "3", &name, "--", "sh", "-c", "echo $LEASE_SEQUENCER; exit 3",
+        "lock",
+        "--amqp",
+        &amqp_url,
+        "-n",
+        "3",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASE_SEQUENCER; exit 3",
     ])
     .await;
     assert_eq!(out.status.code(), Some(3), "{out:?}");
@@ -39,7 +51,10 @@ async fn administers_a_semaphore_and_guards_a_command_on_it() {
     assert_eq!(json["limit"], 3);
 
     let out = run(&["amqp", "remove", &name, "1"]).await;
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{name}: 2 slots"));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{name}: 2 slots")
+    );
     let out = run(&["amqp", "wait", &name, "3", "--timeout", "5s"]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = run(&["amqp", "destroy", &name]).await;

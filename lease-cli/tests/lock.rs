@@ -49,7 +49,14 @@ async fn excludes_consul_lock_both_ways_and_shares_its_semaphore() {
     within(T, "consul lock to exit", held.wait()).await.unwrap();
 
     let mut ours = lease_on(&agent)
-        .args(["lock", "interop/b", "--", "sh", "-c", "echo held; exec sleep 30"])
+        .args([
+            "lock",
+            "interop/b",
+            "--",
+            "sh",
+            "-c",
+            "echo held; exec sleep 30",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -99,7 +106,9 @@ async fn excludes_consul_lock_both_ways_and_shares_its_semaphore() {
             );
         }
         for mut p in all {
-            let status = within(T, "every contender to finish", p.wait()).await.unwrap();
+            let status = within(T, "every contender to finish", p.wait())
+                .await
+                .unwrap();
             assert!(status.success(), "a contender failed: {status}");
         }
         let timeline = Timeline::new();
@@ -204,7 +213,9 @@ async fn exit_paths_pass_codes_forward_signals_and_leave_nothing() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(guard.stdout.take().unwrap()).lines();
-    within(T, "the child to start", lines.next_line()).await.unwrap();
+    within(T, "the child to start", lines.next_line())
+        .await
+        .unwrap();
     send(guard.id().unwrap(), Signal::SIGINT);
     let status = within(T, "lease lock to exit after SIGINT", guard.wait())
         .await
@@ -215,17 +226,29 @@ async fn exit_paths_pass_codes_forward_signals_and_leave_nothing() {
 
     // -try on a held key: busy, the holder named, no child started.
     let mut holder = lease_on(&agent)
-        .args(["lock", "--value", "the-holder", "exits/busy", "--", "sh", "-c", "echo ready; exec sleep 30"])
+        .args([
+            "lock",
+            "--value",
+            "the-holder",
+            "exits/busy",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 30",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
-    within(T, "the holder to start", lines.next_line()).await.unwrap();
+    within(T, "the holder to start", lines.next_line())
+        .await
+        .unwrap();
     let ran = scratch.path("ran");
     let busy = output(
         {
             let mut c = lease_on(&agent);
-            c.args(["lock", "-try", "1s", "exits/busy", "--", "touch"]).arg(&ran);
+            c.args(["lock", "-try", "1s", "exits/busy", "--", "touch"])
+                .arg(&ran);
             c
         },
         "lease lock -try 1s on a held key",
@@ -233,11 +256,20 @@ async fn exit_paths_pass_codes_forward_signals_and_leave_nothing() {
     .await;
     let (code, stderr) = code_and_stderr(&busy);
     assert_eq!(code, Some(75), "{stderr}");
-    assert!(stderr.contains("the-holder"), "the holder is named: {stderr}");
+    assert!(
+        stderr.contains("the-holder"),
+        "the holder is named: {stderr}"
+    );
     assert!(!ran.exists(), "no child may run while busy");
     send(holder.id().unwrap(), Signal::SIGTERM);
-    let status = within(T, "the holder to exit", holder.wait()).await.unwrap();
-    assert_eq!(status.code(), Some(128 + 15), "sleep was killed by the forwarded SIGTERM");
+    let status = within(T, "the holder to exit", holder.wait())
+        .await
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "sleep was killed by the forwarded SIGTERM"
+    );
     assert_nothing_left(&agent, "exits").await;
 }
 
@@ -253,7 +285,16 @@ async fn status_and_check_follow_the_holder() {
         seq_file.display()
     );
     let mut holder = lease_on(&agent)
-        .args(["lock", "--value", "billing-7", "st/a", "--", "sh", "-c", &script])
+        .args([
+            "lock",
+            "--value",
+            "billing-7",
+            "st/a",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .spawn()
         .unwrap();
     let sequencer = file_appears(&seq_file).await.trim().to_owned();
@@ -266,7 +307,10 @@ async fn status_and_check_follow_the_holder() {
     let out = output(run(&["status", "st/a"]), "status").await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert!(text.contains("billing-7") && text.contains(&sequencer), "{text}");
+    assert!(
+        text.contains("billing-7") && text.contains(&sequencer),
+        "{text}"
+    );
     let out = output(run(&["status", "--json", "st/a"]), "status --json").await;
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["sequencer"], sequencer.as_str());
@@ -275,7 +319,9 @@ async fn status_and_check_follow_the_holder() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 
     send(holder.id().unwrap(), Signal::SIGTERM);
-    within(T, "the holder to exit", holder.wait()).await.unwrap();
+    within(T, "the holder to exit", holder.wait())
+        .await
+        .unwrap();
     let out = output(run(&["check", &sequencer]), "check a stale sequencer").await;
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("stale: "));
@@ -290,7 +336,9 @@ async fn status_and_check_follow_the_holder() {
         let ready = scratch.path(name);
         holders.push(
             lease_on(&agent)
-                .args(["lock", "-n", "3", "--value", name, "st/sem", "--", "sh", "-c"])
+                .args([
+                    "lock", "-n", "3", "--value", name, "st/sem", "--", "sh", "-c",
+                ])
                 .arg(format!("touch {}; exec sleep 30", ready.display()))
                 .spawn()
                 .unwrap(),
@@ -319,9 +367,11 @@ async fn status_and_check_follow_the_holder() {
 }
 
 async fn file_appears_empty_ok(path: &std::path::Path) {
-    lease_tests::workers::wait_for(T, || format!("{} to appear", path.display()), || {
-        path.exists().then_some(())
-    })
+    lease_tests::workers::wait_for(
+        T,
+        || format!("{} to appear", path.display()),
+        || path.exists().then_some(()),
+    )
     .await;
 }
 
@@ -337,7 +387,17 @@ async fn partition_stops_the_child_before_the_session_expires_unlike_consul_lock
 
     let our_pid = scratch.path("our-pid");
     let ours = lease(&ours_proxy.addr().to_string())
-        .args(["lock", "--ttl", "10s", "--grace", "2s", "part/ours", "--", "sh", "-c"])
+        .args([
+            "lock",
+            "--ttl",
+            "10s",
+            "--grace",
+            "2s",
+            "part/ours",
+            "--",
+            "sh",
+            "-c",
+        ])
         .arg(format!("echo $$ > {}; exec sleep 60", our_pid.display()))
         .stderr(Stdio::piped())
         .spawn()
@@ -360,9 +420,11 @@ async fn partition_stops_the_child_before_the_session_expires_unlike_consul_lock
     theirs_proxy.set_mode(Mode::Blackhole);
 
     // Ours: the child is gone, and at that moment the agent still lists the session.
-    lease_tests::workers::wait_for(T, || "lease lock's child to be stopped".into(), || {
-        (!alive(our_child)).then_some(())
-    })
+    lease_tests::workers::wait_for(
+        T,
+        || "lease lock's child to be stopped".into(),
+        || (!alive(our_child)).then_some(()),
+    )
     .await;
     let gone_after = (now_ns() - cut) as f64 / 1e9;
     let sessions = agent.sessions().await;
@@ -371,9 +433,19 @@ async fn partition_stops_the_child_before_the_session_expires_unlike_consul_lock
         "the session expired before the child was gone ({gone_after:.1} s after the cut)"
     );
     eprintln!("lease lock: child gone {gone_after:.1} s after the cut, its session still listed");
-    assert!(gone_after < 10.0, "the child outlived the TTL: {gone_after:.1} s");
-    let out = within(T, "lease lock to exit", ours.wait_with_output()).await.unwrap();
-    assert_eq!(out.status.code(), Some(124), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        gone_after < 10.0,
+        "the child outlived the TTL: {gone_after:.1} s"
+    );
+    let out = within(T, "lease lock to exit", ours.wait_with_output())
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // consul lock: its session expires (up to 2 × its 15 s TTL) while its child runs on.
     lease_tests::workers::wait_for_async(

@@ -382,7 +382,12 @@ mod tests {
         assert_eq!(led.fence_after(), Duration::from_millis(8_500));
         assert!(led.validate().is_ok());
         // 15 s less 1.5 s less 6 s is exactly half the TTL: still allowed; a bit more is not.
-        assert!(spec.clone().fence_lead(Duration::from_secs(6)).validate().is_ok());
+        assert!(
+            spec.clone()
+                .fence_lead(Duration::from_secs(6))
+                .validate()
+                .is_ok()
+        );
         assert!(matches!(
             spec.fence_lead(Duration::from_millis(6_001)).validate(),
             Err(Error::InvalidFenceLead { .. })

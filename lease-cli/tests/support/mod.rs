@@ -40,7 +40,10 @@ pub async fn output(mut cmd: Command, what: &str) -> Output {
 
 /// The exit code and stderr of `out`, for assertions.
 pub fn code_and_stderr(out: &Output) -> (Option<i32>, String) {
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A scratch directory for one test, removed when dropped.
@@ -48,11 +51,9 @@ pub struct Scratch(pub PathBuf);
 
 impl Scratch {
     pub fn new(test: &str) -> Scratch {
-        let dir = workspace_root().join("target/lease-cli-tests").join(format!(
-            "{test}-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
+        let dir = workspace_root()
+            .join("target/lease-cli-tests")
+            .join(format!("{test}-{}-{}", std::process::id(), now_ns()));
         std::fs::create_dir_all(&dir).unwrap();
         Scratch(dir)
     }
@@ -106,11 +107,7 @@ pub async fn holder_session(agent: &Agent, key: &str) -> String {
     lease_tests::workers::wait_for_async(
         T,
         || format!("a session to hold {key}"),
-        || async {
-            agent.key(key).await["Session"]
-                .as_str()
-                .map(str::to_owned)
-        },
+        || async { agent.key(key).await["Session"].as_str().map(str::to_owned) },
     )
     .await
 }
