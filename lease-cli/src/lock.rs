@@ -44,8 +44,8 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
     // 1. Acquire, saying whom we wait for if it takes a while.
     let holder = RefCell::new(None);
     let acquired = {
-        let acquire = backend.acquire(&spec);
-        tokio::pin!(acquire);
+        // Boxed, so it is `Unpin`: dropping it cancels the acquire (cancel safe).
+        let mut acquire = backend.acquire(&spec);
         let report = async {
             tokio::time::sleep(QUIET_WAIT).await;
             let consul = match &chosen {

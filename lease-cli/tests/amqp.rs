@@ -1,5 +1,8 @@
 //! `lease amqp …` and `lease lock --amqp` against the real RabbitMQ.
 
+// A test that unwraps is a test that fails loudly.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use lease_tests::amqp::{queues, require_broker, unique, url};

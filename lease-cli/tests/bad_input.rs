@@ -1,6 +1,9 @@
 //! `lease` on bad input: each mistake gets a message that says what to do, its exit code, and
 //! no child is started. Also the unreachable backends (nothing listens on port 1).
 
+// A test that unwraps is a test that fails loudly.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use support::*;

@@ -1,6 +1,9 @@
 //! `lease lock` against a real Consul agent and real processes: interoperation with
 //! `consul lock`, loss (a destroyed session, a partition), the exit paths, and `status`/`check`.
 
+// A test that unwraps is a test that fails loudly.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::process::Stdio;
