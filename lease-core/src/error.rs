@@ -53,6 +53,20 @@ pub enum Error {
         lock_delay: Duration,
     },
 
+    /// A [`fence_lead`](crate::LeaseSpec::fence_lead) that leaves a confirmation of the session
+    /// good for less than half its TTL, so the lease would self-fence between two healthy
+    /// confirmations.
+    #[error(
+        "fence lead {lead:?} is too long for a session TTL of {ttl:?}: the lease would be given up \
+         between two healthy renewals; use a shorter lead or a TTL of at least 2.5 times the lead"
+    )]
+    InvalidFenceLead {
+        /// The lead given.
+        lead: Duration,
+        /// The session TTL.
+        ttl: Duration,
+    },
+
     /// A semaphore limit of zero, or a value the backend cannot represent.
     #[error("invalid semaphore limit {limit} for {key:?}: use at least 1")]
     InvalidLimit {
@@ -262,6 +276,7 @@ impl Error {
             Error::InvalidKey { .. }
             | Error::InvalidTtl { .. }
             | Error::InvalidLockDelay { .. }
+            | Error::InvalidFenceLead { .. }
             | Error::InvalidLimit { .. }
             | Error::FlagsConflict { .. }
             | Error::LimitMismatch { .. }

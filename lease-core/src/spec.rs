@@ -104,6 +104,7 @@ pub struct LeaseSpec {
     value: Vec<u8>,
     session_name: Option<String>,
     settle: Duration,
+    fence_lead: Duration,
 }
 
 impl LeaseSpec {
@@ -124,6 +125,7 @@ impl LeaseSpec {
             value: Vec::new(),
             session_name: None,
             settle: Self::DEFAULT_SETTLE,
+            fence_lead: Duration::ZERO,
         }
     }
 
@@ -187,6 +189,22 @@ impl LeaseSpec {
         self
     }
 
+    /// Moves the self-fencing deadline earlier by `lead`: the lease is treated as lost `lead`
+    /// sooner than [`fence_after`](Self::fence_after) would otherwise allow. Default zero.
+    ///
+    /// For a holder that needs time to stop its work after the loss is declared, such as a
+    /// supervisor that sends its child SIGTERM and waits a grace period before SIGKILL: with
+    /// `lead` at least that long, the work is gone before the backend could give the lease to
+    /// someone else. [`validate`](Self::validate) refuses a lead that leaves no time at all.
+    ///
+    /// Applies to TTL-backed leases (Consul, memory); the AMQP backend fences on its heartbeat
+    /// and does not read it.
+    #[must_use]
+    pub fn fence_lead(mut self, lead: Duration) -> Self {
+        self.fence_lead = lead;
+        self
+    }
+
     /// The value the holder advertises in the key (for a leader, its address, so followers know
     /// whom to forward to).
     #[must_use]
@@ -229,10 +247,17 @@ impl LeaseSpec {
 
     /// How long a confirmation of the session keeps the lease safe on this side: the TTL less a
     /// tenth of it (at least a second), to cover request latency and clock drift between the
-    /// client and the servers. The [`Fence`](crate::backend::Fence) of a TTL-backed lease.
+    /// client and the servers, less the [`fence_lead`](Self::fence_lead). The
+    /// [`Fence`](crate::backend::Fence) of a TTL-backed lease.
     pub fn fence_after(&self) -> Duration {
         self.ttl
             .saturating_sub((self.ttl / 10).max(Duration::from_secs(1)))
+            .saturating_sub(self.fence_lead)
+    }
+
+    /// The lead set by [`fence_lead`](Self::fence_lead).
+    pub fn fence_lead_time(&self) -> Duration {
+        self.fence_lead
     }
 
     /// The settle time (see [`LeaseSpec::settle`]): how long this contender waits after the
@@ -283,6 +308,14 @@ impl LeaseSpec {
         if self.lock_delay > MAX_LOCK_DELAY || self.settle > MAX_LOCK_DELAY {
             return Err(Error::InvalidLockDelay {
                 lock_delay: self.lock_delay.max(self.settle),
+            });
+        }
+        // A confirmation must stay good for at least half the TTL: the session is confirmed
+        // every TTL/2, so a shorter fence would self-fence between two healthy confirmations.
+        if self.fence_after() < self.ttl / 2 {
+            return Err(Error::InvalidFenceLead {
+                lead: self.fence_lead,
+                ttl: self.ttl,
             });
         }
         Ok(())
@@ -343,6 +376,26 @@ mod tests {
         assert!(matches!(
             LeaseSpec::semaphore("k", 0).validate(),
             Err(Error::InvalidLimit { limit: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn fence_lead_moves_the_deadline_earlier_within_bounds() {
+        let spec = LeaseSpec::leader("k").ttl(Duration::from_secs(15));
+        assert_eq!(spec.fence_after(), Duration::from_millis(13_500));
+        let led = spec.clone().fence_lead(Duration::from_secs(5));
+        assert_eq!(led.fence_after(), Duration::from_millis(8_500));
+        assert!(led.validate().is_ok());
+        // 15 s less 1.5 s less 6 s is exactly half the TTL: still allowed; a bit more is not.
+        assert!(
+            spec.clone()
+                .fence_lead(Duration::from_secs(6))
+                .validate()
+                .is_ok()
+        );
+        assert!(matches!(
+            spec.fence_lead(Duration::from_millis(6_001)).validate(),
+            Err(Error::InvalidFenceLead { .. })
         ));
     }
 

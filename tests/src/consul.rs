@@ -360,7 +360,7 @@ impl Api {
 }
 
 /// A child for `consul lock` that reports when it is signalled (and when it started).
-const SIGNAL_CHILD: &str = r#"python3 -u -c 'import signal,sys,time
+pub const SIGNAL_CHILD: &str = r#"python3 -u -c 'import signal,sys,time
 def h(*_):
     print("signal", time.time_ns(), flush=True); sys.exit(0)
 signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)

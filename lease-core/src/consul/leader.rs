@@ -308,6 +308,20 @@ impl SessionLock for LeaderKey {
     }
 }
 
+/// Deletes the leader key `key` if no session holds it and it carries the leader flags, with a
+/// compare-and-set on the index it was read at, so a key taken meanwhile is left alone.
+pub(crate) async fn remove_unheld(http: &ConsulHttp, key: &str) -> Result<bool, Error> {
+    let fail = |e: super::http::ApiError| e.into_error(http, format_args!("remove {key:?}"));
+    let (entry, _) = http.kv_get(key).await.map_err(fail)?;
+    match entry {
+        Some(entry) if entry.holder().is_none() && entry.flags == LEADER_FLAGS => http
+            .kv_delete(key, Some(entry.modify_index))
+            .await
+            .map_err(fail),
+        _ => Ok(false),
+    }
+}
+
 /// Whether `sequencer` is still the current holder of its leader key.
 pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) -> Result<(), Error> {
     let (entry, _) = http

@@ -152,12 +152,54 @@ impl Consul {
             .map_err(|e| e.into_error(&self.http, format_args!("destroy session {id}")))
     }
 
+    /// Deletes the leader key `key` if nobody holds it, as `consul lock` does once its child has
+    /// exited, so a released lock leaves no key behind. A held key, a key taken between the read
+    /// and the delete, or a key that is not a leader lock (other flags) is left alone. Returns
+    /// whether the key was deleted.
+    ///
+    /// A contender waiting for the key is not delayed by the deletion: the key was released
+    /// first, and a release is not a loss.
+    pub async fn remove_unheld_key(&self, key: &str) -> Result<bool, Error> {
+        crate::spec::validate_key(key)?;
+        leader::remove_unheld(&self.http, key).await
+    }
+
+    /// Who holds the semaphore at `prefix` (one consistent read), for operators and tools such
+    /// as `lease status -n`: its stored limit and its live holders. A semaphore nobody has used
+    /// has no limit and no holders.
+    pub async fn semaphore_state(&self, prefix: &str) -> Result<SemaphoreState, Error> {
+        crate::spec::validate_key(prefix)?;
+        semaphore::state(&self.http, prefix).await
+    }
+
     /// Removes the semaphore at `prefix` (its `.lock` key) if no live holder remains; refuses
     /// with [`Error::SemaphoreInUse`] while holders remain.
     pub async fn destroy_semaphore(&self, prefix: &str) -> Result<(), Error> {
         crate::spec::validate_key(prefix)?;
         semaphore::destroy(&self.http, prefix).await
     }
+}
+
+/// A Consul semaphore as one read found it ([`Consul::semaphore_state`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreState {
+    /// The limit stored in its `.lock` key; `None` if there is no `.lock` key.
+    pub limit: Option<u64>,
+    /// The holders recorded in `.lock` whose sessions are alive.
+    pub holders: Vec<SemaphoreHolder>,
+}
+
+/// One live holder of a Consul semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreHolder {
+    /// Its session.
+    pub session: String,
+    /// The value it advertises in its contender key.
+    pub value: Vec<u8>,
+    /// Its sequencer (contender key, that key's LockIndex, session).
+    pub sequencer: Sequencer,
 }
 
 impl Backend for Consul {

@@ -275,6 +275,42 @@ pub(crate) async fn check_sequencer(
     session::judged::<SemaphoreSlot>(http, sequencer.holder(), lost).await
 }
 
+/// What one consistent read of the semaphore at `prefix` says: its limit and live holders.
+pub(crate) async fn state(http: &ConsulHttp, prefix: &str) -> Result<super::SemaphoreState, Error> {
+    let (entries, index) = http
+        .kv_list(prefix)
+        .await
+        .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
+    let snapshot = Snapshot::read(prefix, &entries, index);
+    if let Err(unreadable) = &snapshot.lock {
+        return Err(unreadable.to_error(prefix));
+    }
+    let holders = snapshot
+        .live_holders()
+        .into_iter()
+        .map(|session| {
+            let key = contender_key(prefix, &session);
+            let entry = entries.iter().find(|e| e.key == key);
+            super::SemaphoreHolder {
+                sequencer: Sequencer::new(
+                    crate::BackendKind::Consul,
+                    key.as_str(),
+                    entry.map_or(0, |e| e.lock_index),
+                    session.as_str(),
+                ),
+                value: entry
+                    .and_then(|e| e.decoded_value().ok())
+                    .unwrap_or_default(),
+                session,
+            }
+        })
+        .collect();
+    Ok(super::SemaphoreState {
+        limit: snapshot.limit(),
+        holders,
+    })
+}
+
 /// `<prefix>/`: the directory every key of the semaphore at `prefix` is in.
 pub(super) fn directory(prefix: &str) -> String {
     format!("{prefix}/")

@@ -1,0 +1,324 @@
+//! The command line: clap's derive definitions, and the argv normalisation that lets
+//! `consul lock`'s single-dash long flags (`-try 5s`, `-name=x`) through.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::duration;
+
+/// Exit codes, shown at the end of `lease --help` and `lease lock --help`.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes of `lease lock`:
+  (child's)  the command's own exit code; 128+N if it was killed by signal N
+  64         bad usage: unknown option, missing `--`, invalid key or duration (nothing started)
+  75         busy: -try/-timeout ran out while the lease was held elsewhere (nothing started)
+  124        lost: the lease was lost while the command ran; the command was stopped
+  125        backend error: Consul or RabbitMQ failed or could not be reached (nothing started)
+  126, 127   the command could not be run / was not found
+  128+N      `lease` itself got signal N while waiting for the lease (nothing started)
+`lease status`: 0 held, 1 not held, 2 error. `lease check`: 0 current, 1 stale, 2 error.
+`lease amqp`: 0 done, 75 busy (wait ran out, semaphore in use), 125 error.";
+
+const LOCK_ABOUT: &str = "\
+Run a command while holding a lease, and stop it before the lease could be given away.
+
+On Consul, KEY is what `consul lock` calls the prefix: the lock is KEY/.lock, and with -n N
+the semaphore lives under KEY, in `consul lock -n`'s format, so `lease lock` and `consul lock`
+exclude each other. On RabbitMQ (--amqp), KEY is the semaphore's name.
+
+When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
+the command's process group gets SIGTERM, then SIGKILL after --grace. `lease` treats the lease as
+lost --grace earlier than the session's TTL would allow (its self-fencing deadline is moved
+earlier by the grace), so the command is gone before the server could give the lease to anyone
+else, even through a network partition. `consul lock` keeps its child running in that case.
+
+The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock;
+check it with `lease check`), LEASE_KEY and LEASE_HOLDER in its environment. SIGINT, SIGTERM and
+SIGHUP sent to `lease` are forwarded to it. When it exits, the lease is released at once (the
+next holder does not wait for the lock-delay) and `lease` exits with its code.
+
+Single-dash long flags are accepted as `consul lock` spells them (-try 5s, -name=x, -shell,
+-pass-stdin, -timeout 1m, -http-addr=ADDR); they are read as their `--` forms.";
+
+const LOCK_EXAMPLES: &str = "\
+Examples:
+  # A cron job that runs on one node at a time; others skip it (exit 75) after 10 s.
+  lease lock -try 10s jobs/backup -- /usr/local/bin/backup --full
+  # At most 3 at once, sharing the slots with `consul lock -n 3 jobs/reports`.
+  lease lock -n 3 jobs/reports -- ./report.sh
+  # A shell pipeline, with a child that needs 30 s to stop cleanly.
+  lease lock --shell --grace 30s --ttl 90s jobs/migrate -- 'pg_dump db | gzip > /backups/db.gz'
+  # Over RabbitMQ.
+  lease lock --amqp amqp://guest:guest@127.0.0.1:5672/%2f jobs/backup -- ./backup.sh";
+
+/// Distributed leases for shell commands: run a command on one node (or N) at a time.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lease",
+    version,
+    after_long_help = EXIT_CODES,
+    after_help = "See `lease help lock` for the guard's semantics and exit codes."
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a command while holding a lease (a `consul lock` replacement).
+    #[command(long_about = LOCK_ABOUT, after_help = EXIT_CODES, after_long_help = format!("{LOCK_EXAMPLES}\n\n{EXIT_CODES}"))]
+    Lock(LockArgs),
+    /// Print who holds a lock or semaphore (exit 0 held, 1 not held, 2 error).
+    #[command(
+        after_help = "Examples:\n  lease status jobs/backup\n  lease status -n 3 --json jobs/reports"
+    )]
+    Status(StatusArgs),
+    /// Check that a sequencer is still current (exit 0 current, 1 stale, 2 error).
+    #[command(
+        long_about = "Check that a sequencer (a LEASE_SEQUENCER handed to a command) still names \
+                      the current holder, with one consistent read. A script fences its own \
+                      critical step with it.",
+        after_help = "Example:\n  lease check \"$LEASE_SEQUENCER\" && mv new.db current.db"
+    )]
+    Check(CheckArgs),
+    /// Administer RabbitMQ persistent semaphores (create, destroy, add, remove, wait).
+    #[command(subcommand)]
+    Amqp(AmqpCommand),
+}
+
+/// Where the lease lives.
+#[derive(Debug, Args)]
+pub(crate) struct BackendArgs {
+    /// The Consul agent: host:port or a URL. Default: CONSUL_HTTP_ADDR (and CONSUL_HTTP_TOKEN,
+    /// CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_SSL, CONSUL_CACERT, CONSUL_DATACENTER), else
+    /// 127.0.0.1:8500.
+    #[arg(long, value_name = "URL", alias = "http-addr")]
+    pub(crate) consul: Option<String>,
+    /// Use RabbitMQ at this URL (amqp://user:pass@host:5672/vhost) instead of Consul.
+    #[arg(long, value_name = "URL", conflicts_with = "consul")]
+    pub(crate) amqp: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LockArgs {
+    #[command(flatten)]
+    pub(crate) backend: BackendArgs,
+    /// At most N holders: KEY is a semaphore of N slots (as `consul lock -n N`).
+    #[arg(short = 'n', value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) limit: u32,
+    /// The session's name, for operators listing sessions. Default: `lease lock KEY: CMD`.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) name: Option<String>,
+    /// Wait at most this long for the lease, then exit 75 without running the command
+    /// (0: one attempt). Default: wait until it is acquired.
+    #[arg(long = "try", value_name = "DURATION", value_parser = duration::parse)]
+    pub(crate) try_for: Option<Duration>,
+    /// Same as -try (`consul lock`'s newer name for it).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "try_for")]
+    pub(crate) timeout: Option<Duration>,
+    /// Run the command with $SHELL -c (default /bin/sh), its words joined by spaces.
+    #[arg(long)]
+    pub(crate) shell: bool,
+    /// Give the command lease's stdin (default: /dev/null, as `consul lock`).
+    #[arg(long)]
+    pub(crate) pass_stdin: bool,
+    /// Session TTL (10s to 24h, whole seconds). The command is stopped if the session cannot be
+    /// confirmed for about TTL less a tenth less --grace.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
+    pub(crate) ttl: Duration,
+    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s).
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
+    pub(crate) lock_delay: Duration,
+    /// On loss, time between SIGTERM and SIGKILL to the command's process group. The lease is
+    /// given up this much earlier, so TTL must be at least 2.5 times the grace.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration::parse)]
+    pub(crate) grace: Duration,
+    /// The value advertised in the key, shown to those waiting. Default: `<host> pid <pid>`.
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) value: Option<String>,
+    /// Accepted for `consul lock` compatibility; the command's exit code is always passed on.
+    #[arg(long, hide = true)]
+    pub(crate) child_exit_code: bool,
+    /// The lock's prefix (Consul, as `consul lock PREFIX`) or the semaphore's name (AMQP).
+    #[arg(value_name = "KEY")]
+    pub(crate) key: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub(crate) command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) backend: BackendArgs,
+    /// KEY is a semaphore of N slots.
+    #[arg(short = 'n', value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) limit: u32,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The lock's prefix (as given to `lease lock`), or the AMQP semaphore's name.
+    #[arg(value_name = "KEY")]
+    pub(crate) key: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    #[command(flatten)]
+    pub(crate) backend: BackendArgs,
+    /// The sequencer's text, e.g. "$LEASE_SEQUENCER".
+    #[arg(value_name = "SEQUENCER")]
+    pub(crate) sequencer: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AmqpCommand {
+    /// Create semaphore NAME with SLOTS slots (succeeds if it exists with as many).
+    Create {
+        #[command(flatten)]
+        url: AmqpUrl,
+        /// The semaphore.
+        name: String,
+        /// How many slots.
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        slots: u32,
+    },
+    /// Destroy semaphore NAME (refused, exit 75, while it has holders).
+    Destroy {
+        #[command(flatten)]
+        url: AmqpUrl,
+        /// The semaphore.
+        name: String,
+    },
+    /// Add COUNT slots to semaphore NAME; prints the new number of slots.
+    Add {
+        #[command(flatten)]
+        url: AmqpUrl,
+        /// The semaphore.
+        name: String,
+        /// How many slots to add.
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        count: u32,
+    },
+    /// Remove COUNT slots (the highest) from NAME; their holders lose the lease. Prints the new
+    /// number of slots.
+    Remove {
+        #[command(flatten)]
+        url: AmqpUrl,
+        /// The semaphore.
+        name: String,
+        /// How many slots to remove.
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        count: u32,
+    },
+    /// Wait until slot SLOT of NAME has no holder (after `remove`); exit 75 after --timeout.
+    Wait {
+        #[command(flatten)]
+        url: AmqpUrl,
+        /// The semaphore.
+        name: String,
+        /// The slot number (1-based).
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        slot: u32,
+        /// How long to wait.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration::parse)]
+        timeout: Duration,
+    },
+}
+
+/// The broker of `lease amqp …`.
+#[derive(Debug, Args)]
+pub(crate) struct AmqpUrl {
+    /// The broker. Default: AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/%2f.
+    #[arg(long = "amqp", value_name = "URL")]
+    pub(crate) url: Option<String>,
+}
+
+/// The long flags that may be written with one dash, as `consul lock` (Go's flag package)
+/// writes them.
+const SINGLE_DASH_LONG: &[&str] = &[
+    "name",
+    "try",
+    "timeout",
+    "shell",
+    "pass-stdin",
+    "child-exit-code",
+    "http-addr",
+    "ttl",
+    "lock-delay",
+    "grace",
+    "value",
+    "consul",
+    "amqp",
+    "json",
+];
+
+/// Rewrites `-try`, `-name=x` and the other long flags in [`SINGLE_DASH_LONG`] to their `--`
+/// forms, up to the first `--` (what follows it is the command's, untouched).
+pub(crate) fn normalise(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut passthrough = false;
+    for arg in args {
+        if passthrough {
+            out.push(arg);
+            continue;
+        }
+        if arg == "--" {
+            passthrough = true;
+            out.push(arg);
+            continue;
+        }
+        let rewritten = arg.to_str().and_then(|text| {
+            let flag = text.strip_prefix('-')?;
+            if flag.starts_with('-') {
+                return None;
+            }
+            let name = flag.split_once('=').map_or(flag, |(name, _)| name);
+            SINGLE_DASH_LONG
+                .contains(&name)
+                .then(|| OsString::from(format!("-{text}")))
+        });
+        out.push(rewritten.unwrap_or(arg));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(args: &[&str]) -> Vec<String> {
+        normalise(args.iter().map(OsString::from))
+            .into_iter()
+            .map(|a| a.into_string().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn single_dash_long_flags_become_double_dash_before_the_command_only() {
+        assert_eq!(
+            norm(&[
+                "lease", "lock", "-try", "5s", "-name=x", "-n", "3", "k", "--", "-try"
+            ]),
+            [
+                "lease", "lock", "--try", "5s", "--name=x", "-n", "3", "k", "--", "-try"
+            ]
+        );
+        assert_eq!(
+            norm(&["lease", "lock", "-shell", "--grace", "1s"]),
+            ["lease", "lock", "--shell", "--grace", "1s"]
+        );
+        assert_eq!(norm(&["lease", "lock", "-x"]), ["lease", "lock", "-x"]);
+    }
+
+    #[test]
+    fn the_definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,326 @@
+//! `lease lock`: acquire, run the command with its fencing token, and stop it on loss.
+//!
+//! The order of events is the point of the tool:
+//!
+//! 1. acquire (printing who holds the lease while waiting); a signal while waiting gives up;
+//! 2. start the command in its own process group, with `LEASE_SEQUENCER`, `LEASE_KEY` and
+//!    `LEASE_HOLDER`;
+//! 3. race its exit against the lease's loss and against signals to `lease` (forwarded);
+//! 4. on loss, SIGTERM the group and SIGKILL it after the grace. The spec's fence lead is the
+//!    grace, so the loss is declared (at the latest) a grace before the server could free the
+//!    lease: the group is gone before anyone else can hold it;
+//! 5. on exit, release at once (no lock-delay for the next holder) and exit with its code.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use lease_core::consul::Consul;
+use lease_core::{Backend, Error, LeaseSpec, Target, Wait};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::backend::Chosen;
+use crate::child::{self, Spawn};
+use crate::cli::LockArgs;
+use crate::exit::{self, Failure};
+
+/// How often the holders of a Consul semaphore are read again while waiting for a slot.
+const SEMAPHORE_REREAD: Duration = Duration::from_secs(1);
+
+/// How long an acquire may take before `lease` says on stderr whom it is waiting for.
+const QUIET_WAIT: Duration = Duration::from_millis(500);
+
+pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
+    if args.command.is_empty() {
+        return Err(Failure::usage(
+            "no command after `--`: lease lock [OPTIONS] KEY -- CMD [ARGS…]",
+        ));
+    }
+    let chosen = Chosen::from_args(&args.backend, args.grace)?;
+    let spec = spec(&args, &chosen)?;
+    let mut signals = Signals::new()?;
+    let backend = chosen.backend();
+
+    // 1. Acquire, saying whom we wait for if it takes a while.
+    let holder = RefCell::new(None);
+    let acquired = {
+        // Boxed, so it is `Unpin`: dropping it cancels the acquire (cancel safe).
+        let mut acquire = backend.acquire(&spec);
+        let report = async {
+            tokio::time::sleep(QUIET_WAIT).await;
+            let consul = match &chosen {
+                Chosen::Consul(consul) => Some(consul),
+                Chosen::Amqp(_) => None,
+            };
+            report_waiting(&*backend, consul, &spec, &holder).await
+        };
+        tokio::select! {
+            result = &mut acquire => result,
+            signal = signals.recv() => {
+                drop(acquire);
+                backend.shutdown().await;
+                eprintln!("lease: {signal} while waiting for {}; the command was not started", spec.key());
+                return Ok(128 + signal as u8);
+            }
+            () = report => unreachable!("reporting never ends"),
+        }
+    };
+    let lease = match acquired {
+        Ok(lease) => lease,
+        Err(error) => {
+            backend.shutdown().await;
+            let mut failure = Failure::from_error(&error);
+            if let (Error::Busy { waited, .. }, Some(holder)) = (&error, holder.borrow().as_ref()) {
+                failure.message = format!(
+                    "{} is {holder}; gave up after {waited:?} (-try); the command was not started",
+                    spec.key()
+                );
+            } else if failure.code == exit::BACKEND {
+                failure.message.push_str("; the command was not started");
+            }
+            return Err(failure);
+        }
+    };
+
+    // 2. Start the command.
+    let sequencer = lease.sequencer().clone();
+    let started = Spawn {
+        command: &args.command,
+        shell: args.shell,
+        pass_stdin: args.pass_stdin,
+        env: vec![
+            ("LEASE_SEQUENCER", sequencer.to_string()),
+            ("LEASE_KEY", spec.key().to_owned()),
+            ("LEASE_HOLDER", sequencer.holder().to_owned()),
+        ],
+    }
+    .start();
+    let mut guarded = match started {
+        Ok(guarded) => guarded,
+        Err(failure) => {
+            let _ = lease.release().await;
+            backend.shutdown().await;
+            return Err(failure);
+        }
+    };
+
+    // 3. Wait for its exit, the loss of the lease, or a signal to forward.
+    let lost = lease.lost();
+    tokio::pin!(lost);
+    let exited = loop {
+        tokio::select! {
+            status = guarded.wait() => break Ok(status),
+            reason = &mut lost => break Err(reason),
+            signal = signals.recv() => guarded.signal(signal),
+        }
+    };
+    match exited {
+        // 5. Release at once, then pass the command's code on.
+        Ok(status) => {
+            let status = status.map_err(|e| {
+                Failure::new(
+                    exit::BACKEND,
+                    format_args!("cannot wait for the command: {e}"),
+                )
+            })?;
+            match lease.release().await {
+                Ok(()) => {}
+                Err(Error::Lost(reason)) => eprintln!(
+                    "lease: the lease on {} was lost ({reason}) as the command exited",
+                    spec.key()
+                ),
+                Err(error) => eprintln!("lease: releasing {}: {error}", spec.key()),
+            }
+            leave_nothing_behind(&chosen, &spec).await;
+            backend.shutdown().await;
+            Ok(child::exit_code(status))
+        }
+        // 4. Stop the command before anyone else can hold the lease.
+        Err(reason) => {
+            eprintln!(
+                "lease: lost {}: {reason}; stopping the command (SIGTERM, SIGKILL after {:?})",
+                spec.key(),
+                args.grace
+            );
+            let status = guarded.stop(args.grace).await;
+            drop(lease);
+            backend.shutdown().await;
+            let how = match status {
+                Ok(status) => format!("{status}"),
+                Err(e) => format!("not known ({e})"),
+            };
+            Err(Failure::new(
+                exit::LOST,
+                format_args!(
+                    "the command was stopped after the lease was lost; it ended with {how}"
+                ),
+            ))
+        }
+    }
+}
+
+/// Removes the released lock's key (or the semaphore's `.lock`) if nobody else holds it, as
+/// `consul lock` does after its child exits. A key someone holds or waits on through a hold is
+/// left alone; failing to remove it is harmless (it is an empty, unheld key).
+async fn leave_nothing_behind(chosen: &Chosen, spec: &LeaseSpec) {
+    let Chosen::Consul(consul) = chosen else {
+        return;
+    };
+    let _ = match spec.target() {
+        Target::Semaphore { prefix, .. } => consul.destroy_semaphore(prefix).await,
+        _ => consul.remove_unheld_key(spec.key()).await.map(drop),
+    };
+}
+
+/// The spec the flags describe, validated (bad values are bad usage: nothing is started).
+fn spec(args: &LockArgs, chosen: &Chosen) -> Result<LeaseSpec, Failure> {
+    let wait = match args.try_for.or(args.timeout) {
+        None => Wait::Forever,
+        Some(Duration::ZERO) => Wait::Never,
+        Some(wait) => Wait::UpTo(wait),
+    };
+    let name = args.name.clone().unwrap_or_else(|| {
+        let mut name = format!("lease lock {}: {}", args.key, args.command.join(" "));
+        if let Some((cut, _)) = name.char_indices().nth(120) {
+            name.truncate(cut);
+        }
+        name
+    });
+    let spec = chosen
+        .spec(&args.key, args.limit)?
+        .wait(wait)
+        .ttl(args.ttl)
+        .lock_delay(args.lock_delay)
+        .value(args.value.clone().unwrap_or_else(default_value))
+        .session_name(name)
+        .fence_lead(args.grace);
+    match spec.validate() {
+        Ok(()) => Ok(spec),
+        Err(Error::InvalidFenceLead { lead, ttl }) => Err(Failure::usage(format_args!(
+            "--grace {lead:?} is too long for --ttl {ttl:?}: the lease would be given up between \
+             two healthy renewals; use a --ttl of at least 2.5 times the grace"
+        ))),
+        Err(Error::InvalidTtl { ttl }) => Err(Failure::usage(format_args!(
+            "--ttl {ttl:?}: use whole seconds from 10s to 24h"
+        ))),
+        Err(Error::InvalidLockDelay { lock_delay }) => Err(Failure::usage(format_args!(
+            "--lock-delay {lock_delay:?}: use at most 60s"
+        ))),
+        Err(error) => Err(Failure::from_error(&error)),
+    }
+}
+
+/// `<host> pid <pid>`: whom those waiting are told holds the lease.
+fn default_value() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{host} pid {}", std::process::id())
+}
+
+/// Prints one line on stderr naming the current holder, and another whenever it changes.
+/// Remembers the last description in `last`, for the busy message. Never completes.
+async fn report_waiting(
+    backend: &dyn Backend,
+    consul: Option<&Consul>,
+    spec: &LeaseSpec,
+    last: &RefCell<Option<String>>,
+) {
+    let key = spec.key();
+    let say = |description: String| {
+        if last.borrow().as_ref() != Some(&description) {
+            eprintln!("lease: waiting for {key}: {description}");
+            *last.borrow_mut() = Some(description);
+        }
+    };
+    match spec.target() {
+        Target::Leader { .. } => match backend.observe_leader(key).await {
+            Ok(mut observer) => loop {
+                say(match observer.leader() {
+                    Some(leader) => format!(
+                        "held by {} (session {}, lock index {})",
+                        leader
+                            .value_str()
+                            .filter(|v| !v.is_empty())
+                            .unwrap_or("an unnamed holder"),
+                        leader.sequencer.holder(),
+                        leader.sequencer.index()
+                    ),
+                    None => "free (its last holder has just left)".to_owned(),
+                });
+                if observer.changed().await.is_err() {
+                    break;
+                }
+            },
+            // RabbitMQ does not name holders.
+            Err(_) => say("held elsewhere".to_owned()),
+        },
+        Target::Semaphore { limit, .. } => match consul {
+            // The holders are read again whenever the wait goes on: a semaphore has no single
+            // key to watch, and a line per change is all an operator needs.
+            Some(consul) => loop {
+                match consul.semaphore_state(key).await {
+                    Ok(state) => {
+                        let holders: Vec<String> = state
+                            .holders
+                            .iter()
+                            .map(|h| {
+                                let value = String::from_utf8_lossy(&h.value);
+                                if value.is_empty() {
+                                    format!("session {}", h.session)
+                                } else {
+                                    format!("{value} (session {})", h.session)
+                                }
+                            })
+                            .collect();
+                        say(format!(
+                            "{} of {limit} slots held, by {}",
+                            holders.len(),
+                            holders.join(", ")
+                        ));
+                    }
+                    Err(_) => say(format!("all {limit} slots are held")),
+                }
+                tokio::time::sleep(SEMAPHORE_REREAD).await;
+            },
+            None => say(format!("all {limit} slots are held elsewhere")),
+        },
+        _ => say("held elsewhere".to_owned()),
+    }
+    std::future::pending().await
+}
+
+/// SIGINT, SIGTERM and SIGHUP to `lease`: given up on while waiting, forwarded to the command
+/// once it runs.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals, Failure> {
+        let listen = |kind| {
+            signal(kind).map_err(|e| {
+                Failure::new(
+                    exit::BACKEND,
+                    format_args!("cannot listen for signals: {e}"),
+                )
+            })
+        };
+        Ok(Signals {
+            interrupt: listen(SignalKind::interrupt())?,
+            terminate: listen(SignalKind::terminate())?,
+            hangup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+        }
+    }
+}

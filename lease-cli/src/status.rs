@@ -1,0 +1,164 @@
+//! `lease status` (who holds a lock or semaphore) and `lease check` (is a sequencer current).
+
+use lease_core::amqp::Amqp;
+use lease_core::{Backend, BackendKind, Error, Sequencer};
+use serde_json::{Value, json};
+
+use crate::backend::{Chosen, leader_key};
+use crate::cli::{CheckArgs, StatusArgs};
+use crate::exit::{self, Failure};
+
+/// Prints who holds KEY; exit 0 if someone does, 1 if nobody, 2 if the backend cannot tell.
+pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
+    let chosen = Chosen::from_args(&args.backend, std::time::Duration::ZERO)?;
+    chosen.spec(&args.key, args.limit)?;
+    let report = match &chosen {
+        Chosen::Consul(consul) if args.limit == 1 => leader(consul, &leader_key(&args.key)).await,
+        Chosen::Consul(consul) => consul_semaphore(consul, &args.key, args.limit).await,
+        Chosen::Amqp(amqp) => amqp_semaphore(amqp, &args.key).await,
+    };
+    let report = report.map_err(|e| Failure::new(exit::QUERY_FAILED, e))?;
+    let held = report["held"].as_bool().unwrap_or(false);
+    if args.json {
+        println!("{report:#}");
+    } else {
+        print_text(&report);
+    }
+    chosen.backend().shutdown().await;
+    Ok(if held { 0 } else { exit::NOT_HELD })
+}
+
+async fn leader(backend: &dyn Backend, key: &str) -> Result<Value, Error> {
+    let observer = backend.observe_leader(key).await?;
+    Ok(match observer.leader() {
+        Some(leader) => json!({
+            "key": key,
+            "held": true,
+            "lock_index": leader.sequencer.index(),
+            "session": leader.sequencer.holder(),
+            "value": String::from_utf8_lossy(&leader.value),
+            "sequencer": leader.sequencer.to_string(),
+        }),
+        None => json!({ "key": key, "held": false }),
+    })
+}
+
+async fn consul_semaphore(
+    consul: &lease_core::consul::Consul,
+    prefix: &str,
+    limit: u32,
+) -> Result<Value, Error> {
+    let state = consul.semaphore_state(prefix).await?;
+    let holders: Vec<Value> = state
+        .holders
+        .iter()
+        .map(|holder| {
+            json!({
+                "session": holder.session,
+                "value": String::from_utf8_lossy(&holder.value),
+                "sequencer": holder.sequencer.to_string(),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "key": prefix,
+        "held": !holders.is_empty(),
+        "limit": state.limit.unwrap_or(u64::from(limit)),
+        "holders": holders,
+    }))
+}
+
+async fn amqp_semaphore(amqp: &Amqp, name: &str) -> Result<Value, Error> {
+    let admin = amqp.admin();
+    let slots = admin.slots(name).await?;
+    let mut held = Vec::new();
+    for slot in 1..=slots {
+        if admin.has_holder(name, slot).await? {
+            held.push(slot);
+        }
+    }
+    Ok(json!({
+        "key": name,
+        "held": !held.is_empty(),
+        "limit": slots,
+        "held_slots": held,
+    }))
+}
+
+fn print_text(report: &Value) {
+    let Some(fields) = report.as_object() else {
+        return;
+    };
+    for (name, value) in fields {
+        let text = match value {
+            Value::String(s) => s.clone(),
+            Value::Array(items) if items.iter().all(Value::is_object) => {
+                println!("{name}:");
+                for item in items {
+                    let line: Vec<String> = item
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| {
+                            format!("{k}={}", v.as_str().map_or(v.to_string(), str::to_owned))
+                        })
+                        .collect();
+                    println!("  {}", line.join(" "));
+                }
+                continue;
+            }
+            other => other.to_string(),
+        };
+        println!("{name}: {text}");
+    }
+}
+
+/// Exit 0 if `sequencer` is current, 1 (with the reason) if stale, 2 if the backend cannot tell.
+pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
+    let sequencer: Sequencer = args.sequencer.parse().map_err(|e| {
+        Failure::new(
+            exit::QUERY_FAILED,
+            format_args!(
+                "{:?} is not a sequencer: {e}; pass LEASE_SEQUENCER as it was given",
+                args.sequencer
+            ),
+        )
+    })?;
+    let chosen = match sequencer.backend() {
+        BackendKind::Amqp if args.backend.amqp.is_none() => {
+            Chosen::Amqp(Amqp::from_env().map_err(|e| Failure::new(exit::QUERY_FAILED, e))?)
+        }
+        BackendKind::Consul if args.backend.amqp.is_some() => {
+            return Err(Failure::new(
+                exit::QUERY_FAILED,
+                "a consul: sequencer is checked with Consul: drop --amqp",
+            ));
+        }
+        BackendKind::Consul | BackendKind::Amqp => {
+            Chosen::from_args(&args.backend, std::time::Duration::ZERO)
+                .map_err(|f| Failure::new(exit::QUERY_FAILED, f.message))?
+        }
+        other => {
+            return Err(Failure::new(
+                exit::QUERY_FAILED,
+                format_args!(
+                    "a {other}: sequencer lives in one process and cannot be checked from here"
+                ),
+            ));
+        }
+    };
+    let backend = chosen.backend();
+    let result = backend.check_sequencer(&sequencer).await;
+    backend.shutdown().await;
+    match result {
+        Ok(()) => {
+            println!("current: {sequencer}");
+            Ok(0)
+        }
+        Err(Error::Lost(reason)) => {
+            println!("stale: {reason}");
+            Ok(exit::NOT_HELD)
+        }
+        Err(error) => Err(Failure::new(exit::QUERY_FAILED, error)),
+    }
+}

@@ -1,0 +1,470 @@
+//! `lease lock` against a real Consul agent and real processes: interoperation with
+//! `consul lock`, loss (a destroyed session, a partition), the exit paths, and `status`/`check`.
+
+// A test that unwraps is a test that fails loudly.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use lease_tests::consul::Agent;
+use lease_tests::overlap::{Timeline, now_ns};
+use lease_tests::proxy::{Mode, Proxy};
+use lease_tests::within;
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use support::*;
+
+/// Six contenders on one prefix, three `lease lock` and three `consul lock` (then eight at
+/// `-n 3`): the children's own timestamps never show more holders than the limit.
+#[tokio::test]
+async fn excludes_consul_lock_both_ways_and_shares_its_semaphore() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("interop");
+
+    // Each direction, deterministically: the other tool holds, this one gives up.
+    let mut held = agent
+        .command()
+        .args(["lock", "interop/a", "echo held; exec sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(held.stdout.take().unwrap()).lines();
+    within(T, "consul lock to run its child", lines.next_line())
+        .await
+        .unwrap();
+    let busy = output(
+        {
+            let mut c = lease_on(&agent);
+            c.args(["lock", "-try", "1s", "interop/a", "--", "touch"])
+                .arg(scratch.path("ran"));
+            c
+        },
+        "lease lock -try while consul lock holds",
+    )
+    .await;
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    // Interrupted, consul lock releases and destroys its session (a SIGKILL would leave it).
+    send(held.id().unwrap(), Signal::SIGINT);
+    within(T, "consul lock to exit", held.wait()).await.unwrap();
+
+    let mut ours = lease_on(&agent)
+        .args([
+            "lock",
+            "interop/b",
+            "--",
+            "sh",
+            "-c",
+            "echo held; exec sleep 30",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(ours.stdout.take().unwrap()).lines();
+    within(T, "lease lock to run its child", lines.next_line())
+        .await
+        .unwrap();
+    let theirs = output(
+        {
+            let mut c = agent.command();
+            c.args(["lock", "-timeout", "1s", "interop/b", "touch"])
+                .arg(scratch.path("ran"));
+            c
+        },
+        "consul lock -timeout while lease lock holds",
+    )
+    .await;
+    assert!(
+        !scratch.path("ran").exists(),
+        "a child ran while the other tool held the lock: {theirs:?}"
+    );
+    // (A `consul lock` that gives up leaves its session to expire; `assert_nothing_left` only
+    // looks at the sessions of the prefix it is given.)
+    send(ours.id().unwrap(), Signal::SIGTERM);
+    within(T, "lease lock to exit", ours.wait()).await.unwrap();
+
+    // Mixed contenders, leader and -n 3.
+    for (limit, each) in [(1, 3), (3, 4)] {
+        let prefix = format!("interop/mixed-{limit}");
+        let stamps = scratch.path(&format!("stamps-{limit}"));
+        let child = stamping_child(&stamps, "0.2");
+        let n = limit.to_string();
+        let mut all = Vec::new();
+        for _ in 0..each {
+            all.push(
+                lease_on(&agent)
+                    .args(["lock", "-n", &n, &prefix, "--", "sh", "-c", &child])
+                    .spawn()
+                    .unwrap(),
+            );
+            all.push(
+                agent
+                    .command()
+                    .args(["lock", "-n", &n, &prefix, &child])
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        for mut p in all {
+            let status = within(T, "every contender to finish", p.wait())
+                .await
+                .unwrap();
+            assert!(status.success(), "a contender failed: {status}");
+        }
+        let timeline = Timeline::new();
+        timeline.record_file("child", &stamps);
+        assert_eq!(timeline.len(), 2 * each, "every child ran once");
+        timeline.assert_at_most(limit);
+        assert_nothing_left(&agent, &prefix).await;
+    }
+}
+
+/// An operator destroys the session: the child's group gets SIGTERM at once; a child that
+/// ignores it is killed after the grace. `lease` exits 124 both times.
+#[tokio::test]
+async fn destroyed_session_stops_the_child_and_kills_one_that_ignores_sigterm() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("destroy");
+    for (i, ignores) in [false, true].into_iter().enumerate() {
+        let prefix = format!("destroy/{i}");
+        let pid_file = scratch.path(&format!("pid-{i}"));
+        let signalled = scratch.path(&format!("signalled-{i}"));
+        let trap = if ignores {
+            "trap '' TERM".to_owned()
+        } else {
+            format!("trap 'date +%s%N > {}; exit 0' TERM", signalled.display())
+        };
+        let script = format!(
+            "{trap}; echo $$ > {}; while :; do sleep 0.05; done",
+            pid_file.display()
+        );
+        let guard = lease_on(&agent)
+            .args(["lock", "--grace", "1s", &prefix, "--", "sh", "-c", &script])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid: i32 = file_appears(&pid_file).await.trim().parse().unwrap();
+        let session = holder_session(&agent, &format!("{prefix}/.lock")).await;
+        let destroyed = now_ns();
+        agent.destroy_session(&session).await;
+        let out = within(T, "lease lock to stop its child", guard.wait_with_output())
+            .await
+            .unwrap();
+        let exited = now_ns();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(124), "{stderr}");
+        assert!(stderr.contains("lease: lost destroy/"), "{stderr}");
+        assert!(!alive(pid), "the child {pid} outlived lease lock");
+        let after_ms = |t: u128| t.saturating_sub(destroyed) as f64 / 1e6;
+        if ignores {
+            let took = after_ms(exited);
+            eprintln!("destroy → child killed after the 1 s grace: {took:.0} ms");
+            assert!((1000.0..4000.0).contains(&took), "killed after {took} ms");
+        } else {
+            let at: u128 = file_appears(&signalled).await.trim().parse().unwrap();
+            let took = after_ms(at);
+            eprintln!("destroy → SIGTERM in the child: {took:.1} ms");
+            assert!(took < 1000.0, "SIGTERM came {took} ms after the destroy");
+        }
+    }
+}
+
+/// The child's code passes through, SIGINT is forwarded, `-try` on a held key exits 75, and no
+/// session or key is left after any of them. The child sees its sequencer.
+#[tokio::test]
+async fn exit_paths_pass_codes_forward_signals_and_leave_nothing() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("exits");
+
+    let out = output(
+        {
+            let mut c = lease_on(&agent);
+            c.args([
+                "lock",
+                "exits/code",
+                "--",
+                "sh",
+                "-c",
+                "echo \"$LEASE_SEQUENCER|$LEASE_KEY|$LEASE_HOLDER\"; exit 7",
+            ]);
+            c
+        },
+        "a child that exits 7",
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    let env = String::from_utf8_lossy(&out.stdout);
+    let mut parts = env.trim().split('|');
+    let sequencer: lease_core::Sequencer = parts.next().unwrap().parse().unwrap();
+    assert_eq!(sequencer.key(), "exits/code/.lock");
+    assert_eq!(parts.next(), Some("exits/code/.lock"));
+    assert_eq!(parts.next(), Some(sequencer.holder()));
+    assert_nothing_left(&agent, "exits/code").await;
+
+    // SIGINT to lease reaches the child, whose exit code comes back.
+    let got = scratch.path("got-int");
+    let script = format!(
+        "trap 'echo int > {}; exit 42' INT; echo ready; while :; do sleep 0.05; done",
+        got.display()
+    );
+    let mut guard = lease_on(&agent)
+        .args(["lock", "exits/int", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(guard.stdout.take().unwrap()).lines();
+    within(T, "the child to start", lines.next_line())
+        .await
+        .unwrap();
+    send(guard.id().unwrap(), Signal::SIGINT);
+    let status = within(T, "lease lock to exit after SIGINT", guard.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(42));
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "int");
+    assert_nothing_left(&agent, "exits/int").await;
+
+    // -try on a held key: busy, the holder named, no child started.
+    let mut holder = lease_on(&agent)
+        .args([
+            "lock",
+            "--value",
+            "the-holder",
+            "exits/busy",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 30",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    within(T, "the holder to start", lines.next_line())
+        .await
+        .unwrap();
+    let ran = scratch.path("ran");
+    let busy = output(
+        {
+            let mut c = lease_on(&agent);
+            c.args(["lock", "-try", "1s", "exits/busy", "--", "touch"])
+                .arg(&ran);
+            c
+        },
+        "lease lock -try 1s on a held key",
+    )
+    .await;
+    let (code, stderr) = code_and_stderr(&busy);
+    assert_eq!(code, Some(75), "{stderr}");
+    assert!(
+        stderr.contains("the-holder"),
+        "the holder is named: {stderr}"
+    );
+    assert!(!ran.exists(), "no child may run while busy");
+    send(holder.id().unwrap(), Signal::SIGTERM);
+    let status = within(T, "the holder to exit", holder.wait())
+        .await
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "sleep was killed by the forwarded SIGTERM"
+    );
+    assert_nothing_left(&agent, "exits").await;
+}
+
+/// `lease status` and `lease check` while a command holds the lock and after it has gone,
+/// leader and semaphore.
+#[tokio::test]
+async fn status_and_check_follow_the_holder() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("status");
+    let seq_file = scratch.path("seq");
+    let script = format!(
+        "echo $LEASE_SEQUENCER > {}; exec sleep 30",
+        seq_file.display()
+    );
+    let mut holder = lease_on(&agent)
+        .args([
+            "lock",
+            "--value",
+            "billing-7",
+            "st/a",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .unwrap();
+    let sequencer = file_appears(&seq_file).await.trim().to_owned();
+
+    let run = |args: &[&str]| {
+        let mut c = lease_on(&agent);
+        c.args(args);
+        c
+    };
+    let out = output(run(&["status", "st/a"]), "status").await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text.contains("billing-7") && text.contains(&sequencer),
+        "{text}"
+    );
+    let out = output(run(&["status", "--json", "st/a"]), "status --json").await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["sequencer"], sequencer.as_str());
+    assert_eq!(json["value"], "billing-7");
+    let out = output(run(&["check", &sequencer]), "check a current sequencer").await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    send(holder.id().unwrap(), Signal::SIGTERM);
+    within(T, "the holder to exit", holder.wait())
+        .await
+        .unwrap();
+    let out = output(run(&["check", &sequencer]), "check a stale sequencer").await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("stale: "));
+    let out = output(run(&["status", "st/a"]), "status of a free key").await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let out = output(run(&["check", "not-a-sequencer"]), "check garbage").await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    // A semaphore: the limit and both holders.
+    let mut holders = Vec::new();
+    for name in ["one", "two"] {
+        let ready = scratch.path(name);
+        holders.push(
+            lease_on(&agent)
+                .args([
+                    "lock", "-n", "3", "--value", name, "st/sem", "--", "sh", "-c",
+                ])
+                .arg(format!("touch {}; exec sleep 30", ready.display()))
+                .spawn()
+                .unwrap(),
+        );
+        file_appears_empty_ok(&ready).await;
+    }
+    let out = output(run(&["status", "-n", "3", "--json", "st/sem"]), "status -n").await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json["limit"], 3);
+    let mut values: Vec<&str> = json["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["value"].as_str())
+        .collect();
+    values.sort_unstable();
+    assert_eq!(values, ["one", "two"]);
+    for h in &holders {
+        send(h.id().unwrap(), Signal::SIGTERM);
+    }
+    for mut h in holders {
+        within(T, "the holders to exit", h.wait()).await.unwrap();
+    }
+    assert_nothing_left(&agent, "st").await;
+}
+
+async fn file_appears_empty_ok(path: &std::path::Path) {
+    lease_tests::workers::wait_for(
+        T,
+        || format!("{} to appear", path.display()),
+        || path.exists().then_some(()),
+    )
+    .await;
+}
+
+/// A partition between `lease` and its agent: the child is gone while the agent still lists the
+/// session, before its TTL could expire. The same under `consul lock`: its child outlives its
+/// session (hashicorp/consul 9788, 1843).
+#[tokio::test]
+async fn partition_stops_the_child_before_the_session_expires_unlike_consul_lock() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("partition");
+    let ours_proxy = Proxy::start(agent.addr()).await.unwrap();
+    let theirs_proxy = Proxy::start(agent.addr()).await.unwrap();
+
+    let our_pid = scratch.path("our-pid");
+    let ours = lease(&ours_proxy.addr().to_string())
+        .args([
+            "lock",
+            "--ttl",
+            "10s",
+            "--grace",
+            "2s",
+            "part/ours",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("echo $$ > {}; exec sleep 60", our_pid.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let their_pid = scratch.path("their-pid");
+    let mut theirs = agent
+        .command()
+        .env("CONSUL_HTTP_ADDR", theirs_proxy.addr().to_string())
+        .args(["lock", "part/theirs"])
+        .arg(format!("echo $$ > {}; exec sleep 120", their_pid.display()))
+        .spawn()
+        .unwrap();
+    let our_child: i32 = file_appears(&our_pid).await.trim().parse().unwrap();
+    let their_child: i32 = file_appears(&their_pid).await.trim().parse().unwrap();
+    let our_session = holder_session(&agent, "part/ours/.lock").await;
+    let their_session = holder_session(&agent, "part/theirs/.lock").await;
+
+    let cut = now_ns();
+    ours_proxy.set_mode(Mode::Blackhole);
+    theirs_proxy.set_mode(Mode::Blackhole);
+
+    // Ours: the child is gone, and at that moment the agent still lists the session.
+    lease_tests::workers::wait_for(
+        T,
+        || "lease lock's child to be stopped".into(),
+        || (!alive(our_child)).then_some(()),
+    )
+    .await;
+    let gone_after = (now_ns() - cut) as f64 / 1e9;
+    let sessions = agent.sessions().await;
+    assert!(
+        sessions.contains(&our_session),
+        "the session expired before the child was gone ({gone_after:.1} s after the cut)"
+    );
+    eprintln!("lease lock: child gone {gone_after:.1} s after the cut, its session still listed");
+    assert!(
+        gone_after < 10.0,
+        "the child outlived the TTL: {gone_after:.1} s"
+    );
+    let out = within(T, "lease lock to exit", ours.wait_with_output())
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // consul lock: its session expires (up to 2 × its 15 s TTL) while its child runs on.
+    lease_tests::workers::wait_for_async(
+        Duration::from_secs(45),
+        || "consul lock's session to expire".into(),
+        || async { (!agent.sessions().await.contains(&their_session)).then_some(()) },
+    )
+    .await;
+    let expired_after = (now_ns() - cut) as f64 / 1e9;
+    assert!(
+        alive(their_child),
+        "consul lock stopped its child this time; the README says it does not"
+    );
+    eprintln!(
+        "consul lock: session gone {expired_after:.1} s after the cut, its child still running"
+    );
+    theirs.kill().await.unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(their_child), Signal::SIGKILL).unwrap();
+}

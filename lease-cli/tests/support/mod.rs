@@ -1,0 +1,148 @@
+//! What every `lease` CLI test shares: running the binary against a real agent or broker, and
+//! children that write their own timestamps.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use lease_tests::consul::{Agent, workspace_root};
+use lease_tests::overlap::now_ns;
+use tokio::process::Command;
+
+/// The bound on any single wait in these tests.
+pub const T: Duration = Duration::from_secs(20);
+
+/// `lease ARGS…` aimed at `consul_addr` (through CONSUL_HTTP_ADDR), stdin closed.
+pub fn lease(consul_addr: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
+    cmd.env("CONSUL_HTTP_ADDR", consul_addr)
+        .env_remove("CONSUL_HTTP_TOKEN")
+        .env_remove("CONSUL_HTTP_TOKEN_FILE")
+        .env_remove("AMQP_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// `lease ARGS…` against `agent`.
+pub fn lease_on(agent: &Agent) -> Command {
+    lease(&agent.addr().to_string())
+}
+
+/// Runs `cmd` to completion (bounded), capturing its output.
+pub async fn output(mut cmd: Command, what: &str) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    lease_tests::within(T, what, cmd.output())
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// The exit code and stderr of `out`, for assertions.
+pub fn code_and_stderr(out: &Output) -> (Option<i32>, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A scratch directory for one test, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(test: &str) -> Scratch {
+        let dir = workspace_root()
+            .join("target/lease-cli-tests")
+            .join(format!("{test}-{}-{}", std::process::id(), now_ns()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test files kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A shell child that appends `start end` (its own wall-clock ns) to `file` around `hold`.
+pub fn stamping_child(file: &Path, hold: &str) -> String {
+    format!(
+        "s=$(date +%s%N); sleep {hold}; e=$(date +%s%N); echo \"$s $e\" >> {}",
+        file.display()
+    )
+}
+
+/// Waits (bounded) until `path` exists and returns its contents.
+pub async fn file_appears(path: &Path) -> String {
+    lease_tests::workers::wait_for(
+        T,
+        || format!("{} to appear", path.display()),
+        || std::fs::read_to_string(path).ok().filter(|s| !s.is_empty()),
+    )
+    .await
+}
+
+/// Whether process `pid` exists (signal 0).
+pub fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// Sends `signal` to `pid`.
+pub fn send(pid: u32, signal: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    nix::sys::signal::kill(pid, signal).unwrap();
+}
+
+/// The session holding `key` on `agent`, once one does.
+pub async fn holder_session(agent: &Agent, key: &str) -> String {
+    lease_tests::workers::wait_for_async(
+        T,
+        || format!("a session to hold {key}"),
+        || async { agent.key(key).await["Session"].as_str().map(str::to_owned) },
+    )
+    .await
+}
+
+/// The sessions on `agent` whose name mentions `prefix` (ours are `lease lock KEY: …`,
+/// `consul lock`'s `Consul lock for '…' at 'PREFIX'`).
+pub async fn sessions_of(agent: &Agent, prefix: &str) -> Vec<serde_json::Value> {
+    let body = reqwest::get(format!("{}/v1/session/list?consistent", agent.url()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let all: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+    all.into_iter()
+        .filter(|s| s["Name"].as_str().is_some_and(|n| n.contains(prefix)))
+        .collect()
+}
+
+/// Asserts (waiting a little for in-flight clean-up) that `agent` has no session about `prefix`
+/// and no key under it.
+pub async fn assert_nothing_left(agent: &Agent, prefix: &str) {
+    let clean = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if sessions_of(agent, prefix).await.is_empty() && agent.keys(prefix).await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        clean.is_ok(),
+        "left behind: sessions {:?}, keys {:?}",
+        sessions_of(agent, prefix).await,
+        agent.keys(prefix).await
+    );
+}
