@@ -377,16 +377,28 @@ impl Api {
         deleted
     }
 
-    /// The seconds lease `holder` (hex) has left by etcd's own clock, or -1 if it is gone.
+    /// Operator action: `etcdctl del <key>` of that one key; how many keys went.
+    pub async fn post_delete_one(&self, key: &str) -> u64 {
+        let answer = self
+            .post("/v3/kv/deleterange", json!({"key": b64(key)}))
+            .await;
+        answer["deleted"]
+            .as_str()
+            .and_then(|d| d.parse::<u64>().ok())
+            .unwrap_or(0)
+    }
+
+    /// The whole seconds lease `holder` (hex) has left by etcd's own clock (0: less than one), or
+    /// -1 if it is gone.
     pub async fn time_to_live(&self, holder: &str) -> i64 {
         let id = i64::from_str_radix(holder, 16).expect("a hex lease ID");
         let answer = self
             .post("/v3/lease/timetolive", json!({"ID": id.to_string()}))
             .await;
+        // The gateway leaves a zero out: a lease with less than a second left has no `TTL`.
         answer["TTL"]
             .as_str()
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(-1)
+            .map_or(0, |t| t.parse().expect("a TTL in seconds"))
     }
 
     /// The IDs (hex) of every lease etcd has.
