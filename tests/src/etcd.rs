@@ -94,7 +94,9 @@ impl Member {
         format!("http://127.0.0.1:{}", self.peer_port)
     }
 
-    fn spawn(&mut self, initial_cluster: &str, state: &str) -> Result<(), String> {
+    /// Starts the member in the cluster `initial_cluster` (every member's `name=peer URL`), whose
+    /// members all share `token`.
+    fn spawn(&mut self, initial_cluster: &str, state: &str, token: &str) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -114,10 +116,7 @@ impl Member {
             .args(["--initial-advertise-peer-urls", &self.peer_url()])
             .args(["--initial-cluster", initial_cluster])
             .args(["--initial-cluster-state", state])
-            .args([
-                "--initial-cluster-token",
-                &format!("lease-{}", self.client_port),
-            ])
+            .args(["--initial-cluster-token", token])
             // Short raft timers: an election after a leader's death takes about a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--log-level", "warn", "--logger", "zap"])
@@ -179,7 +178,8 @@ impl Server {
         for _ in 0..3 {
             let mut member = Member::new("solo".into());
             let cluster = format!("solo={}", member.peer_url());
-            if let Err(e) = member.spawn(&cluster, "new") {
+            let token = format!("lease-{}", member.client_port);
+            if let Err(e) = member.spawn(&cluster, "new", &token) {
                 last = e;
                 continue;
             }
@@ -449,6 +449,7 @@ impl Api {
 pub struct Cluster {
     members: Vec<Member>,
     initial: String,
+    token: String,
 }
 
 impl Cluster {
@@ -460,12 +461,17 @@ impl Cluster {
             .map(|m| format!("{}={}", m.name, m.peer_url()))
             .collect();
         let initial = initial.join(",");
+        let token = format!("lease-{}", members[0].client_port);
         for member in &mut members {
             member
-                .spawn(&initial, "new")
+                .spawn(&initial, "new", &token)
                 .unwrap_or_else(|e| panic!("could not start etcd member: {e}"));
         }
-        let mut cluster = Cluster { members, initial };
+        let mut cluster = Cluster {
+            members,
+            initial,
+            token,
+        };
         let api = Api::new(cluster.members[0].addr(), None);
         let mut refs: Vec<&mut Member> = cluster.members.iter_mut().collect();
         ready(&api, &mut refs)
@@ -516,9 +522,9 @@ impl Cluster {
 
     /// Starts member `i` again, with its data, ports and name.
     pub fn restart(&mut self, i: usize) {
-        let initial = self.initial.clone();
+        let (initial, token) = (self.initial.clone(), self.token.clone());
         self.members[i]
-            .spawn(&initial, "existing")
+            .spawn(&initial, "existing", &token)
             .unwrap_or_else(|e| panic!("could not restart etcd member: {e}"));
     }
 
