@@ -61,7 +61,7 @@ impl Rule {
     fn value(self, spec: &LeaseSpec) -> Vec<u8> {
         match self {
             Rule::Leader => spec.advertised_value().to_vec(),
-            Rule::Semaphore { limit } => SemaphoreValue::new(limit, spec.advertised_value()),
+            Rule::Semaphore { limit } => SemaphoreValue::encode(limit, spec.advertised_value()),
         }
     }
 
@@ -115,7 +115,7 @@ struct SemaphoreValue {
 }
 
 impl SemaphoreValue {
-    fn new(limit: u32, value: &[u8]) -> Vec<u8> {
+    fn encode(limit: u32, value: &[u8]) -> Vec<u8> {
         let value = SemaphoreValue {
             limit,
             value: BASE64.encode(value),
