@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check and every test, starting or installing what the tests need:
-# Consul (fetched into tools/ when missing) and RabbitMQ (started, or installed, when not running).
+# Consul and etcd (fetched into tools/ when missing) and RabbitMQ (started, or installed, when not running).
 #
 #   bash scripts/test.sh            # everything CI runs
 #   bash scripts/test.sh -- NAME    # extra arguments go to `cargo test` (after its own `--`)
@@ -17,6 +17,14 @@ export CONSUL_BIN
 consul_version=$("$CONSUL_BIN" version)
 printf '%s\n' "${consul_version%%$'\n'*}" >&2
 
+step "etcd"
+ETCD_BIN=$(bash scripts/ensure-etcd.sh)
+ETCDCTL_BIN="${ETCDCTL_BIN:-$(dirname "$ETCD_BIN")/etcdctl}"
+command -v "$ETCDCTL_BIN" >/dev/null 2>&1 || ETCDCTL_BIN=$(command -v etcdctl)
+export ETCD_BIN ETCDCTL_BIN
+etcd_version=$("$ETCD_BIN" --version)
+printf '%s\n' "${etcd_version%%$'\n'*}" >&2
+
 step "RabbitMQ"
 bash scripts/ensure-rabbitmq.sh
 
@@ -32,7 +40,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quie
 # Each backend is a feature: a user who enables only one must get a clean build and clean docs.
 step "lease-core and lease-tower feature by feature"
 for features in "" "--no-default-features" "--no-default-features --features consul" \
-  "--no-default-features --features amqp" "--no-default-features --features macros"; do
+  "--no-default-features --features amqp" "--no-default-features --features etcd" \
+  "--no-default-features --features macros"; do
   # shellcheck disable=SC2086
   cargo clippy --quiet -p lease-core $features -- -D warnings
   # shellcheck disable=SC2086

@@ -7,7 +7,7 @@
 //! its [`Harness`](crate::Harness) declares the rest with [`lacks`](crate::Harness::lacks).
 //!
 //! This crate implements it for the in-tree backends' clients (features `memory`, `consul`,
-//! `amqp`); a backend author implements it next to their conformance tests.
+//! `etcd`, `amqp`); a backend author implements it next to their conformance tests.
 
 use std::sync::Arc;
 
@@ -197,6 +197,37 @@ impl Operator for lease_core::consul::Consul {
 
     // Other clients' sessions may share the agent, so a count would not be ours alone: the
     // default `None` stands.
+}
+
+/// What the etcd client offers an operator: revoking a lease (`etcdctl lease revoke`), which
+/// etcd's sessions are, and deleting a key with the keys under it (`etcdctl del`). etcd has no
+/// release of a key apart from its lease.
+#[cfg(feature = "etcd")]
+impl Operator for lease_core::etcd::Etcd {
+    fn destroy_session<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            if lease_core::etcd::Etcd::revoke_lease(self, holder).await? {
+                Ok(())
+            } else {
+                Err(OperatorError::NotFound {
+                    what: "lease",
+                    name: holder.to_owned(),
+                })
+            }
+        })
+    }
+
+    fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            match lease_core::etcd::Etcd::delete_key(self, key).await? {
+                0 => Err(OperatorError::NotFound {
+                    what: "key",
+                    name: key.to_owned(),
+                }),
+                _ => Ok(()),
+            }
+        })
+    }
 }
 
 /// RabbitMQ's operator removes slots: a holder loses its lease with

@@ -129,7 +129,8 @@ pub enum Error {
 
     /// The backend refused the operation for lack of permission.
     #[error(
-        "permission denied to {operation}: {message}; use a token (CONSUL_HTTP_TOKEN) or credentials that allow it"
+        "permission denied to {operation}: {message}; use a token (CONSUL_HTTP_TOKEN) or credentials \
+         (ETCD_USER, ETCD_PASSWORD) that allow it"
     )]
     PermissionDenied {
         /// What was attempted, naming the key or session.
@@ -141,7 +142,7 @@ pub enum Error {
     /// The backend could not be reached.
     #[error("cannot reach {backend} at {address}: {source}; {hint}")]
     Unreachable {
-        /// `Consul` or `RabbitMQ`.
+        /// `Consul`, `etcd` or `RabbitMQ`.
         backend: &'static str,
         /// The address tried (never carries credentials).
         address: String,

@@ -9,6 +9,8 @@
 //! - `consul`: Consul sessions + KV (`consul::Consul`), interoperating with `consul lock` and
 //!   `consul lock -n`.
 //! - `amqp`: the RabbitMQ persistent semaphore (`amqp::Amqp`); a leader is one slot.
+//! - `etcd`: etcd leases, revisions and watches (`etcd::Etcd`), interoperating with
+//!   `etcdctl elect`; its sequencer's index is a cluster-wide, ever-rising revision.
 //! - `memory` (default): in-process, no server, the same semantics (`memory::Memory`).
 //!
 //! Ways to use a lease:
@@ -68,7 +70,12 @@
 // Built without any backend (as lease-tower builds it on its own), the half of the lease model
 // that backends call has no caller; that is expected, not dead code.
 #![cfg_attr(
-    not(any(feature = "memory", feature = "consul", feature = "amqp")),
+    not(any(
+        feature = "memory",
+        feature = "consul",
+        feature = "amqp",
+        feature = "etcd"
+    )),
     allow(dead_code)
 )]
 
@@ -82,9 +89,13 @@ mod lease;
 mod semaphore;
 mod sequencer;
 mod spec;
+#[cfg(any(feature = "consul", feature = "etcd"))]
+mod transport;
 
 #[cfg(feature = "consul")]
 pub mod consul;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod leader;
 #[cfg(feature = "memory")]
 pub mod memory;

@@ -29,6 +29,11 @@ pub enum BackendKind {
     Amqp,
     /// The in-process memory backend, with Consul's semantics.
     Memory,
+    /// etcd: `key` is the election name (a leader) or the holder's own key `<prefix>/<lease>` (a
+    /// semaphore), `index` the create revision of the holder's key (rises with every write to the
+    /// cluster, whatever the key), `holder` the etcd lease ID in hex, as `etcdctl elect` names
+    /// its keys.
+    Etcd,
 }
 
 impl BackendKind {
@@ -38,6 +43,7 @@ impl BackendKind {
             BackendKind::Consul => "consul",
             BackendKind::Amqp => "amqp",
             BackendKind::Memory => "memory",
+            BackendKind::Etcd => "etcd",
         }
     }
 
@@ -46,6 +52,7 @@ impl BackendKind {
             "consul" => Some(BackendKind::Consul),
             "amqp" => Some(BackendKind::Amqp),
             "memory" => Some(BackendKind::Memory),
+            "etcd" => Some(BackendKind::Etcd),
             _ => None,
         }
     }
@@ -140,8 +147,9 @@ impl FromStr for Sequencer {
                 "expected four ':'-separated parts: <backend>:<index>:<holder>:<key>",
             ));
         };
-        let backend = BackendKind::parse(backend)
-            .ok_or(err("unknown backend; expected consul, amqp or memory"))?;
+        let backend = BackendKind::parse(backend).ok_or(err(
+            "unknown backend; expected consul, amqp, memory or etcd",
+        ))?;
         if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err("the index is not a decimal number"));
         }
@@ -306,6 +314,7 @@ mod tests {
                 Just(BackendKind::Consul),
                 Just(BackendKind::Amqp),
                 Just(BackendKind::Memory),
+                Just(BackendKind::Etcd),
             ]
         }
 

@@ -4,6 +4,8 @@
 //!   `rabbitmqctl`).
 //! - [`consul`]: a `consul agent -dev` per test on free ports, stopped when dropped, and the
 //!   operator actions tests perform on it (destroy a session, delete a key, list sessions).
+//! - [`etcd`]: an `etcd` per test on free ports with a temporary data directory, a 3-member
+//!   cluster, and the operator actions tests perform on them (revoke a lease, delete keys).
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
 //! - [`stats`]: percentiles for the benchmarks.
 //! - [`history`]: the histories `lease-worker` processes write, and verdicts judged from them.
@@ -23,6 +25,7 @@ pub mod body;
 pub mod chaos;
 pub mod cluster;
 pub mod consul;
+pub mod etcd;
 pub mod history;
 pub mod overlap;
 pub mod proxy;

@@ -1,12 +1,16 @@
 //! The public conformance suite (`lease-conformance`) run against the in-tree backends: memory,
-//! Consul and RabbitMQ, one test per scenario each.
+//! Consul, etcd and RabbitMQ, one test per scenario each.
 //!
 //! Memory and Consul have every capability. RabbitMQ has no sessions, keys or lock-delay and
 //! cannot observe a leader: its harness declares so, and those scenarios check the refusal
 //! instead. Its own losses (connection closed, slot removed) are tested in tests/amqp.rs.
 //!
+//! etcd has no lock-delay and no release of a key apart from its lease: its harness declares so.
+//! Its sessions are etcd leases (revoked by the operator), and its own losses are tested in
+//! tests/etcd.rs.
+//!
 //! Run: `cargo test -p lease-tests --test conformance` (the Consul half starts a dev agent per
-//! test; see `lease_tests::consul`; the AMQP half needs the broker on 127.0.0.1:5672).
+//! test; see `lease_tests::consul`; the etcd half an etcd per test, see `lease_tests::etcd`; the AMQP half needs the broker on 127.0.0.1:5672).
 
 use std::sync::Arc;
 
@@ -67,6 +71,43 @@ async fn consul() -> Harness {
     Harness::new(agent.backend(), AgentOperator(agent))
 }
 
+/// An etcd's operator actions: raw gateway calls, as an administrator makes them.
+struct EtcdOperator(Arc<lease_tests::etcd::Server>);
+
+impl Operator for EtcdOperator {
+    fn destroy_session<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            if self.0.revoke(holder).await {
+                Ok(())
+            } else {
+                Err(OperatorError::NotFound {
+                    what: "lease",
+                    name: holder.to_owned(),
+                })
+            }
+        })
+    }
+
+    fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            self.0.delete_key(key).await;
+            Ok(())
+        })
+    }
+
+    fn sessions_left(&self) -> BoxFuture<'_, Option<usize>> {
+        Box::pin(async { Some(self.0.leases().await.len()) })
+    }
+}
+
+async fn etcd() -> Harness {
+    lease_tests::init_tracing();
+    let server = Arc::new(lease_tests::etcd::Server::start().await);
+    Harness::new(server.backend(), EtcdOperator(server))
+        .lacks(Capability::LockDelay)
+        .lacks(Capability::ReleaseKey)
+}
+
 async fn amqp() -> Harness {
     lease_tests::init_tracing();
     lease_tests::amqp::require_broker().await;
@@ -93,4 +134,5 @@ async fn amqp() -> Harness {
 
 lease_conformance::suite!(memory, memory);
 lease_conformance::suite!(consul, consul);
+lease_conformance::suite!(etcd, etcd);
 lease_conformance::suite!(amqp, amqp);

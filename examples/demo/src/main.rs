@@ -45,6 +45,9 @@ OPTIONS:
     (none)          Run on the in-process memory backend: nothing to install.
     --consul [URL]  Run against a Consul agent (URL defaults to CONSUL_HTTP_ADDR, then
                     http://127.0.0.1:8500). The leader is killed with PUT /v1/session/destroy.
+    --etcd [URL]    Run against etcd (URLs default to ETCD_ENDPOINTS, then
+                    http://127.0.0.1:2379; comma-separated for a cluster). The leader is killed
+                    by revoking its etcd lease, as `etcdctl lease revoke` does.
     --amqp URL      Run against RabbitMQ, e.g. amqp://guest:guest@127.0.0.1:5672/%2f. The leader
                     (a one-slot persistent semaphore) is killed by removing its slot.
     -h, --help      Print this help.
@@ -58,6 +61,7 @@ RUST_LOG filters the output (default: lease_demo=info,lease_core=error).";
 enum Choice {
     Memory,
     Consul(Option<String>),
+    Etcd(Option<String>),
     Amqp(String),
     Help,
 }
@@ -69,6 +73,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
         let next = match arg.as_str() {
             "-h" | "--help" => return Ok(Choice::Help),
             "--consul" => Choice::Consul(args.next_if(|a| !a.starts_with("--"))),
+            "--etcd" => Choice::Etcd(args.next_if(|a| !a.starts_with("--"))),
             "--amqp" => match args.next() {
                 Some(url) if !url.starts_with("--") => Choice::Amqp(url),
                 _ => {
@@ -80,7 +85,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
             other => return Err(format!("unknown argument {other:?}; see --help")),
         };
         if choice != Choice::Memory {
-            return Err("choose one backend: --consul or --amqp, not both".into());
+            return Err("choose one backend: --consul, --etcd or --amqp, not several".into());
         }
         choice = next;
     }
@@ -115,6 +120,18 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 name: "Consul",
                 backend: Arc::new(consul.clone()),
                 operator: Box::new(consul),
+            })
+        }
+        Choice::Etcd(urls) => {
+            let mut builder = lease_core::etcd::EtcdBuilder::from_env();
+            if let Some(urls) = urls {
+                builder = builder.endpoints(urls.split(','));
+            }
+            let etcd = builder.build().map_err(|e| e.to_string())?;
+            Ok(Setup {
+                name: "etcd",
+                backend: Arc::new(etcd.clone()),
+                operator: Box::new(etcd),
             })
         }
         Choice::Amqp(url) => {
@@ -685,6 +702,11 @@ mod tests {
             Ok(Choice::Amqp("amqp://x".into()))
         );
         assert!(parse(&["--amqp"]).is_err());
+        assert_eq!(
+            parse(&["--etcd", "http://e:2379"]),
+            Ok(Choice::Etcd(Some("http://e:2379".into())))
+        );
+        assert!(parse(&["--etcd", "--consul"]).is_err());
         assert!(parse(&["--consul", "--amqp", "amqp://x"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
         assert_eq!(parse(&["--help"]), Ok(Choice::Help));

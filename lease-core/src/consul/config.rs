@@ -275,15 +275,7 @@ pub(crate) fn build_client(
     ca_pem: Option<&[u8]>,
     max_connections: usize,
 ) -> Result<reqwest::Client, reqwest::Error> {
-    let mut client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(max_connections)
-        .pool_idle_timeout(Duration::from_secs(60));
-    if let Some(pem) = ca_pem {
-        client = client.add_root_certificate(reqwest::Certificate::from_pem(pem)?);
-    }
-    client.build()
+    crate::transport::build_client(ca_pem, None, max_connections)
 }
 
 /// `http://127.0.0.1:8500` from `CONSUL_HTTP_ADDR`-style input.

@@ -259,11 +259,7 @@ async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// How soon a failed renewal or heartbeat pass of a `ttl` session is tried again: TTL/20,
-/// between 100 ms and 1 s.
-pub(crate) fn retry_pause(ttl: Duration) -> Duration {
-    (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1))
-}
+pub(crate) use crate::transport::retry_pause;
 
 /// Renews `id` every TTL/2, confirming `fence` with each renewal's send time, until Consul says
 /// the session is gone or the fence's deadline passes (then it returns `Fenced`, at that

@@ -7,6 +7,7 @@ use reqwest::StatusCode;
 
 use super::ConsulHttp;
 use crate::Error;
+use crate::transport::{Cause, DisplayChain};
 
 /// Why a call failed, before it is given the context of what the caller was doing.
 #[derive(Clone, Debug)]
@@ -116,61 +117,3 @@ const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows
     `limits.http_max_conns_per_client` connections (default 200), shared by every process on \
     this host; raise that limit in the agent's configuration, or lower \
     `ConsulBuilder::max_connections` (default 8) of the processes here";
-
-/// Why a request did not get an answer, as far as the transport error tells.
-enum Cause {
-    /// Nothing listens at the address.
-    Refused,
-    /// The host name did not resolve.
-    Dns,
-    /// The agent closed or reset the connection (what it does past its connection limit).
-    Dropped,
-    TimedOut,
-    Other,
-}
-
-impl Cause {
-    fn of(error: &reqwest::Error) -> Cause {
-        if error.is_timeout() {
-            return Cause::TimedOut;
-        }
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-        while let Some(e) = source {
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                use std::io::ErrorKind::*;
-                match io.kind() {
-                    ConnectionRefused => return Cause::Refused,
-                    ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
-                        return Cause::Dropped;
-                    }
-                    _ => {}
-                }
-            }
-            let text = e.to_string();
-            if text.contains("dns error") || text.contains("failed to lookup address") {
-                return Cause::Dns;
-            }
-            if text.contains("connection closed before message completed")
-                || text.contains("connection reset")
-            {
-                return Cause::Dropped;
-            }
-            source = e.source();
-        }
-        Cause::Other
-    }
-}
-
-struct DisplayChain<'a>(&'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for DisplayChain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
-    }
-}

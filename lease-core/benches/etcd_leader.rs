@@ -1,0 +1,194 @@
+//! etcd leader lease vs `etcdctl lock`, and the FIFO semaphore, on one real etcd.
+//!
+//! `cargo bench -p lease-core --features etcd --bench etcd_leader`
+//!
+//! - loss → cancel: an operator revokes the holder's etcd lease; we time until the guarded future
+//!   is dropped (ours) or until `etcdctl lock --ttl 10` (no command: it holds until its session
+//!   ends) exits with "session expired". etcdctl learns of the revoke from its next keep-alive
+//!   (every TTL/3); we learn it from the watch on our key.
+//! - hand-off gap: 16 contenders each hold 20 ms and release; the gap between one holder's end and
+//!   the next holder's start.
+//! - semaphore: 32 jobs of 50 ms at limit 4; the ideal is 32 / 4 × 50 ms = 0.4 s.
+//!
+//! Timestamps that cross processes are wall-clock nanoseconds (`SystemTime`), taken on one machine.
+
+#![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_core::etcd::Etcd;
+use lease_core::{Backend, LeaseSpec};
+use lease_tests::etcd::Server;
+use lease_tests::overlap::now_ns;
+use lease_tests::stats::percentile;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const LOSS_TRIALS: usize = 30;
+const ETCDCTL_TRIALS: usize = 8;
+const CONTENDERS: usize = 16;
+const HOLD: Duration = Duration::from_millis(20);
+const ROUNDS: usize = 3;
+const JOBS: usize = 32;
+const LIMIT: u32 = 4;
+const JOB: Duration = Duration::from_millis(50);
+
+struct DropStamp(Arc<Mutex<Option<u128>>>);
+
+impl Drop for DropStamp {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(now_ns());
+    }
+}
+
+async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
+    let mut samples = Vec::new();
+    for trial in 0..LOSS_TRIALS {
+        let lease = etcd
+            .acquire(&LeaseSpec::leader(format!("bench/loss/ours-{trial}")))
+            .await
+            .unwrap();
+        let dropped = Arc::new(Mutex::new(None));
+        let stamp = DropStamp(Arc::clone(&dropped));
+        let holder = lease.sequencer().holder().to_owned();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let runner = tokio::spawn(async move {
+            let work = async move {
+                let _stamp = stamp;
+                let _ = ready_tx.send(());
+                std::future::pending::<()>().await
+            };
+            assert!(lease.run(work).await.is_err());
+        });
+        ready_rx.await.unwrap();
+        let t0 = now_ns();
+        assert!(server.revoke(&holder).await);
+        runner.await.unwrap();
+        let t1 = dropped.lock().unwrap().expect("work dropped");
+        samples.push(t1.saturating_sub(t0) as f64 / 1e6);
+    }
+    samples
+}
+
+async fn etcdctl_loss_to_exit(server: &Server) -> Vec<f64> {
+    let mut samples = Vec::new();
+    for trial in 0..ETCDCTL_TRIALS {
+        let name = format!("bench/loss/etcdctl-{trial}");
+        let mut child = server
+            .etcdctl()
+            .args(["lock", "--ttl", "10", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // It prints its key `<name>/<lease hex>` once it holds the lock.
+        let key = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("etcdctl lock holds");
+        let holder = key.rsplit('/').next().unwrap().to_owned();
+        let t0 = now_ns();
+        assert!(server.revoke(&holder).await);
+        let exited = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+        let t1 = now_ns();
+        if exited.is_ok() {
+            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
+        } else {
+            let _ = child.kill().await;
+        }
+    }
+    samples
+}
+
+async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
+    let mut all = Vec::new();
+    for round in 0..ROUNDS {
+        let spec = LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..CONTENDERS {
+            let (etcd, spec, spans) = (etcd.clone(), spec.clone(), Arc::clone(&spans));
+            tasks.push(tokio::spawn(async move {
+                let lease = etcd.acquire(&spec).await.unwrap();
+                let start = now_ns();
+                tokio::time::sleep(HOLD).await;
+                let end = now_ns();
+                spans.lock().unwrap().push((start, end));
+                lease.release().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut spans = spans.lock().unwrap().clone();
+        spans.sort_unstable();
+        all.extend(
+            spans
+                .windows(2)
+                .map(|w| w[1].0.saturating_sub(w[0].1) as f64 / 1e6),
+        );
+    }
+    all
+}
+
+async fn semaphore_total(etcd: &Etcd) -> f64 {
+    let spec = LeaseSpec::semaphore("bench/semaphore", LIMIT);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..JOBS {
+        let (etcd, spec) = (etcd.clone(), spec.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = etcd.acquire(&spec).await.unwrap();
+            lease.run(tokio::time::sleep(JOB)).await.unwrap();
+            lease.release().await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    started.elapsed().as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let server = Server::start().await;
+    let etcd = server.backend();
+
+    let ours_loss = ours_loss_to_cancel(&server, &etcd).await;
+    let ctl_loss = etcdctl_loss_to_exit(&server).await;
+    let gap = ours_handoff(&etcd).await;
+    let sem_total = semaphore_total(&etcd).await;
+    let ideal = JOBS as f64 / f64::from(LIMIT) * JOB.as_secs_f64();
+
+    println!("{:<30} {:>9} {:>9} {:>6}", "ms", "p50", "p99", "n");
+    for (name, samples) in [
+        ("loss -> cancel (ours)", &ours_loss),
+        ("loss -> exit (etcdctl lock)", &ctl_loss),
+        ("hand-off gap, 16 contenders", &gap),
+    ] {
+        println!(
+            "{name:<30} {:>9.2} {:>9.2} {:>6}",
+            percentile(samples, 50.0),
+            percentile(samples, 99.0),
+            samples.len()
+        );
+    }
+    println!(
+        "semaphore: {JOBS} x {JOB:?} jobs at limit {LIMIT}: {sem_total:.3} s (ideal {ideal:.1} s)"
+    );
+    println!(
+        "RESULT etcd_loss_cancel_p99_ms={:.2} etcdctl_loss_p99_ms={:.2} etcd_handoff_p50_ms={:.2} etcd_sem_total_s={:.3} ideal_s={:.1}",
+        percentile(&ours_loss, 99.0),
+        percentile(&ctl_loss, 99.0),
+        percentile(&gap, 50.0),
+        sem_total,
+        ideal
+    );
+    assert!(
+        server.leases().await.len() <= ETCDCTL_TRIALS,
+        "our leases were left behind"
+    );
+}

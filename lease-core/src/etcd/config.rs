@@ -1,0 +1,223 @@
+//! Configuring an [`Etcd`] backend: from the environment, or with [`EtcdBuilder`].
+
+use std::fmt;
+use std::path::PathBuf;
+
+use super::Etcd;
+use super::http::{Credentials, EtcdHttp, Tls};
+use crate::Error;
+
+/// Builds an [`Etcd`] backend.
+///
+/// # Examples
+///
+/// ```
+/// use lease_core::etcd::Etcd;
+///
+/// let etcd = Etcd::builder()
+///     .endpoints(["http://10.0.0.1:2379", "http://10.0.0.2:2379"])
+///     .user("lease", "secret")
+///     .build()?;
+/// # let _ = etcd;
+/// # Ok::<(), lease_core::Error>(())
+/// ```
+#[derive(Clone, Default)]
+#[must_use]
+pub struct EtcdBuilder {
+    endpoints: Vec<String>,
+    user: Option<(String, String)>,
+    ca_cert: Option<PathBuf>,
+    client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl fmt::Debug for EtcdBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBuilder")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .field("ca_cert", &self.ca_cert)
+            .field("client_cert", &self.client_cert)
+            .finish()
+    }
+}
+
+impl EtcdBuilder {
+    /// No endpoints yet (`http://127.0.0.1:2379` unless some are given), no credentials, no TLS.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The configuration in the environment:
+    ///
+    /// - `ETCD_ENDPOINTS`: comma-separated client URLs (`http://host:2379`, or `host:2379`);
+    /// - `ETCD_USER` (`user` or `user:password`) and `ETCD_PASSWORD`, as `etcdctl --user`;
+    /// - `ETCD_CACERT`: a PEM CA certificate to trust for `https://` endpoints;
+    /// - `ETCD_CERT` and `ETCD_KEY`: a client certificate and its PKCS #8 key, both PEM.
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        let mut builder = EtcdBuilder::new();
+        if let Some(endpoints) = var("ETCD_ENDPOINTS") {
+            builder = builder.endpoints(endpoints.split(','));
+        }
+        if let Some(user) = var("ETCD_USER") {
+            let (user, password) = match user.split_once(':') {
+                Some((user, password)) => (user.to_owned(), password.to_owned()),
+                None => (user, var("ETCD_PASSWORD").unwrap_or_default()),
+            };
+            builder = builder.user(user, password);
+        }
+        if let Some(ca) = var("ETCD_CACERT") {
+            builder = builder.ca_cert(ca);
+        }
+        if let (Some(cert), Some(key)) = (var("ETCD_CERT"), var("ETCD_KEY")) {
+            builder = builder.client_cert(cert, key);
+        }
+        builder
+    }
+
+    /// The cluster's client URLs. Requests go to one at a time, and move on to the next when it
+    /// cannot be reached.
+    pub fn endpoints<I, S>(mut self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.endpoints = endpoints
+            .into_iter()
+            .map(Into::into)
+            .map(|e| e.trim().to_owned())
+            .filter(|e| !e.is_empty())
+            .collect();
+        self
+    }
+
+    /// Authenticate as `user` (etcd's `auth enable`d RBAC).
+    pub fn user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Trust this PEM CA certificate (beside the system's roots) for `https://` endpoints.
+    pub fn ca_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_cert = Some(path.into());
+        self
+    }
+
+    /// Present this client certificate (PEM) with its PKCS #8 key (PEM), for a cluster started
+    /// with `--client-cert-auth`.
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Validates the configuration and builds the backend. No request is sent.
+    pub fn build(self) -> Result<Etcd, Error> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                Error::Config(format!(
+                    "cannot read the etcd {what} {}: {e}",
+                    path.display()
+                ))
+            })
+        };
+        let tls = Tls {
+            ca_pem: self
+                .ca_cert
+                .as_ref()
+                .map(|p| read(p, "CA certificate (ETCD_CACERT)"))
+                .transpose()?,
+            identity_pem: match &self.client_cert {
+                Some((cert, key)) => Some((
+                    read(cert, "client certificate (ETCD_CERT)")?,
+                    read(key, "client key (ETCD_KEY)")?,
+                )),
+                None => None,
+            },
+        };
+        let secure = tls.ca_pem.is_some() || tls.identity_pem.is_some();
+        let endpoints = if self.endpoints.is_empty() {
+            vec!["127.0.0.1:2379".to_owned()]
+        } else {
+            self.endpoints
+        };
+        let endpoints = endpoints
+            .iter()
+            .map(|e| endpoint_url(e, secure))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = tls.client().map_err(|e| {
+            Error::Config(format!("cannot build the HTTP client for etcd (TLS): {e}"))
+        })?;
+        let credentials = self
+            .user
+            .map(|(user, password)| Credentials { user, password });
+        if credentials.as_ref().is_some_and(|c| c.user.is_empty()) {
+            return Err(Error::Config(
+                "the etcd user name is empty (ETCD_USER)".into(),
+            ));
+        }
+        Ok(Etcd::from_http(EtcdHttp::new(
+            client,
+            tls,
+            endpoints,
+            credentials,
+        )))
+    }
+}
+
+/// `http://127.0.0.1:2379` from `127.0.0.1:2379`-style input.
+fn endpoint_url(endpoint: &str, secure: bool) -> Result<reqwest::Url, Error> {
+    let text = if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else {
+        format!("{}://{endpoint}", if secure { "https" } else { "http" })
+    };
+    let url = reqwest::Url::parse(&text).map_err(|e| {
+        Error::Config(format!(
+            "invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): {e}"
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(Error::Config(format!(
+            "invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): use http://host:port or https://host:port"
+        )));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::Config(format!(
+            "the etcd endpoint {} carries credentials; use ETCD_USER and ETCD_PASSWORD (or EtcdBuilder::user)",
+            url.host_str().unwrap_or_default()
+        )));
+    }
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_like_etcdctl() {
+        assert_eq!(
+            endpoint_url("127.0.0.1:2379", false).unwrap().as_str(),
+            "http://127.0.0.1:2379/"
+        );
+        assert_eq!(
+            endpoint_url("etcd-0:2379", true).unwrap().as_str(),
+            "https://etcd-0:2379/"
+        );
+        assert!(endpoint_url("ftp://x:1", false).is_err());
+        assert!(endpoint_url("http://u:p@x:1", false).is_err());
+        let etcd = EtcdBuilder::new()
+            .endpoints(" http://a:1 ,, b:2".split(','))
+            .build()
+            .unwrap();
+        assert_eq!(etcd.endpoints(), "http://a:1,http://b:2");
+    }
+
+    #[test]
+    fn password_is_redacted() {
+        let builder = EtcdBuilder::new().user("root", "hunter2");
+        assert!(!format!("{builder:?}").contains("hunter2"));
+        let etcd = builder.build().unwrap();
+        assert!(!format!("{etcd:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,684 @@
+//! etcd's v3 JSON gateway, one method per call this crate makes, and what its errors mean.
+//!
+//! Every call is a `POST /v3/...` with a JSON body (see `wire`). Requests go to one endpoint at a
+//! time; a transport failure moves the client on to the next of its endpoints, so the retry that
+//! follows (`transport::retry_transient`) reaches another member. With a user and password the
+//! client authenticates first and sends etcd's token in `Authorization`; a token etcd no longer
+//! knows (they expire after five idle minutes by default) is replaced once, transparently.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use reqwest::{StatusCode, Url};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::wire::{
+    B64, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, RangeRequest,
+    RangeResponse, Status, Streamed, TxnRequest, TxnResponse, WatchResponse,
+};
+use crate::Error;
+use crate::backend::Keepers;
+use crate::transport::{Cause, DisplayChain, Retryable};
+
+/// Timeout of every request but a watch.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// gRPC status codes etcd answers with (in the error body's `code`).
+mod code {
+    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const NOT_FOUND: i32 = 5;
+    pub(super) const PERMISSION_DENIED: i32 = 7;
+    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(super) const ABORTED: i32 = 10;
+    pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const UNAUTHENTICATED: i32 = 16;
+}
+
+/// Why a call failed, before it is given the context of what the caller was doing.
+#[derive(Clone, Debug)]
+pub(crate) enum ApiError {
+    /// Shared, so one failure can be the source of every error it causes.
+    Transport(Arc<reqwest::Error>),
+    /// An error answer: the HTTP status, etcd's gRPC code and its message.
+    Status(StatusCode, i32, String),
+    Malformed(String),
+    /// No answer before the caller's deadline.
+    TimedOut,
+}
+
+impl ApiError {
+    fn transport(error: reqwest::Error) -> Self {
+        ApiError::Transport(Arc::new(error.without_url()))
+    }
+
+    /// Worth retrying: etcd electing a raft leader, an overloaded member, the network.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            ApiError::Transport(_) | ApiError::TimedOut => true,
+            ApiError::Status(status, grpc, _) => {
+                matches!(
+                    *grpc,
+                    code::DEADLINE_EXCEEDED
+                        | code::RESOURCE_EXHAUSTED
+                        | code::ABORTED
+                        | code::UNAVAILABLE
+                ) || (*grpc == 0 && status.is_server_error())
+            }
+            ApiError::Malformed(_) => false,
+        }
+    }
+
+    /// Whether etcd says the lease (or the thing asked about) does not exist.
+    pub(crate) fn is_not_found(&self) -> bool {
+        matches!(self, ApiError::Status(_, code::NOT_FOUND, _))
+    }
+
+    fn is_permission(&self) -> bool {
+        match self {
+            ApiError::Status(_, code::PERMISSION_DENIED | code::UNAUTHENTICATED, _) => true,
+            // A wrong user or password is InvalidArgument, and only its message says so.
+            ApiError::Status(_, _, message) => message.contains("authentication failed"),
+            _ => false,
+        }
+    }
+
+    /// What the user should do about this failure, for errors and warnings.
+    pub(crate) fn hint(&self) -> &'static str {
+        match self {
+            ApiError::Transport(source) => match Cause::of(source) {
+                Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
+                Cause::Dns => {
+                    "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
+                }
+                Cause::Dropped => {
+                    "etcd closed the connection: is it an etcd client URL (not a \
+                                   peer URL), with https:// if it serves TLS?"
+                }
+                Cause::TimedOut => "no answer in time: etcd or the network is overloaded",
+                Cause::Other => "is it running? Check ETCD_ENDPOINTS",
+            },
+            ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
+            ApiError::Status(..) | ApiError::Malformed(_) => "",
+        }
+    }
+
+    /// The public error, saying what we were doing.
+    pub(crate) fn into_error(self, http: &EtcdHttp, operation: impl fmt::Display) -> Error {
+        let transient = self.is_transient();
+        let permission = self.is_permission();
+        match self {
+            ApiError::Transport(source) => Error::Unreachable {
+                backend: "etcd",
+                address: http.address(),
+                hint: ApiError::Transport(Arc::clone(&source)).hint(),
+                source: Box::new(source),
+            },
+            ApiError::Status(_, _, message) if permission => Error::PermissionDenied {
+                operation: operation.to_string(),
+                message,
+            },
+            ApiError::Status(status, grpc, message) => Error::Backend {
+                backend: "etcd",
+                operation: operation.to_string(),
+                message: format!("{status} (gRPC code {grpc}): {message}"),
+                transient,
+            },
+            ApiError::Malformed(message) => Error::Backend {
+                backend: "etcd",
+                operation: operation.to_string(),
+                message: format!("unexpected answer: {message}"),
+                transient,
+            },
+            ApiError::TimedOut => Error::Backend {
+                backend: "etcd",
+                operation: operation.to_string(),
+                message: "no answer in the time left; etcd may be overloaded".to_owned(),
+                transient,
+            },
+        }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiError::Transport(e) => write!(f, "{}", DisplayChain(&**e)),
+            ApiError::Status(status, grpc, message) => {
+                write!(f, "{status} (gRPC code {grpc}): {message}")
+            }
+            ApiError::Malformed(m) => write!(f, "unexpected answer: {m}"),
+            ApiError::TimedOut => f.write_str("no answer in the time left"),
+        }
+    }
+}
+
+impl Retryable for ApiError {
+    fn is_transient(&self) -> bool {
+        ApiError::is_transient(self)
+    }
+
+    fn timed_out() -> Self {
+        ApiError::TimedOut
+    }
+}
+
+/// A user and password for etcd's authentication.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// What the HTTP client was built from, to build it again for another runtime.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tls {
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    /// A client certificate and its PKCS #8 key, both PEM.
+    pub(crate) identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Tls {
+    pub(crate) fn client(&self) -> Result<reqwest::Client, reqwest::Error> {
+        let identity = match &self.identity_pem {
+            Some((cert, key)) => Some(reqwest::Identity::from_pkcs8_pem(cert, key)?),
+            None => None,
+        };
+        crate::transport::build_client(self.ca_pem.as_deref(), identity, 8)
+    }
+}
+
+/// etcd's gateway, as this crate uses it.
+pub(crate) struct EtcdHttp {
+    client: reqwest::Client,
+    tls: Tls,
+    endpoints: Vec<Url>,
+    /// The endpoint requests go to; moved on by a transport failure.
+    current: AtomicUsize,
+    credentials: Option<Credentials>,
+    token: Mutex<Option<String>>,
+    /// The holder tasks of every lease this client (and its clones) acquired.
+    keepers: Keepers,
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for EtcdHttp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdHttp")
+            .field("endpoints", &self.address())
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdHttp {
+    pub(crate) fn new(
+        client: reqwest::Client,
+        tls: Tls,
+        endpoints: Vec<Url>,
+        credentials: Option<Credentials>,
+    ) -> Arc<Self> {
+        Arc::new(EtcdHttp {
+            client,
+            tls,
+            endpoints,
+            current: AtomicUsize::new(0),
+            credentials,
+            token: Mutex::new(None),
+            keepers: Keepers::new(),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// The same client on a fresh connection pool, for a clean-up that runs on another runtime.
+    pub(crate) fn detached(&self) -> Option<Arc<EtcdHttp>> {
+        let client = self.tls.client().ok()?;
+        Some(EtcdHttp::new(
+            client,
+            self.tls.clone(),
+            self.endpoints.clone(),
+            self.credentials.clone(),
+        ))
+    }
+
+    pub(crate) fn keepers(&self) -> &Keepers {
+        &self.keepers
+    }
+
+    /// The endpoints, comma-separated, for messages (URLs never carry credentials here).
+    pub(crate) fn address(&self) -> String {
+        let urls: Vec<&str> = self
+            .endpoints
+            .iter()
+            .map(|u| u.as_str().trim_end_matches('/'))
+            .collect();
+        urls.join(",")
+    }
+
+    pub(crate) fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn endpoint(&self) -> (usize, &Url) {
+        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        (i, &self.endpoints[i])
+    }
+
+    /// After a transport failure at endpoint `i`: the next request goes to the next endpoint.
+    fn move_on(&self, i: usize) {
+        let next = (i + 1) % self.endpoints.len();
+        let _ = self
+            .current
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn token(&self) -> Option<String> {
+        self.token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_token(&self, token: Option<String>) {
+        *self.token.lock().unwrap_or_else(PoisonError::into_inner) = token;
+    }
+
+    /// Sends `body` to `path` and returns the successful answer, or why there was none. With
+    /// `timeout` `None`, the request may last forever (a watch), and the response is returned
+    /// unread.
+    async fn send(
+        &self,
+        path: &str,
+        body: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, ApiError> {
+        let mut renewed_token = false;
+        loop {
+            let token = match (&self.credentials, self.token()) {
+                (None, _) => None,
+                (Some(_), Some(token)) => Some(token),
+                (Some(credentials), None) => Some(self.authenticate(credentials).await?),
+            };
+            let (i, base) = self.endpoint();
+            let mut url = base.clone();
+            url.set_path(path);
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let mut request = self.client.post(url).body(body.to_vec());
+            if let Some(timeout) = timeout {
+                request = request.timeout(timeout);
+            }
+            if let Some(token) = &token {
+                request = request.header("Authorization", token);
+            }
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(error) => {
+                    self.move_on(i);
+                    return Err(ApiError::transport(error));
+                }
+            };
+            if response.status().is_success() {
+                return Ok(response);
+            }
+            let error = status_error(response).await;
+            if matches!(error, ApiError::Status(_, code::UNAUTHENTICATED, _))
+                && self.credentials.is_some()
+                && !renewed_token
+            {
+                // The token expired (or the member restarted): authenticate again, once.
+                self.set_token(None);
+                renewed_token = true;
+                continue;
+            }
+            return Err(error);
+        }
+    }
+
+    async fn authenticate(&self, credentials: &Credentials) -> Result<String, ApiError> {
+        #[derive(Serialize)]
+        struct Authenticate<'a> {
+            name: &'a str,
+            password: &'a str,
+        }
+        #[derive(serde::Deserialize)]
+        struct Authenticated {
+            #[serde(default)]
+            token: String,
+        }
+        let body = to_json(&Authenticate {
+            name: &credentials.user,
+            password: &credentials.password,
+        })?;
+        let (i, base) = self.endpoint();
+        let mut url = base.clone();
+        url.set_path("/v3/auth/authenticate");
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let response = match self
+            .client
+            .post(url)
+            .body(body)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                self.move_on(i);
+                return Err(ApiError::transport(error));
+            }
+        };
+        if !response.status().is_success() {
+            return Err(status_error(response).await);
+        }
+        let answer: Authenticated = read_json(response).await?;
+        if answer.token.is_empty() {
+            // Authentication is not enabled on the cluster: requests need no token.
+            return Ok(String::new());
+        }
+        self.set_token(Some(answer.token.clone()));
+        Ok(answer.token)
+    }
+
+    /// One request and its JSON answer.
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Req,
+    ) -> Result<Resp, ApiError> {
+        let body = to_json(body)?;
+        let response = self.send(path, &body, Some(REQUEST_TIMEOUT)).await?;
+        read_json(response).await
+    }
+
+    /// `POST /v3/kv/range`, linearizable.
+    pub(crate) async fn range(&self, request: &RangeRequest) -> Result<RangeResponse, ApiError> {
+        self.call("/v3/kv/range", request).await
+    }
+
+    /// `POST /v3/kv/txn`.
+    pub(crate) async fn txn(&self, request: &TxnRequest) -> Result<TxnResponse, ApiError> {
+        self.call("/v3/kv/txn", request).await
+    }
+
+    /// `POST /v3/kv/deleterange` of `key`, or of every key under `key/` too.
+    pub(crate) async fn delete(&self, key: &str, with_dir: bool) -> Result<i64, ApiError> {
+        #[derive(Serialize)]
+        struct DeleteRange {
+            key: B64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            range_end: Option<B64>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Deleted {
+            #[serde(default)]
+            deleted: Option<String>,
+        }
+        let mut count = 0;
+        let mut requests = vec![DeleteRange {
+            key: key.into(),
+            range_end: None,
+        }];
+        if with_dir {
+            let (start, end) = super::wire::dir_range(key);
+            requests.push(DeleteRange {
+                key: start,
+                range_end: Some(end),
+            });
+        }
+        for request in &requests {
+            let deleted: Deleted = self.call("/v3/kv/deleterange", request).await?;
+            count += deleted.deleted.and_then(|d| d.parse().ok()).unwrap_or(0);
+        }
+        Ok(count)
+    }
+
+    /// `POST /v3/lease/grant`: a new lease of `ttl`; returns its ID.
+    pub(crate) async fn lease_grant(&self, ttl: Duration) -> Result<i64, ApiError> {
+        #[derive(Serialize)]
+        struct Grant {
+            #[serde(rename = "TTL")]
+            ttl: String,
+        }
+        let granted: LeaseGrantResponse = self
+            .call(
+                "/v3/lease/grant",
+                &Grant {
+                    ttl: ttl.as_secs().to_string(),
+                },
+            )
+            .await?;
+        if !granted.error.is_empty() {
+            return Err(ApiError::Malformed(granted.error));
+        }
+        if granted.id <= 0 || granted.ttl <= 0 {
+            return Err(ApiError::Malformed(format!(
+                "lease/grant answered ID {} and TTL {}",
+                granted.id, granted.ttl
+            )));
+        }
+        Ok(granted.id)
+    }
+
+    /// `POST /v3/lease/revoke`: deletes the lease and every key attached to it. `false` if the
+    /// lease was already gone.
+    pub(crate) async fn lease_revoke(&self, id: i64) -> Result<bool, ApiError> {
+        match self
+            .call::<_, serde_json::Value>("/v3/lease/revoke", &LeaseId::new(id))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `POST /v3/lease/keepalive`, one message on the keep-alive stream: the lease's TTL from
+    /// now, or 0 if it no longer exists.
+    pub(crate) async fn lease_keep_alive(&self, id: i64) -> Result<i64, ApiError> {
+        let answer: Streamed<LeaseKeepAliveResponse> =
+            self.call("/v3/lease/keepalive", &LeaseId::new(id)).await?;
+        match (answer.result, answer.error) {
+            (Some(result), _) => Ok(result.ttl),
+            (None, error) => Err(stream_error(error)),
+        }
+    }
+
+    /// `POST /v3/lease/timetolive`: the seconds the lease has left, or -1 if it is gone.
+    pub(crate) async fn lease_time_to_live(&self, id: i64) -> Result<i64, ApiError> {
+        let answer: LeaseTimeToLiveResponse =
+            self.call("/v3/lease/timetolive", &LeaseId::new(id)).await?;
+        Ok(answer.ttl)
+    }
+
+    /// `POST /v3/watch`: a stream of changes to `range` from `start_revision` on. The first
+    /// message (the watch's creation) has been read when this returns.
+    pub(crate) async fn watch(
+        &self,
+        range: &RangeRequest,
+        start_revision: i64,
+    ) -> Result<WatchStream, ApiError> {
+        #[derive(Serialize)]
+        struct Create<'a> {
+            key: &'a B64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            range_end: Option<&'a B64>,
+            start_revision: String,
+        }
+        #[derive(Serialize)]
+        struct Watch<'a> {
+            create_request: Create<'a>,
+        }
+        let body = to_json(&Watch {
+            create_request: Create {
+                key: &range.key,
+                range_end: range.range_end.as_ref(),
+                start_revision: start_revision.to_string(),
+            },
+        })?;
+        let response = self.send("/v3/watch", &body, None).await?;
+        let mut stream = WatchStream {
+            response,
+            buffer: Vec::new(),
+            queued: None,
+        };
+        let created = tokio::time::timeout(REQUEST_TIMEOUT, stream.next_message())
+            .await
+            .unwrap_or(Err(ApiError::TimedOut))?;
+        if created.canceled {
+            return Err(cancelled(&created));
+        }
+        if !created.events.is_empty() {
+            stream.queued = Some(created);
+        }
+        Ok(stream)
+    }
+}
+
+/// `{"ID": "<id>"}`, the body of every lease call.
+#[derive(Serialize)]
+struct LeaseId {
+    #[serde(rename = "ID")]
+    id: String,
+}
+
+impl LeaseId {
+    fn new(id: i64) -> Self {
+        LeaseId { id: id.to_string() }
+    }
+}
+
+/// An open watch: newline-delimited JSON messages on one long response.
+#[derive(Debug)]
+pub(crate) struct WatchStream {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+    /// Events that came with the watch's creation, returned by the first `next`.
+    queued: Option<WatchResponse>,
+}
+
+impl WatchStream {
+    /// The next batch of events (at least one). Errors when etcd cancels the watch (a revision
+    /// compacted away, a lost permission) or the stream ends.
+    pub(crate) async fn next(&mut self) -> Result<WatchResponse, ApiError> {
+        if let Some(queued) = self.queued.take() {
+            return Ok(queued);
+        }
+        loop {
+            let message = self.next_message().await?;
+            if message.canceled {
+                return Err(cancelled(&message));
+            }
+            if !message.events.is_empty() {
+                return Ok(message);
+            }
+        }
+    }
+
+    async fn next_message(&mut self) -> Result<WatchResponse, ApiError> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let message: Streamed<WatchResponse> = serde_json::from_slice(&line)
+                    .map_err(|e| ApiError::Malformed(format!("watch message: {e}")))?;
+                return match (message.result, message.error) {
+                    (Some(result), _) => Ok(result),
+                    (None, error) => Err(stream_error(error)),
+                };
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) => {
+                    return Err(ApiError::Status(
+                        StatusCode::OK,
+                        code::UNAVAILABLE,
+                        "the watch stream ended".into(),
+                    ));
+                }
+                Err(error) => return Err(ApiError::transport(error)),
+            }
+        }
+    }
+}
+
+fn cancelled(message: &WatchResponse) -> ApiError {
+    let reason = if message.compact_revision > 0 {
+        format!(
+            "the watch's start revision was compacted (compact revision {})",
+            message.compact_revision
+        )
+    } else {
+        format!("etcd cancelled the watch: {}", message.cancel_reason)
+    };
+    // Compaction is "retry from a fresh read"; a cancellation for permission is not transient.
+    let grpc =
+        if message.cancel_reason.contains("auth") || message.cancel_reason.contains("permission") {
+            code::PERMISSION_DENIED
+        } else {
+            code::UNAVAILABLE
+        };
+    ApiError::Status(StatusCode::OK, grpc, reason)
+}
+
+fn stream_error(error: Option<serde_json::Value>) -> ApiError {
+    match error.map(serde_json::from_value::<Status>) {
+        Some(Ok(status)) => {
+            let message = if status.message.is_empty() {
+                status.error
+            } else {
+                status.message
+            };
+            ApiError::Status(StatusCode::OK, status.code, message)
+        }
+        _ => ApiError::Malformed("a stream message with neither result nor error".into()),
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(value).map_err(|e| ApiError::Malformed(e.to_string()))
+}
+
+async fn read_json<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, ApiError> {
+    let bytes = response.bytes().await.map_err(ApiError::transport)?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::Malformed(format!(
+            "{e} in {:?}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+        ))
+    })
+}
+
+async fn status_error(response: reqwest::Response) -> ApiError {
+    let status = response.status();
+    let bytes = response.bytes().await.unwrap_or_default();
+    // The body is JSON, sometimes followed by a gRPC trailer on the same chunked stream.
+    let json_end = bytes.iter().rposition(|b| *b == b'}').map_or(0, |i| i + 1);
+    match serde_json::from_slice::<Status>(&bytes[..json_end]) {
+        Ok(s) => {
+            let message = if s.message.is_empty() {
+                s.error
+            } else {
+                s.message
+            };
+            ApiError::Status(status, s.code, message)
+        }
+        Err(_) => ApiError::Status(
+            status,
+            0,
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+        ),
+    }
+}

@@ -1,0 +1,367 @@
+//! Leader and semaphore: contenders queued by the create revision of their keys.
+//!
+//! Every contender writes its own key `<key>/<lease ID in hex>`, attached to its etcd lease, if it
+//! does not exist yet (one transaction). etcd gives each write the next revision of the whole
+//! cluster, so the keys under `<key>/` are a queue in arrival order:
+//!
+//! - **leader** (etcd's `concurrency.Election`, the recipe `etcdctl elect` uses): the oldest key
+//!   leads. A waiter watches only the key just before its own, so a hand-over wakes one waiter,
+//!   not all of them. The key's value is the advertised value, as `etcdctl elect` writes its
+//!   proposal, so the two interoperate on the same name.
+//! - **semaphore of limit N**: the N oldest keys hold; the others wait in arrival order (FIFO),
+//!   and any deletion under the prefix makes them judge again, so a holder's loss admits the
+//!   next waiter within one watch event. The value is `{"limit": N, "value": <base64>}`: every
+//!   contender must ask for the limit of the oldest, or gets [`Error::LimitMismatch`].
+//!
+//! Keys only leave the queue, never move up past a newer one: a holder stays a holder until its
+//! key is deleted. The sequencer's index is the own key's create revision, which rises with every
+//! acquisition anywhere in the cluster: a downstream system can refuse any token older than the
+//! newest it has seen, across keys, by comparison alone. That revision is also what replaces
+//! lock-delay (etcd has none): a holder that lost its lease but is still finishing its work is
+//! fenced by the higher revision of the next holder.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::http::{ApiError, EtcdHttp};
+use super::session::{self, LeaseEnd, Session, Won, holder_of, lease_of, retrying};
+use super::wire::{B64, Compare, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use crate::backoff::Backoff;
+use crate::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+
+/// Who holds, among the keys under `<key>/`.
+#[derive(Clone, Copy, Debug)]
+enum Rule {
+    /// The oldest key.
+    Leader,
+    /// The `limit` oldest keys.
+    Semaphore { limit: u32 },
+}
+
+/// What a contender found when it judged the queue.
+enum Turn {
+    Mine,
+    /// Not yet: wait for a deletion in this range, then judge again.
+    WaitFor(RangeRequest),
+}
+
+impl Rule {
+    fn of(spec: &LeaseSpec) -> Rule {
+        match spec.target() {
+            Target::Leader { .. } => Rule::Leader,
+            Target::Semaphore { limit, .. } => Rule::Semaphore { limit: *limit },
+        }
+    }
+
+    /// What the own key holds.
+    fn value(self, spec: &LeaseSpec) -> Vec<u8> {
+        match self {
+            Rule::Leader => spec.advertised_value().to_vec(),
+            Rule::Semaphore { limit } => SemaphoreValue::encode(limit, spec.advertised_value()),
+        }
+    }
+
+    /// The keys ahead of ours that decide our turn.
+    fn ahead(self, key: &str, created: i64) -> RangeRequest {
+        match self {
+            // The newest key older than ours: the one to wait for.
+            Rule::Leader => RangeRequest::under(key)
+                .by_creation(false)
+                .limit(1)
+                .created_by(created - 1),
+            Rule::Semaphore { limit } => RangeRequest::under(key)
+                .by_creation(true)
+                .limit(i64::from(limit)),
+        }
+    }
+
+    fn judge(self, key: &str, own: &str, ahead: &[KeyValue]) -> Result<Turn, Error> {
+        match self {
+            Rule::Leader => Ok(match ahead.first() {
+                None => Turn::Mine,
+                Some(previous) => Turn::WaitFor(RangeRequest::key(&previous.key_str())),
+            }),
+            Rule::Semaphore { limit } => {
+                if let Some(oldest) = ahead.first() {
+                    let stored = SemaphoreValue::limit_of(key, oldest)?;
+                    if stored != limit {
+                        return Err(Error::LimitMismatch {
+                            key: key.to_owned(),
+                            stored: u64::from(stored),
+                            requested: u64::from(limit),
+                        });
+                    }
+                }
+                if ahead.iter().any(|kv| kv.key == own.as_bytes()) {
+                    Ok(Turn::Mine)
+                } else {
+                    Ok(Turn::WaitFor(RangeRequest::under(key)))
+                }
+            }
+        }
+    }
+}
+
+/// The value of a semaphore contender's key.
+#[derive(Serialize, Deserialize)]
+struct SemaphoreValue {
+    limit: u32,
+    /// The advertised value, base64.
+    value: String,
+}
+
+impl SemaphoreValue {
+    fn encode(limit: u32, value: &[u8]) -> Vec<u8> {
+        let value = SemaphoreValue {
+            limit,
+            value: BASE64.encode(value),
+        };
+        serde_json::to_vec(&value).unwrap_or_default()
+    }
+
+    fn limit_of(prefix: &str, kv: &KeyValue) -> Result<u32, Error> {
+        serde_json::from_slice::<SemaphoreValue>(&kv.value)
+            .map(|v| v.limit)
+            .map_err(|e| Error::CorruptLockValue {
+                key: kv.key_str(),
+                reason: format!("not a semaphore contender of {prefix:?} ({e})"),
+            })
+    }
+}
+
+/// Acquires the leader key or semaphore `spec` names (validated by the caller); `backend` answers
+/// the lease's checks.
+pub(crate) async fn acquire(
+    http: &Arc<EtcdHttp>,
+    spec: &LeaseSpec,
+    backend: Arc<dyn Backend>,
+) -> Result<Lease, Error> {
+    let started = Instant::now();
+    let deadline = spec.wait_policy().deadline(started);
+    let rule = Rule::of(spec);
+    loop {
+        let (mut session, mut keep_alive) = Session::grant(http, spec).await?;
+        let own = format!("{}/{}", spec.key(), session.holder());
+        let outcome = tokio::select! {
+            biased;
+            end = &mut keep_alive => Err(end),
+            result = contend(http, rule, spec, &own, session.id(), started, deadline) => Ok(result),
+        };
+        match outcome {
+            Ok(Ok(won)) => {
+                let key = match rule {
+                    Rule::Leader => spec.key().to_owned(),
+                    Rule::Semaphore { .. } => own.clone(),
+                };
+                let index = u64::try_from(won.created).unwrap_or_default();
+                let sequencer = Sequencer::new(BackendKind::Etcd, key, index, session.holder());
+                return Ok(session::start_lease(
+                    sequencer, own, won, session, keep_alive, backend,
+                ));
+            }
+            Ok(Err(error)) => {
+                // Give the lease back now, so a caller that asked not to wait leaves nothing
+                // behind.
+                let _ = session.revoke().await;
+                return Err(error);
+            }
+            // Our waiting lease was revoked (by an operator, or it expired): wait with a new one,
+            // at the back of the queue.
+            Err(LeaseEnd::Revoked) => {
+                let _ = session.revoke().await;
+            }
+            Err(end @ LeaseEnd::Fenced { .. }) => {
+                let _ = session.revoke().await;
+                return Err(Error::Lost(end.into()));
+            }
+        }
+    }
+}
+
+/// Joins the queue and waits for our turn, or until the deadline passes.
+async fn contend(
+    http: &EtcdHttp,
+    rule: Rule,
+    spec: &LeaseSpec,
+    own: &str,
+    lease: i64,
+    started: Instant,
+    deadline: Option<Instant>,
+) -> Result<Won, Error> {
+    let key = spec.key();
+    let busy = || Error::Busy {
+        key: key.to_owned(),
+        waited: started.elapsed(),
+    };
+    let failed = |e: ApiError| e.into_error(http, format_args!("contend for {key:?}"));
+    let value = rule.value(spec);
+    let mut created = join(http, own, &value, lease, deadline)
+        .await
+        .map_err(failed)?;
+    let mut pause = crate::transport::backoff();
+    loop {
+        let read = TxnRequest {
+            success: vec![
+                RequestOp::RequestRange(RangeRequest::key(own)),
+                RequestOp::RequestRange(rule.ahead(key, created)),
+            ],
+            ..TxnRequest::default()
+        };
+        let read = retrying(deadline, || http.txn(&read))
+            .await
+            .map_err(failed)?;
+        if read.range(0).kvs.first().map(|kv| kv.create_revision) != Some(created) {
+            // Our key was deleted while we waited (an operator): join again, at the back.
+            created = join(http, own, &value, lease, deadline)
+                .await
+                .map_err(failed)?;
+            continue;
+        }
+        let range = match rule.judge(key, own, &read.range(1).kvs)? {
+            Turn::Mine => {
+                return Ok(Won {
+                    created,
+                    judged_at: read.header.revision,
+                });
+            }
+            Turn::WaitFor(range) => range,
+        };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(busy());
+        }
+        let deleted = wait_for_delete(http, &range, read.header.revision, &mut pause);
+        match deadline {
+            None => deleted.await,
+            Some(deadline) => tokio::time::timeout_at(deadline, deleted)
+                .await
+                .map_err(|_| busy())?,
+        }
+    }
+}
+
+/// Writes the own key if it does not exist yet; returns its create revision. Idempotent: a retry
+/// after a lost answer finds the key it wrote.
+async fn join(
+    http: &EtcdHttp,
+    own: &str,
+    value: &[u8],
+    lease: i64,
+    deadline: Option<Instant>,
+) -> Result<i64, ApiError> {
+    let txn = TxnRequest {
+        compare: vec![Compare::absent(own)],
+        success: vec![RequestOp::RequestPut(PutRequest {
+            key: own.into(),
+            value: B64(value.to_vec()),
+            lease,
+        })],
+        failure: vec![RequestOp::RequestRange(RangeRequest::key(own))],
+    };
+    let answer = retrying(deadline, || http.txn(&txn)).await?;
+    if answer.succeeded {
+        return Ok(answer.header.revision);
+    }
+    answer
+        .range(0)
+        .kvs
+        .first()
+        .map(|kv| kv.create_revision)
+        .ok_or_else(|| ApiError::Malformed("the own key neither absent nor present".into()))
+}
+
+/// Completes at the first deletion in `range` after `revision`, or when the watch breaks (the
+/// caller judges again either way; a broken watch first waits `pause`).
+async fn wait_for_delete(
+    http: &EtcdHttp,
+    range: &RangeRequest,
+    revision: i64,
+    pause: &mut Backoff,
+) {
+    let mut stream = match http.watch(range, revision + 1).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(%error, "cannot watch the queue; judging again");
+            pause.wait().await;
+            return;
+        }
+    };
+    loop {
+        match stream.next().await {
+            Ok(batch) if batch.events.iter().any(|e| e.is_delete()) => {
+                pause.reset();
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(%error, "the watch of the queue broke; judging again");
+                pause.wait().await;
+                return;
+            }
+        }
+    }
+}
+
+/// Whether `sequencer` (of this backend) still names a holder: one linearizable transaction reads
+/// the own key of a leader or a semaphore holder, and the keys ahead of it.
+pub(crate) async fn check_sequencer(http: &EtcdHttp, sequencer: &Sequencer) -> Result<(), Error> {
+    let Some(lease) = lease_of(sequencer.holder()) else {
+        return Err(Error::Lost(LostReason::KeyDeleted));
+    };
+    let index = i64::try_from(sequencer.index()).unwrap_or(i64::MAX);
+    let key = sequencer.key();
+    // A leader's sequencer names the election; a semaphore holder's, its own key.
+    let leader_own = format!("{key}/{}", sequencer.holder());
+    let mut ops = vec![
+        RequestOp::RequestRange(RangeRequest::key(&leader_own)),
+        RequestOp::RequestRange(Rule::Leader.ahead(key, index)),
+        RequestOp::RequestRange(RangeRequest::key(key)),
+    ];
+    let prefix = key.rsplit_once('/').map(|(prefix, _)| prefix);
+    if let Some(prefix) = prefix {
+        ops.push(RequestOp::RequestRange(
+            RangeRequest::under(prefix)
+                .keys_only()
+                .created_by(index - 1),
+        ));
+    }
+    let read = http
+        .txn(&TxnRequest {
+            success: ops,
+            ..TxnRequest::default()
+        })
+        .await
+        .map_err(|e| e.into_error(http, format_args!("check {sequencer}")))?;
+    let lost = |reason| Err(Error::Lost(reason));
+    let taken = |kv: &KeyValue| {
+        lost(LostReason::KeyTaken {
+            lock_index: u64::try_from(kv.create_revision).unwrap_or_default(),
+            session: holder_of(kv.lease),
+        })
+    };
+    if let Some(own) = read.range(0).kvs.first() {
+        if own.create_revision != index || own.lease != lease {
+            return taken(own);
+        }
+        return match read.range(1).kvs.first() {
+            Some(older) => taken(older),
+            None => Ok(()),
+        };
+    }
+    match (read.range(2).kvs.first(), prefix) {
+        (Some(own), Some(prefix)) if own.lease == lease && own.create_revision == index => {
+            let limit = SemaphoreValue::limit_of(prefix, own)?;
+            let older = read.range(3).kvs.len();
+            if older >= usize::try_from(limit).unwrap_or(usize::MAX) {
+                // Still waiting behind `limit` older contenders: not a holder.
+                return lost(LostReason::HolderPruned);
+            }
+            Ok(())
+        }
+        (Some(other), _) => taken(other),
+        (None, _) => lost(LostReason::KeyDeleted),
+    }
+}

@@ -1,0 +1,535 @@
+//! A real `etcd` per test, on free loopback ports with its data under a temporary directory,
+//! killed (and its data removed) when dropped; and a 3-member cluster for raft faults.
+//!
+//! The binaries come from `ETCD_BIN` (and `ETCDCTL_BIN`, else `etcdctl` beside it), else `etcd` on
+//! `PATH`, else `scripts/ensure-etcd.sh` (which fetches Debian bookworm's etcd 3.4 into
+//! `tools/etcd/`). Each member's output goes to a log under `target/etcd-logs/`, whose path is
+//! printed when it fails to start. [`Api`] is what an operator does to etcd behind the clients'
+//! backs, over the same JSON gateway: revoke a lease, delete keys, list leases and keys.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use lease_core::etcd::Etcd;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::consul::{free_port, workspace_root};
+
+/// How long a start or an election may take before it is an error.
+pub const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// The etcd binary the tests use, found once per process.
+pub fn etcd_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("ETCD_BIN") {
+            return PathBuf::from(bin);
+        }
+        let script = workspace_root().join("scripts/ensure-etcd.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "etcd is needed for this test and {} could not provide it; install etcd 3.4+ \
+             (etcd and etcdctl) and put it on PATH, or set ETCD_BIN and ETCDCTL_BIN",
+            script.display()
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+/// The etcdctl binary: `ETCDCTL_BIN`, else the one beside [`etcd_bin`], else `etcdctl` on `PATH`.
+pub fn etcdctl_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("ETCDCTL_BIN") {
+        return PathBuf::from(bin);
+    }
+    let beside = etcd_bin().with_file_name("etcdctl");
+    if beside.exists() {
+        beside
+    } else {
+        PathBuf::from("etcdctl")
+    }
+}
+
+/// One member's ports, directory and process.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn new(name: String) -> Member {
+        let client_port = free_port();
+        let peer_port = free_port();
+        let data =
+            std::env::temp_dir().join(format!("lease-etcd-{}-{client_port}", std::process::id()));
+        let logs = workspace_root().join("target/etcd-logs");
+        std::fs::create_dir_all(&logs).expect("target/etcd-logs");
+        let log = logs.join(format!("{name}-{client_port}.log"));
+        Member {
+            name,
+            client_port,
+            peer_port,
+            data,
+            log,
+            child: None,
+        }
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    /// Starts the member in the cluster `initial_cluster` (every member's `name=peer URL`), whose
+    /// members all share `token`.
+    fn spawn(&mut self, initial_cluster: &str, state: &str, token: &str) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| e.to_string())?;
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let child = Command::new(etcd_bin())
+            .args(["--name", &self.name, "--data-dir"])
+            .arg(&self.data)
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args(["--listen-peer-urls", &self.peer_url()])
+            .args(["--initial-advertise-peer-urls", &self.peer_url()])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", token])
+            // Short raft timers: an election after a leader's death takes about a second.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--log-level", "warn", "--logger", "zap"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", etcd_bin().display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn exited(&mut self) -> Option<String> {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(Some(status))) => Some(format!(
+                "etcd {} exited with {status}; see {}",
+                self.name,
+                self.log.display()
+            )),
+            _ => None,
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.client_port))
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// A running single-member etcd.
+#[derive(Debug)]
+pub struct Server {
+    member: Member,
+    api: Api,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl Server {
+    /// Starts etcd and waits (up to [`READY_WITHIN`]) until it serves linearizable reads.
+    pub async fn start() -> Server {
+        let mut last = String::new();
+        // Free ports can be taken between choosing and binding; a few attempts make that moot.
+        for _ in 0..3 {
+            let mut member = Member::new("solo".into());
+            let cluster = format!("solo={}", member.peer_url());
+            let token = format!("lease-{}", member.client_port);
+            if let Err(e) = member.spawn(&cluster, "new", &token) {
+                last = e;
+                continue;
+            }
+            let api = Api::new(member.addr(), None);
+            match ready(&api, &mut [&mut member]).await {
+                Ok(()) => return Server { member, api },
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start etcd: {last}");
+    }
+
+    /// The client address, `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        self.member.addr()
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// A backend talking to this etcd.
+    pub fn backend(&self) -> Etcd {
+        Etcd::builder()
+            .endpoints([self.url()])
+            .build()
+            .expect("valid test configuration")
+    }
+
+    /// An `etcdctl` command pointed at this etcd (API 3).
+    pub fn etcdctl(&self) -> Command {
+        etcdctl(&self.url())
+    }
+
+    /// Turns on authentication with a `root` user whose password is `password`; the operator API
+    /// of this server authenticates as root from then on.
+    pub async fn enable_auth(&mut self, password: &str) {
+        for args in [
+            vec!["user", "add", &format!("root:{password}")],
+            vec!["user", "grant-role", "root", "root"],
+            vec!["auth", "enable"],
+        ] {
+            let out = self.etcdctl().args(&args).output().await.unwrap();
+            assert!(
+                out.status.success(),
+                "etcdctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        self.api = Api::new(self.addr(), Some(("root".into(), password.into())));
+    }
+}
+
+/// An `etcdctl` command (API 3) for the endpoints `endpoints`.
+pub fn etcdctl(endpoints: &str) -> Command {
+    let mut cmd = Command::new(etcdctl_bin());
+    cmd.env("ETCDCTL_API", "3")
+        .env_remove("ETCDCTL_USER")
+        .env_remove("ETCDCTL_PASSWORD")
+        .arg("--endpoints")
+        .arg(endpoints)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Waits until every member has exited (an error) or `api` answers a linearizable read.
+async fn ready(api: &Api, members: &mut [&mut Member]) -> Result<(), String> {
+    let deadline = Instant::now() + READY_WITHIN;
+    loop {
+        for member in members.iter_mut() {
+            if let Some(exited) = member.exited() {
+                return Err(exited);
+            }
+        }
+        // etcd offers no readiness event; a linearizable read answers once there is a leader.
+        if api
+            .try_post("/v3/kv/range", &json!({"key": b64("ready")}))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = members
+                .iter()
+                .map(|m| m.log.display().to_string())
+                .collect();
+            return Err(format!(
+                "etcd did not serve reads within {READY_WITHIN:?}; see {logs:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+fn unb64(text: &str) -> String {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// What an operator does to etcd, over the JSON gateway: raw calls, as an administrator makes
+/// them (never through the library under test).
+#[derive(Clone, Debug)]
+pub struct Api {
+    base: String,
+    http: reqwest::Client,
+    user: Option<(String, String)>,
+}
+
+impl Api {
+    /// The API of the member whose client address is `addr`.
+    pub fn new(addr: SocketAddr, user: Option<(String, String)>) -> Api {
+        Api {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("an HTTP client"),
+            user,
+        }
+    }
+
+    async fn try_post(&self, path: &str, body: &Value) -> Result<Value, String> {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .body(body.to_string());
+        if let Some((name, password)) = &self.user {
+            let auth = self
+                .http
+                .post(format!("{}/v3/auth/authenticate", self.base))
+                .body(json!({"name": name, "password": password}).to_string())
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let auth: Value = serde_json::from_str(&auth.text().await.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            request = request.header("Authorization", auth["token"].as_str().unwrap_or(""));
+        }
+        let response = request.send().await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{status}: {text}"));
+        }
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.try_post(path, &body)
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} {body}: {e}"))
+    }
+
+    /// Operator action: `etcdctl lease revoke <hex>`; whether the lease existed.
+    pub async fn revoke(&self, holder: &str) -> bool {
+        let id = i64::from_str_radix(holder, 16).expect("a hex lease ID");
+        match self
+            .try_post("/v3/lease/revoke", &json!({"ID": id.to_string()}))
+            .await
+        {
+            Ok(_) => true,
+            Err(e) if e.contains("not found") => false,
+            Err(e) => panic!("revoke {holder}: {e}"),
+        }
+    }
+
+    /// Operator action: `etcdctl del <key>` and `etcdctl del --prefix <key>/`.
+    pub async fn delete_key(&self, key: &str) -> u64 {
+        let mut deleted = 0;
+        for (start, end) in [
+            (key.to_owned(), None),
+            (format!("{key}/"), Some(format!("{key}0"))),
+        ] {
+            let mut body = json!({"key": b64(&start)});
+            if let Some(end) = end {
+                body["range_end"] = json!(b64(&end));
+            }
+            let answer = self.post("/v3/kv/deleterange", body).await;
+            deleted += answer["deleted"]
+                .as_str()
+                .and_then(|d| d.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        deleted
+    }
+
+    /// Operator action: `etcdctl del <key>` of that one key; how many keys went.
+    pub async fn post_delete_one(&self, key: &str) -> u64 {
+        let answer = self
+            .post("/v3/kv/deleterange", json!({"key": b64(key)}))
+            .await;
+        answer["deleted"]
+            .as_str()
+            .and_then(|d| d.parse::<u64>().ok())
+            .unwrap_or(0)
+    }
+
+    /// The whole seconds lease `holder` (hex) has left by etcd's own clock (0: less than one), or
+    /// -1 if it is gone.
+    pub async fn time_to_live(&self, holder: &str) -> i64 {
+        let id = i64::from_str_radix(holder, 16).expect("a hex lease ID");
+        let answer = self
+            .post("/v3/lease/timetolive", json!({"ID": id.to_string()}))
+            .await;
+        // The gateway leaves a zero out: a lease with less than a second left has no `TTL`.
+        answer["TTL"]
+            .as_str()
+            .map_or(0, |t| t.parse().expect("a TTL in seconds"))
+    }
+
+    /// The IDs (hex) of every lease etcd has.
+    pub async fn leases(&self) -> Vec<String> {
+        let answer = self.post("/v3/lease/leases", json!({})).await;
+        answer["leases"]
+            .as_array()
+            .map(|leases| {
+                leases
+                    .iter()
+                    .filter_map(|l| l["ID"].as_str()?.parse::<i64>().ok())
+                    .map(|id| format!("{id:x}"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every key (with its value) under `prefix` (the empty prefix: every key), oldest first.
+    pub async fn keys(&self, prefix: &str) -> Vec<(String, String)> {
+        let body = if prefix.is_empty() {
+            json!({"key": b64("\0"), "range_end": b64("\0"), "sort_target": "CREATE"})
+        } else {
+            let mut end = prefix.as_bytes().to_vec();
+            if let Some(last) = end.last_mut() {
+                *last += 1;
+            }
+            json!({"key": b64(prefix), "range_end": b64(&String::from_utf8_lossy(&end)), "sort_target": "CREATE"})
+        };
+        let answer = self.post("/v3/kv/range", body).await;
+        answer["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .map(|kv| {
+                        (
+                            unb64(kv["key"].as_str().unwrap_or("")),
+                            unb64(kv["value"].as_str().unwrap_or("")),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A 3-member etcd cluster on loopback, for the loss of its raft leader.
+#[derive(Debug)]
+pub struct Cluster {
+    members: Vec<Member>,
+    initial: String,
+    token: String,
+}
+
+impl Cluster {
+    /// Starts three members and waits until the cluster serves linearizable reads.
+    pub async fn start() -> Cluster {
+        let mut members: Vec<Member> = (0..3).map(|i| Member::new(format!("m{i}"))).collect();
+        let initial: Vec<String> = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect();
+        let initial = initial.join(",");
+        let token = format!("lease-{}", members[0].client_port);
+        for member in &mut members {
+            member
+                .spawn(&initial, "new", &token)
+                .unwrap_or_else(|e| panic!("could not start etcd member: {e}"));
+        }
+        let mut cluster = Cluster {
+            members,
+            initial,
+            token,
+        };
+        let api = Api::new(cluster.members[0].addr(), None);
+        let mut refs: Vec<&mut Member> = cluster.members.iter_mut().collect();
+        ready(&api, &mut refs)
+            .await
+            .unwrap_or_else(|e| panic!("the etcd cluster did not come up: {e}"));
+        cluster
+    }
+
+    /// Every member's client URL, comma-separated (as ETCD_ENDPOINTS takes them).
+    pub fn endpoints(&self) -> String {
+        let urls: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("http://{}", m.addr()))
+            .collect();
+        urls.join(",")
+    }
+
+    /// The client URL of member `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://{}", self.members[i].addr())
+    }
+
+    /// The index of the raft leader, as the members report it (`/v3/maintenance/status`).
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, member) in self.members.iter().enumerate() {
+            if member.child.is_none() {
+                continue;
+            }
+            let api = Api::new(member.addr(), None);
+            if let Ok(status) = api.try_post("/v3/maintenance/status", &json!({})).await {
+                let leader = status["leader"].as_str().unwrap_or("");
+                let this = status["header"]["member_id"].as_str().unwrap_or("");
+                if !leader.is_empty() && leader == this {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// `kill -9` of member `i`.
+    pub async fn kill9(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts member `i` again, with its data, ports and name.
+    pub fn restart(&mut self, i: usize) {
+        let (initial, token) = (self.initial.clone(), self.token.clone());
+        self.members[i]
+            .spawn(&initial, "existing", &token)
+            .unwrap_or_else(|e| panic!("could not restart etcd member: {e}"));
+    }
+
+    /// The members' logs, for messages.
+    pub fn logs(&self) -> Vec<&Path> {
+        self.members.iter().map(|m| m.log.as_path()).collect()
+    }
+}
