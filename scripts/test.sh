@@ -55,7 +55,8 @@ cargo run --quiet -p lease-jobs-example
 
 step "cargo test"
 mkdir -p target
-cargo test --workspace --all-features "$@" 2>&1 | tee target/test.log
+# --no-fail-fast: one run shows every failing test binary, not only the first.
+cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log
 
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # run with nothing in it).

@@ -275,7 +275,7 @@ mod tests {
             "",
             "consul",
             "consul:1:s",
-            "etcd:1:s:k",
+            "zookeeper:1:s:k",
             "consul:-1:s:k",
             "consul:+1:s:k",
             "consul::s:k",
