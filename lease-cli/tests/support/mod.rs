@@ -127,12 +127,46 @@ pub async fn sessions_of(agent: &Agent, prefix: &str) -> Vec<serde_json::Value> 
         .collect()
 }
 
+/// The keys under `prefix` that are left behind: all of them, except a semaphore's `.lock` that
+/// names no holder. When the last two contenders of `consul lock -n` (or `lease lock -n`, which
+/// cleans up the same way) leave at the same moment, each still sees the other's contender key
+/// and neither deletes `.lock`; an empty `.lock` holds nothing and the next acquirer reuses it.
+pub async fn leftover_keys(agent: &Agent, prefix: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for key in agent.keys(prefix).await {
+        if key.ends_with("/.lock") && !holds_anyone(agent, &key).await {
+            continue;
+        }
+        left.push(key);
+    }
+    left
+}
+
+/// Whether `key` is a semaphore `.lock` with holders, or anything else (a held or unknown key).
+async fn holds_anyone(agent: &Agent, key: &str) -> bool {
+    let raw = reqwest::get(format!("{}/v1/kv/{key}?raw&consistent", agent.url())).await;
+    let Ok(body) = raw.map(reqwest::Response::bytes) else {
+        return true;
+    };
+    let Ok(body) = body.await else {
+        return true;
+    };
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(value) => value["Holders"]
+            .as_object()
+            .is_none_or(|holders| !holders.is_empty()),
+        Err(_) => true,
+    }
+}
+
 /// Asserts (waiting a little for in-flight clean-up) that `agent` has no session about `prefix`
-/// and no key under it.
+/// and no key under it (see [`leftover_keys`]).
 pub async fn assert_nothing_left(agent: &Agent, prefix: &str) {
     let clean = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
-            if sessions_of(agent, prefix).await.is_empty() && agent.keys(prefix).await.is_empty() {
+            if sessions_of(agent, prefix).await.is_empty()
+                && leftover_keys(agent, prefix).await.is_empty()
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -143,6 +177,6 @@ pub async fn assert_nothing_left(agent: &Agent, prefix: &str) {
         clean.is_ok(),
         "left behind: sessions {:?}, keys {:?}",
         sessions_of(agent, prefix).await,
-        agent.keys(prefix).await
+        leftover_keys(agent, prefix).await
     );
 }
