@@ -13,7 +13,8 @@
 //! seed's), declared with `x-expires` = its [`LeaseSpec::settle_time`] and consumed for as long
 //! as it holds the slot. A clean release deletes `C[L]` before `B[L]`; any other end leaves it,
 //! and the broker deletes it one settle time after the holder's consumer went away. An acquirer
-//! that wins `B[L]` while `C[L]` is still there waits, holding `B[L]`, until it is gone: the
+//! that wins `B[L]` while `C[L]` is still there gives `B[L]` back and counts the slot as taken
+//! for this scan (the scan is then [`Scan::Unsettled`], and a waiting acquirer looks again): the
 //! Consul contenders' settle rule, kept by the broker's clock, for every acquirer at once (a new
 //! process that never saw the old holder too).
 
@@ -37,9 +38,6 @@ use crate::{Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 /// The first and longest pause between scans of a full semaphore.
 const SCAN_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
-/// The first and longest pause between looks at a settle queue `C[L]` that is about to expire.
-const SETTLE_POLL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
-
 pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Error> {
     spec.validate()?;
     let (name, limit) = match spec.target() {
@@ -52,7 +50,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     let mut backoff = Backoff::new(SCAN_BACKOFF.0, SCAN_BACKOFF.1);
     let mut unsettled_scans = 0;
     loop {
-        match try_acquire(amqp, &names, limit, spec.settle_time(), deadline).await? {
+        match try_acquire(amqp, &names, limit, spec.settle_time()).await? {
             Scan::Acquired(lease) => return Ok(lease),
             // Slots were changing hands while we looked: "busy" would not be the truth yet, so
             // look again soon, even when told not to wait (a bounded number of times).
@@ -88,14 +86,12 @@ enum Scan {
     Unsettled,
 }
 
-/// One scan of the semaphore. A slot whose last holder has not settled yet is waited for until
-/// `deadline` (then the scan is [`Scan::Full`]).
+/// One scan of the semaphore. A slot whose last holder has not settled yet counts as taken.
 async fn try_acquire(
     amqp: &Amqp,
     names: &SemaphoreNames,
     limit: u32,
     settle: Duration,
-    deadline: Option<Instant>,
 ) -> Result<Scan, Error> {
     let config = amqp.config();
     let timeout = config.operation_timeout;
@@ -183,30 +179,22 @@ async fn try_acquire(
                 armed: true,
                 claim,
             };
-            let settle_consumer = match settle_in(
-                amqp,
-                &mut channel,
-                names,
-                slot,
-                settle,
-                deadline,
-                &mut holder,
-            )
-            .await
-            {
-                Ok(Some(settle_consumer)) => settle_consumer,
-                Ok(None) => {
-                    // Still settling at the deadline: busy, as far as this caller knows.
-                    let _ = holder.give_back(Some(&channel)).await;
-                    wire::close_channel(&channel, timeout).await;
-                    return Ok(Scan::Full);
-                }
-                Err(failure) => {
-                    let _ = holder.give_back(Some(&channel)).await;
-                    wire::close_channel(&channel, timeout).await;
-                    return Err(amqp.unreachable("settle the slot", failure));
-                }
-            };
+            let settle_consumer =
+                match settle_in(amqp, &mut channel, names, slot, settle, &mut holder).await {
+                    Ok(Settle::Ready(settle_consumer)) => settle_consumer,
+                    Ok(Settle::Settling) => {
+                        // Not ours to take yet; free once `C[L]` expires.
+                        holder.give_back(Some(&channel)).await?;
+                        unsettled = true;
+                        slot += 1;
+                        continue;
+                    }
+                    Err(failure) => {
+                        let _ = holder.give_back(Some(&channel)).await;
+                        wire::close_channel(&channel, timeout).await;
+                        return Err(amqp.unreachable("settle the slot", failure));
+                    }
+                };
             // The fence starts when the request that proves the channel alive was sent.
             let confirmed_at = Instant::now();
             match watch_slot(amqp, &channel, &slot_queue).await {
@@ -239,9 +227,16 @@ async fn try_acquire(
     }
 }
 
-/// With `B[L]` won: waits until the last holder's settle queue `C[L]` has expired (or until
-/// `deadline`: `Ok(None)`), then declares and consumes our own, unless `settle` is zero.
-/// Returns the consumer that keeps `C[L]` while we hold the slot.
+/// What [`settle_in`] found.
+enum Settle {
+    /// The slot is ours: the consumer that keeps our `C[L]` (none with a settle time of zero).
+    Ready(Option<Consumer>),
+    /// The last holder's `C[L]` is still there: the slot is not free yet.
+    Settling,
+}
+
+/// With `B[L]` won: checks that the last holder's settle queue `C[L]` has expired, then declares
+/// and consumes our own, unless `settle` is zero.
 ///
 /// `C[L]` starts expiring when it is declared, and only our consume stops that: on a broker
 /// slow enough to let it expire in between, the consume fails (closing the channel), and the
@@ -253,33 +248,20 @@ async fn settle_in(
     names: &SemaphoreNames,
     slot: u32,
     settle: Duration,
-    deadline: Option<Instant>,
     holder: &mut HolderQueue,
-) -> Result<Option<Option<Consumer>>, Failure> {
+) -> Result<Settle, Failure> {
     let timeout = amqp.config().operation_timeout;
     let queue = names.settle_queue(slot);
-    let mut backoff = Backoff::new(SETTLE_POLL.0, SETTLE_POLL.1);
-    let mut settling = false;
-    while wire::probe(channel, &queue, timeout).await? {
-        if !std::mem::replace(&mut settling, true) {
-            tracing::debug!(
-                semaphore = names.name(),
-                slot,
-                "the slot's last holder lost it without a release; settling"
-            );
-        }
-        let mut pause = backoff.next_pause();
-        if let Some(deadline) = deadline {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            pause = pause.min(deadline - now);
-        }
-        tokio::time::sleep(pause).await;
+    if wire::probe(channel, &queue, timeout).await? {
+        tracing::debug!(
+            semaphore = names.name(),
+            slot,
+            "the slot's last holder lost it without a release; it settles before anyone takes it"
+        );
+        return Ok(Settle::Settling);
     }
     if settle.is_zero() {
-        return Ok(Some(None));
+        return Ok(Settle::Ready(None));
     }
     // Named before it exists, so a give-back (or a cancelled acquire) deletes it.
     holder.settle_queue = Some(queue.clone());
@@ -287,7 +269,7 @@ async fn settle_in(
     loop {
         wire::declare_settle(channel, &queue, settle, timeout).await?;
         match consume(channel, &queue, timeout).await {
-            Ok(consumer) => return Ok(Some(Some(consumer))),
+            Ok(consumer) => return Ok(Settle::Ready(Some(consumer))),
             Err(Failure::NotFound) if attempts < amqp.config().race_retries => {
                 attempts += 1;
                 tracing::debug!(

@@ -28,8 +28,8 @@
 //!   holder's connection, before the holder has heard of it. So the holder also keeps a settle
 //!   queue `N-L-C` (`C[L]`), declared with `x-expires` = its [`LeaseSpec::settle`] (100 ms by
 //!   default) and consumed while it holds the slot. A clean release deletes it first; after any
-//!   other end the broker deletes it one settle time after the holder's channel went, and an
-//!   acquirer that wins `B[L]` meanwhile waits for it to go. Measured on a 2-core machine under
+//!   other end the broker deletes it one settle time after the holder's channel went, and until
+//!   then acquirers count the slot as taken (a waiting acquirer finds it at a later scan). Measured on a 2-core machine under
 //!   11× load, the old holder noticed a dropped connection 42 ms after the broker dropped it.
 //! - **Probes leave nothing behind**: existence checks are mandatory publishes with confirms, and
 //!   every queue is declared with `x-max-length = 0`, so a probe that reaches a queue is dropped.
