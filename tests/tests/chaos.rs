@@ -83,6 +83,8 @@ async fn chaos_long() {
         ("amqp-leader", Backend::Amqp, None),
         ("amqp-sem2", Backend::Amqp, Some(2)),
         ("consul-raft-leader", Backend::ConsulCluster, None),
+        ("etcd-leader", Backend::Etcd, None),
+        ("etcd-sem2", Backend::Etcd, Some(2)),
         ("consul-lock-leader", Backend::ConsulLock, None),
         ("consul-lock-n2", Backend::ConsulLock, Some(2)),
     ];
