@@ -948,10 +948,19 @@ fn pick_holder(run: &Run, pick: u64) -> Option<(String, Sequencer)> {
     Some((seq, parsed))
 }
 
-/// The holders now, from the histories: sequencers acquired and not yet lost or released.
+/// The holders now, from the histories: sequencers acquired and not yet lost or released, by a
+/// process not killed since (a killed holder logs no loss, and an operator's action on its
+/// sequencer would hit nothing, yet count as a fault).
 fn holders(run: &Run) -> Vec<String> {
+    let killed: Vec<u32> = (run.workers.iter())
+        .filter(|w| w.exited)
+        .map(|w| w.pid)
+        .collect();
     let mut open: BTreeMap<String, bool> = BTreeMap::new();
     for l in run.all().lines() {
+        if killed.contains(&l.pid) {
+            continue;
+        }
         match l.kind {
             Kind::Acquired => {
                 open.insert(l.seq.clone(), true);
