@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The chaos suite's long mode (issue 15): every scenario (Consul leader and semaphore, AMQP leader
-# and semaphore, a 3-server cluster whose raft leader is killed with kill -9 and restarted, and
-# `consul lock` / `consul lock -n 2` as the reference) under seeded faults for about N minutes in
+# and semaphore, a 3-server cluster whose raft leader is killed with kill -9 and restarted, etcd
+# leader and semaphore (etcd-leader, etcd-sem2: one etcd server, each worker behind its own proxy;
+# the operator revokes holders' leases and deletes their keys), and `consul lock` /
+# `consul lock -n 2` as the reference) under seeded faults for about N minutes in
 # all, then one table row per scenario: acquisitions, writes, faults by kind, most writers at
 # once / limit, stale writes, resumed writes (the one write a process stopped between its check
 # and its write makes; exempt), leaks, hangs, false losses (a `lost` where the only faults are
@@ -11,6 +13,7 @@
 #   CHAOS_ONLY=consul-lock bash scripts/chaos.sh --minutes 1   # only the scenarios named so
 #   CHAOS_PARALLEL=1 CHAOS_MEAN_GAP_MS=1000 CHAOS_ONLY=consul-leader,consul-sem2,amqp \
 #     bash scripts/chaos.sh --minutes 20   # ours at once, each for 20 min, a fault a second
+#   CHAOS_PARALLEL=1 CHAOS_MEAN_GAP_MS=1000 CHAOS_ONLY=etcd bash scripts/chaos.sh --minutes 16
 #
 # A failure of ours prints the seed and the interleaving; `CHAOS_SEED=N` (or --seed N) replays the
 # same fault schedule. The reference's violations are printed, not failed on: they are what
@@ -24,13 +27,17 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
 
 CONSUL_BIN=$(bash scripts/ensure-consul.sh)
 export CONSUL_BIN
+ETCD_BIN=$(bash scripts/ensure-etcd.sh)
+ETCDCTL_BIN="${ETCDCTL_BIN:-$(dirname "$ETCD_BIN")/etcdctl}"
+command -v "$ETCDCTL_BIN" >/dev/null 2>&1 || ETCDCTL_BIN=$(command -v etcdctl)
+export ETCD_BIN ETCDCTL_BIN
 bash scripts/ensure-rabbitmq.sh
 
 export CHAOS_MINUTES="$minutes"

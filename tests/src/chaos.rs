@@ -3,13 +3,14 @@
 //! histories alone.
 //!
 //! - A [`Scenario`] names the backend and target (a Consul leader key or semaphore, an AMQP
-//!   semaphore, or `consul lock` as the reference), how many workers, the TTL, how long, and the
-//!   seed.
-//! - [`run`] starts the workers (`lease-worker --mode loop`, each Consul worker behind its own
-//!   [`Proxy`]), plays the fault schedule drawn from the seed, logs every fault as a line of
+//!   semaphore, an etcd election or semaphore, or `consul lock` as the reference), how many
+//!   workers, the TTL, how long, and the seed.
+//! - [`run`] starts the workers (`lease-worker --mode loop`, each Consul or etcd worker behind its
+//!   own [`Proxy`]), plays the fault schedule drawn from the seed, logs every fault as a line of
 //!   `faults.history` (pid 0, event `fault`, so it merges into the interleaving), then stops:
 //!   SIGTERM to all, a hang is a worker still running 2 s later, and a leak is a session, a held
-//!   key or a holder queue still there once the TTL of the last crashed worker has run out.
+//!   key, a holder queue, an etcd lease or a key under the scenario's etcd prefix still there once
+//!   the TTL of the last crashed worker has run out.
 //! - The checker ([`judge`]) reads only the histories: the most sequencers writing at once
 //!   against the limit, stale writes, hand-off gaps. On a violation the [`Report`] carries the seed
 //!   and the merged interleaving around it.
@@ -18,6 +19,12 @@
 //! `is_held()` check and its write makes that one write after SIGCONT (see `lease-worker`'s
 //! `work`). Only the first write of a pid after its SIGCONT, at most one per pause, is exempt;
 //! a holder that did not self-fence writes again 10 ms later and is caught.
+//!
+//! etcd (`etcd-leader`, `etcd-sem2`) runs one etcd server per scenario, started by the driver as
+//! the Consul dev agent is. Its faults are Consul's with the etcd operator's actions: revoke the
+//! holder's lease (the holder is the lease ID in its sequencer `etcd:<revision>:<lease>:<key>`)
+//! and delete the holder's own key (`<election>/<lease>` for a leader, the sequencer's key for a
+//! semaphore). A crashed worker's lease expires one TTL after its last keep-alive.
 //!
 //! The `consul lock` reference runs `consul lock [-n N] PREFIX <child>` in a shell loop; the
 //! child shell appends `write` lines stamped with `date +%s%N`. Its token is per child process
@@ -39,6 +46,7 @@ use tokio::time::Instant;
 
 use crate::cluster::Cluster;
 use crate::consul::{Agent, Api, consul_bin};
+use crate::etcd::Server as EtcdServer;
 use crate::history::{History, Kind, Line, gap_percentiles};
 use crate::overlap::now_ns;
 use crate::proxy::{Mode, Proxy};
@@ -98,6 +106,8 @@ pub enum Backend {
     /// `lease-worker`s on the client agent of a 3-server [`Cluster`] (no proxy), for faults of
     /// the servers.
     ConsulCluster,
+    /// `lease-worker`s on a single etcd server, each through its own proxy.
+    Etcd,
 }
 
 /// One kind of fault.
@@ -109,8 +119,11 @@ pub enum Fault {
     Pause,
     /// An operator destroys a holder's session.
     DestroySession,
-    /// An operator deletes the leader key, the semaphore's `.lock`, or a contender key.
+    /// An operator deletes the leader key, the semaphore's `.lock`, or a contender key (etcd: the
+    /// holder's own key).
     DeleteKey,
+    /// An operator revokes a holder's etcd lease (`etcdctl lease revoke`).
+    RevokeLease,
     /// The worker's proxy stops forwarding for a while.
     Blackhole,
     /// The worker's proxy resets every connection.
@@ -133,6 +146,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::DestroySession => "destroy",
             Fault::DeleteKey => "delete",
+            Fault::RevokeLease => "revoke",
             Fault::Blackhole => "blackhole",
             Fault::Cut => "cut",
             Fault::Http500 => "http500",
@@ -154,7 +168,7 @@ pub struct Scenario {
     pub limit: Option<u32>,
     /// How many workers contend at any time.
     pub workers: usize,
-    /// Session TTL (Consul); for AMQP the heartbeat is [`AMQP_HEARTBEAT_SECS`].
+    /// Session TTL (Consul) or lease TTL (etcd); for AMQP the heartbeat is [`AMQP_HEARTBEAT_SECS`].
     pub ttl_secs: u64,
     /// Consul lock-delay.
     pub lock_delay_ms: u64,
@@ -233,6 +247,16 @@ impl Scenario {
                 Fault::CloseConnection,
                 Fault::RemoveSlot,
             ],
+            // Consul's, with the etcd operator's revoke in place of a session destroy.
+            Backend::Etcd => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::RevokeLease,
+                Fault::DeleteKey,
+                Fault::Blackhole,
+                Fault::Cut,
+                Fault::Http500,
+            ],
         }
     }
 
@@ -240,13 +264,13 @@ impl Scenario {
         self.limit.unwrap_or(1) as usize
     }
 
-    /// How long a pause lasts: past the TTL (Consul) or two heartbeats and more (AMQP).
+    /// How long a pause lasts: past the TTL (Consul, etcd) or two heartbeats and more (AMQP).
     fn pause_range_ms(&self) -> (u64, u64) {
         match self.backend {
             Backend::Amqp => (AMQP_HEARTBEAT_SECS * 2500, AMQP_HEARTBEAT_SECS * 4000),
             // `consul lock`'s session (TTL 15 s) may live up to twice its TTL: outlast that.
             Backend::ConsulLock => (31_000, 33_000),
-            Backend::Consul | Backend::ConsulCluster => {
+            Backend::Consul | Backend::ConsulCluster | Backend::Etcd => {
                 (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000)
             }
         }
@@ -260,6 +284,8 @@ impl Scenario {
             Backend::Consul | Backend::ConsulCluster => Duration::from_secs(self.ttl_secs * 2 + 1),
             // `consul lock` sessions have a 15 s TTL.
             Backend::ConsulLock => Duration::from_secs(31),
+            // etcd expires a lease one TTL after its last keep-alive (checked every 500 ms).
+            Backend::Etcd => Duration::from_secs(self.ttl_secs + 3),
         }
     }
 }
@@ -552,6 +578,7 @@ struct Services {
     cluster: Option<Cluster>,
     amqp: Option<lease_core::amqp::Amqp>,
     amqp_url: String,
+    etcd: Option<EtcdServer>,
     key: String,
 }
 
@@ -576,6 +603,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             cluster: None,
             amqp: None,
             amqp_url: String::new(),
+            etcd: None,
             key: format!("chaos/{}", scenario.name),
         },
         Backend::ConsulCluster => Services {
@@ -583,6 +611,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             cluster: Some(Cluster::start(3).await),
             amqp: None,
             amqp_url: String::new(),
+            etcd: None,
             key: format!("chaos/{}", scenario.name),
         },
         Backend::Amqp => {
@@ -594,9 +623,18 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
                 cluster: None,
                 amqp: Some(crate::amqp::backend().0),
                 amqp_url: format!("{base}{sep}heartbeat={AMQP_HEARTBEAT_SECS}"),
+                etcd: None,
                 key: crate::amqp::unique(&format!("chaos-{}", scenario.name)),
             }
         }
+        Backend::Etcd => Services {
+            agent: None,
+            cluster: None,
+            amqp: None,
+            amqp_url: String::new(),
+            etcd: Some(EtcdServer::start().await),
+            key: format!("chaos/{}", scenario.name),
+        },
     };
     let mut faults = FaultLog {
         file: std::fs::File::create(run.dir.join("faults.history")).unwrap(),
@@ -608,11 +646,14 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
 
     let mut slots = Vec::new();
     for i in 0..scenario.workers {
-        let proxy = match (&services.agent, scenario.backend) {
-            (Some(agent), Backend::Consul | Backend::ConsulLock) => {
-                Some(Proxy::start(agent.addr()).await.unwrap())
-            }
-            _ => None,
+        let upstream = match scenario.backend {
+            Backend::Consul | Backend::ConsulLock => services.agent.as_ref().map(Agent::addr),
+            Backend::Etcd => services.etcd.as_ref().map(EtcdServer::addr),
+            Backend::ConsulCluster | Backend::Amqp => None,
+        };
+        let proxy = match upstream {
+            Some(addr) => Some(Proxy::start(addr).await.unwrap()),
+            None => None,
         };
         let mut slot = Slot {
             process: 0,
@@ -807,6 +848,11 @@ fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i
             args.extend(["--lock-delay".into(), scenario.lock_delay_ms.to_string()]);
         }
         Backend::Amqp => args.extend(["--amqp".into(), services.amqp_url.clone()]),
+        Backend::Etcd => {
+            let url = slot.proxy.as_ref().map(Proxy::url).unwrap_or_default();
+            args.extend(["--etcd".into(), url]);
+            args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
+        }
         Backend::ConsulLock => return start_consul_lock(run, scenario, services, slot, &name),
     }
     args.extend(["--key".into(), services.key.clone()]);
@@ -891,10 +937,30 @@ fn targets(scenario: &Scenario, pid: u32) -> Vec<u32> {
     }
 }
 
-/// The holders now, from the histories: sequencers acquired and not yet lost or released.
+/// The holder a fault with `pick` hits, if any: one of [`holders`], and its parsed sequencer.
+fn pick_holder(run: &Run, pick: u64) -> Option<(String, Sequencer)> {
+    let held = holders(run);
+    if held.is_empty() {
+        return None;
+    }
+    let seq = held[(pick % held.len() as u64) as usize].clone();
+    let parsed = seq.parse::<Sequencer>().ok()?;
+    Some((seq, parsed))
+}
+
+/// The holders now, from the histories: sequencers acquired and not yet lost or released, by a
+/// process not killed since (a killed holder logs no loss, and an operator's action on its
+/// sequencer would hit nothing, yet count as a fault).
 fn holders(run: &Run) -> Vec<String> {
+    let killed: Vec<u32> = (run.workers.iter())
+        .filter(|w| w.exited)
+        .map(|w| w.pid)
+        .collect();
     let mut open: BTreeMap<String, bool> = BTreeMap::new();
     for l in run.all().lines() {
+        if killed.contains(&l.pid) {
+            continue;
+        }
         match l.kind {
             Kind::Acquired => {
                 open.insert(l.seq.clone(), true);
@@ -959,18 +1025,43 @@ async fn inject(
             owed.push((until, Restore::Cont(s)));
             true
         }
+        Fault::RevokeLease | Fault::DeleteKey if services.etcd.is_some() => {
+            let Some(etcd) = &services.etcd else {
+                return false;
+            };
+            let Some((seq, parsed)) = pick_holder(run, p.pick) else {
+                return false;
+            };
+            if p.fault == Fault::RevokeLease {
+                let existed = etcd.revoke(parsed.holder()).await;
+                faults.log(&format!(
+                    "revoke lease {} (holder {seq}; existed: {existed})",
+                    parsed.holder()
+                ));
+            } else {
+                // The holder's own key: `<election>/<lease>` for a leader, the sequencer's key
+                // for a semaphore.
+                let key = match scenario.limit {
+                    None => format!("{}/{}", parsed.key(), parsed.holder()),
+                    Some(_) => parsed.key().to_owned(),
+                };
+                let deleted = etcd.post_delete_one(&key).await;
+                faults.log(&format!(
+                    "delete key {key} (holder {seq}; deleted: {deleted})"
+                ));
+            }
+            true
+        }
+        // Only etcd leases can be revoked.
+        Fault::RevokeLease => false,
         Fault::DestroySession | Fault::DeleteKey => {
             let Some(agent) = services.api() else {
                 return false;
             };
-            let held = holders(run);
-            if held.is_empty() {
-                return false;
-            }
-            let seq = &held[(p.pick % held.len() as u64) as usize];
-            let Ok(parsed) = seq.parse::<Sequencer>() else {
+            let Some((seq, parsed)) = pick_holder(run, p.pick) else {
                 return false;
             };
+            let seq = &seq;
             if p.fault == Fault::DestroySession {
                 let session = if scenario.backend == Backend::ConsulLock {
                     // The reference's token is not a session: destroy whoever holds the key.
@@ -1119,8 +1210,8 @@ async fn stop(run: &mut Run, scenario: &Scenario) -> Result<(), String> {
 }
 
 /// What is left once the last crashed worker's session or connection has had time to expire:
-/// sessions and held keys (Consul), holder and settle queues (AMQP). Waits, bounded, for them
-/// to go.
+/// sessions and held keys (Consul), holder and settle queues (AMQP), leases and keys under the
+/// scenario's prefix (etcd). Waits, bounded, for them to go.
 async fn leaks(
     scenario: &Scenario,
     services: &Services,
@@ -1154,6 +1245,14 @@ async fn leftovers(scenario: &Scenario, services: &Services) -> Vec<String> {
             if held || contender {
                 found.push(format!("key {key}{}", if held { " (held)" } else { "" }));
             }
+        }
+    }
+    if let Some(etcd) = &services.etcd {
+        for lease in etcd.leases().await {
+            found.push(format!("etcd lease {lease}"));
+        }
+        for (key, value) in etcd.keys(&services.key).await {
+            found.push(format!("key {key} ({value})"));
         }
     }
     if services.amqp.is_some() {

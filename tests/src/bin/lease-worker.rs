@@ -2,12 +2,13 @@
 //! history file (see `lease_tests::history` for the format and the verdicts).
 //!
 //! ```text
-//! lease-worker (--consul URL | --amqp URL) --key KEY [--limit N] --history FILE
+//! lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] --history FILE
 //!              [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] [--mode MODE]
 //! ```
 //!
-//! `--limit N` makes the lease a semaphore of N slots, else it is a leader key. TTL and
-//! lock-delay default to lease-core's defaults (15 s, 15 s). One guarded work writes a `write`
+//! `--limit N` makes the lease a semaphore of N slots, else it is a leader key. `--etcd` takes one
+//! client URL or several, comma-separated. TTL and lock-delay default to lease-core's defaults
+//! (15 s, 15 s; etcd ignores the lock-delay). One guarded work writes a `write`
 //! line every `--write-every-ms` (default 5) for `--hold-ms` (default: until the lease is lost).
 //!
 //! Modes:
@@ -37,7 +38,7 @@ use lease_core::{Backend, BoxError, Lease, LeaseSpec, LeaseWatcher, Wait};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL) --key KEY [--limit N] \
+const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
 [--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many] [--count N]";
 
@@ -54,6 +55,7 @@ enum Mode {
 struct Args {
     consul: Option<String>,
     amqp: Option<String>,
+    etcd: Option<String>,
     key: String,
     limit: Option<u32>,
     history: PathBuf,
@@ -68,6 +70,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let (mut consul, mut amqp, mut key, mut limit, mut history) = (None, None, None, None, None);
+    let mut etcd = None;
     let (mut ttl, mut lock_delay, mut hold) = (None, None, None);
     let mut write_every = Duration::from_millis(5);
     let mut mode = Mode::Loop;
@@ -81,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--consul" => consul = Some(value()?),
             "--amqp" => amqp = Some(value()?),
+            "--etcd" => etcd = Some(value()?),
             "--key" => key = Some(value()?),
             "--limit" => {
                 let n = number(value()?)?;
@@ -106,12 +110,18 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if consul.is_some() == amqp.is_some() {
-        return Err("give exactly one of --consul and --amqp".into());
+    if [consul.is_some(), amqp.is_some(), etcd.is_some()]
+        .iter()
+        .filter(|given| **given)
+        .count()
+        != 1
+    {
+        return Err("give exactly one of --consul, --amqp and --etcd".into());
     }
     Ok(Args {
         consul,
         amqp,
+        etcd,
         key: key.ok_or("--key is required")?,
         limit,
         history: history.ok_or("--history is required")?,
@@ -213,6 +223,13 @@ fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
         return Ok(Arc::new(
             lease_core::consul::Consul::builder()
                 .address(url.clone())
+                .build()?,
+        ));
+    }
+    if let Some(urls) = &args.etcd {
+        return Ok(Arc::new(
+            lease_core::etcd::Etcd::builder()
+                .endpoints(urls.split(','))
                 .build()?,
         ));
     }
