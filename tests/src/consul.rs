@@ -21,24 +21,34 @@ use crate::overlap::now_ns;
 pub fn consul_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("CONSUL_BIN") {
-            return PathBuf::from(bin);
-        }
-        let script = workspace_root().join("scripts/ensure-consul.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "Consul is needed for this test and {} could not provide it; install consul 1.8 \
-             and put it on PATH, or set CONSUL_BIN",
-            script.display()
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        ensured_tool(
+            "CONSUL_BIN",
+            "scripts/ensure-consul.sh",
+            "Consul is needed for this test",
+            "install consul 1.8 and put it on PATH, or set CONSUL_BIN",
+        )
     })
     .clone()
+}
+
+/// The path in `$env_var`, else what `script` (a `scripts/ensure-*.sh`, which fetches the tool
+/// when it is missing) prints. Panics with `needed` and `instead` when the script fails.
+pub fn ensured_tool(env_var: &str, script: &str, needed: &str, instead: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env_var) {
+        return PathBuf::from(bin);
+    }
+    let script = workspace_root().join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{needed} and {} could not provide it; {instead}",
+        script.display()
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// The workspace's root directory.

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::consul::{free_port, workspace_root};
+use crate::consul::{ensured_tool, free_port, workspace_root};
 
 /// How long a start or an election may take before it is an error.
 pub const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -27,22 +27,13 @@ pub const READY_WITHIN: Duration = Duration::from_secs(30);
 pub fn etcd_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("ETCD_BIN") {
-            return PathBuf::from(bin);
-        }
-        let script = workspace_root().join("scripts/ensure-etcd.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "etcd is needed for this test and {} could not provide it; install etcd 3.4+ \
-             (etcd and etcdctl) and put it on PATH, or set ETCD_BIN and ETCDCTL_BIN",
-            script.display()
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        ensured_tool(
+            "ETCD_BIN",
+            "scripts/ensure-etcd.sh",
+            "etcd is needed for this test",
+            "install etcd 3.4+ (etcd and etcdctl) and put it on PATH, or set ETCD_BIN and \
+             ETCDCTL_BIN",
+        )
     })
     .clone()
 }
