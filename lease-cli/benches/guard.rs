@@ -9,8 +9,7 @@
 use std::process::Stdio;
 use std::time::Instant;
 
-use lease_tests::consul::{Agent, SIGNAL_CHILD, consul_lock_loss_to_signal};
-use lease_tests::overlap::now_ns;
+use lease_tests::consul::{Agent, SIGNAL_CHILD, consul_lock_loss_to_signal, loss_to_signal};
 use lease_tests::stats::percentile;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -31,37 +30,12 @@ fn lease(agent: &Agent) -> Command {
 
 /// Destroy → the child's SIGTERM handler ran, for `lease lock` (ms).
 async fn lease_loss_to_signal(agent: &Agent) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for trial in 0..LOSS_TRIALS {
-        let prefix = format!("bench/loss/l-{trial}");
-        let mut child = lease(agent)
-            .args(["lock", &prefix, "--", "sh", "-c", SIGNAL_CHILD])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line == "ready" {
-                break;
-            }
-        }
-        let session = agent.key(&format!("{prefix}/.lock")).await["Session"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let t0 = now_ns();
-        agent.destroy_session(&session).await;
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(ts) = line.strip_prefix("signal ") {
-                let t1: u128 = ts.trim().parse().unwrap();
-                samples.push(t1.saturating_sub(t0) as f64 / 1e6);
-                break;
-            }
-        }
-        let _ = child.wait().await;
-    }
-    samples
+    loss_to_signal(agent, LOSS_TRIALS, "l", |prefix| {
+        let mut command = lease(agent);
+        command.args(["lock", prefix, "--", "sh", "-c", SIGNAL_CHILD]);
+        command
+    })
+    .await
 }
 
 /// Spawn → the child printed `ready`, uncontended (ms).

@@ -377,16 +377,31 @@ signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)
 print("ready", flush=True)
 while True: time.sleep(1)'"#;
 
-/// Loss → signal of `consul lock` (the reference the benchmarks compare with): `trials` times, a
-/// `consul lock` holds a prefix with a child that reports when it is signalled, an operator
-/// destroys its session, and the time from the destroy to the child's signal is one sample (ms).
+/// Loss → signal of `consul lock` (the reference the benchmarks compare with): see
+/// [`loss_to_signal`].
 pub async fn consul_lock_loss_to_signal(agent: &Agent, trials: usize) -> Vec<f64> {
+    loss_to_signal(agent, trials, "cl", |prefix| {
+        let mut command = agent.command();
+        command.args(["lock", prefix, SIGNAL_CHILD]);
+        command
+    })
+    .await
+}
+
+/// Loss → signal of a process guard: `trials` times, `guard(prefix)` (a `consul lock`-style
+/// command running [`SIGNAL_CHILD`] while it holds `prefix/.lock`) is started, an operator
+/// destroys the session holding the key once the child is ready, and the time from the destroy
+/// to the child's signal is one sample (ms). `tag` keeps the prefixes of two guards apart.
+pub async fn loss_to_signal(
+    agent: &Agent,
+    trials: usize,
+    tag: &str,
+    mut guard: impl FnMut(&str) -> Command,
+) -> Vec<f64> {
     let mut samples = Vec::new();
     for trial in 0..trials {
-        let prefix = format!("bench/loss/cl-{trial}");
-        let mut child = agent
-            .command()
-            .args(["lock", &prefix, SIGNAL_CHILD])
+        let prefix = format!("bench/loss/{tag}-{trial}");
+        let mut child = guard(&prefix)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -400,7 +415,7 @@ pub async fn consul_lock_loss_to_signal(agent: &Agent, trials: usize) -> Vec<f64
         let entry = agent.key(&format!("{prefix}/.lock")).await;
         let session = entry["Session"]
             .as_str()
-            .expect("consul lock holds the key")
+            .expect("the guard holds the key")
             .to_owned();
         let t0 = now_ns();
         agent.destroy_session(&session).await;
