@@ -182,6 +182,10 @@ impl LeaseSpec {
     /// On RabbitMQ, which has no lock-delay at all, the *holder's* settle time is what protects
     /// it: a slot freed by anything but a clean release (the broker dropped the connection, the
     /// process died) is not taken by anyone for `settle` after the drop, as the broker counts it.
+    /// On etcd, which has no lock-delay either, waiters wait `settle` after a holding key went
+    /// without a release (deleted, its lease revoked or expired); a release announces itself
+    /// and is taken at once.
+    ///
     /// The memory backend loses a lease only by release or expiry and does not wait.
     #[must_use]
     pub fn settle(mut self, settle: Duration) -> Self {

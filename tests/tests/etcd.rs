@@ -225,6 +225,83 @@ async fn semaphore_admits_waiters_in_arrival_order() {
     assert!(server.leases().await.is_empty());
 }
 
+/// A waiter settles after a holding key went without a release (an operator's delete, or the
+/// lease revoked), so the old holder has stopped before the waiter starts; a release, which
+/// announces itself, hands over at once.
+#[tokio::test]
+async fn waiters_settle_after_an_unannounced_removal_and_not_after_a_release() {
+    lease_tests::init_tracing();
+    let server = Server::start().await;
+    let etcd = server.backend();
+    let settle = Duration::from_secs(2);
+    let specs = [
+        leader("settle/leader"),
+        LeaseSpec::semaphore("settle/sem", 1).ttl(Duration::from_secs(10)),
+    ];
+    for spec in specs {
+        let name = spec.key().to_owned();
+        for fault in ["delete", "revoke"] {
+            let spec = spec.clone().settle(settle);
+            let holder = etcd.acquire(&spec).await.unwrap();
+            let waiter = queued_waiter(&server, &etcd, spec).await;
+            let own = format!("{name}/{}", holder.sequencer().holder());
+            let removed_at = Instant::now();
+            match fault {
+                "delete" => assert_eq!(server.post_delete_one(&own).await, 1),
+                _ => assert!(server.revoke(holder.sequencer().holder()).await),
+            }
+            let next = within(EVENT, "the waiter after the removal", waiter)
+                .await
+                .unwrap()
+                .unwrap();
+            let waited = removed_at.elapsed();
+            assert!(
+                waited >= settle,
+                "{name}: a waiter took over {waited:?} after an operator's {fault}, within the {settle:?} settle time"
+            );
+            assert!(
+                !holder.is_held(),
+                "{name}: the old holder had not noticed its loss when the waiter took over"
+            );
+            lease_tests::release_lost(holder).await;
+            next.release().await.unwrap();
+        }
+        // A release, with a settle time far longer than EVENT: the waiter must not settle.
+        let spec = spec.settle(Duration::from_secs(60));
+        let holder = etcd.acquire(&spec).await.unwrap();
+        let waiter = queued_waiter(&server, &etcd, spec).await;
+        holder.release().await.unwrap();
+        let next = within(
+            EVENT,
+            "the waiter after a release (it must not settle)",
+            waiter,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        next.release().await.unwrap();
+    }
+    assert!(server.leases().await.is_empty());
+}
+
+/// An acquire of `spec` in a task, returned once its key is queued behind the holder's.
+async fn queued_waiter(
+    server: &Server,
+    etcd: &Etcd,
+    spec: LeaseSpec,
+) -> tokio::task::JoinHandle<Result<lease_core::Lease, Error>> {
+    let queue = format!("{}/", spec.key());
+    let etcd = etcd.clone();
+    let waiter = tokio::spawn(async move { etcd.acquire(&spec).await });
+    within(EVENT, "the waiter's key", async {
+        while server.keys(&queue).await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    waiter
+}
+
 #[tokio::test]
 async fn revoking_the_lease_cancels_work_with_session_invalidated() {
     lease_tests::init_tracing();

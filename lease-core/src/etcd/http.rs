@@ -501,8 +501,9 @@ impl EtcdHttp {
         Ok(answer.ttl)
     }
 
-    /// `POST /v3/watch`: a stream of changes to `range` from `start_revision` on. The first
-    /// message (the watch's creation) has been read when this returns.
+    /// `POST /v3/watch`: a stream of changes to `range` from `start_revision` on, each event with
+    /// the key as it was before (`prev_kv`). The first message (the watch's creation) has been
+    /// read when this returns.
     pub(crate) async fn watch(
         &self,
         range: &RangeRequest,
@@ -514,6 +515,7 @@ impl EtcdHttp {
             #[serde(skip_serializing_if = "Option::is_none")]
             range_end: Option<&'a B64>,
             start_revision: String,
+            prev_kv: bool,
         }
         #[derive(Serialize)]
         struct Watch<'a> {
@@ -524,6 +526,7 @@ impl EtcdHttp {
                 key: &range.key,
                 range_end: range.range_end.as_ref(),
                 start_revision: start_revision.to_string(),
+                prev_kv: true,
             },
         })?;
         let response = self.send("/v3/watch", &body, None).await?;

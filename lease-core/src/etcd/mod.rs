@@ -18,9 +18,13 @@
 //!   ending (etcd says the lease is gone), or the self-fence: no keep-alive answered for
 //!   [`LeaseSpec::fence_after`] (the TTL less a tenth, at least a second), which is before etcd
 //!   could expire the lease.
-//! - **No lock-delay**: etcd has none, and the spec's lock-delay is ignored. A holder that lost
-//!   its lease while its work was still stopping is fenced instead by the next holder's higher
-//!   revision: downstream systems that check the sequencer refuse it.
+//! - **No lock-delay; waiters settle instead**: etcd has none, and the spec's lock-delay is
+//!   ignored. A holder releases by touching its key, then revoking its lease, so waiters can tell
+//!   a release (taken at once) from a key that went under a holder still running (deleted by an
+//!   operator, its lease revoked or expired): after that, they wait
+//!   [`LeaseSpec::settle_time`] while the old holder notices and stops. A holder that is slower
+//!   than that is fenced by the next holder's higher revision: downstream systems that check the
+//!   sequencer refuse it.
 //!
 //! Why the JSON gateway rather than gRPC: the crate already speaks HTTP through reqwest for
 //! Consul, so this backend adds no protobuf compiler, no tonic and no second TLS stack to a

@@ -9,9 +9,21 @@
 //!   not all of them. The key's value is the advertised value, as `etcdctl elect` writes its
 //!   proposal, so the two interoperate on the same name.
 //! - **semaphore of limit N**: the N oldest keys hold; the others wait in arrival order (FIFO),
-//!   and any deletion under the prefix makes them judge again, so a holder's loss admits the
-//!   next waiter within one watch event. The value is `{"limit": N, "value": <base64>}`: every
-//!   contender must ask for the limit of the oldest, or gets [`Error::LimitMismatch`].
+//!   and any deletion under the prefix makes them judge again. The value is
+//!   `{"limit": N, "value": <base64>}`: every contender must ask for the limit of the oldest, or
+//!   gets [`Error::LimitMismatch`].
+//!
+//! **Waiters settle after a removal nobody announced.** A holder that releases first *touches*
+//! its key (a put that keeps value and lease, so the key's version becomes 2), then revokes its
+//! lease. Waiters watch with `prev_kv`, so the deletion they see carries the key as it was: a
+//! holder's key deleted at version 2 was released, and the next waiter goes at once. Any other
+//! removal of a key that was holding (an operator's `etcdctl del` or `lease revoke`, an expired
+//! lease) may have happened while its holder still runs: the holder learns it from its own watch
+//! a few milliseconds later, and cancels its work. Waiters wait
+//! [`LeaseSpec::settle_time`] (100 ms by default, above the loss-to-cancel p99 under load)
+//! before they judge again, so the two never run at once. A watch that breaks counts as such a
+//! removal, since a deletion may have been missed. `etcdctl lock` and `etcdctl elect` contenders
+//! do not settle; the touch changes nothing they read.
 //!
 //! Keys only leave the queue, never move up past a newer one: a holder stays a holder until its
 //! key is deleted. The sequencer's index is the own key's create revision, which rises with every
@@ -29,7 +41,7 @@ use tokio::time::Instant;
 
 use super::http::{ApiError, EtcdHttp};
 use super::session::{self, LeaseEnd, Session, Won, holder_of, lease_of, retrying};
-use super::wire::{B64, Compare, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::wire::{B64, Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use crate::backoff::Backoff;
 use crate::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
@@ -221,7 +233,8 @@ async fn contend(
                 .map_err(failed)?;
             continue;
         }
-        let range = match rule.judge(key, own, &read.range(1).kvs)? {
+        let ahead = &read.range(1).kvs;
+        let range = match rule.judge(key, own, ahead)? {
             Turn::Mine => {
                 return Ok(Won {
                     created,
@@ -233,10 +246,16 @@ async fn contend(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(busy());
         }
-        let deleted = wait_for_delete(http, &range, read.header.revision, &mut pause);
+        let turn = async {
+            let removal = wait_for_removal(http, &range, ahead, read.header.revision, &mut pause);
+            if removal.await == Removal::Unannounced {
+                tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
+                tokio::time::sleep(spec.settle_time()).await;
+            }
+        };
         match deadline {
-            None => deleted.await,
-            Some(deadline) => tokio::time::timeout_at(deadline, deleted)
+            None => turn.await,
+            Some(deadline) => tokio::time::timeout_at(deadline, turn)
                 .await
                 .map_err(|_| busy())?,
         }
@@ -258,6 +277,7 @@ async fn join(
             key: own.into(),
             value: B64(value.to_vec()),
             lease,
+            ..PutRequest::default()
         })],
         failure: vec![RequestOp::RequestRange(RangeRequest::key(own))],
     };
@@ -273,33 +293,63 @@ async fn join(
         .ok_or_else(|| ApiError::Malformed("the own key neither absent nor present".into()))
 }
 
-/// Completes at the first deletion in `range` after `revision`, or when the watch breaks (the
-/// caller judges again either way; a broken watch first waits `pause`).
-async fn wait_for_delete(
+/// How a key a waiter was waiting on went.
+#[derive(Debug, PartialEq, Eq)]
+enum Removal {
+    /// Released: touched by its holder, then deleted; or not one of the keys that held.
+    Released,
+    /// A holding key deleted without a release (or a watch that broke, which may have missed
+    /// one): its holder may still be running.
+    Unannounced,
+}
+
+impl Removal {
+    /// How `event` (a deletion) removed its key, given the keys that held at the waiter's read.
+    fn of(event: &Event, holding: &[KeyValue]) -> Removal {
+        let held = holding.iter().any(|kv| kv.key == event.kv.key);
+        let released = event.prev_kv.as_ref().is_some_and(|prev| prev.version >= 2);
+        if held && !released {
+            Removal::Unannounced
+        } else {
+            Removal::Released
+        }
+    }
+}
+
+/// Completes at the first deletion in `range` after `revision`, saying whether it removed one of
+/// the `holding` keys without a release; or when the watch breaks (the caller judges again either
+/// way; a broken watch first waits `pause`).
+async fn wait_for_removal(
     http: &EtcdHttp,
     range: &RangeRequest,
+    holding: &[KeyValue],
     revision: i64,
     pause: &mut Backoff,
-) {
+) -> Removal {
     let mut stream = match http.watch(range, revision + 1).await {
         Ok(stream) => stream,
         Err(error) => {
             tracing::debug!(%error, "cannot watch the queue; judging again");
             pause.wait().await;
-            return;
+            return Removal::Unannounced;
         }
     };
     loop {
         match stream.next().await {
-            Ok(batch) if batch.events.iter().any(|e| e.is_delete()) => {
-                pause.reset();
-                return;
+            Ok(batch) => {
+                let mut deletions = batch.events.iter().filter(|e| e.is_delete()).peekable();
+                if deletions.peek().is_some() {
+                    pause.reset();
+                    return deletions
+                        .map(|event| Removal::of(event, holding))
+                        .find(|removal| *removal == Removal::Unannounced)
+                        .unwrap_or(Removal::Released);
+                }
             }
-            Ok(_) => {}
             Err(error) => {
                 tracing::debug!(%error, "the watch of the queue broke; judging again");
                 pause.wait().await;
-                return;
+                return Removal::Unannounced;
             }
         }
     }

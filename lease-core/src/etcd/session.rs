@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{ApiError, EtcdHttp};
-use super::wire::RangeRequest;
+use super::wire::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use crate::backend::{Fence, Hold, RELEASE_BOUND};
 use crate::transport::{backoff, retry_pause, retry_transient, within};
 use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
@@ -256,6 +256,7 @@ impl Hold for KeyHold {
     }
 
     async fn release(&mut self) -> Result<(), Error> {
+        announce_release(self.session.http(), &self.key, self.created).await;
         self.session.revoke().await
     }
 
@@ -268,6 +269,21 @@ impl Hold for KeyHold {
 
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {
         self.session.abandon()
+    }
+}
+
+/// Touches the own `key` (if it is still the one created at `created`) before the lease that
+/// deletes it is revoked, so that waiters, which see the deletion with the key's version, know it
+/// was released and need not settle (see the `queue` module). One attempt: if it fails, waiters
+/// settle, which is slower but as safe.
+async fn announce_release(http: &EtcdHttp, key: &str, created: i64) {
+    let touch = TxnRequest {
+        compare: vec![Compare::created(key, created)],
+        success: vec![RequestOp::RequestPut(PutRequest::touch(key))],
+        ..TxnRequest::default()
+    };
+    if let Err(error) = http.txn(&touch).await {
+        tracing::debug!(%error, key, "could not announce the release; waiters will settle");
     }
 }
 

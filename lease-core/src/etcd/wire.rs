@@ -72,6 +72,9 @@ pub(crate) struct KeyValue {
     /// The etcd lease the key is attached to; 0 for none.
     #[serde(default, deserialize_with = "int")]
     pub(crate) lease: i64,
+    /// How many times the key was written since it was created (1 for a key written once).
+    #[serde(default, deserialize_with = "int")]
+    pub(crate) version: i64,
 }
 
 impl KeyValue {
@@ -158,7 +161,7 @@ pub(crate) struct RangeResponse {
     pub(crate) kvs: Vec<KeyValue>,
 }
 
-/// A compare of a transaction: `key` not yet created (create revision 0).
+/// A compare of a transaction on a key's create revision.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Compare {
     pub(crate) key: B64,
@@ -169,22 +172,46 @@ pub(crate) struct Compare {
 }
 
 impl Compare {
+    /// `key` not yet created (create revision 0).
     pub(crate) fn absent(key: &str) -> Self {
+        Compare::created(key, 0)
+    }
+
+    /// `key` created at `revision`: the same key, not one deleted and written again since.
+    pub(crate) fn created(key: &str, revision: i64) -> Self {
         Compare {
             key: key.into(),
             result: "EQUAL",
             target: "CREATE",
-            create_revision: 0,
+            create_revision: revision,
         }
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct PutRequest {
     pub(crate) key: B64,
     pub(crate) value: B64,
     #[serde(serialize_with = "int_text")]
     pub(crate) lease: i64,
+    /// Keep the value the key has.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) ignore_value: bool,
+    /// Keep the lease the key is attached to.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) ignore_lease: bool,
+}
+
+impl PutRequest {
+    /// A write that changes nothing but the key's version and mod revision.
+    pub(crate) fn touch(key: &str) -> Self {
+        PutRequest {
+            key: key.into(),
+            ignore_value: true,
+            ignore_lease: true,
+            ..PutRequest::default()
+        }
+    }
 }
 
 /// One operation of a transaction.
@@ -283,6 +310,9 @@ pub(crate) struct Event {
     pub(crate) kind: String,
     #[serde(default)]
     pub(crate) kv: KeyValue,
+    /// The key as it was before this event, on a watch created with `prev_kv`.
+    #[serde(default)]
+    pub(crate) prev_kv: Option<KeyValue>,
 }
 
 impl Event {
@@ -324,11 +354,13 @@ mod tests {
             serde_json::from_str(r#"{"result":{"header":{"revision":"3"},"ID":"7"}}"#).unwrap();
         assert_eq!(gone.result.unwrap().ttl, 0);
         let watch: Streamed<WatchResponse> = serde_json::from_str(
-            r#"{"result":{"header":{"revision":"5"},"events":[{"kv":{"key":"YS8x"}},{"type":"DELETE","kv":{"key":"YS8x","mod_revision":"3"}}]}}"#,
+            r#"{"result":{"header":{"revision":"5"},"events":[{"kv":{"key":"YS8x"}},{"type":"DELETE","kv":{"key":"YS8x","mod_revision":"3"},"prev_kv":{"key":"YS8x","version":"2"}}]}}"#,
         )
         .unwrap();
         let events = watch.result.unwrap().events;
         assert!(!events[0].is_delete() && events[1].is_delete());
+        assert!(events[0].prev_kv.is_none());
+        assert_eq!(events[1].prev_kv.as_ref().map(|kv| kv.version), Some(2));
     }
 
     #[test]
@@ -343,5 +375,17 @@ mod tests {
         assert_eq!(json["max_create_revision"], "9");
         assert_eq!(json["sort_order"], "DESCEND");
         assert!(json.get("keys_only").is_none());
+        // A touch keeps the value and the lease: etcd refuses either one given beside it.
+        let touch = serde_json::to_value(PutRequest::touch("e")).unwrap();
+        assert_eq!(
+            (touch["ignore_value"].clone(), touch["ignore_lease"].clone()),
+            (true.into(), true.into())
+        );
+        assert_eq!(
+            (touch["value"].clone(), touch["lease"].clone()),
+            ("".into(), "0".into())
+        );
+        let put = serde_json::to_value(PutRequest::default()).unwrap();
+        assert!(put.get("ignore_value").is_none() && put.get("ignore_lease").is_none());
     }
 }
