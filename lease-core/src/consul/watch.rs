@@ -9,19 +9,28 @@
 //! the previous one and wakes only the watchers whose keys changed.
 //!
 //! There are at most [`Budget::max_watches`](super::http::Budget::max_watches) groups (all the
-//! connections but two), and no group's prefix is a prefix of another's, so every key is covered
-//! by at most one group. A watcher whose key no group covers gets a new group (of that key alone,
-//! so a process with a few leases watches each key on its own) while there is room; otherwise the
-//! group sharing the longest prefix with it is widened to that common prefix, absorbing any
-//! groups the wider prefix covers. A group nobody
-//! watches any more stops after its current read (so a watcher that comes back meanwhile finds
-//! it still running), and so does an absorbed one: a read is never abandoned mid-flight, since
-//! its connection would stay open, outside the budget, until Consul answered.
+//! connections but three), and no group's prefix is a prefix of another's, so every key is
+//! covered by at most one group. A watcher whose key no group covers gets a new group (of that
+//! key alone, so a process with a few leases watches each key on its own) while there is room;
+//! otherwise the group sharing the longest prefix with it is widened to that common prefix,
+//! absorbing any groups the wider prefix covers. A group nobody watches any more stops after its
+//! current read (so a watcher that comes back meanwhile finds it still running), and so does an
+//! absorbed one: a read is never abandoned mid-flight, since its connection would stay open,
+//! outside the budget, until Consul answered.
+//!
+//! Groups are not split further, because with prefixes that may not nest they cannot be: a
+//! directory's watched keys can be split only into prefixes that together cover them all, and
+//! keys named `<dir>/0` … `<dir>/4999` begin with ten different digits, so any split of them
+//! takes ten groups or more, past the budget; hex or UUID names take sixteen. Nested groups
+//! would not read less: the outer one would still re-read the whole directory on every change
+//! inside it.
 //!
 //! The cost of this multiplexing is that an answer carries every key under its group: a loss
-//! among 5,000 keys under one directory is read as a listing of 5,000 entries (12–16 ms of
-//! Consul 1.8's time; 18 ms from destroy to cancel at the median, against about 1 ms for a
-//! one-key blocking query). Consul 1.8 has no cheaper way to learn which of many keys changed:
+//! among 5,000 keys under one directory is read as a listing of 5,000 entries (1.4 MB). Consul
+//! 1.8 spends 3–5 µs an entry on it (12–25 ms, with the machine's load; its `?keys` listing of
+//! the same keys takes 4 ms), the client about 1 µs an entry parsing it and well under 1 ms
+//! comparing and waking: 18–37 ms from destroy to cancel at the median, against about 1 ms for
+//! a one-key blocking query. Consul 1.8 has no cheaper way to learn which of many keys changed:
 //! its KV listing has no filter and no paging, and a separator-folded `?keys` listing, though
 //! tiny, says only *that* something under a directory changed.
 //!
