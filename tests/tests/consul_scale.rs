@@ -119,6 +119,67 @@ async fn an_agent_that_allows_twenty_connections_per_client_still_holds_a_hundre
     release_all(leases).await;
 }
 
+/// A watch absorbed by a wider one still waits for its blocking answer (up to Consul's wait), so
+/// for a while there are more reads wanting to block than watches. They must never take the
+/// connections kept for requests that answer at once: before, five quiet single-key watches
+/// absorbed into one, plus one new watch, held all seven request slots; acquisitions hung, and
+/// the heartbeat check went critical one TTL later, losing every lease of the process.
+#[tokio::test]
+async fn absorbed_watches_still_blocking_never_starve_other_requests() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let consul = agent.backend();
+    let spec = |key: &str| {
+        LeaseSpec::leader(key)
+            .ttl(TTL)
+            .lock_delay(Duration::ZERO)
+            .wait(Wait::Never)
+    };
+    let mut held = Vec::new();
+    let budget = BUDGET - 3;
+    for i in 0..budget {
+        held.push(
+            consul
+                .acquire(&spec(&format!("quiet/a/{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        consul.prefix_watches(),
+        budget,
+        "each quiet key is watched alone"
+    );
+    // Widens one watch to `quiet/a/`, absorbing the others, whose reads go on blocking.
+    held.push(consul.acquire(&spec("quiet/a/x")).await.unwrap());
+    for key in ["quiet/b/0", "quiet/c/0", "quiet/c/1", "quiet/d/0"] {
+        let lease = within(
+            Duration::from_secs(5),
+            "an acquisition while absorbed watches block",
+            consul.acquire(&spec(key)),
+        )
+        .await
+        .unwrap();
+        held.push(lease);
+    }
+    for lease in &held {
+        within(
+            Duration::from_secs(5),
+            "a check while absorbed watches block",
+            lease.check(),
+        )
+        .await
+        .unwrap();
+    }
+    // Past the heartbeat's TTL: the check was passed meanwhile.
+    let lost = tokio::time::timeout(TTL + Duration::from_secs(2), first_loss(&held)).await;
+    assert!(
+        lost.is_err(),
+        "a lease was lost while absorbed watches blocked: {lost:?}"
+    );
+    release_all(held).await;
+}
+
 #[tokio::test]
 async fn an_operator_fault_on_one_lease_among_many_loses_exactly_that_lease() {
     init_tracing();

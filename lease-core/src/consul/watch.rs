@@ -16,7 +16,11 @@
 //! absorbing any groups the wider prefix covers. A group nobody watches any more stops after its
 //! current read (so a watcher that comes back meanwhile finds it still running), and so does an
 //! absorbed one: a read is never abandoned mid-flight, since its connection would stay open,
-//! outside the budget, until Consul answered.
+//! outside the budget, until Consul answered. Until then it keeps its permit to block (the
+//! budget allows `max_watches` blocking reads at once, absorbed ones included), so a new or
+//! widened group whose read finds none free waits for an absorbed read to end: at once if
+//! anything under that read's prefix changes, else after one [`WATCH_WAIT`]. The heartbeat,
+//! renewals, acquisitions and releases never wait for watches.
 //!
 //! Groups are not split further, because with prefixes that may not nest they cannot be: a
 //! directory's watched keys can be split only into prefixes that together cover them all, and

@@ -8,6 +8,13 @@
 //! connect race (a request that started connecting and was then served by a connection that came
 //! free meanwhile still finishes its connection and parks it).
 //!
+//! Blocking queries (the watches) may hold at most [`Budget::max_watches`] of those permits at
+//! once, whatever asks for them: a watch that was absorbed by a wider one still waits for its
+//! answer (abandoning it would leave its connection open on the agent, outside the budget), so
+//! for a moment there can be more reads wanting to block than watches. They wait for each other,
+//! never for the two permits kept for requests that answer at once: the heartbeat, renewals,
+//! acquisitions and releases always find a connection.
+//!
 //! The **outage gate** keeps a refusing agent from being answered with a retry storm. From the
 //! first refused, dropped or unreachable request on, the whole client sends one request at a
 //! time, each after a jittered pause that doubles from 100 ms up to 2 s; so a process sends at
@@ -39,7 +46,25 @@ const GATE_MAX: Duration = Duration::from_secs(2);
 pub(crate) struct Budget {
     max: usize,
     in_flight: Semaphore,
+    /// Permits to block, taken before an `in_flight` one: `max_watches` of them.
+    blocking: Semaphore,
     gate: Gate,
+}
+
+/// What a request is admitted as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Answered at once.
+    Brief,
+    /// A blocking query: may be held by the agent until something changes.
+    Blocking,
+}
+
+/// The permits of one admitted request, held until its answer has been read.
+#[derive(Debug)]
+pub(crate) struct Admission<'a> {
+    _blocking: Option<SemaphorePermit<'a>>,
+    _connection: Option<SemaphorePermit<'a>>,
 }
 
 impl Budget {
@@ -48,6 +73,7 @@ impl Budget {
         Budget {
             max,
             in_flight: Semaphore::new(max - 1),
+            blocking: Semaphore::new(max - 3),
             gate: Gate::default(),
         }
     }
@@ -63,12 +89,20 @@ impl Budget {
         self.max - 3
     }
 
-    /// Waits until a request may be sent: through the outage gate, then for a connection. The
-    /// request holds the permit until its answer has been read.
-    pub(crate) async fn admit(&self) -> Option<SemaphorePermit<'_>> {
+    /// Waits until a request of `kind` may be sent: for a permit to block (a blocking query),
+    /// through the outage gate, then for a connection. The request holds the permits until its
+    /// answer has been read.
+    pub(crate) async fn admit(&self, kind: Kind) -> Admission<'_> {
+        // The semaphores are never closed, so `acquire` never fails.
+        let blocking = match kind {
+            Kind::Brief => None,
+            Kind::Blocking => self.blocking.acquire().await.ok(),
+        };
         self.gate.pass().await;
-        // `None` only if the semaphore were closed, which it never is.
-        self.in_flight.acquire().await.ok()
+        Admission {
+            _blocking: blocking,
+            _connection: self.in_flight.acquire().await.ok(),
+        }
     }
 
     /// The agent answered (with any status): the gate opens.
@@ -190,7 +224,7 @@ mod tests {
                 let (budget, passed) = (Arc::clone(&budget), Arc::clone(&passed));
                 let outage = Arc::clone(&outage);
                 tokio::spawn(async move {
-                    let _permit = budget.admit().await;
+                    let _permit = budget.admit(Kind::Brief).await;
                     passed.fetch_add(1, Ordering::Relaxed);
                     if outage.load(Ordering::Relaxed) {
                         budget.refused();
@@ -222,12 +256,38 @@ mod tests {
         let budget = Budget::new(5);
         let mut held = Vec::new();
         for _ in 0..4 {
-            held.push(budget.admit().await);
+            held.push(budget.admit(Kind::Brief).await);
         }
-        let fifth = tokio::time::timeout(Duration::from_millis(20), budget.admit()).await;
+        let fifth =
+            tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Brief)).await;
         assert!(fifth.is_err(), "a fifth request was admitted");
         drop(held);
-        let _fifth = budget.admit().await;
+        let _fifth = budget.admit(Kind::Brief).await;
         assert_eq!(Budget::new(1).max(), MIN_CONNECTIONS);
+    }
+
+    /// However many blocking queries wait (an absorbed watch still reading beside the one that
+    /// replaced it), two requests that answer at once still get through: the heartbeat never
+    /// waits behind the watches.
+    #[tokio::test]
+    async fn blocking_queries_never_take_the_permits_kept_for_brief_requests() {
+        let budget = Budget::new(8);
+        let mut blocked = Vec::new();
+        for _ in 0..budget.max_watches() {
+            blocked.push(budget.admit(Kind::Blocking).await);
+        }
+        let one_more =
+            tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Blocking)).await;
+        assert!(
+            one_more.is_err(),
+            "a blocking query beyond max_watches was admitted"
+        );
+        let brief = [
+            budget.admit(Kind::Brief).await,
+            budget.admit(Kind::Brief).await,
+        ];
+        drop(brief);
+        drop(blocked.pop());
+        let _next = budget.admit(Kind::Blocking).await;
     }
 }

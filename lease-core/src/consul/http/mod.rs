@@ -16,6 +16,7 @@ mod budget;
 mod error;
 mod types;
 
+use budget::Kind;
 pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS};
 pub(crate) use error::ApiError;
 pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
@@ -189,8 +190,9 @@ impl ConsulHttp {
         url: Url,
         body: Option<Vec<u8>>,
         timeout: Duration,
+        kind: Kind,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
-        let _connection = self.budget.admit().await;
+        let _admission = self.budget.admit(kind).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
         if method != Method::GET {
             self.writes.fetch_add(1, Ordering::Relaxed);
@@ -235,7 +237,8 @@ impl ConsulHttp {
         url: Url,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
-        self.exchange(method, url, body, REQUEST_TIMEOUT).await
+        self.exchange(method, url, body, REQUEST_TIMEOUT, Kind::Brief)
+            .await
     }
 
     /// `PUT /v1/session/create`; returns the new session's ID. The session lives as long as
@@ -434,15 +437,16 @@ impl ConsulHttp {
         mut url: Url,
         blocking: Option<Blocking>,
     ) -> Result<(Vec<KvEntry>, u64), ApiError> {
-        let mut timeout = REQUEST_TIMEOUT;
+        let (mut timeout, mut kind) = (REQUEST_TIMEOUT, Kind::Brief);
         if let Some(b) = blocking {
+            kind = Kind::Blocking;
             url.query_pairs_mut()
                 .append_pair("index", &b.index.to_string())
                 .append_pair("wait", &format!("{}ms", b.wait.as_millis().max(1)));
             // Consul adds up to wait/16 of jitter before answering.
             timeout = b.wait + b.wait / 16 + REQUEST_TIMEOUT;
         }
-        let (status, index, bytes) = self.exchange(Method::GET, url, None, timeout).await?;
+        let (status, index, bytes) = self.exchange(Method::GET, url, None, timeout, kind).await?;
         if status != StatusCode::NOT_FOUND {
             expect_ok(status, &bytes)?;
         }
