@@ -7,6 +7,7 @@ use std::time::Duration;
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Sequencer, Wait};
 use lease_tests::consul::Agent;
 use lease_tests::{assert_refined, init_tracing, release_lost, within};
+use tokio::time::Instant;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -132,6 +133,52 @@ async fn key_deleted_or_released_by_operator_is_loss() {
         }
     })
     .await;
+}
+
+/// A waiter that settles after a deleted key keeps watching: a newcomer that takes the key during
+/// the settle and loses it the same way is seen, and the waiter settles again from that second
+/// deletion. (It used to sleep through its settle and then read the key afresh: gone, with no
+/// holder it knew of, so it took the key at once while the newcomer could still be writing. The
+/// chaos suite's short mode caught it.)
+#[tokio::test]
+async fn a_settling_waiter_sees_a_holder_that_came_and_went_meanwhile() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let settle = Duration::from_secs(3);
+    let key = "settle/twice";
+    let first = agent.backend().acquire(&spec(key)).await.unwrap();
+    let waiting = agent.backend();
+    let waiter = tokio::spawn(async move { waiting.acquire(&spec(key).settle(settle)).await });
+    within(T, "the waiter's session", async {
+        while agent.sessions().await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Time for the waiter to read the key and see its holder (about a millisecond).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    agent.delete_key(key).await;
+    within(T, "the first holder's loss", first.lost()).await;
+    // A newcomer never saw a holder, so it takes the key at once; a second later, during the
+    // waiter's settle, it loses it the same way.
+    let second = agent
+        .backend()
+        .acquire(&spec(key).wait(Wait::Never))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let deleted_again = Instant::now();
+    agent.delete_key(key).await;
+    let next = within(T, "the waiter", waiter).await.unwrap().unwrap();
+    let waited = deleted_again.elapsed();
+    assert!(
+        waited >= settle,
+        "the waiter took the key {waited:?} after the newcomer's key was deleted, within its {settle:?} settle time"
+    );
+    within(T, "the newcomer's loss", second.lost()).await;
+    release_lost(first).await;
+    release_lost(second).await;
+    next.release().await.unwrap();
 }
 
 #[tokio::test]

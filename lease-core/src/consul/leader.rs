@@ -88,7 +88,9 @@ struct Acquired {
 ///
 /// A holder that loses the key without a clean release (the key deleted, or its session
 /// invalidated under a lock-delay of 0) is still stopping its work for a moment: the key is left
-/// alone until `LeaseSpec::settle_time` after that was seen.
+/// alone until `LeaseSpec::settle_time` after that was seen. The contender keeps watching while
+/// it settles, so a holder that takes the key meanwhile and loses it the same way is seen too;
+/// every state read, whether from the watch or after a refused acquire, is judged the same way.
 async fn contend(
     http: &Arc<ConsulHttp>,
     session: &str,
@@ -104,18 +106,23 @@ async fn contend(
     let mut watched = Watches::watch(http, Interest::Key(key.to_owned()), false);
     // The index of the last state judged; `None`: read the key afresh.
     let mut index: Option<u64> = None;
+    // A state already read (after a refused acquire), to judge before waiting for the next.
+    let mut read: Option<Option<KvEntry>> = None;
+    // The last state judged: judged again when a settle ends with nothing new.
+    let mut last: Option<KvEntry> = None;
     let mut lock_delay_pause = LOCK_DELAY_FIRST_PAUSE;
     // The other session last seen holding the key, and its lock-delay once read.
     let mut seen_holder: Option<(String, Option<Duration>)> = None;
     let mut settle_until: Option<Instant> = None;
     loop {
-        let entry = match index {
-            None => {
+        let entry = match (read.take(), index) {
+            (Some(entry), _) => entry,
+            (None, None) => {
                 let (entry, read_at) = read_retrying(http, key, deadline).await?;
                 index = Some(read_at);
                 entry
             }
-            Some(read_at) => {
+            (None, Some(read_at)) => {
                 let changed = async {
                     loop {
                         if let Ok(listing) = watched.next(read_at + 1).await {
@@ -123,16 +130,32 @@ async fn contend(
                         }
                     }
                 };
-                let listing = match deadline {
-                    None => changed.await,
-                    Some(deadline) => tokio::time::timeout_at(deadline, changed)
-                        .await
-                        .map_err(|_| busy())?,
+                // While settling, wake when the settle ends too, to judge the last state again.
+                let settling = settle_until.filter(|until| *until > Instant::now());
+                let wake = match (settling, deadline) {
+                    (Some(until), Some(deadline)) => Some(until.min(deadline)),
+                    (until, deadline) => until.or(deadline),
                 };
-                index = Some(listing.index);
-                listing.get(key).cloned()
+                match wake {
+                    None => {
+                        let listing = changed.await;
+                        index = Some(listing.index);
+                        listing.get(key).cloned()
+                    }
+                    Some(wake) => match tokio::time::timeout_at(wake, changed).await {
+                        Ok(listing) => {
+                            index = Some(listing.index);
+                            listing.get(key).cloned()
+                        }
+                        Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                            return Err(busy());
+                        }
+                        Err(_) => last.clone(),
+                    },
+                }
             }
         };
+        last.clone_from(&entry);
         if let Some(entry) = &entry {
             if entry.flags != LEADER_FLAGS {
                 return Err(Error::FlagsConflict {
@@ -177,8 +200,7 @@ async fn contend(
                 ?until,
                 "the last holder lost the key without a release; settling"
             );
-            tokio::time::sleep_until(until).await;
-            index = None;
+            // Wait for the next state or the settle's end, whichever comes first.
             continue;
         }
         // `?acquire=` as a one-operation transaction: its answer carries the LockIndex, so no
@@ -215,6 +237,8 @@ async fn contend(
         let (entry, read_at) = read_retrying(http, key, deadline).await?;
         index = Some(read_at);
         if entry.as_ref().is_some_and(|e| e.holder().is_some()) {
+            // Judged like any other state: its holder is seen, so a deletion under it settles.
+            read = Some(entry);
             continue;
         }
         if let Ok(false) = http.session_exists(session).await {
