@@ -160,6 +160,11 @@ struct Watcher {
     id: u64,
     troubles: bool,
     sender: watch::Sender<View>,
+    /// The index the watcher waits for (see [`Watched::next`]): the first listing at or past it
+    /// wakes the watcher even if its key looks unchanged since the previous listing. (A key
+    /// created and deleted between two listings looks unchanged, yet a holder that acquired it
+    /// waits for exactly that news.)
+    wants: Arc<AtomicU64>,
 }
 
 impl Watchers {
@@ -231,6 +236,13 @@ impl Watchers {
                 }
             }
         }
+        // The first listing at or past the index a watcher waits for wakes it, changed or not.
+        for (_, watcher) in self.all() {
+            let wants = watcher.wants.load(Ordering::Acquire);
+            if previous.index < wants && wants <= listing.index {
+                watcher.sender.send_replace(view());
+            }
+        }
     }
 
     fn all(&self) -> impl Iterator<Item = (&str, &Watcher)> {
@@ -297,6 +309,8 @@ pub(crate) struct Watched {
     view: watch::Receiver<View>,
     /// Whether the current view was returned already.
     seen: bool,
+    /// The index this watch waits for, shared with its [`Watcher`].
+    wants: Arc<AtomicU64>,
     _registration: Registration,
 }
 
@@ -320,6 +334,7 @@ impl Watched {
     /// last one returned (the first call returns the current listing, once read). A failed read
     /// is returned only to a watch started with `troubles`.
     pub(crate) async fn next(&mut self, min_index: u64) -> Result<Arc<Listing>, ApiError> {
+        self.wants.store(min_index, Ordering::Release);
         loop {
             // The sender lives in the registry while we are registered: it never goes away.
             if self.seen && self.view.changed().await.is_err() {
@@ -358,10 +373,12 @@ impl Watches {
         let watches = http.watches();
         let id = watches.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, view) = watch::channel(View::Pending);
+        let wants = Arc::new(AtomicU64::new(0));
         let watcher = Watcher {
             id,
             troubles,
             sender,
+            wants: Arc::clone(&wants),
         };
         let mut groups = watches
             .groups
@@ -375,6 +392,7 @@ impl Watches {
         Watched {
             view,
             seen: false,
+            wants,
             _registration: Registration {
                 watches: Arc::downgrade(http),
                 interest,
@@ -560,6 +578,15 @@ mod tests {
 
     /// Registers a watcher of `interest` and returns what it is sent.
     fn watcher(watchers: &mut Watchers, interest: Interest, id: u64) -> watch::Receiver<View> {
+        watcher_wanting(watchers, interest, id, Arc::default())
+    }
+
+    fn watcher_wanting(
+        watchers: &mut Watchers,
+        interest: Interest,
+        id: u64,
+        wants: Arc<AtomicU64>,
+    ) -> watch::Receiver<View> {
         let (sender, view) = watch::channel(View::Pending);
         let troubles = false;
         watchers.insert(
@@ -568,9 +595,40 @@ mod tests {
                 id,
                 troubles,
                 sender,
+                wants,
             },
         );
         view
+    }
+
+    /// A key created and deleted between two listings looks unchanged; a holder that acquired it
+    /// at index 5 and waits for a listing of index 5 or later is woken by the first such listing
+    /// all the same (it used to wait for the next change of its key, possibly forever).
+    #[test]
+    fn the_first_listing_past_the_wanted_index_wakes_the_watcher_even_if_its_key_did_not_change() {
+        let mut watchers = Watchers::default();
+        let key = Interest::Key("k".into());
+        let wants = Arc::new(AtomicU64::new(0));
+        let mut holder = watcher_wanting(&mut watchers, key.clone(), 0, Arc::clone(&wants));
+        let mut bystander = watcher(&mut watchers, key, 1);
+        watchers.publish(Listing::new(vec![entry("other", 1)], 3));
+        holder.mark_unchanged();
+        bystander.mark_unchanged();
+        wants.store(5, Ordering::Release);
+        // Below the wanted index, and `k` unchanged (absent): nobody is woken.
+        watchers.publish(Listing::new(vec![entry("other", 4)], 4));
+        assert!(!holder.has_changed().unwrap() && !bystander.has_changed().unwrap());
+        // `k` was created at 5 and deleted at 6: absent in both listings, but 6 >= 5.
+        watchers.publish(Listing::new(vec![entry("other", 4)], 6));
+        assert!(
+            holder.has_changed().unwrap(),
+            "the holder waiting for index 5 was not woken"
+        );
+        assert!(!bystander.has_changed().unwrap());
+        holder.mark_unchanged();
+        // Once past it, only changes wake it again.
+        watchers.publish(Listing::new(vec![entry("other", 4)], 7));
+        assert!(!holder.has_changed().unwrap());
     }
 
     #[test]
