@@ -128,15 +128,15 @@ pub enum Error {
     },
 
     /// The backend refused the operation for lack of permission.
-    #[error(
-        "permission denied to {operation}: {message}; use a token (CONSUL_HTTP_TOKEN) or credentials \
-         (ETCD_USER, ETCD_PASSWORD) that allow it"
-    )]
+    #[error("permission denied to {operation}: {message}; {hint}")]
     PermissionDenied {
-        /// What was attempted, naming the key or session.
+        /// What was attempted, naming the key, queue or session.
         operation: String,
         /// The backend's message.
         message: String,
+        /// What to do, in the backend's terms: a Consul ACL token, etcd credentials, or a
+        /// RabbitMQ user's permissions.
+        hint: &'static str,
     },
 
     /// The backend could not be reached.
@@ -339,4 +339,36 @@ pub enum LostReason {
     /// The lease was released by its holder (an explicit release, or a drop).
     #[error("the lease was released")]
     Released,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permission_denied_says_what_to_do_in_the_backends_terms() {
+        let denied = Error::PermissionDenied {
+            operation: "use queue \"q\"".to_owned(),
+            message: "ACCESS_REFUSED".to_owned(),
+            hint: "give the user permissions",
+        };
+        assert_eq!(
+            denied.to_string(),
+            "permission denied to use queue \"q\": ACCESS_REFUSED; give the user permissions"
+        );
+    }
+
+    #[test]
+    fn unsupported_names_no_backend_that_might_implement_it_some_day() {
+        let text = Error::Unsupported {
+            backend: "RabbitMQ",
+            operation: "observing a leader key",
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "RabbitMQ does not support observing a leader key; use a backend that does"
+        );
+        assert!(!text.contains("once it implements"), "{text}");
+    }
 }

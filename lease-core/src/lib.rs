@@ -79,6 +79,8 @@
     allow(dead_code)
 )]
 
+#[cfg(any(feature = "consul", feature = "amqp"))]
+mod address;
 pub mod backend;
 mod backoff;
 mod default_backend;

@@ -168,3 +168,43 @@ pub fn url_with_channel_max(channel_max: u16) -> String {
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}channel_max={channel_max}")
 }
+
+/// A broker user that may open connections to the default vhost `/` but may configure, write
+/// and read no queue or exchange there; deleted when dropped.
+#[derive(Debug)]
+pub struct UnprivilegedUser {
+    /// The user name (unique to this test run).
+    pub name: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl UnprivilegedUser {
+    /// Creates the user (`rabbitmqctl add_user`, `set_permissions -p / <user> '^$' '^$' '^$'`).
+    pub fn create() -> UnprivilegedUser {
+        let name = unique("user").replace('/', "-");
+        let password = "lease-test-password".to_owned();
+        rabbitmqctl(&["add_user", &name, &password]);
+        let user = UnprivilegedUser { name, password };
+        rabbitmqctl(&["set_permissions", "-p", "/", &user.name, "^$", "^$", "^$"]);
+        user
+    }
+
+    /// The test broker's URL, logged in as this user.
+    pub fn url(&self) -> String {
+        format!(
+            "amqp://{}:{}@{}/%2f",
+            self.name,
+            self.password,
+            broker_addr()
+        )
+    }
+}
+
+impl Drop for UnprivilegedUser {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["delete_user", &self.name])
+            .output();
+    }
+}

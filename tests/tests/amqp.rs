@@ -383,6 +383,53 @@ async fn bad_input_gives_typed_errors() {
     assert!(matches!(err, Error::InvalidLimit { .. }), "{err:?}");
 }
 
+/// A permission error says what to do in RabbitMQ's terms (never a Consul token), and the
+/// common URL mistakes are named: a bare `/` path (the empty vhost) hints `%2f`.
+#[tokio::test]
+async fn permission_errors_say_what_to_do_in_rabbitmq_terms() {
+    init_tracing();
+    require_broker().await;
+    let addr = broker::broker_addr();
+    let spec = LeaseSpec::leader(unique("denied"));
+    let no_consul = |err: &Error| {
+        let text = err.to_string();
+        assert!(
+            !text.contains("CONSUL") && !text.contains("ETCD"),
+            "names another backend's setting: {text}"
+        );
+        text
+    };
+
+    // Access refused on the semaphore's queues: a user without permissions in the vhost.
+    let user = tokio::task::spawn_blocking(broker::UnprivilegedUser::create)
+        .await
+        .unwrap();
+    let refused = Amqp::new(user.url()).unwrap();
+    let err = refused.acquire(&spec).await.unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied { .. }), "{err:?}");
+    let text = no_consul(&err);
+    assert!(text.contains("rabbitmqctl set_permissions"), "{text}");
+    assert!(text.contains("amq.default"), "{text}");
+    assert!(!text.contains(&user.password), "{text}");
+    tokio::task::spawn_blocking(move || drop(user))
+        .await
+        .unwrap();
+
+    // A wrong password.
+    let wrong = Amqp::new(format!("amqp://guest:not-the-password@{addr}/%2f")).unwrap();
+    let err = wrong.acquire(&spec).await.unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied { .. }), "{err:?}");
+    let text = no_consul(&err);
+    assert!(text.contains("user and password"), "{text}");
+
+    // `…:5672/` names the empty vhost, not `/`.
+    let empty_vhost = Amqp::new(format!("amqp://guest:guest@{addr}/")).unwrap();
+    let err = empty_vhost.acquire(&spec).await.unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied { .. }), "{err:?}");
+    let text = no_consul(&err);
+    assert!(text.contains("%2f"), "{text}");
+}
+
 #[tokio::test]
 async fn a_queue_declared_with_other_arguments_is_a_typed_error() {
     init_tracing();

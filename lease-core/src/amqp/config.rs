@@ -33,9 +33,24 @@ pub(crate) struct AmqpConfig {
     pub(crate) connection_name: Option<String>,
     pub(crate) overshoot: u32,
     pub(crate) max_connections: u32,
+    /// Whether the URL gives the port (else the scheme's default was assumed).
+    pub(crate) port_given: bool,
 }
 
 impl AmqpConfig {
+    /// The URL without its password, saying which port was assumed if the URL gives none: for
+    /// errors about reaching the broker.
+    pub(crate) fn described_url(&self) -> String {
+        let url = self.redacted_url();
+        if self.port_given {
+            return url;
+        }
+        format!(
+            "{url} (the URL gives no port, so {}'s default {} was assumed)",
+            self.uri.scheme, self.uri.authority.port
+        )
+    }
+
     /// The URL without its password, for logs and errors.
     pub(crate) fn redacted_url(&self) -> String {
         let a = &self.uri.authority;
@@ -226,7 +241,9 @@ impl AmqpBuilder {
                 "AMQP connect and operation timeouts must be above zero".to_owned(),
             ));
         }
+        let port_given = crate::address::has_port(&self.url);
         Ok(Amqp::with_config(AmqpConfig {
+            port_given,
             uri,
             heartbeat,
             connect_timeout: self.connect_timeout,
@@ -254,6 +271,37 @@ mod tests {
         assert!(text.contains("amqp://user@example.com:5673/prod"), "{text}");
         let builder = AmqpBuilder::new("amqp://user:hunter2@example.com");
         assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn errors_say_which_port_was_assumed() {
+        let amqp = AmqpBuilder::new("amqp://user:hunter2@rabbit.internal/%2f")
+            .build()
+            .expect("valid in this test");
+        let described = amqp.config().described_url();
+        assert_eq!(
+            described,
+            "amqp://user@rabbit.internal:5672/%2f (the URL gives no port, so amqp's default 5672 \
+             was assumed)"
+        );
+        let amqps = AmqpBuilder::new("amqps://rabbit.internal/%2f")
+            .build()
+            .expect("valid in this test");
+        assert!(
+            amqps
+                .config()
+                .described_url()
+                .contains("amqps's default 5671 was assumed"),
+            "{}",
+            amqps.config().described_url()
+        );
+        let given = AmqpBuilder::new("amqp://user:hunter2@rabbit.internal:5673/%2f")
+            .build()
+            .expect("valid in this test");
+        assert_eq!(
+            given.config().described_url(),
+            "amqp://user@rabbit.internal:5673/%2f"
+        );
     }
 
     #[test]

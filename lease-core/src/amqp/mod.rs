@@ -244,13 +244,15 @@ impl Amqp {
         };
         Err(match failure {
             Failure::Other(Error::PermissionDenied { message, .. }) => Error::PermissionDenied {
-                operation: format!(
-                    "connect to {} (check the user, password and vhost)",
-                    config.redacted_url()
-                ),
+                operation: format!("connect to {}", config.described_url()),
                 message,
+                hint: if config.uri.vhost.is_empty() {
+                    wire::EMPTY_VHOST_HINT
+                } else {
+                    wire::LOGIN_HINT
+                },
             },
-            other => other.into_error("connect", &config.redacted_url()),
+            other => other.into_error("connect", &config.described_url()),
         })
     }
 
@@ -316,7 +318,7 @@ impl Amqp {
     }
 
     pub(crate) fn unreachable(&self, operation: &str, failure: Failure) -> Error {
-        failure.into_error(operation, &self.redacted_url())
+        failure.into_error(operation, &self.inner.config.described_url())
     }
 }
 

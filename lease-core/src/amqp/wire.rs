@@ -25,6 +25,19 @@ pub(crate) const BACKEND: &str = "RabbitMQ";
 pub(crate) const HINT: &str =
     "start it with `rabbitmq-server -detached`, or set AMQP_URL to the broker's amqp:// URL";
 
+/// What to do when the broker refuses an operation on a semaphore's queues.
+pub(crate) const QUEUE_PERMISSION_HINT: &str = "give the URL's user configure, write and read \
+    permissions on the semaphore's queues in this vhost, and write permission on the default \
+    exchange `amq.default`, which probes publish to (`rabbitmqctl set_permissions -p <vhost> \
+    <user> <configure> <write> <read>`)";
+/// What to do when the broker refuses the connection's login.
+pub(crate) const LOGIN_HINT: &str = "check the user and password in the URL, and that the user \
+    may use its vhost (`rabbitmqctl list_permissions -p <vhost>`)";
+/// What to do when the broker refuses the connection and the URL names the empty vhost.
+pub(crate) const EMPTY_VHOST_HINT: &str = "the URL's path is a bare `/`, which names the empty \
+    vhost \"\"; the default vhost `/` is written %2f (amqp://user:password@host:5672/%2f), or \
+    leave the path out";
+
 /// What a failed broker operation means for the semaphore.
 #[derive(Debug)]
 pub(crate) enum Failure {
@@ -116,6 +129,7 @@ pub(crate) fn classify(error: lapin::Error, queue: &str) -> Failure {
             Failure::Other(Error::PermissionDenied {
                 operation: format!("use queue {queue:?}"),
                 message,
+                hint: QUEUE_PERMISSION_HINT,
             })
         }
         _ => Failure::Closed(error),

@@ -39,6 +39,34 @@ impl fmt::Debug for Token {
     }
 }
 
+/// Where a client's agent address came from, so that a message names what the user set, and
+/// never `CONSUL_HTTP_ADDR` for an address that did not come from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AddressOrigin {
+    /// `CONSUL_HTTP_ADDR`, read by [`ConsulBuilder::from_env`].
+    Env,
+    /// [`ConsulBuilder::address`].
+    Builder,
+    /// Neither: the default `127.0.0.1:8500`. `from_env` if [`ConsulBuilder::from_env`] found
+    /// `CONSUL_HTTP_ADDR` unset.
+    Default {
+        /// Whether the environment was read.
+        from_env: bool,
+    },
+}
+
+impl AddressOrigin {
+    /// The setting a user changes to give another address.
+    pub(crate) fn setting(self) -> &'static str {
+        match self {
+            AddressOrigin::Env | AddressOrigin::Default { from_env: true } => "CONSUL_HTTP_ADDR",
+            AddressOrigin::Builder | AddressOrigin::Default { from_env: false } => {
+                "ConsulBuilder::address"
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum TokenSource {
     Value(Token),
@@ -65,6 +93,10 @@ enum TokenSource {
 #[must_use]
 pub struct ConsulBuilder {
     address: Option<String>,
+    /// Whether `address` (if any) came from `CONSUL_HTTP_ADDR`, and whether the environment
+    /// was read at all.
+    address_from_env: bool,
+    from_env: bool,
     ssl: Option<bool>,
     token: Option<TokenSource>,
     ca_cert: Option<PathBuf>,
@@ -121,6 +153,8 @@ impl ConsulBuilder {
         let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mut builder = Self::new();
         builder.address = var("CONSUL_HTTP_ADDR");
+        builder.address_from_env = builder.address.is_some();
+        builder.from_env = true;
         builder.ssl =
             var("CONSUL_HTTP_SSL").map(|v| matches!(v.as_str(), "1" | "true" | "TRUE" | "True"));
         builder.token = var("CONSUL_HTTP_TOKEN")
@@ -134,6 +168,7 @@ impl ConsulBuilder {
     /// The agent's address: `host:port`, or a URL `http://host:port` / `https://host:port`.
     pub fn address(mut self, address: impl Into<String>) -> Self {
         self.address = Some(address.into());
+        self.address_from_env = false;
         self
     }
 
@@ -210,9 +245,21 @@ impl ConsulBuilder {
         self
     }
 
+    fn address_origin(&self) -> AddressOrigin {
+        match (&self.address, self.address_from_env) {
+            (Some(_), true) => AddressOrigin::Env,
+            (Some(_), false) => AddressOrigin::Builder,
+            (None, _) => AddressOrigin::Default {
+                from_env: self.from_env,
+            },
+        }
+    }
+
     /// Validates the configuration and builds the backend. No request is sent.
     pub fn build(self) -> Result<Consul, Error> {
-        let base = base_url(self.address.as_deref(), self.ssl.unwrap_or(false))?;
+        let origin = self.address_origin();
+        let (base, port_given) =
+            base_url(self.address.as_deref(), self.ssl.unwrap_or(false), origin)?;
         let token = match self.token {
             None => None,
             Some(TokenSource::Value(t)) => Some(t),
@@ -263,6 +310,8 @@ impl ConsulBuilder {
             node_checks: self.node_checks,
             max_connections,
             keep_alive: self.keep_alive,
+            origin,
+            port_given,
         };
         let http = ConsulHttp::new(client, ca_pem, base, settings);
         Ok(Consul::from_parts(http, self.semaphore_pool))
@@ -278,9 +327,16 @@ pub(crate) fn build_client(
     crate::transport::build_client(ca_pem, None, max_connections)
 }
 
-/// `http://127.0.0.1:8500` from `CONSUL_HTTP_ADDR`-style input.
-fn base_url(address: Option<&str>, ssl: bool) -> Result<reqwest::Url, Error> {
+/// `http://127.0.0.1:8500` from `CONSUL_HTTP_ADDR`-style input, and whether it gives the port
+/// (without one, the scheme's default is used, as the `consul` CLI does). Errors name the setting
+/// the address came from.
+fn base_url(
+    address: Option<&str>,
+    ssl: bool,
+    origin: AddressOrigin,
+) -> Result<(reqwest::Url, bool), Error> {
     let address = address.unwrap_or("127.0.0.1:8500").trim();
+    let setting = origin.setting();
     let text = if address.contains("://") {
         address.to_owned()
     } else {
@@ -288,25 +344,32 @@ fn base_url(address: Option<&str>, ssl: bool) -> Result<reqwest::Url, Error> {
     };
     let url = reqwest::Url::parse(&text).map_err(|e| {
         Error::Config(format!(
-            "invalid Consul address {address:?} (CONSUL_HTTP_ADDR): {e}"
+            "invalid Consul address {address:?} ({setting}): {e}; use host:port or a URL \
+             http://host:port"
         ))
     })?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(Error::Config(format!(
-            "invalid Consul address {address:?}: use http://, https:// or host:port (unix sockets are not supported)"
+            "invalid Consul address {address:?} ({setting}): use http://, https:// or host:port \
+             (unix sockets are not supported)"
         )));
     }
     if url.host_str().is_none() || url.query().is_some() || !matches!(url.path(), "" | "/") {
         return Err(Error::Config(format!(
-            "invalid Consul address {address:?}: give only scheme, host and port"
+            "invalid Consul address {address:?} ({setting}): give only scheme, host and port"
         )));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(Error::Config(
-            "do not put credentials in CONSUL_HTTP_ADDR; use CONSUL_HTTP_TOKEN".into(),
-        ));
+        let token = match origin {
+            AddressOrigin::Env => "CONSUL_HTTP_TOKEN",
+            _ => "ConsulBuilder::token",
+        };
+        return Err(Error::Config(format!(
+            "do not put credentials in the Consul address ({setting}); give the ACL token with \
+             {token}"
+        )));
     }
-    Ok(url)
+    Ok((url, crate::address::has_port(address)))
 }
 
 #[cfg(test)]
@@ -315,17 +378,24 @@ mod tests {
 
     #[test]
     fn addresses_parse_like_the_cli() {
+        let env = AddressOrigin::Env;
+        let parse =
+            |address, ssl| base_url(address, ssl, env).map(|(url, port)| (url.to_string(), port));
         assert_eq!(
-            base_url(None, false).unwrap().as_str(),
-            "http://127.0.0.1:8500/"
+            parse(None, false).unwrap(),
+            ("http://127.0.0.1:8500/".to_owned(), true)
         );
         assert_eq!(
-            base_url(Some("10.0.0.1:8501"), true).unwrap().as_str(),
-            "https://10.0.0.1:8501/"
+            parse(Some("10.0.0.1:8501"), true).unwrap(),
+            ("https://10.0.0.1:8501/".to_owned(), true)
         );
         assert_eq!(
-            base_url(Some("http://h:1"), true).unwrap().as_str(),
-            "http://h:1/"
+            parse(Some("http://h:1"), true).unwrap(),
+            ("http://h:1/".to_owned(), true)
+        );
+        assert_eq!(
+            parse(Some("consul.internal"), false).unwrap(),
+            ("http://consul.internal/".to_owned(), false)
         );
         for bad in [
             "unix:///tmp/c.sock",
@@ -334,7 +404,113 @@ mod tests {
             "http://h:notaport",
             "ftp://h",
         ] {
-            assert!(base_url(Some(bad), false).is_err(), "{bad}");
+            assert!(parse(Some(bad), false).is_err(), "{bad}");
+        }
+    }
+
+    /// Only an address read from `CONSUL_HTTP_ADDR` is blamed on it; a builder's is blamed on
+    /// the builder call.
+    #[test]
+    fn address_errors_name_where_the_address_came_from() {
+        for bad in [
+            "http://h:notaport",
+            "ftp://h",
+            "http://h:1/v1",
+            "http://u:p@h:1",
+        ] {
+            let Err(Error::Config(from_builder)) =
+                base_url(Some(bad), false, AddressOrigin::Builder)
+            else {
+                panic!("{bad} was accepted");
+            };
+            assert!(!from_builder.contains("CONSUL_HTTP_ADDR"), "{from_builder}");
+            assert!(
+                !from_builder.contains("CONSUL_HTTP_TOKEN"),
+                "{from_builder}"
+            );
+            assert!(
+                from_builder.contains("ConsulBuilder::address"),
+                "{from_builder}"
+            );
+            let Err(Error::Config(from_env)) = base_url(Some(bad), false, AddressOrigin::Env)
+            else {
+                panic!("{bad} was accepted");
+            };
+            assert!(from_env.contains("CONSUL_HTTP_ADDR"), "{from_env}");
+        }
+        let Err(Error::Config(built)) = ConsulBuilder::new().address("http://h:notaport").build()
+        else {
+            panic!("accepted");
+        };
+        assert!(!built.contains("CONSUL_HTTP_ADDR"), "{built}");
+        assert_eq!(
+            ConsulBuilder::new().address_origin(),
+            AddressOrigin::Default { from_env: false }
+        );
+        assert_eq!(
+            ConsulBuilder::from_env().address("h:1").address_origin(),
+            AddressOrigin::Builder
+        );
+    }
+
+    #[test]
+    fn a_missing_port_is_named_in_messages() {
+        let consul = ConsulBuilder::new()
+            .address("consul.internal")
+            .build()
+            .unwrap();
+        let address = consul.http.address();
+        assert!(
+            address.starts_with("http://consul.internal:80 (")
+                && address.contains("no port, so http's default 80 was assumed")
+                && address.contains("8500"),
+            "{address}"
+        );
+        let tls = ConsulBuilder::new()
+            .address("https://consul.internal")
+            .build()
+            .unwrap();
+        assert!(
+            tls.http
+                .address()
+                .contains("https's default 443 was assumed"),
+            "{}",
+            tls.http.address()
+        );
+        for given in ["consul.internal:80", "http://consul.internal:8500"] {
+            let consul = ConsulBuilder::new().address(given).build().unwrap();
+            assert!(
+                !consul.http.address().contains("assumed"),
+                "{}",
+                consul.http.address()
+            );
+        }
+    }
+
+    /// The hints of a failed connection name `CONSUL_HTTP_ADDR` only for an address read from it.
+    #[tokio::test]
+    async fn unreachable_hints_name_where_the_address_came_from() {
+        use crate::consul::http::ApiError;
+        // Nothing listens on port 1: refused at once, no server needed.
+        let refused = reqwest::get("http://127.0.0.1:1/").await.unwrap_err();
+        let error = ApiError::Transport(std::sync::Arc::new(refused));
+        for origin in [
+            AddressOrigin::Builder,
+            AddressOrigin::Default { from_env: false },
+        ] {
+            let hint = error.hint(origin);
+            assert!(!hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
+            assert!(
+                hint.contains("ConsulBuilder::address"),
+                "{origin:?}: {hint}"
+            );
+        }
+        for origin in [
+            AddressOrigin::Env,
+            AddressOrigin::Default { from_env: true },
+        ] {
+            let hint = error.hint(origin);
+            assert!(hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
         }
     }
 

@@ -119,6 +119,8 @@ impl ApiError {
             ApiError::Status(_, _, message) if permission => Error::PermissionDenied {
                 operation: operation.to_string(),
                 message,
+                hint: "use credentials (ETCD_USER and ETCD_PASSWORD, or EtcdBuilder::user) whose \
+                       role allows it",
             },
             ApiError::Status(status, grpc, message) => Error::Backend {
                 backend: "etcd",

@@ -7,6 +7,7 @@ use reqwest::StatusCode;
 
 use super::ConsulHttp;
 use crate::Error;
+use crate::consul::config::AddressOrigin;
 use crate::transport::{Cause, DisplayChain};
 
 /// Why a call failed, before it is given the context of what the caller was doing.
@@ -37,17 +38,40 @@ impl ApiError {
         }
     }
 
-    /// What the user should do about this failure, for errors and warnings.
-    pub(crate) fn hint(&self) -> &'static str {
+    /// What the user should do about this failure, for errors and warnings. It names the
+    /// setting the address came from (`origin`): `CONSUL_HTTP_ADDR` only if it was read.
+    pub(crate) fn hint(&self, origin: AddressOrigin) -> &'static str {
+        let env = origin.setting() == "CONSUL_HTTP_ADDR";
+        let default = matches!(origin, AddressOrigin::Default { .. });
         match self {
-            ApiError::Transport(source) => match Cause::of(source) {
-                Cause::Refused => "is it running? Start an agent, or point CONSUL_HTTP_ADDR at one",
-                Cause::Dns => {
+            ApiError::Transport(source) => match (Cause::of(source), env, default) {
+                (Cause::Refused, true, false) => {
+                    "is it running? Start an agent, or point CONSUL_HTTP_ADDR at one"
+                }
+                (Cause::Refused, true, true) => {
+                    "is it running? Start an agent here, or set CONSUL_HTTP_ADDR to its address"
+                }
+                (Cause::Refused, false, false) => {
+                    "is it running? Start an agent, or give ConsulBuilder::address its address"
+                }
+                (Cause::Refused, false, true) => {
+                    "is it running? Start an agent here, or give ConsulBuilder::address its address"
+                }
+                (Cause::Dns, true, _) => {
                     "the host name did not resolve (DNS): check CONSUL_HTTP_ADDR and the resolver"
                 }
-                Cause::Dropped => LIMIT_HINT,
-                Cause::TimedOut => "no answer in time: the agent or the network is overloaded",
-                Cause::Other => "is it running? Check CONSUL_HTTP_ADDR",
+                (Cause::Dns, false, _) => {
+                    "the host name did not resolve (DNS): check the address given to \
+                     ConsulBuilder::address and the resolver"
+                }
+                (Cause::Dropped, ..) => LIMIT_HINT,
+                (Cause::TimedOut, ..) => {
+                    "no answer in time: the agent or the network is overloaded"
+                }
+                (Cause::Other, true, _) => "is it running? Check CONSUL_HTTP_ADDR",
+                (Cause::Other, false, _) => {
+                    "is it running? Check the address given to ConsulBuilder::address"
+                }
             },
             ApiError::Status(StatusCode::TOO_MANY_REQUESTS, _) => LIMIT_HINT,
             ApiError::Status(..) | ApiError::Malformed(_) => "",
@@ -66,12 +90,14 @@ impl ApiError {
             ApiError::Transport(source) => Error::Unreachable {
                 backend: "Consul",
                 address: http.address(),
-                hint: ApiError::Transport(Arc::clone(&source)).hint(),
+                hint: ApiError::Transport(Arc::clone(&source)).hint(http.origin()),
                 source: Box::new(source),
             },
             ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
                 operation: operation.to_string(),
                 message,
+                hint: "use an ACL token (CONSUL_HTTP_TOKEN, or ConsulBuilder::token) whose policy \
+                       allows it",
             },
             ApiError::Status(StatusCode::TOO_MANY_REQUESTS, message) => Error::Backend {
                 backend: "Consul",

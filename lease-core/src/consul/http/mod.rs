@@ -21,7 +21,7 @@ pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS};
 pub(crate) use error::ApiError;
 pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
 
-use super::config::{KeepAlive, Token};
+use super::config::{AddressOrigin, KeepAlive, Token};
 use super::keepalive::KeepAlives;
 use super::watch::Watches;
 use crate::backend::Keepers;
@@ -48,6 +48,10 @@ pub(crate) struct Settings {
     pub(crate) node_checks: Option<Vec<String>>,
     pub(crate) max_connections: usize,
     pub(crate) keep_alive: KeepAlive,
+    /// Where the address came from, for hints.
+    pub(crate) origin: AddressOrigin,
+    /// Whether the address gives the port (else the scheme's default was assumed).
+    pub(crate) port_given: bool,
 }
 
 /// The Consul HTTP API, as this crate uses it.
@@ -58,6 +62,8 @@ pub(crate) struct ConsulHttp {
     /// The holder tasks of every lease this client (and its clones) acquired.
     keepers: Keepers,
     base: Url,
+    origin: AddressOrigin,
+    port_given: bool,
     token: Option<Token>,
     datacenter: Option<String>,
     node_checks: Option<Vec<String>>,
@@ -94,6 +100,8 @@ impl ConsulHttp {
             ca_pem,
             keepers: Keepers::new(),
             base,
+            origin: settings.origin,
+            port_given: settings.port_given,
             token: settings.token,
             datacenter: settings.datacenter,
             node_checks: settings.node_checks,
@@ -123,6 +131,8 @@ impl ConsulHttp {
             node_checks: self.node_checks.clone(),
             max_connections,
             keep_alive: self.keep_alives.mode(),
+            origin: self.origin,
+            port_given: self.port_given,
         };
         Some(ConsulHttp::new(
             client,
@@ -142,9 +152,23 @@ impl ConsulHttp {
         &self.keep_alives
     }
 
-    /// The agent's address, for messages.
+    /// The agent's address, for messages: with the port, and saying so when it was assumed.
     pub(crate) fn address(&self) -> String {
-        self.base.as_str().trim_end_matches('/').to_owned()
+        let base = self.base.as_str().trim_end_matches('/');
+        if self.port_given {
+            return base.to_owned();
+        }
+        let port = self.base.port_or_known_default().unwrap_or(80);
+        format!(
+            "{base}:{port} (the address gives no port, so {}'s default {port} was assumed; a \
+             Consul agent's HTTP API listens on 8500 unless configured otherwise)",
+            self.base.scheme()
+        )
+    }
+
+    /// Where the agent's address came from (for hints that name what to change).
+    pub(crate) fn origin(&self) -> AddressOrigin {
+        self.origin
     }
 
     /// How many requests this client has sent.
@@ -223,7 +247,7 @@ impl ConsulHttp {
             tracing::warn!(
                 agent = %self.address(),
                 %error,
-                hint = error.hint(),
+                hint = error.hint(self.origin),
                 "Consul refused or dropped a request; sending one request at a time until it answers"
             );
         }
