@@ -50,6 +50,19 @@ done
 cargo clippy --quiet -p lease-tower --no-default-features -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-tower --no-deps --no-default-features
 
+# The declared rust-version must hold for every crate and feature (libraries and binaries; the
+# tests may use a newer compiler). rustup fetches the toolchain once (minimal profile, ~1 min).
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+step "MSRV: Rust $msrv"
+if command -v rustup >/dev/null 2>&1; then
+  # Read into a variable: `grep -q` on a pipe could kill rustup with SIGPIPE under pipefail.
+  toolchains=$(rustup toolchain list)
+  [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal >&2
+  cargo "+$msrv" check --quiet --workspace --all-features
+else
+  echo "rustup not found: not checking the MSRV (see the README's MSRV section)" >&2
+fi
+
 step "examples"
 cargo run --quiet -p lease-jobs-example
 

@@ -67,6 +67,8 @@
 //! # fn main() {}
 //! ```
 
+// On docs.rs (`--cfg docsrs`), a feature-gated item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Built without any backend (as lease-tower builds it on its own), the half of the lease model
 // that backends call has no caller; that is expected, not dead code.
 #![cfg_attr(

@@ -71,6 +71,8 @@
 //! # }
 //! ```
 
+// On docs.rs (`--cfg docsrs`), a feature-gated item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs point handlers to the extractors, which exist only with the `axum` feature.
 #![cfg_attr(not(feature = "axum"), allow(rustdoc::broken_intra_doc_links))]
 
