@@ -84,7 +84,7 @@ pub(super) async fn run(
                     }
                     None => return,
                 },
-                answer = changed(&mut watched, &directory, after) => {
+                answer = changed(&mut watched, &directory, after, coordinator.fresh) => {
                     coordinator.observe(answer).await;
                 }
                 () = tokio::time::sleep_until(next_wake.map_or(stop_at, |at| at.min(stop_at))) => {
@@ -112,7 +112,7 @@ pub(super) async fn run(
                     Some(request) => coordinator.push(request),
                     None => open = false,
                 },
-                answer = changed(&mut watched, &directory, after) => {
+                answer = changed(&mut watched, &directory, after, coordinator.fresh) => {
                     coordinator.observe(answer).await;
                 }
                 () = tokio::time::sleep_until(prune_at.unwrap_or_else(far_future)), if prune_at.is_some() => {
@@ -125,13 +125,19 @@ pub(super) async fn run(
     }
 }
 
-/// The next listing newer than `after`, as the entries under `directory` (the semaphore's).
+/// The next listing newer than `after`, as the entries under `directory` (the semaphore's); or,
+/// when what the coordinator knows at `after` was derived from its own write (`fresh` false), a
+/// listing of that index too. A write to `.lock` says nothing of the contender keys: one deleted
+/// with its session just before our write is in the listing of the write's index, and in no later
+/// one, so waiting for a newer listing would never show that holder dead, and it would never be
+/// pruned.
 async fn changed(
     watched: &mut Watched,
     directory: &str,
     after: u64,
+    fresh: bool,
 ) -> Result<(Vec<KvEntry>, u64), ApiError> {
-    let listing = watched.next(after + 1).await?;
+    let listing = watched.next(if fresh { after + 1 } else { after }).await?;
     let entries = listing.under(directory).to_vec();
     Ok((entries, listing.index))
 }
