@@ -132,26 +132,17 @@ async fn contend(
                 };
                 // While settling, wake when the settle ends too, to judge the last state again.
                 let settling = settle_until.filter(|until| *until > Instant::now());
-                let wake = match (settling, deadline) {
-                    (Some(until), Some(deadline)) => Some(until.min(deadline)),
-                    (until, deadline) => until.or(deadline),
+                let listing = match [settling, deadline].into_iter().flatten().min() {
+                    None => Some(changed.await),
+                    Some(wake) => tokio::time::timeout_at(wake, changed).await.ok(),
                 };
-                match wake {
-                    None => {
-                        let listing = changed.await;
+                match listing {
+                    Some(listing) => {
                         index = Some(listing.index);
                         listing.get(key).cloned()
                     }
-                    Some(wake) => match tokio::time::timeout_at(wake, changed).await {
-                        Ok(listing) => {
-                            index = Some(listing.index);
-                            listing.get(key).cloned()
-                        }
-                        Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                            return Err(busy());
-                        }
-                        Err(_) => last.clone(),
-                    },
+                    None if deadline.is_some_and(|d| Instant::now() >= d) => return Err(busy()),
+                    None => last.clone(),
                 }
             }
         };
