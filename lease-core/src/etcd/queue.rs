@@ -293,8 +293,8 @@ async fn join(
         .ok_or_else(|| ApiError::Malformed("the own key neither absent nor present".into()))
 }
 
-/// How a key a waiter was waiting on went.
-#[derive(Debug, PartialEq, Eq)]
+/// How a key a waiter was waiting on went; of several removals, the greatest decides.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Removal {
     /// Released: touched by its holder, then deleted; or not one of the keys that held.
     Released,
@@ -336,16 +336,15 @@ async fn wait_for_removal(
     };
     loop {
         match stream.next().await {
-            Ok(batch) => {
-                let mut deletions = batch.events.iter().filter(|e| e.is_delete()).peekable();
-                if deletions.peek().is_some() {
-                    pause.reset();
-                    return deletions
-                        .map(|event| Removal::of(event, holding))
-                        .find(|removal| *removal == Removal::Unannounced)
-                        .unwrap_or(Removal::Released);
-                }
+            Ok(batch) if batch.events.iter().any(Event::is_delete) => {
+                pause.reset();
+                let deletions = batch.events.iter().filter(|e| e.is_delete());
+                return deletions
+                    .map(|e| Removal::of(e, holding))
+                    .max()
+                    .unwrap_or(Removal::Released);
             }
+            Ok(_) => {}
             Err(error) => {
                 tracing::debug!(%error, "the watch of the queue broke; judging again");
                 pause.wait().await;
