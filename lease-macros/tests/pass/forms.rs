@@ -13,7 +13,13 @@ pub async fn positional() -> u32 {
     1
 }
 
-#[semaphore(name = "reports", limit = 3, wait = "1m30s", ttl = "30s", lock_delay = "0s")]
+#[semaphore(
+    name = "reports",
+    limit = 3,
+    wait = "1m30s",
+    ttl = "30s",
+    lock_delay = "0s"
+)]
 async fn named_semaphore() -> String {
     String::new()
 }
@@ -72,7 +78,9 @@ trait Job {
     }
 }
 
-fn arc_backend(backend: Arc<dyn Backend>) -> impl std::future::Future<Output = Result<(), GuardError>> {
+fn arc_backend(
+    backend: Arc<dyn Backend>,
+) -> impl std::future::Future<Output = Result<(), GuardError>> {
     #[leader_only(key = "jobs/arc", backend = backend)]
     async fn with(backend: Arc<dyn Backend>) {}
     with(backend)
@@ -82,7 +90,7 @@ fn assert_send<F: std::future::Future + Send>(f: F) -> F {
     f
 }
 
-fn main() {
+pub(super) fn compiles() {
     let _: fn() -> _ = || {
         let _ = assert_send(free());
         let _ = assert_send(generic(1));

@@ -29,5 +29,3 @@ async fn callers() {
     let _: std::result::Result<u8, ::lease_core::GuardError> = shadowed().await;
     let _: std::result::Result<(), ::lease_core::GuardError> = shadowed_semaphore().await;
 }
-
-fn main() {}
