@@ -862,3 +862,72 @@ async fn a_waiter_that_exits_leaves_no_session_behind() {
         summary(&gone_ms)
     );
 }
+
+/// How many leases the process below holds when it exits: as many as a clean-up budget of one
+/// second gives back on a loaded two-core machine, with room to spare (about 300 a second
+/// were given back here).
+const MANY: usize = 100;
+
+/// A process that returns from `main` holding many leases exits promptly and gives them all
+/// back: its runtime hands each holder's clean-up to the detached runtime, which must not build
+/// a client per lease (it did: a quarter of a second of CPU each, so 2,000 leases took nine
+/// minutes to exit, and 100 about 25 s).
+#[tokio::test]
+async fn a_process_that_exits_holding_many_leases_exits_promptly_and_gives_them_all_back() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let mut child = tokio::process::Command::new(WORKER)
+        .args(["--consul", &agent.url(), "--key", "edges/exit/many"])
+        .args([
+            "--mode",
+            "hold-many-drop-at-exit",
+            "--count",
+            &MANY.to_string(),
+        ])
+        .args(["--history", "/dev/null"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let held = lease_tests::within(START, "the worker to hold its leases", lines.next_line()).await;
+    assert_eq!(held.unwrap(), Some(format!("held {MANY}")));
+    let sessions = agent.sessions().await.len();
+    assert!(
+        sessions >= MANY,
+        "{sessions} sessions listed for {MANY} leases"
+    );
+
+    signal("TERM", &[child.id().unwrap()]);
+    // The clean-ups of a shutdown may hold the exit up for 1 s in all; before the fix, building
+    // a client per clean-up took 6 to 25 s here.
+    let limit = Duration::from_secs(4);
+    let status = tokio::time::timeout(limit, child.wait()).await;
+    let Ok(status) = status else {
+        panic!(
+            "the worker did not exit within {limit:?} of SIGTERM with {MANY} leases held; \
+             {} sessions still listed",
+            agent.sessions().await.len()
+        );
+    };
+    assert!(status.unwrap().success());
+    let exited = Instant::now();
+
+    // Given back, not left to expire: the TTL is 15 s, so a leaked session would still be listed.
+    let limit = Duration::from_secs(3);
+    let left = loop {
+        let left = agent.sessions().await.len();
+        if left == 0 || exited.elapsed() >= limit {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        left, 0,
+        "{left} of {MANY} sessions still listed {limit:?} after the process exited: their leases \
+         were not given back, and stay taken until their TTL (15 s) and lock-delay (15 s) pass"
+    );
+}

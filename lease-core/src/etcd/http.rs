@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
@@ -213,6 +213,9 @@ pub(crate) struct EtcdHttp {
     /// The holder tasks of every lease this client (and its clones) acquired.
     keepers: Keepers,
     requests: AtomicU64,
+    /// This client on a connection pool of the clean-up runtime, built by the first clean-up
+    /// that needs it (see [`EtcdHttp::detached`]).
+    detached: OnceLock<Option<Arc<EtcdHttp>>>,
 }
 
 impl fmt::Debug for EtcdHttp {
@@ -240,11 +243,19 @@ impl EtcdHttp {
             token: Mutex::new(None),
             keepers: Keepers::new(),
             requests: AtomicU64::new(0),
+            detached: OnceLock::new(),
         })
     }
 
-    /// The same client on a fresh connection pool, for a clean-up that runs on another runtime.
+    /// The same client on its own connection pool, for the clean-ups that run on the detached
+    /// runtime. Built once and shared by every clean-up of this client: a runtime that shuts
+    /// down with many leases hands over a clean-up for each, and building a TLS-capable client
+    /// costs about a quarter of a second of CPU.
     pub(crate) fn detached(&self) -> Option<Arc<EtcdHttp>> {
+        self.detached.get_or_init(|| self.build_detached()).clone()
+    }
+
+    fn build_detached(&self) -> Option<Arc<EtcdHttp>> {
         let client = self.tls.client().ok()?;
         Some(EtcdHttp::new(
             client,

@@ -23,6 +23,8 @@
 //! - `hold-many`: acquire `--count N` leases at once (`KEY/0` … `KEY/N-1`, each a semaphore of
 //!   `--limit` if given), print `held N` on stdout; on SIGTERM print `still held M` (how many are
 //!   still held), shut the backend down and exit.
+//! - `hold-many-drop-at-exit`: as `hold-many`, but on SIGTERM return from `main` with the leases
+//!   still held (dropped as `main` ends), as a service that exits normally would.
 //!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
@@ -40,7 +42,8 @@ use tokio_util::sync::CancellationToken;
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
-[--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many] [--count N]";
+[--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit] \
+[--count N]";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -48,7 +51,14 @@ enum Mode {
     CampaignSelect,
     DropAtExit,
     WaitThenExit,
-    HoldMany,
+    HoldMany(HoldManyExit),
+}
+
+/// How `hold-many` ends on SIGTERM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HoldManyExit {
+    Shutdown,
+    DropAtExit,
 }
 
 #[derive(Debug)]
@@ -101,7 +111,8 @@ fn parse_args() -> Result<Args, String> {
                     "campaign-select" => Mode::CampaignSelect,
                     "drop-at-exit" => Mode::DropAtExit,
                     "wait-then-exit" => Mode::WaitThenExit,
-                    "hold-many" => Mode::HoldMany,
+                    "hold-many" => Mode::HoldMany(HoldManyExit::Shutdown),
+                    "hold-many-drop-at-exit" => Mode::HoldMany(HoldManyExit::DropAtExit),
                     other => return Err(format!("unknown mode {other:?}")),
                 }
             }
@@ -285,11 +296,16 @@ async fn main() {
         Mode::CampaignSelect => campaign_select(&args, backend, history, &mut sigterm).await,
         Mode::DropAtExit => drop_at_exit(&args, backend, history, &mut sigterm).await,
         Mode::WaitThenExit => wait_then_exit(&args, backend, history, &mut sigterm).await,
-        Mode::HoldMany => hold_many(&args, backend, &mut sigterm).await,
+        Mode::HoldMany(exit) => hold_many(&args, backend, &mut sigterm, exit).await,
     }
 }
 
-async fn hold_many(args: &Args, backend: Arc<dyn Backend>, sigterm: &mut Signal) {
+async fn hold_many(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    sigterm: &mut Signal,
+    exit: HoldManyExit,
+) {
     let mut acquiring = tokio::task::JoinSet::new();
     for i in 0..args.count {
         let (backend, mut spec) = (Arc::clone(&backend), spec(args));
@@ -313,6 +329,10 @@ async fn hold_many(args: &Args, backend: Arc<dyn Backend>, sigterm: &mut Signal)
     sigterm.recv().await;
     let held = leases.iter().filter(|l| l.is_held()).count();
     println!("still held {held}");
+    if exit == HoldManyExit::DropAtExit {
+        // `leases` is still a local here: each is dropped as `main` returns.
+        return;
+    }
     backend.shutdown().await;
 }
 
