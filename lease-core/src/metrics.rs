@@ -122,7 +122,13 @@ pub(crate) enum RequestError {
 }
 
 impl RequestError {
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    #[cfg_attr(
+        not(all(
+            feature = "metrics",
+            any(feature = "consul", feature = "etcd", feature = "amqp")
+        )),
+        allow(dead_code)
+    )]
     fn as_str(self) -> &'static str {
         match self {
             RequestError::Unreachable => "unreachable",
@@ -187,14 +193,19 @@ pub(crate) fn backend_request(backend: BackendKind, write: bool) {
 
 /// Records that a request already counted by [`backend_request`] changes state on the server, for
 /// a backend that learns it only after counting the request.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[cfg_attr(not(feature = "amqp"), allow(dead_code))]
 pub(crate) fn backend_request_is_write(backend: BackendKind) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(BACKEND_WRITES, labels::BACKEND => backend.as_str()).increment(1);
 }
 
-/// Records a failed request to the backend's server.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+/// Records a failed request to the backend's server (the in-process store has none).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[cfg_attr(
+    not(any(feature = "consul", feature = "etcd", feature = "amqp")),
+    allow(dead_code)
+)]
 pub(crate) fn backend_error(backend: BackendKind, error: RequestError) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(
@@ -213,7 +224,8 @@ pub(crate) fn is_leader(key: &str, leader: bool) {
 }
 
 /// Records how many holders the semaphore `key` has, as this process just read them.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[cfg_attr(not(any(feature = "memory", feature = "consul")), allow(dead_code))]
 pub(crate) fn semaphore_slots_in_use(backend: BackendKind, key: &str, holders: usize) {
     #[cfg(feature = "metrics")]
     ::metrics::gauge!(
