@@ -12,7 +12,9 @@
 //!
 //! Neither sends anything to the backend: reachability is what the backend's own requests
 //! (renewals, watches, acquisitions) found ([`Backend::reachability`]). A backend that tracks no
-//! reachability (`"reachable": null`) is always ready.
+//! reachability (`"reachable": null`) is always ready. A refused or reset connection counts at
+//! once; a request that hangs (a partition) counts when it times out, and the outage is dated
+//! from then.
 //!
 //! The report:
 //!
