@@ -41,7 +41,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quie
 step "lease-core and lease-tower feature by feature"
 for features in "" "--no-default-features" "--no-default-features --features consul" \
   "--no-default-features --features amqp" "--no-default-features --features etcd" \
-  "--no-default-features --features macros"; do
+  "--no-default-features --features macros" "--no-default-features --features metrics" \
+  "--no-default-features --features memory,metrics" "--no-default-features --features metrics,amqp" \
+  "--no-default-features --features metrics,etcd"; do
   # shellcheck disable=SC2086
   cargo clippy --quiet -p lease-core $features -- -D warnings
   # shellcheck disable=SC2086

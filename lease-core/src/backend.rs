@@ -73,6 +73,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Whether this handle's server answered its last request: for a health check's readiness
+    /// (`lease-tower`'s `health` module). No I/O: it reports what the requests the backend sends
+    /// anyway (renewals, watches, acquisitions) have found, so a handle that sends nothing learns
+    /// nothing.
+    ///
+    /// The default body returns [`Reachability::Unknown`].
+    fn reachability(&self) -> Reachability {
+        Reachability::Unknown
+    }
+
     /// Releases every lease acquired through this backend handle (and its clones) that is still
     /// held, and waits until they and every pending release (a dropped lease, a cancelled
     /// acquire's session) are given back, at most about [`RELEASE_BOUND`].
@@ -107,6 +117,10 @@ macro_rules! forward_backend {
                 (**self).check_sequencer(sequencer)
             }
 
+            fn reachability(&self) -> Reachability {
+                (**self).reachability()
+            }
+
             fn shutdown(&self) -> BoxFuture<'_, ()> {
                 (**self).shutdown()
             }
@@ -115,3 +129,42 @@ macro_rules! forward_backend {
 }
 
 forward_backend!(Arc, Box);
+
+/// What a backend handle knows about reaching its server, from the requests it has sent
+/// ([`Backend::reachability`]).
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "memory")] {
+/// use lease_core::Backend;
+/// use lease_core::backend::Reachability;
+///
+/// // The in-process backend is always there.
+/// assert_eq!(lease_core::memory::Memory::new().reachability(), Reachability::Reachable);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reachability {
+    /// Nothing is known: no request has been answered or has failed yet, or the backend does not
+    /// track it.
+    Unknown,
+    /// The last request was answered (an error answer counts: the server is there).
+    Reachable,
+    /// Every request sent since `since` went unanswered (refused, reset, timed out).
+    Unreachable {
+        /// When the first of those requests failed.
+        since: tokio::time::Instant,
+    },
+}
+
+impl Reachability {
+    /// How long the server has been unreachable; `None` unless it is.
+    pub fn unreachable_for(&self) -> Option<std::time::Duration> {
+        match self {
+            Reachability::Unreachable { since } => Some(since.elapsed()),
+            _ => None,
+        }
+    }
+}

@@ -89,6 +89,7 @@ mod default_backend;
 mod error;
 mod guard;
 mod lease;
+pub mod metrics;
 #[cfg(any(feature = "memory", feature = "consul"))]
 mod semaphore;
 mod sequencer;

@@ -14,6 +14,9 @@
 //! - [`fence::SequencerCheckLayer`]: fencing on the receiving side; a request stamped with a stale
 //!   sequencer gets 409, and no answer older than a freshness bound (1 s by default) passes one.
 //!
+//! Beside them, [`health::Health`] answers `/healthz` and `/readyz` with this node's campaigns,
+//! leases and backend reachability as JSON; readiness turns 503 while the backend is unreachable.
+//!
 //! Layers are pure constructors: building one, or its services, starts no task. Every layer
 //! works on any [`lease_core::Backend`], so the same router runs on the in-process memory
 //! backend in tests and on Consul in production. With the `axum` feature (default), [`extract`]
@@ -80,6 +83,7 @@ mod body;
 #[cfg(feature = "axum")]
 pub mod extract;
 pub mod fence;
+pub mod health;
 pub mod leader;
 pub mod semaphore;
 

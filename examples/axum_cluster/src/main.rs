@@ -1,6 +1,7 @@
 //! An axum service run as several instances against one Consul: a leader-only
 //! `/admin/compact`, a `/report` limited to 2 concurrent requests across all instances, and a
-//! downstream `/downstream/apply` that accepts work only from the current leader's sequencer.
+//! downstream `/downstream/apply` that accepts work only from the current leader's sequencer,
+//! and `/healthz` and `/readyz` reporting the election and the agent's reachability as JSON.
 //!
 //! Run two instances (with `consul agent -dev` running, or `CONSUL_HTTP_ADDR` set):
 //!
@@ -27,6 +28,7 @@ use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{Backend, BoxError, LeaseSpec, LeaseWatcher};
 use lease_tower::extract::LeaseSequencer;
 use lease_tower::fence::SequencerCheckLayer;
+use lease_tower::health::Health;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
 use tokio_util::sync::CancellationToken;
@@ -112,7 +114,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }),
             )
             .route_layer(fenced);
-    let app = admin.merge(report).merge(downstream);
+    // Health checks: who leads and the Consul agent's reachability, as JSON; readiness turns
+    // 503 once the agent has gone unanswered for 5 s, before the 10 s session TTL self-fences.
+    let health = Health::new(backend.clone())
+        .campaign(campaign.handle())
+        .not_ready_after(Duration::from_secs(5));
+    let probes = Router::new()
+        .route_service("/healthz", health.liveness())
+        .route_service("/readyz", health.readiness());
+    let app = admin.merge(report).merge(downstream).merge(probes);
 
     // The one election of this process: the routes above and this worker share it.
     let campaign = tokio::spawn(campaign.run_until(shutdown.clone(), heartbeat));

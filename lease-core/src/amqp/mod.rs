@@ -98,7 +98,7 @@ pub use config::{
 };
 
 use crate::backend::Keepers;
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
+use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
 use naming::SemaphoreNames;
 use pool::{ConnectionPool, PooledConnection, Reservation, Use};
@@ -382,7 +382,11 @@ impl Drop for Claim {
 
 impl Backend for Amqp {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        Box::pin(client::acquire(self, spec))
+        Box::pin(crate::metrics::acquire(
+            BackendKind::Amqp,
+            spec,
+            client::acquire(self, spec),
+        ))
     }
 
     /// Verifies a sequencer this handle issued: its lease still holds the slot, and the slot

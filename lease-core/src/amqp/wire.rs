@@ -19,7 +19,8 @@ use lapin::{BasicProperties, Channel, Connection, ErrorKind};
 
 use super::naming::MAX_QUEUE_NAME;
 use crate::backoff::Backoff;
-use crate::{Error, LostReason};
+use crate::metrics::RequestError;
+use crate::{BackendKind, Error, LostReason};
 
 pub(crate) const BACKEND: &str = "RabbitMQ";
 pub(crate) const HINT: &str =
@@ -136,17 +137,35 @@ pub(crate) fn classify(error: lapin::Error, queue: &str) -> Failure {
     }
 }
 
-/// Runs a broker operation within `timeout`, classifying its failure.
+/// Runs a broker operation within `timeout`, classifying its failure: the one place every
+/// broker operation passes, so the one place they are counted.
 pub(crate) async fn bounded<T>(
     timeout: Duration,
     queue: &str,
     operation: impl Future<Output = Result<T, lapin::Error>>,
 ) -> Result<T, Failure> {
-    match tokio::time::timeout(timeout, operation).await {
+    crate::metrics::backend_request(BackendKind::Amqp, false);
+    let result = match tokio::time::timeout(timeout, operation).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(classify(error, queue)),
         Err(_) => Err(Failure::TimedOut),
+    };
+    if let Err(failure) = &result {
+        let kind = match failure {
+            Failure::Closed(_) => RequestError::Unreachable,
+            Failure::TimedOut => RequestError::TimedOut,
+            Failure::NotFound | Failure::ResourceLocked => RequestError::Status,
+            Failure::Other(_) => RequestError::Other,
+        };
+        crate::metrics::backend_error(BackendKind::Amqp, kind);
     }
+    result
+}
+
+/// Counts a broker operation that changes the broker's state (a declaration, a deletion); it is
+/// counted as a request by [`bounded`].
+fn count_write() {
+    crate::metrics::backend_request_is_write(BackendKind::Amqp);
 }
 
 /// The arguments every queue of a semaphore is declared with. All clients must agree on them
@@ -271,6 +290,7 @@ pub(crate) async fn declare_settle(
     let mut arguments = queue_arguments();
     // x-expires must be a positive number of milliseconds.
     let expires = i32::try_from(settle.as_millis()).unwrap_or(i32::MAX).max(1);
+    count_write();
     arguments.insert(ShortString::from("x-expires"), AMQPValue::LongInt(expires));
     bounded(
         timeout,
@@ -295,6 +315,7 @@ async fn declare(
     options: QueueDeclareOptions,
     timeout: Duration,
 ) -> Result<(), Failure> {
+    count_write();
     bounded(
         timeout,
         queue,
@@ -310,6 +331,7 @@ pub(crate) async fn delete(
     queue: &str,
     timeout: Duration,
 ) -> Result<(), Failure> {
+    count_write();
     bounded(
         timeout,
         queue,

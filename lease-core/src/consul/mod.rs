@@ -50,8 +50,9 @@ use tracing::Instrument;
 
 pub use config::{ConsulBuilder, KeepAlive};
 
+use crate::backend::Reachability;
 use crate::leader::LeaderObserver;
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
+use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
 use http::ConsulHttp;
 
 /// Leases on Consul. Cloning is cheap and clones share one connection pool.
@@ -205,7 +206,9 @@ pub struct SemaphoreHolder {
 impl Backend for Consul {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
         let span = tracing::info_span!("lease.acquire", key = spec.key(), backend = "consul");
-        Box::pin(
+        Box::pin(crate::metrics::acquire(
+            BackendKind::Consul,
+            spec,
             async move {
                 spec.validate()?;
                 let backend: Arc<dyn Backend> = Arc::new(self.clone());
@@ -217,7 +220,7 @@ impl Backend for Consul {
                 }
             }
             .instrument(span),
-        )
+        ))
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
@@ -226,6 +229,10 @@ impl Backend for Consul {
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(Consul::check_sequencer(self, sequencer))
+    }
+
+    fn reachability(&self) -> Reachability {
+        self.http.reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -19,9 +19,10 @@ use super::wire::{
     B64, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, RangeRequest,
     RangeResponse, Status, Streamed, TxnRequest, TxnResponse, WatchResponse,
 };
-use crate::Error;
-use crate::backend::Keepers;
-use crate::transport::{Cause, DisplayChain, Retryable};
+use crate::backend::{Keepers, Reachability};
+use crate::metrics::RequestError;
+use crate::transport::{Cause, DisplayChain, ReachabilityTracker, Retryable};
+use crate::{BackendKind, Error};
 
 /// Timeout of every request but a watch.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -52,6 +53,19 @@ pub(crate) enum ApiError {
 impl ApiError {
     fn transport(error: reqwest::Error) -> Self {
         ApiError::Transport(Arc::new(error.without_url()))
+    }
+
+    /// The `error` label of this failure in the metrics.
+    pub(crate) fn metric_kind(&self) -> RequestError {
+        match self {
+            ApiError::Transport(source) if matches!(Cause::of(source), Cause::TimedOut) => {
+                RequestError::TimedOut
+            }
+            ApiError::Transport(_) => RequestError::Unreachable,
+            ApiError::Status(..) => RequestError::Status,
+            ApiError::Malformed(_) => RequestError::Malformed,
+            ApiError::TimedOut => RequestError::TimedOut,
+        }
     }
 
     /// Worth retrying: etcd electing a raft leader, an overloaded member, the network.
@@ -216,6 +230,7 @@ pub(crate) struct EtcdHttp {
     /// This client on a connection pool of the clean-up runtime, built by the first clean-up
     /// that needs it (see [`EtcdHttp::detached`]).
     detached: OnceLock<Option<Arc<EtcdHttp>>>,
+    reachability: ReachabilityTracker,
 }
 
 impl fmt::Debug for EtcdHttp {
@@ -244,6 +259,7 @@ impl EtcdHttp {
             keepers: Keepers::new(),
             requests: AtomicU64::new(0),
             detached: OnceLock::new(),
+            reachability: ReachabilityTracker::default(),
         })
     }
 
@@ -277,6 +293,11 @@ impl EtcdHttp {
             .map(|u| u.as_str().trim_end_matches('/'))
             .collect();
         urls.join(",")
+    }
+
+    /// Whether an endpoint answered this client's last request.
+    pub(crate) fn reachability(&self) -> Reachability {
+        self.reachability.get()
     }
 
     pub(crate) fn requests_sent(&self) -> u64 {
@@ -327,6 +348,7 @@ impl EtcdHttp {
             let mut url = base.clone();
             url.set_path(path);
             self.requests.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::backend_request(BackendKind::Etcd, is_write(path));
             let mut request = self.client.post(url).body(body.to_vec());
             if let Some(timeout) = timeout {
                 request = request.timeout(timeout);
@@ -338,13 +360,18 @@ impl EtcdHttp {
                 Ok(response) => response,
                 Err(error) => {
                     self.move_on(i);
-                    return Err(ApiError::transport(error));
+                    self.reachability.answered(false);
+                    let error = ApiError::transport(error);
+                    crate::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
+                    return Err(error);
                 }
             };
+            self.reachability.answered(true);
             if response.status().is_success() {
                 return Ok(response);
             }
             let error = status_error(response).await;
+            crate::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
             if matches!(error, ApiError::Status(_, code::UNAUTHENTICATED, _))
                 && self.credentials.is_some()
                 && !renewed_token
@@ -661,6 +688,15 @@ fn stream_error(error: Option<serde_json::Value>) -> ApiError {
         }
         _ => ApiError::Malformed("a stream message with neither result nor error".into()),
     }
+}
+
+/// Whether a call to `path` changes state in etcd (a txn, a delete, a lease grant, renewal or
+/// revocation), for the metrics.
+fn is_write(path: &str) -> bool {
+    !matches!(
+        path,
+        "/v3/kv/range" | "/v3/watch" | "/v3/lease/timetolive" | "/v3/auth/authenticate"
+    )
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>, ApiError> {

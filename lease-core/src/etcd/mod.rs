@@ -45,8 +45,9 @@ use tracing::Instrument;
 
 pub use config::EtcdBuilder;
 
+use crate::backend::Reachability;
 use crate::leader::LeaderObserver;
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
+use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use http::EtcdHttp;
 
 /// Leases on etcd. Cloning is cheap and clones share one connection pool.
@@ -144,14 +145,16 @@ impl Etcd {
 impl Backend for Etcd {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
         let span = tracing::info_span!("lease.acquire", key = spec.key(), backend = "etcd");
-        Box::pin(
+        Box::pin(crate::metrics::acquire(
+            BackendKind::Etcd,
+            spec,
             async move {
                 spec.validate()?;
                 let backend: Arc<dyn Backend> = Arc::new(self.clone());
                 queue::acquire(&self.http, spec, backend).await
             }
             .instrument(span),
-        )
+        ))
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
@@ -160,6 +163,10 @@ impl Backend for Etcd {
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(Etcd::check_sequencer(self, sequencer))
+    }
+
+    fn reachability(&self) -> Reachability {
+        self.http.reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -380,7 +380,7 @@ impl Campaign {
 
     /// The term is over: handles no longer see it.
     fn end_term(&self) {
-        self.shared.terms.send_replace(None);
+        self.shared.end_term();
         self.refresh_leader();
     }
 
@@ -425,7 +425,7 @@ impl RunGuard {
 
     fn finish(&mut self, result: &Result<CampaignEnd, Error>) {
         self.finished = true;
-        self.shared.terms.send_replace(None);
+        self.shared.end_term();
         self.shared.state.send_replace(match result {
             Ok(end) => CampaignState::Ended(*end),
             Err(error) => CampaignState::Failed(error.to_string()),
@@ -436,7 +436,7 @@ impl RunGuard {
 impl Drop for RunGuard {
     fn drop(&mut self) {
         if !self.finished {
-            self.shared.terms.send_replace(None);
+            self.shared.end_term();
             self.shared.state.send_replace(CampaignState::Abandoned);
         }
     }

@@ -382,6 +382,13 @@ impl Shared {
         *lock(&self.last_error) = None;
         *lock(&self.last_term) = Some(term.sequencer().clone());
         self.terms.send_replace(Some(term.clone()));
+        crate::metrics::is_leader(&self.key, true);
+    }
+
+    /// Unpublishes the term, if any: handles no longer see it.
+    pub(super) fn end_term(&self) {
+        self.terms.send_replace(None);
+        crate::metrics::is_leader(&self.key, false);
     }
 
     /// Recomputes who leads, and calls `announce` (in order, with no other refresh between)

@@ -255,6 +255,7 @@ async fn keep<H: Hold>(
                 }),
             };
             guard.disarm();
+            state.tally().ended(&LostReason::Released);
             match &result {
                 Ok(()) => tracing::debug!("lease released"),
                 Err(error) => tracing::warn!(
@@ -278,6 +279,7 @@ async fn keep<H: Hold>(
         state.refine(refined);
     }
     let reason = state.lost_reason().unwrap_or(reason);
+    state.tally().ended(&reason);
     if tokio::time::timeout(RELEASE_BOUND, hold.clean_up(&reason))
         .await
         .is_err()

@@ -83,6 +83,12 @@ impl Lease {
         &self.watcher.shared.state
     }
 
+    /// What the metrics have recorded about this lease.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn tally(&self) -> &crate::metrics::Tally {
+        self.state().tally()
+    }
+
     /// Whether the lease is still held, as far as this process knows. No I/O: an atomic read
     /// and a read of the monotonic clock.
     ///
@@ -248,11 +254,13 @@ impl LeaseWatcher {
         let mut work = pin!(work);
         poll_fn(|cx| {
             if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+                state.tally().cancelled();
                 return Poll::Ready(Err(reason));
             }
             // The holder task may not have run since the deadline passed (a paused process):
             // the clock decides before the work is polled again.
             if !state.is_held() {
+                state.tally().cancelled();
                 return Poll::Ready(Err(state.lost_reason().unwrap_or(LostReason::Released)));
             }
             work.as_mut().poll(cx).map(Ok)

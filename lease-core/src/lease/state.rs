@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::LostReason;
+use crate::metrics::Tally;
 
 /// The self-fencing deadline of a lease (DESIGN rule 2): the instant past which this process must
 /// treat the lease as lost because the backend may already have given it to someone else.
@@ -180,6 +181,8 @@ pub(crate) struct LeaseState {
     /// The reason, once lost; published in the same step as `held` turns false.
     lost: watch::Sender<Option<LostReason>>,
     fence: Fence,
+    /// What the metrics have recorded about this lease.
+    tally: Tally,
 }
 
 impl LeaseState {
@@ -188,6 +191,7 @@ impl LeaseState {
             held: AtomicBool::new(true),
             lost: watch::channel(None).0,
             fence,
+            tally: Tally::default(),
         }
     }
 
@@ -218,6 +222,10 @@ impl LeaseState {
         &self.fence
     }
 
+    pub(crate) fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
     /// Marks the lease lost; the first reason wins. The reason is readable by the time `held`
     /// turns false, and both change before any waiter wakes. Returns whether this call marked it.
     pub(crate) fn lose(&self, reason: LostReason) -> bool {
@@ -225,6 +233,7 @@ impl LeaseState {
             if current.is_some() {
                 return false;
             }
+            self.tally.declared(&reason);
             *current = Some(reason);
             self.held.store(false, Ordering::Release);
             true

@@ -28,10 +28,10 @@ use tokio::time::{Instant, sleep_until};
 
 use self::hold::{HeldLock, MemoryHold};
 use self::store::{Attempt, Inner, SessionGuard};
-use crate::backend::Fence;
+use crate::backend::{Fence, Reachability};
 use crate::leader::LeaderObserver;
 use crate::spec::validate_key;
-use crate::{BoxFuture, Error, Lease, LeaseSpec, Sequencer};
+use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 
 /// The in-process backend. Clones share one store.
 ///
@@ -229,7 +229,11 @@ impl Memory {
 
 impl crate::Backend for Memory {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        Box::pin(self.acquire_inner(spec))
+        Box::pin(crate::metrics::acquire(
+            BackendKind::Memory,
+            spec,
+            self.acquire_inner(spec),
+        ))
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
@@ -241,6 +245,11 @@ impl crate::Backend for Memory {
             .inner
             .read(|state, _| state.verify(&HeldLock::from_sequencer(state, sequencer)));
         Box::pin(async move { verdict.map_err(Error::Lost) })
+    }
+
+    /// Always [`Reachable`](Reachability::Reachable): the store is in this process.
+    fn reachability(&self) -> Reachability {
+        Reachability::Reachable
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

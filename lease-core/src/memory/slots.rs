@@ -179,12 +179,19 @@ impl State {
                 }
             }
         }
-        Snapshot {
+        let snapshot = Snapshot {
             lock,
             live,
             contenders,
             index: self.index,
-        }
+        };
+        // Every look at the holder set passes here.
+        crate::metrics::semaphore_slots_in_use(
+            BackendKind::Memory,
+            prefix,
+            snapshot.live_holders().len(),
+        );
+        snapshot
     }
 }
 

@@ -48,6 +48,7 @@ impl Default for Inner {
 
 impl Inner {
     pub(super) fn read<R>(&self, f: impl FnOnce(&State, Instant) -> R) -> R {
+        crate::metrics::backend_request(BackendKind::Memory, false);
         // No code panics while holding the lock, so a poisoned lock still holds consistent state.
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         f(&state, Instant::now())
@@ -55,6 +56,7 @@ impl Inner {
 
     /// Runs `f` on the state and wakes every waiter if it changed anything.
     pub(super) fn mutate<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
+        crate::metrics::backend_request(BackendKind::Memory, true);
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let before = state.index;
         let result = f(&mut state, Instant::now());

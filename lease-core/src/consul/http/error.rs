@@ -8,6 +8,7 @@ use reqwest::StatusCode;
 use super::ConsulHttp;
 use crate::Error;
 use crate::consul::config::AddressOrigin;
+use crate::metrics::RequestError;
 use crate::transport::{Cause, DisplayChain};
 
 /// Why a call failed, before it is given the context of what the caller was doing.
@@ -25,6 +26,19 @@ pub(crate) enum ApiError {
 impl ApiError {
     pub(super) fn transport(error: reqwest::Error) -> Self {
         ApiError::Transport(Arc::new(error.without_url()))
+    }
+
+    /// The `error` label of this failure in the metrics.
+    pub(crate) fn metric_kind(&self) -> RequestError {
+        match self {
+            ApiError::Transport(source) if matches!(Cause::of(source), Cause::TimedOut) => {
+                RequestError::TimedOut
+            }
+            ApiError::Transport(_) => RequestError::Unreachable,
+            ApiError::Status(..) => RequestError::Status,
+            ApiError::Malformed(_) => RequestError::Malformed,
+            ApiError::TimedOut => RequestError::TimedOut,
+        }
     }
 
     /// Worth retrying: the agent or the network may answer differently in a moment.

@@ -24,7 +24,10 @@ pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
 use super::config::{AddressOrigin, KeepAlive, Token};
 use super::keepalive::KeepAlives;
 use super::watch::Watches;
-use crate::backend::Keepers;
+use crate::BackendKind;
+use crate::backend::{Keepers, Reachability};
+use crate::metrics::RequestError;
+use crate::transport::ReachabilityTracker;
 
 /// The node check every session is tied to unless configured otherwise (Consul's default).
 const SERF_HEALTH: &str = "serfHealth";
@@ -78,6 +81,7 @@ pub(crate) struct ConsulHttp {
     /// This client on a connection pool of the clean-up runtime, built by the first clean-up
     /// that needs it (see [`ConsulHttp::detached`]).
     detached: OnceLock<Option<Arc<ConsulHttp>>>,
+    reachability: ReachabilityTracker,
 }
 
 impl fmt::Debug for ConsulHttp {
@@ -115,6 +119,7 @@ impl ConsulHttp {
             writes: AtomicU64::new(0),
             cas_conflicts: AtomicU64::new(0),
             detached: OnceLock::new(),
+            reachability: ReachabilityTracker::default(),
         })
     }
 
@@ -184,6 +189,11 @@ impl ConsulHttp {
         self.origin
     }
 
+    /// Whether the agent answered this client's last request.
+    pub(crate) fn reachability(&self) -> Reachability {
+        self.reachability.get()
+    }
+
     /// How many requests this client has sent.
     pub(crate) fn requests_sent(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
@@ -231,9 +241,11 @@ impl ConsulHttp {
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
         let _admission = self.budget.admit(kind).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if method != Method::GET {
+        let write = method != Method::GET;
+        if write {
             self.writes.fetch_add(1, Ordering::Relaxed);
         }
+        crate::metrics::backend_request(BackendKind::Consul, write);
         let mut request = self.client.request(method, url).timeout(timeout);
         if let Some(token) = &self.token {
             request = request.header("X-Consul-Token", token.expose());
@@ -245,6 +257,15 @@ impl ConsulHttp {
             Ok(response) => read(response).await,
             Err(error) => Err(ApiError::transport(error)),
         };
+        self.reachability
+            .answered(!matches!(answer, Err(ApiError::Transport(_))));
+        if let Err(error) = &answer {
+            crate::metrics::backend_error(BackendKind::Consul, error.metric_kind());
+        } else if let Ok((status, _, _)) = &answer {
+            if !status.is_success() && *status != StatusCode::NOT_FOUND {
+                crate::metrics::backend_error(BackendKind::Consul, RequestError::Status);
+            }
+        }
         let refused = match &answer {
             Ok((status @ StatusCode::TOO_MANY_REQUESTS, _, bytes)) => {
                 Some(status_error(*status, bytes))

@@ -89,12 +89,19 @@ impl Snapshot {
                 }
             }
         }
-        Snapshot {
+        let snapshot = Snapshot {
             lock,
             live,
             contenders,
             index,
-        }
+        };
+        // Every look this process takes at the holder set passes here.
+        crate::metrics::semaphore_slots_in_use(
+            crate::BackendKind::Consul,
+            prefix,
+            snapshot.live_holders().len(),
+        );
+        snapshot
     }
 }
 
