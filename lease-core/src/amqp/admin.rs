@@ -116,7 +116,8 @@ impl Admin {
 
     /// Removes `fewer` slots from semaphore `name`, the highest first, each delete confirmed
     /// before the next. Returns the new number of slots. Holders of removed slots lose their
-    /// leases.
+    /// leases, and contenders that still ask for the old count get [`Error::LimitMismatch`]
+    /// (as after [`add`](Admin::add)).
     pub async fn remove(&self, name: &str, fewer: u32) -> Result<u32, Error> {
         let names = SemaphoreNames::new(name, 1)?;
         let session = self.lock(&names).await?;

@@ -9,9 +9,11 @@
 //!   `(N, L, "N-L-B#<nonce>")`: the holder queue, and a random nonce that makes every
 //!   acquisition's sequencer different even when the same slot is taken again.
 //! - **A semaphore that does not exist yet** is created with `limit` slots under the
-//!   administration mutex by the first acquirer. **Once it exists, its persistent slot count is
-//!   authoritative**: `limit` is not compared with it (RabbitMQ keeps no limit to compare with, and
-//!   an administrator may have added or removed slots on purpose). Change it with [`Admin`].
+//!   administration mutex by the first acquirer. **Once it exists, every contender must ask for
+//!   its slot count**, as on Consul: asking for 3 slots of a 2-slot semaphore (or for 2 of a
+//!   3-slot one) fails with [`Error::LimitMismatch`], read from the run of slot queues (`A[limit]`
+//!   exists, `A[limit + 1]` does not). Change the count with [`Admin`], then the contenders'
+//!   limit.
 //! - **Waiting** (`Wait::UpTo`/`Wait::Forever`): RabbitMQ has no blocking query on a queue's
 //!   existence, so a busy semaphore is re-scanned with jittered exponential backoff from 20 ms up
 //!   to 1 s between scans. A scan of a full semaphore costs 2·C confirmed publishes, so waiters
