@@ -36,6 +36,20 @@
 //! - **Probes leave nothing behind**: existence checks are mandatory publishes with confirms, and
 //!   every queue is declared with `x-max-length = 0`, so a probe that reaches a queue is dropped.
 //!
+//! # lapin's `NO_ROUTE` warnings
+//!
+//! A probe of a missing queue comes back as a returned message (`312 NO_ROUTE`), and an acquire
+//! makes such probes as a matter of course (a free slot's holder queue, its settle queue, the
+//! queue past the last slot). lapin logs every returned message at WARN from its own I/O thread,
+//! with no setting to expect them, so a library cannot mute them for its own channels. Add
+//! [`QUIET_PROBE_RETURNS`] to your filter (`lapin::returned_messages=off`).
+//!
+//! The alternatives keep the seed's queues but are worse: a passive declare of a missing (or
+//! another connection's exclusive) queue closes the channel, which lapin logs at ERROR and which
+//! costs a new channel per probe; a probe without `mandatory` is confirmed the same whether or
+//! not a queue took it; and a queue argument that makes a full queue refuse the probe
+//! (`x-overflow`) changes the declaration every seed client must agree on (PRECONDITION_FAILED).
+//!
 //! # Connections, channels and scale
 //!
 //! **What a held lease costs the broker:** one channel, open for as long as the lease is held;
@@ -95,6 +109,17 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 pub use admin::Admin;
+
+/// The tracing filter directive that mutes lapin's WARN for every returned message, which each
+/// acquire's probes of missing queues cause (see [the module docs](self#lapins-no_route-warnings)).
+///
+/// It mutes lapin's returned-message warnings for the whole process, your own mandatory
+/// publishes' included. With `tracing-subscriber`:
+///
+/// ```ignore
+/// let filter = EnvFilter::new(format!("info,{}", lease_core::amqp::QUIET_PROBE_RETURNS));
+/// ```
+pub const QUIET_PROBE_RETURNS: &str = "lapin::returned_messages=off";
 pub use config::{
     AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
 };
