@@ -1,0 +1,109 @@
+//! Where the library's spans and events go: the campaign worker runs in the caller's span.
+//! Captured with a layer on this thread (every test here runs on a `current_thread` runtime, so
+//! the tasks the library spawns run on it too).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::leader::Campaign;
+use lease_core::memory::Memory;
+use lease_core::{Backend, BoxError, LeaseSpec};
+use lease_tests::capture::{Capture, EventRecord};
+use lease_tests::within;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+const EVENT: Duration = Duration::from_secs(10);
+
+/// The serials of `event`'s spans and of all their ancestors.
+fn ancestry(capture: &Capture, event: &EventRecord) -> Vec<u64> {
+    let mut found = Vec::new();
+    for &serial in &event.scope {
+        let mut next = Some(serial);
+        while let Some(serial) = next {
+            found.push(serial);
+            next = capture.span(serial).and_then(|s| s.parent);
+        }
+    }
+    found
+}
+
+/// Runs a campaign on the memory backend whose worker logs "worker ran", and returns that event.
+/// `start` turns the campaign's future into the task, as a caller would.
+async fn worker_event(
+    capture: &Capture,
+    key: &str,
+    start: impl FnOnce(
+        Campaign,
+        CancellationToken,
+        mpsc::UnboundedSender<()>,
+    ) -> tokio::task::JoinHandle<()>,
+) -> EventRecord {
+    let backend: Arc<dyn Backend> = Arc::new(Memory::new());
+    let shutdown = CancellationToken::new();
+    let (ran_tx, mut ran) = mpsc::unbounded_channel();
+    let running = start(
+        Campaign::new(backend, LeaseSpec::leader(key)),
+        shutdown.clone(),
+        ran_tx,
+    );
+    within(EVENT, "the worker to run", ran.recv()).await;
+    shutdown.cancel();
+    within(EVENT, "the campaign to stop", running)
+        .await
+        .unwrap();
+    let ran = capture.events_containing("worker ran");
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    ran[0].clone()
+}
+
+fn logging_worker(
+    ran: mpsc::UnboundedSender<()>,
+) -> impl FnMut(lease_core::LeaseWatcher) -> std::future::Pending<Result<(), BoxError>> + Send {
+    move |_lease| {
+        tracing::info!("worker ran");
+        let _ = ran.send(());
+        std::future::pending()
+    }
+}
+
+#[tokio::test]
+async fn the_campaign_worker_runs_in_the_span_current_where_the_campaign_was_spawned() {
+    let (capture, _guard) = Capture::scoped();
+    let caller = tracing::info_span!("caller");
+    let event = worker_event(&capture, "spans/spawned", |campaign, shutdown, ran| {
+        // Called in the caller's span, polled by a task outside any span.
+        let run = caller.in_scope(|| campaign.run_until(shutdown, logging_worker(ran)));
+        tokio::spawn(async move {
+            run.await.unwrap();
+        })
+    })
+    .await;
+    let caller = capture.spans_named("caller")[0].serial;
+    assert!(
+        ancestry(&capture, &event).contains(&caller),
+        "the worker's event is not in the caller's span: {event:?}, spans {:#?}",
+        capture.spans()
+    );
+}
+
+#[tokio::test]
+async fn the_campaign_worker_runs_in_the_span_the_campaign_is_instrumented_with() {
+    let (capture, _guard) = Capture::scoped();
+    let event = worker_event(&capture, "spans/instrumented", |campaign, shutdown, ran| {
+        let run = campaign
+            .run_until(shutdown, logging_worker(ran))
+            .instrument(tracing::info_span!("compactor"));
+        tokio::spawn(async move {
+            run.await.unwrap();
+        })
+    })
+    .await;
+    let compactor = capture.spans_named("compactor")[0].serial;
+    assert!(
+        ancestry(&capture, &event).contains(&compactor),
+        "the worker's event is not in the campaign's span: {event:?}, spans {:#?}",
+        capture.spans()
+    );
+}
