@@ -1,6 +1,7 @@
-//! Where the library's spans and events go: the campaign worker runs in the caller's span.
-//! Captured with a layer on this thread (every test here runs on a `current_thread` runtime, so
-//! the tasks the library spawns run on it too).
+//! Where the library's spans and events go: the campaign worker runs in the caller's span, and
+//! the long-lived `lease.hold` span follows from `lease.acquire` instead of living under the
+//! request that acquired. Captured with a layer on this thread (every test here runs on a
+//! `current_thread` runtime, so the tasks the library spawns run on it too).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,4 +107,35 @@ async fn the_campaign_worker_runs_in_the_span_the_campaign_is_instrumented_with(
         "the worker's event is not in the campaign's span: {event:?}, spans {:#?}",
         capture.spans()
     );
+}
+
+#[tokio::test]
+async fn the_hold_span_follows_from_the_acquire_and_is_not_under_the_request() {
+    let (capture, _guard) = Capture::scoped();
+    let memory = Memory::new();
+    let request = tracing::info_span!("http.request");
+    // As a handler does: the acquire called (and so its span made) in the request's span.
+    let lease = async { memory.acquire(&LeaseSpec::leader("spans/hold")).await }
+        .instrument(request.clone())
+        .await
+        .unwrap();
+    drop(request);
+    lease.release().await.unwrap();
+
+    let request = capture.spans_named("http.request")[0].serial;
+    let acquire = capture.spans_named("lease.acquire");
+    assert_eq!(acquire.len(), 1, "{acquire:#?}");
+    assert_eq!(acquire[0].parent, Some(request), "{acquire:#?}");
+    let hold = capture.spans_named("lease.hold");
+    assert_eq!(hold.len(), 1, "{hold:#?}");
+    assert_eq!(hold[0].parent, None, "lease.hold has a parent: {hold:#?}");
+    assert_eq!(hold[0].follows_from, vec![acquire[0].serial], "{hold:#?}");
+    // What the holder task logs (its release) is under lease.hold, not under the request.
+    let released = capture.events_containing("lease released");
+    assert!(!released.is_empty(), "{:#?}", capture.events());
+    for event in &released {
+        let spans = ancestry(&capture, event);
+        assert!(spans.contains(&hold[0].serial), "{event:?}");
+        assert!(!spans.contains(&request), "{event:?}");
+    }
 }

@@ -409,7 +409,11 @@ impl Drop for Claim {
 
 impl Backend for Amqp {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        Box::pin(client::acquire(self, spec))
+        let span = crate::lease::acquire_span(spec.key(), "amqp");
+        Box::pin(tracing::Instrument::instrument(
+            client::acquire(self, spec),
+            span,
+        ))
     }
 
     /// Verifies a sequencer this handle issued: its lease still holds the slot, and the slot

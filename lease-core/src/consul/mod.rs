@@ -204,7 +204,7 @@ pub struct SemaphoreHolder {
 
 impl Backend for Consul {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        let span = tracing::info_span!("lease.acquire", key = spec.key(), backend = "consul");
+        let span = crate::lease::acquire_span(spec.key(), "consul");
         Box::pin(
             async move {
                 spec.validate()?;

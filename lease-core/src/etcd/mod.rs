@@ -143,7 +143,7 @@ impl Etcd {
 
 impl Backend for Etcd {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        let span = tracing::info_span!("lease.acquire", key = spec.key(), backend = "etcd");
+        let span = crate::lease::acquire_span(spec.key(), "etcd");
         Box::pin(
             async move {
                 spec.validate()?;

@@ -17,6 +17,7 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
+pub(crate) use keeper::acquire_span;
 pub use keeper::{Hold, Keepers, RELEASE_BOUND};
 pub use state::Fence;
 use state::LeaseState;

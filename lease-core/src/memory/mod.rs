@@ -229,7 +229,11 @@ impl Memory {
 
 impl crate::Backend for Memory {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        Box::pin(self.acquire_inner(spec))
+        let span = crate::lease::acquire_span(spec.key(), "memory");
+        Box::pin(tracing::Instrument::instrument(
+            self.acquire_inner(spec),
+            span,
+        ))
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
