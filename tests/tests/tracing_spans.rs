@@ -1,12 +1,13 @@
-//! Where the library's spans and events go: the campaign worker runs in the caller's span, and
-//! the long-lived `lease.hold` span follows from `lease.acquire` instead of living under the
-//! request that acquired. Captured with a layer on this thread (every test here runs on a
-//! `current_thread` runtime, so the tasks the library spawns run on it too).
+//! Where the library's spans and events go: the campaign worker runs in the caller's span, the
+//! long-lived `lease.hold` span follows from `lease.acquire` instead of living under the request
+//! that acquired, and a campaign's acquire failures log at the level of its leader watch's
+//! retries. Captured with a layer on this thread (every test here runs on a `current_thread`
+//! runtime, so the tasks the library spawns run on it too).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::leader::Campaign;
+use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, LeaseSpec};
 use lease_tests::capture::{Capture, EventRecord};
@@ -138,4 +139,50 @@ async fn the_hold_span_follows_from_the_acquire_and_is_not_under_the_request() {
         assert!(spans.contains(&hold[0].serial), "{event:?}");
         assert!(!spans.contains(&request), "{event:?}");
     }
+}
+
+/// Consul answering 500 to everything: the campaign cannot acquire and its leader watch cannot
+/// observe. Both retry, and say so at one level.
+#[tokio::test]
+async fn acquire_failures_log_at_the_level_of_leader_watch_retries() {
+    let (capture, _guard) = Capture::scoped();
+    let agent = lease_tests::consul::Agent::start().await;
+    let proxy = lease_tests::proxy::Proxy::start(agent.addr())
+        .await
+        .unwrap();
+    proxy.set_http_500(true);
+    let backend = Arc::new(
+        lease_core::consul::Consul::builder()
+            .address(proxy.url())
+            .build()
+            .unwrap(),
+    );
+    let shutdown = CancellationToken::new();
+    let campaign = Campaign::new(backend, LeaseSpec::leader("spans/outage"))
+        .backoff(Duration::from_millis(10), Duration::from_millis(100));
+    let mut events = campaign.handle().events();
+    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
+    within(EVENT, "a failed acquire", async {
+        while !matches!(events.recv().await, Ok(LeaderEvent::AcquireFailed { .. })) {}
+    })
+    .await;
+    let find = |needle: &str| capture.events_containing(needle).first().cloned();
+    let (acquire, observe) = within(EVENT, "a retried observation", async {
+        loop {
+            if let (Some(acquire), Some(observe)) = (
+                find("campaign: acquire failed, retrying"),
+                find("leader watch: cannot observe yet; retrying"),
+            ) {
+                return (acquire, observe);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(acquire.level, observe.level, "{acquire:?} / {observe:?}");
+    shutdown.cancel();
+    within(EVENT, "the campaign to stop", running)
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -262,7 +262,7 @@ impl Campaign {
                 Ok(lease) => lease,
                 Err(error) if error.is_transient() => {
                     let retry_in = backoff.next_pause();
-                    tracing::debug!(%error, ?retry_in, "campaign: acquire failed, retrying");
+                    tracing::event!(super::RETRY_LEVEL, %error, ?retry_in, "campaign: acquire failed, retrying");
                     let error = Arc::new(error);
                     *lock(&self.shared.last_error) = Some(Arc::clone(&error));
                     self.emit(LeaderEvent::AcquireFailed { error, retry_in });
