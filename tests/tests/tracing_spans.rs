@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::memory::Memory;
-use lease_core::{Backend, BoxError, LeaseSpec};
+use lease_core::{Backend, BoxError, BoxFuture, LeaseSpec};
 use lease_tests::capture::{Capture, EventRecord};
 use lease_tests::within;
 use tokio::sync::mpsc;
@@ -60,13 +60,17 @@ async fn worker_event(
     ran[0].clone()
 }
 
+/// A worker whose future (run by the task the campaign spawns) logs "worker ran".
 fn logging_worker(
     ran: mpsc::UnboundedSender<()>,
-) -> impl FnMut(lease_core::LeaseWatcher) -> std::future::Pending<Result<(), BoxError>> + Send {
+) -> impl FnMut(lease_core::LeaseWatcher) -> BoxFuture<'static, Result<(), BoxError>> + Send {
     move |_lease| {
-        tracing::info!("worker ran");
-        let _ = ran.send(());
-        std::future::pending()
+        let ran = ran.clone();
+        Box::pin(async move {
+            tracing::info!("worker ran");
+            let _ = ran.send(());
+            std::future::pending().await
+        })
     }
 }
 
