@@ -53,6 +53,21 @@ async fn acquire_and_release_log_no_no_route_warning_under_the_documented_direct
             .any(|e| e.target.starts_with("lease_core::amqp") && e.text.contains("slot acquired")),
         "the directive must not mute the library's own events"
     );
+    // The holder tasks' spans follow from the acquires, as on every backend.
+    let acquires: Vec<u64> = raw
+        .spans_named("lease.acquire")
+        .iter()
+        .map(|s| s.serial)
+        .collect();
+    let holds = raw.spans_named("lease.hold");
+    assert_eq!(holds.len(), 2, "{holds:#?}");
+    for hold in &holds {
+        assert_eq!(hold.parent, None, "{hold:?}");
+        assert!(
+            hold.follows_from.len() == 1 && acquires.contains(&hold.follows_from[0]),
+            "{hold:?} does not follow from one of {acquires:?}"
+        );
+    }
     let raw_events = raw.events();
     let warned = no_route_warnings(&raw_events);
     assert!(

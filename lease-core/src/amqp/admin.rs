@@ -176,19 +176,23 @@ impl Admin {
     }
 }
 
-/// Creates semaphore `names` with `slots` slots unless it exists (an acquirer found no `A[1]`).
+/// Creates semaphore `names` with `slots` slots unless it exists (an acquirer found no
+/// `A[slots]`). Returns its number of slots, counted under the mutex, so a creation in progress
+/// is seen whole.
 pub(crate) async fn create_if_missing(
     amqp: &Amqp,
     names: &SemaphoreNames,
     slots: u32,
-) -> Result<(), Error> {
+) -> Result<u32, Error> {
     let session = lock(amqp, names).await?;
     let result = async {
-        if session.count().await? == 0 {
-            tracing::info!(semaphore = names.name(), slots, "creating the semaphore");
-            session.declare_slots(1, slots).await?;
+        let count = session.count().await?;
+        if count != 0 {
+            return Ok(count);
         }
-        Ok(())
+        tracing::info!(semaphore = names.name(), slots, "creating the semaphore");
+        session.declare_slots(1, slots).await?;
+        Ok(slots)
     }
     .await;
     session.unlock(result).await

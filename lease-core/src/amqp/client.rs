@@ -1,8 +1,7 @@
 //! Lock clients (seed 004): acquire a slot, verify it, give it back (the holder is in `hold`).
 //!
-//! Acquire first checks that `A[limit + 1]` does not exist, then scans L = 1, 2, … up to `limit`:
-//! `A[L]` missing before `limit` is a semaphore with fewer slots than asked for
-//! ([`Error::LimitMismatch`], as on Consul); `B[L]` present
+//! Acquire first checks that `A[limit]` exists and `A[limit + 1]` does not (another count is
+//! [`Error::LimitMismatch`], as on Consul), then scans L = 1, 2, … up to `limit`: `B[L]` present
 //! means the slot is held; otherwise declare `B[L]` exclusive. Losing that race (RESOURCE_LOCKED)
 //! closes the channel: reopen it, wait a small random time and rescan, at most
 //! `race_retries` times. A won declare is only trusted once `A[L]` is shown to still exist, by the
@@ -109,32 +108,33 @@ async fn try_acquire(
         // Every contender must ask for the semaphore's slot count, as on Consul: `A[limit]`
         // exists and `A[limit + 1]` does not.
         if !probe(amqp, &channel, &names.slot_queue(limit)).await? {
-            let exists = limit > 1 && probe(amqp, &channel, &names.slot_queue(1)).await?;
-            if !exists && !created {
-                // The semaphore does not exist yet: create it, then scan it.
-                admin::create_if_missing(amqp, names, limit).await?;
-                created = true;
-                continue 'scan;
+            if created {
+                // Destroyed by an administrator right after it was created.
+                wire::close_channel(&channel, timeout).await;
+                return Ok(Scan::Full);
             }
-            if exists {
-                let stored = count_from(amqp, &channel, names, 1).await?;
+            // Missing, fewer slots, or being created by another acquirer right now: counted
+            // under the administration mutex, and created if it does not exist.
+            let stored = admin::create_if_missing(amqp, names, limit).await?;
+            if stored != limit {
                 wire::close_channel(&channel, timeout).await;
                 return Err(limit_mismatch(names, stored, limit));
             }
-            // Destroyed by an administrator right after we created it.
-            wire::close_channel(&channel, timeout).await;
-            return Ok(Scan::Full);
+            created = true;
+            continue 'scan;
         }
         let stored = count_from(amqp, &channel, names, limit).await?;
         if stored != limit {
             wire::close_channel(&channel, timeout).await;
             return Err(limit_mismatch(names, stored, limit));
         }
+        // Slot queues are a contiguous run (administrators remove them from the top down), so
+        // `A[limit]` existing means `A[1..=limit]` do: they are not probed one by one. A slot
+        // removed since is found by the consume (or probe) that watches a won slot.
         let mut slot = 1;
         loop {
             let slot_queue = names.slot_queue(slot);
-            // Past `limit`, or a slot an administrator removed since the check above.
-            if slot > limit || !probe(amqp, &channel, &slot_queue).await? {
+            if slot > limit {
                 wire::close_channel(&channel, timeout).await;
                 return Ok(if unsettled || races > 0 {
                     Scan::Unsettled
@@ -248,7 +248,8 @@ async fn try_acquire(
     }
 }
 
-/// The last slot of the run of slot queues from `A[from]`, which exists.
+/// The last slot of the run of slot queues from `A[from]`, which exists (seen without the
+/// administration mutex: a creation in progress may show fewer).
 async fn count_from(
     amqp: &Amqp,
     channel: &Channel,

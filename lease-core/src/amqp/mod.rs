@@ -16,7 +16,7 @@
 //!   limit.
 //! - **Waiting** (`Wait::UpTo`/`Wait::Forever`): RabbitMQ has no blocking query on a queue's
 //!   existence, so a busy semaphore is re-scanned with jittered exponential backoff from 20 ms up
-//!   to 1 s between scans. A scan of a full semaphore costs 2·C confirmed publishes, so waiters
+//!   to 1 s between scans. A scan of a full semaphore costs C + 2 confirmed publishes, so waiters
 //!   stay cheap; a freed slot is found within about a second.
 //! - **Loss**: the holder's channel or connection closing is [`LostReason::ConnectionClosed`] at
 //!   once. An administrator deleting `A[L]` is [`LostReason::SlotRemoved`]: by default the holder
