@@ -6,6 +6,8 @@
 //!   operator actions tests perform on it (destroy a session, delete a key, list sessions).
 //! - [`etcd`]: an `etcd` per test on free ports with a temporary data directory, a 3-member
 //!   cluster, and the operator actions tests perform on them (revoke a lease, delete keys).
+//! - [`capture`]: a tracing layer that records spans (parents, follows-from) and events, for tests
+//!   of what the library logs and how its spans nest.
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
 //! - [`stats`]: percentiles for the benchmarks.
 //! - [`history`]: the histories `lease-worker` processes write, and verdicts judged from them.
@@ -22,6 +24,7 @@
 
 pub mod amqp;
 pub mod body;
+pub mod capture;
 pub mod chaos;
 pub mod cluster;
 pub mod consul;

@@ -252,7 +252,7 @@ async fn blackholed_holder_self_fences() {
 }
 
 #[tokio::test]
-async fn removed_slot_is_lost_and_an_added_slot_lets_a_waiter_in() {
+async fn removed_slot_is_lost_and_an_added_slot_lets_an_acquirer_in() {
     init_tracing();
     require_broker().await;
     let name = unique("remove-add");
@@ -274,8 +274,6 @@ async fn removed_slot_is_lost_and_an_added_slot_lets_a_waiter_in() {
     assert_eq!(second.sequencer().index(), 2);
     let work = guarded_work(&second);
     let (c, _) = backend();
-    let waiting = LeaseSpec::semaphore(&name, 2).wait(Wait::UpTo(T));
-    let waiter = tokio::spawn(async move { c.acquire(&waiting).await });
 
     assert_eq!(admin.remove(&name, 1).await.unwrap(), 1);
     let reason = within(T, "the holder of slot 2 to lose it", work)
@@ -292,18 +290,76 @@ async fn removed_slot_is_lost_and_an_added_slot_lets_a_waiter_in() {
         .await
         .expect("the holder of a removed slot deletes its holder queue");
     assert!(!admin.has_holder(&name, 2).await.unwrap());
-    assert!(!waiter.is_finished(), "a waiter got in with no free slot");
+    // The semaphore has one slot now: contenders must say so, and that slot is taken.
+    let stale = c.acquire(&spec).await;
+    assert!(
+        matches!(
+            stale,
+            Err(Error::LimitMismatch {
+                stored: 1,
+                requested: 2,
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    let one = LeaseSpec::semaphore(&name, 1).wait(Wait::Never);
+    assert!(c.acquire(&one).await.unwrap_err().is_busy());
 
     assert_eq!(admin.add(&name, 1).await.unwrap(), 2);
-    let third = within(T, "the waiter to take the added slot", waiter)
+    let waiting = LeaseSpec::semaphore(&name, 2).wait(Wait::UpTo(T));
+    let third = within(T, "an acquirer to take the added slot", c.acquire(&waiting))
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(third.sequencer().index(), 2);
     third.release().await.unwrap();
     first.release().await.unwrap();
     assert_eq!(admin.destroy(&name).await.unwrap(), 2);
     assert_eq!(admin.slots(&name).await.unwrap(), 0);
+}
+
+/// The semaphore's slot count is every contender's limit, as on Consul: neither more nor fewer
+/// slots are silently used.
+#[tokio::test]
+async fn asking_for_another_limit_than_the_semaphores_slot_count_is_an_error() {
+    init_tracing();
+    require_broker().await;
+    let name = unique("limit-mismatch");
+    let (amqp, _) = backend();
+    let held = amqp
+        .acquire(&LeaseSpec::semaphore(&name, 2).wait(Wait::Never))
+        .await
+        .unwrap();
+    for requested in [3, 1] {
+        let refused = amqp
+            .acquire(&LeaseSpec::semaphore(&name, requested).wait(Wait::Never))
+            .await;
+        match refused {
+            Err(Error::LimitMismatch {
+                key,
+                stored: 2,
+                requested: r,
+            }) if key == name && r == u64::from(requested) => {}
+            other => panic!("asking for {requested} of 2 slots gave {other:?}"),
+        }
+    }
+    let message = amqp
+        .acquire(&LeaseSpec::semaphore(&name, 3))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("has limit 2") && message.contains("same limit"),
+        "{message}"
+    );
+    let second = amqp
+        .acquire(&LeaseSpec::semaphore(&name, 2).wait(Wait::Never))
+        .await
+        .unwrap();
+    assert_eq!(amqp.admin().slots(&name).await.unwrap(), 2);
+    second.release().await.unwrap();
+    held.release().await.unwrap();
+    destroy(&name).await;
 }
 
 #[tokio::test]

@@ -116,11 +116,9 @@ async fn amqp() -> Harness {
     Harness::new(amqp.clone(), amqp)
         .lacks(Capability::ObserveLeader)
         .lacks(Capability::LockDelay)
-        // The index is the slot number; the key is the semaphore's name, and its limit is
-        // the number of slots an administrator gave it.
+        // The index is the slot number; the key is the semaphore's name.
         .lacks(Capability::RisingIndex)
         .lacks(Capability::ContenderKeys)
-        .lacks(Capability::LimitAgreement)
         .lacks(Capability::DestroySession)
         .lacks(Capability::DeleteKey)
         .lacks(Capability::ReleaseKey)

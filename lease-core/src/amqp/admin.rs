@@ -116,7 +116,8 @@ impl Admin {
 
     /// Removes `fewer` slots from semaphore `name`, the highest first, each delete confirmed
     /// before the next. Returns the new number of slots. Holders of removed slots lose their
-    /// leases.
+    /// leases, and contenders that still ask for the old count get [`Error::LimitMismatch`]
+    /// (as after [`add`](Admin::add)).
     pub async fn remove(&self, name: &str, fewer: u32) -> Result<u32, Error> {
         let names = SemaphoreNames::new(name, 1)?;
         let session = self.lock(&names).await?;
@@ -175,19 +176,23 @@ impl Admin {
     }
 }
 
-/// Creates semaphore `names` with `slots` slots unless it exists (an acquirer found no `A[1]`).
+/// Creates semaphore `names` with `slots` slots unless it exists (an acquirer found no
+/// `A[slots]`). Returns its number of slots, counted under the mutex, so a creation in progress
+/// is seen whole.
 pub(crate) async fn create_if_missing(
     amqp: &Amqp,
     names: &SemaphoreNames,
     slots: u32,
-) -> Result<(), Error> {
+) -> Result<u32, Error> {
     let session = lock(amqp, names).await?;
     let result = async {
-        if session.count().await? == 0 {
-            tracing::info!(semaphore = names.name(), slots, "creating the semaphore");
-            session.declare_slots(1, slots).await?;
+        let count = session.count().await?;
+        if count != 0 {
+            return Ok(count);
         }
-        Ok(())
+        tracing::info!(semaphore = names.name(), slots, "creating the semaphore");
+        session.declare_slots(1, slots).await?;
+        Ok(slots)
     }
     .await;
     session.unlock(result).await

@@ -1,6 +1,7 @@
 //! Lock clients (seed 004): acquire a slot, verify it, give it back (the holder is in `hold`).
 //!
-//! Acquire scans L = 1, 2, …: `A[L]` missing ends the scan (the semaphore is full); `B[L]` present
+//! Acquire first checks that `A[limit]` exists and `A[limit + 1]` does not (another count is
+//! [`Error::LimitMismatch`], as on Consul), then scans L = 1, 2, … up to `limit`: `B[L]` present
 //! means the slot is held; otherwise declare `B[L]` exclusive. Losing that race (RESOURCE_LOCKED)
 //! closes the channel: reopen it, wait a small random time and rescan, at most
 //! `race_retries` times. A won declare is only trusted once `A[L]` is shown to still exist, by the
@@ -104,16 +105,36 @@ async fn try_acquire(
     let mut unsettled = false;
     let mut created = false;
     'scan: loop {
+        // Every contender must ask for the semaphore's slot count, as on Consul: `A[limit]`
+        // exists and `A[limit + 1]` does not.
+        if !probe(amqp, &channel, &names.slot_queue(limit)).await? {
+            if created {
+                // Destroyed by an administrator right after it was created.
+                wire::close_channel(&channel, timeout).await;
+                return Ok(Scan::Full);
+            }
+            // Missing, fewer slots, or being created by another acquirer right now: counted
+            // under the administration mutex, and created if it does not exist.
+            let stored = admin::create_if_missing(amqp, names, limit).await?;
+            if stored != limit {
+                wire::close_channel(&channel, timeout).await;
+                return Err(limit_mismatch(names, stored, limit));
+            }
+            created = true;
+            continue 'scan;
+        }
+        let stored = count_from(amqp, &channel, names, limit).await?;
+        if stored != limit {
+            wire::close_channel(&channel, timeout).await;
+            return Err(limit_mismatch(names, stored, limit));
+        }
+        // Slot queues are a contiguous run (administrators remove them from the top down), so
+        // `A[limit]` existing means `A[1..=limit]` do: they are not probed one by one. A slot
+        // removed since is found by the consume (or probe) that watches a won slot.
         let mut slot = 1;
         loop {
             let slot_queue = names.slot_queue(slot);
-            if !probe(amqp, &channel, &slot_queue).await? {
-                if slot == 1 && !created {
-                    // The semaphore does not exist yet: create it, then scan it.
-                    admin::create_if_missing(amqp, names, limit).await?;
-                    created = true;
-                    continue 'scan;
-                }
+            if slot > limit {
                 wire::close_channel(&channel, timeout).await;
                 return Ok(if unsettled || races > 0 {
                     Scan::Unsettled
@@ -224,6 +245,32 @@ async fn try_acquire(
                 }
             }
         }
+    }
+}
+
+/// The last slot of the run of slot queues from `A[from]`, which exists (seen without the
+/// administration mutex: a creation in progress may show fewer).
+async fn count_from(
+    amqp: &Amqp,
+    channel: &Channel,
+    names: &SemaphoreNames,
+    from: u32,
+) -> Result<u32, Error> {
+    let mut count = from;
+    while names.fits(count.saturating_add(1))
+        && probe(amqp, channel, &names.slot_queue(count + 1)).await?
+    {
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// The error for a contender whose `requested` limit is not the semaphore's `stored` slot count.
+fn limit_mismatch(names: &SemaphoreNames, stored: u32, requested: u32) -> Error {
+    Error::LimitMismatch {
+        key: names.name().to_owned(),
+        stored: u64::from(stored),
+        requested: u64::from(requested),
     }
 }
 

@@ -9,12 +9,14 @@
 //!   `(N, L, "N-L-B#<nonce>")`: the holder queue, and a random nonce that makes every
 //!   acquisition's sequencer different even when the same slot is taken again.
 //! - **A semaphore that does not exist yet** is created with `limit` slots under the
-//!   administration mutex by the first acquirer. **Once it exists, its persistent slot count is
-//!   authoritative**: `limit` is not compared with it (RabbitMQ keeps no limit to compare with, and
-//!   an administrator may have added or removed slots on purpose). Change it with [`Admin`].
+//!   administration mutex by the first acquirer. **Once it exists, every contender must ask for
+//!   its slot count**, as on Consul: asking for 3 slots of a 2-slot semaphore (or for 2 of a
+//!   3-slot one) fails with [`Error::LimitMismatch`], read from the run of slot queues (`A[limit]`
+//!   exists, `A[limit + 1]` does not). Change the count with [`Admin`], then the contenders'
+//!   limit.
 //! - **Waiting** (`Wait::UpTo`/`Wait::Forever`): RabbitMQ has no blocking query on a queue's
 //!   existence, so a busy semaphore is re-scanned with jittered exponential backoff from 20 ms up
-//!   to 1 s between scans. A scan of a full semaphore costs 2·C confirmed publishes, so waiters
+//!   to 1 s between scans. A scan of a full semaphore costs C + 2 confirmed publishes, so waiters
 //!   stay cheap; a freed slot is found within about a second.
 //! - **Loss**: the holder's channel or connection closing is [`LostReason::ConnectionClosed`] at
 //!   once. An administrator deleting `A[L]` is [`LostReason::SlotRemoved`]: by default the holder
@@ -33,6 +35,20 @@
 //!   11× load, the old holder noticed a dropped connection 42 ms after the broker dropped it.
 //! - **Probes leave nothing behind**: existence checks are mandatory publishes with confirms, and
 //!   every queue is declared with `x-max-length = 0`, so a probe that reaches a queue is dropped.
+//!
+//! # lapin's `NO_ROUTE` warnings
+//!
+//! A probe of a missing queue comes back as a returned message (`312 NO_ROUTE`), and an acquire
+//! makes such probes as a matter of course (a free slot's holder queue, its settle queue, the
+//! queue past the last slot). lapin logs every returned message at WARN from its own I/O thread,
+//! with no setting to expect them, so a library cannot mute them for its own channels. Add
+//! [`QUIET_PROBE_RETURNS`] to your filter (`lapin::returned_messages=off`).
+//!
+//! The alternatives keep the seed's queues but are worse: a passive declare of a missing (or
+//! another connection's exclusive) queue closes the channel, which lapin logs at ERROR and which
+//! costs a new channel per probe; a probe without `mandatory` is confirmed the same whether or
+//! not a queue took it; and a queue argument that makes a full queue refuse the probe
+//! (`x-overflow`) changes the declaration every seed client must agree on (PRECONDITION_FAILED).
 //!
 //! # Connections, channels and scale
 //!
@@ -93,6 +109,17 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 pub use admin::Admin;
+
+/// The tracing filter directive that mutes lapin's WARN for every returned message, which each
+/// acquire's probes of missing queues cause (see [the module docs](self#lapins-no_route-warnings)).
+///
+/// It mutes lapin's returned-message warnings for the whole process, your own mandatory
+/// publishes' included. With `tracing-subscriber`:
+///
+/// ```ignore
+/// let filter = EnvFilter::new(format!("info,{}", lease_core::amqp::QUIET_PROBE_RETURNS));
+/// ```
+pub const QUIET_PROBE_RETURNS: &str = "lapin::returned_messages=off";
 pub use config::{
     AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
 };
@@ -382,11 +409,7 @@ impl Drop for Claim {
 
 impl Backend for Amqp {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        Box::pin(crate::metrics::acquire(
-            BackendKind::Amqp,
-            spec,
-            client::acquire(self, spec),
-        ))
+        crate::lease::acquire(BackendKind::Amqp, spec, client::acquire(self, spec))
     }
 
     /// Verifies a sequencer this handle issued: its lease still holds the slot, and the slot

@@ -46,8 +46,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
-
 pub use config::{ConsulBuilder, KeepAlive};
 
 use crate::backend::Reachability;
@@ -205,22 +203,16 @@ pub struct SemaphoreHolder {
 
 impl Backend for Consul {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        let span = tracing::info_span!("lease.acquire", key = spec.key(), backend = "consul");
-        Box::pin(crate::metrics::acquire(
-            BackendKind::Consul,
-            spec,
-            async move {
-                spec.validate()?;
-                let backend: Arc<dyn Backend> = Arc::new(self.clone());
-                match spec.target() {
-                    Target::Leader { .. } => leader::acquire(&self.http, spec, backend).await,
-                    Target::Semaphore { .. } => {
-                        semaphore::acquire(&self.http, &self.semaphores, spec, backend).await
-                    }
+        crate::lease::acquire(BackendKind::Consul, spec, async move {
+            spec.validate()?;
+            let backend: Arc<dyn Backend> = Arc::new(self.clone());
+            match spec.target() {
+                Target::Leader { .. } => leader::acquire(&self.http, spec, backend).await,
+                Target::Semaphore { .. } => {
+                    semaphore::acquire(&self.http, &self.semaphores, spec, backend).await
                 }
             }
-            .instrument(span),
-        ))
+        })
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {

@@ -41,8 +41,6 @@ mod wire;
 use std::fmt;
 use std::sync::Arc;
 
-use tracing::Instrument;
-
 pub use config::EtcdBuilder;
 
 use crate::backend::Reachability;
@@ -144,17 +142,11 @@ impl Etcd {
 
 impl Backend for Etcd {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        let span = tracing::info_span!("lease.acquire", key = spec.key(), backend = "etcd");
-        Box::pin(crate::metrics::acquire(
-            BackendKind::Etcd,
-            spec,
-            async move {
-                spec.validate()?;
-                let backend: Arc<dyn Backend> = Arc::new(self.clone());
-                queue::acquire(&self.http, spec, backend).await
-            }
-            .instrument(span),
-        ))
+        crate::lease::acquire(BackendKind::Etcd, spec, async move {
+            spec.validate()?;
+            let backend: Arc<dyn Backend> = Arc::new(self.clone());
+            queue::acquire(&self.http, spec, backend).await
+        })
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::event::{AfterWorker, CampaignEnd, EventSink, LeaderEvent, emit};
 use super::handle::{CampaignHandle, CampaignState, Shared, Term, announce_leaders, lock};
@@ -181,34 +182,53 @@ impl Campaign {
     /// error retrying cannot fix: an invalid spec, a key used by another kind of lock, a
     /// permission or configuration error; the handles then report [`CampaignState::Failed`].
     ///
+    /// # Spans
+    ///
+    /// The campaign and its worker run in the caller's span: the span the returned future is
+    /// polled in (`.instrument(span)`), or, when it is polled outside any span (handed to
+    /// [`tokio::spawn`]), the span that was current where `run_until` was called. Each
+    /// acquisition's `lease.acquire` span is a child of it; the `lease.hold` span that lives as
+    /// long as the lease has no parent and follows from `lease.acquire`.
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future aborts the worker and drops the lease, which the backend then releases
     /// in the background; on this path the release is not ordered after the worker's end (the
     /// abort takes effect at the worker's next await point), and work in flight is not drained.
     /// Prefer cancelling `shutdown`, which steps down in order.
-    pub async fn run_until<W, Fut>(
+    pub fn run_until<W, Fut>(
         self,
         shutdown: CancellationToken,
         mut worker: W,
-    ) -> Result<CampaignEnd, Error>
+    ) -> impl Future<Output = Result<CampaignEnd, Error>>
     where
         W: FnMut(LeaseWatcher) -> Fut + Send,
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        let mut run = RunGuard::start(Arc::clone(&self.shared));
-        let result = self.campaign(&shutdown, &mut worker).await;
-        run.finish(&result);
-        result
+        let caller = tracing::Span::current();
+        async move {
+            let polled_in = tracing::Span::current();
+            let span = if polled_in.is_none() {
+                caller
+            } else {
+                polled_in
+            };
+            let mut run = RunGuard::start(Arc::clone(&self.shared));
+            let result = self.campaign(&shutdown, &mut worker).instrument(span).await;
+            run.finish(&result);
+            result
+        }
     }
 
     /// [`run_until`](Self::run_until) without a worker: for a campaign whose terms are used
     /// elsewhere (leader-only routes, a health check), through its handles.
-    pub async fn hold_until(self, shutdown: CancellationToken) -> Result<CampaignEnd, Error> {
+    pub fn hold_until(
+        self,
+        shutdown: CancellationToken,
+    ) -> impl Future<Output = Result<CampaignEnd, Error>> {
         self.run_until(shutdown, |_lease| {
             std::future::pending::<Result<(), BoxError>>()
         })
-        .await
     }
 
     fn emit(&self, event: LeaderEvent) {
@@ -227,10 +247,9 @@ impl Campaign {
         self.spec.validate()?;
         let _observing = self.shared.watch.as_ref().map(LeaderWatch::start);
         let _announcer = self.shared.watch.as_ref().map(|_| {
-            AbortOnDrop(tokio::spawn(announce_leaders(
-                Arc::clone(&self.shared),
-                self.on_event.clone(),
-            )))
+            AbortOnDrop(tokio::spawn(
+                announce_leaders(Arc::clone(&self.shared), self.on_event.clone()).in_current_span(),
+            ))
         });
         let mut backoff = Backoff::new(self.min_backoff, self.max_backoff);
         loop {
@@ -243,7 +262,7 @@ impl Campaign {
                 Ok(lease) => lease,
                 Err(error) if error.is_transient() => {
                     let retry_in = backoff.next_pause();
-                    tracing::debug!(%error, ?retry_in, "campaign: acquire failed, retrying");
+                    tracing::event!(super::RETRY_LEVEL, %error, ?retry_in, "campaign: acquire failed, retrying");
                     let error = Arc::new(error);
                     *lock(&self.shared.last_error) = Some(Arc::clone(&error));
                     self.emit(LeaderEvent::AcquireFailed { error, retry_in });
@@ -272,8 +291,10 @@ impl Campaign {
             // work from inside the task the moment the lease is lost.
             // Aborted if this future is dropped mid-term: a detached worker would run on after
             // the lease it needs is gone.
-            let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> =
-                AbortOnDrop(tokio::spawn(async move { watcher.run(work).await }));
+            // In the campaign's span, which is the caller's (see `run_until`).
+            let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> = AbortOnDrop(
+                tokio::spawn(async move { watcher.run(work).await }.in_current_span()),
+            );
             let outcome = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => TermEnd::Shutdown,
@@ -393,19 +414,17 @@ impl Campaign {
 
 /// Campaigns for `spec` on `backend` and runs `worker` while elected, until `shutdown` is
 /// cancelled. Shorthand for [`Campaign::new`] + [`Campaign::run_until`]; see there.
-pub async fn run<W, Fut>(
+pub fn run<W, Fut>(
     backend: Arc<dyn Backend>,
     spec: LeaseSpec,
     shutdown: CancellationToken,
     worker: W,
-) -> Result<CampaignEnd, Error>
+) -> impl Future<Output = Result<CampaignEnd, Error>>
 where
     W: FnMut(LeaseWatcher) -> Fut + Send,
     Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
 {
-    Campaign::new(backend, spec)
-        .run_until(shutdown, worker)
-        .await
+    Campaign::new(backend, spec).run_until(shutdown, worker)
 }
 
 /// Marks the campaign running, and its end (or abandonment) on the handles.

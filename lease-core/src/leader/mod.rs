@@ -59,6 +59,13 @@ mod event;
 mod handle;
 mod observe;
 
+/// The level of a failure the campaign or its leader watch retries (an acquire, an
+/// observation): one level for both, since both are the same outage seen from two sides. DEBUG,
+/// as every retried backend request in this crate: the campaign reports its failures to the
+/// application ([`LeaderEvent::AcquireFailed`], [`CampaignHandle::last_error`]), and at WARN an
+/// outage would log a line per retry per campaign.
+const RETRY_LEVEL: tracing::Level = tracing::Level::DEBUG;
+
 pub use campaign::{Campaign, run};
 pub use event::{AfterWorker, CampaignEnd, LeaderEvent};
 pub use handle::{CampaignHandle, CampaignState, Term, TermGuard};

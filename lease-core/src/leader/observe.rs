@@ -338,7 +338,7 @@ async fn observe_loop(inner: Arc<WatchInner>) {
                 tracing::debug!(key, "leader watch: the observation ended; observing again");
             }
             Err(error) if error.is_transient() => {
-                tracing::debug!(key, %error, "leader watch: cannot observe yet; retrying");
+                tracing::event!(super::RETRY_LEVEL, key, %error, "leader watch: cannot observe yet; retrying");
             }
             Err(error) => {
                 tracing::debug!(key, %error, "leader watch: cannot observe this key; stopping");

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::state::{Fence, LeaseState};
 use super::{Lease, ReleaseRequest, detached};
-use crate::{Backend, BoxFuture, Error, LostReason, Sequencer};
+use crate::{Backend, BackendKind, BoxFuture, Error, LeaseSpec, LostReason, Sequencer};
 
 /// The longest a release (or the clean-up after a loss) may take before the holder gives up on
 /// it; the backend then frees the lease when its session or connection expires.
@@ -106,6 +106,9 @@ impl Keepers {
 
     /// Builds the [`Lease`] for an acquisition and starts its holder task.
     ///
+    /// The task runs in a `lease.hold` span with no parent that follows from the span current
+    /// here (the backend's `lease.acquire`).
+    ///
     /// - `sequencer`: the acquisition's fencing token;
     /// - `fence`: its self-fencing deadline, already confirmed by the acquisition;
     /// - `backend`: answers [`Lease::check`] through [`Backend::check_sequencer`];
@@ -121,6 +124,8 @@ impl Keepers {
     ) -> Lease {
         let state = Arc::new(LeaseState::new(fence));
         let (release_tx, release_rx) = oneshot::channel();
+        // Not a child of the acquire (nor of the request that asked for it, which ends long
+        // before the lease does): it follows from it.
         let span = tracing::info_span!(parent: None, "lease.hold", sequencer = %sequencer);
         span.follows_from(tracing::Span::current());
         let generation = self.current();
@@ -299,4 +304,29 @@ async fn keep<H: Hold>(
     if let Some(reply) = reply {
         let _ = reply.send(Err(Error::Lost(reason)));
     }
+}
+
+/// How every backend's `acquire` runs: in a `lease.acquire` span, a child of the caller's (the
+/// lease's `lease.hold` span follows from it, see [`Keepers::start`]), recording the
+/// acquisition's metrics.
+#[cfg_attr(
+    not(any(
+        feature = "memory",
+        feature = "consul",
+        feature = "etcd",
+        feature = "amqp"
+    )),
+    allow(dead_code)
+)]
+pub(crate) fn acquire<'a>(
+    backend: BackendKind,
+    spec: &'a LeaseSpec,
+    acquire: impl Future<Output = Result<Lease, Error>> + Send + 'a,
+) -> BoxFuture<'a, Result<Lease, Error>> {
+    let span = tracing::info_span!(
+        "lease.acquire",
+        key = spec.key(),
+        backend = backend.as_str()
+    );
+    Box::pin(crate::metrics::acquire(backend, spec, acquire).instrument(span))
 }
