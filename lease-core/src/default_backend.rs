@@ -14,6 +14,9 @@ static DEFAULT_BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
 
 /// Sets the backend that guarded work uses when it names none, and returns the previous one.
 ///
+/// `backend` is any backend: by value, in an `Arc`, or an `Arc<dyn Backend>` chosen at start-up
+/// ([`into_shared`](crate::backend::into_shared)).
+///
 /// Call it once at start-up. Replacing it later affects only acquisitions that start afterwards:
 /// leases already held stay with the backend that granted them.
 ///
@@ -27,7 +30,7 @@ static DEFAULT_BACKEND: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
 /// # }
 /// ```
 pub fn set_default_backend(backend: impl Backend) -> Option<Arc<dyn Backend>> {
-    let backend: Arc<dyn Backend> = Arc::new(backend);
+    let backend = crate::backend::into_shared(backend);
     // The lock guards a plain pointer swap, so a panic elsewhere cannot leave it half-written.
     let mut slot = DEFAULT_BACKEND
         .write()

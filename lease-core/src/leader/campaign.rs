@@ -30,14 +30,13 @@ use crate::{Backend, BoxError, Error, Lease, LeaseSpec, LeaseWatcher, LostReason
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), lease_core::Error> {
-/// use std::sync::Arc;
 /// use lease_core::leader::{Campaign, LeaderEvent};
 /// use lease_core::memory::Memory;
 /// use lease_core::LeaseSpec;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let shutdown = CancellationToken::new();
-/// Campaign::try_new(Arc::new(Memory::new()), LeaseSpec::leader("service/reports/leader").value("node-1"))?
+/// Campaign::try_new(Memory::new(), LeaseSpec::leader("service/reports/leader").value("node-1"))?
 ///     .on_event(|event| {
 ///         if let LeaderEvent::Elected { sequencer } = &event {
 ///             println!("leading as {sequencer}");
@@ -91,7 +90,11 @@ impl Campaign {
     /// [`Wait::Forever`](crate::Wait::Forever); a semaphore spec runs the worker on up to `limit`
     /// nodes at once), after checking `spec` ([`LeaseSpec::validate`]): an invalid key, TTL,
     /// lock-delay or limit fails here rather than when the campaign runs.
-    pub fn try_new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Result<Self, Error> {
+    ///
+    /// `backend` is any backend: by value (`Memory::new()`, `Consul::from_env()?`), in an `Arc`,
+    /// or an `Arc<dyn Backend>` chosen at start-up, shared as it is
+    /// ([`into_shared`](crate::backend::into_shared)).
+    pub fn try_new(backend: impl Backend, spec: LeaseSpec) -> Result<Self, Error> {
         spec.validate()?;
         Ok(Self::new(backend, spec))
     }
@@ -99,7 +102,8 @@ impl Campaign {
     /// [`try_new`](Self::try_new) without the check: an invalid spec is reported when the
     /// campaign runs, as the error of [`run_until`](Self::run_until) and
     /// [`CampaignState::Failed`]. Prefer `try_new`.
-    pub fn new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
+    pub fn new(backend: impl Backend, spec: LeaseSpec) -> Self {
+        let backend = crate::backend::into_shared(backend);
         let watch = match spec.target() {
             Target::Leader { key } => Some(LeaderWatch::new(Arc::clone(&backend), key.clone())),
             _ => None,
@@ -394,7 +398,7 @@ impl Campaign {
 /// Campaigns for `spec` on `backend` and runs `worker` while elected, until `shutdown` is
 /// cancelled. Shorthand for [`Campaign::new`] + [`Campaign::run_until`]; see there.
 pub async fn run<W, Fut>(
-    backend: Arc<dyn Backend>,
+    backend: impl Backend,
     spec: LeaseSpec,
     shutdown: CancellationToken,
     worker: W,

@@ -25,7 +25,6 @@ use crate::body::retry_after_value;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use axum::{Router, routing::post};
 /// use lease_core::leader::Campaign;
@@ -35,7 +34,7 @@ use crate::body::retry_after_value;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let campaign = Campaign::try_new(
-///     Arc::new(Memory::new()),
+///     Memory::new(),
 ///     LeaseSpec::leader("service/api/leader").value("http://10.0.0.7:8080"),
 /// )?;
 /// let leader_only = LeaderOnlyLayer::new(campaign.handle())
