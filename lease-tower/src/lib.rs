@@ -29,7 +29,7 @@
 //! use lease_core::{BoxError, LeaseSpec, memory::Memory};
 //! use lease_tower::{leader::LeaderOnlyLayer, semaphore::SemaphoreLayer};
 //! use lease_tower::extract::LeaseSequencer;
-//! use tokio_util::sync::CancellationToken;
+//! use lease_core::CancellationToken;
 //! use tower::ServiceExt;
 //!
 //! let backend = Memory::new(); // or Consul::from_env()?, or an Arc<dyn Backend>: any backend

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
+use lease_core::CancellationToken;
 use lease_core::consul::Consul;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{BoxError, LeaseSpec, LeaseWatcher};
@@ -28,7 +29,6 @@ use lease_tower::extract::LeaseSequencer;
 use lease_tower::fence::SequencerCheckLayer;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
-use tokio_util::sync::CancellationToken;
 
 const LEADER_KEY: &str = "service/axum-cluster/leader";
 

@@ -33,7 +33,7 @@ use crate::{Backend, BoxError, Error, Lease, LeaseSpec, LeaseWatcher, LostReason
 /// use lease_core::leader::{Campaign, LeaderEvent};
 /// use lease_core::memory::Memory;
 /// use lease_core::LeaseSpec;
-/// use tokio_util::sync::CancellationToken;
+/// use lease_core::CancellationToken;
 ///
 /// let shutdown = CancellationToken::new();
 /// Campaign::try_new(Memory::new(), LeaseSpec::leader("service/reports/leader").value("node-1"))?

@@ -221,7 +221,7 @@ pub enum CampaignState {
 /// use lease_core::leader::Campaign;
 /// use lease_core::memory::Memory;
 /// use lease_core::LeaseSpec;
-/// use tokio_util::sync::CancellationToken;
+/// use lease_core::CancellationToken;
 ///
 /// let campaign = Campaign::try_new(Memory::new(), LeaseSpec::leader("service/jobs/leader"))?;
 /// let handle = campaign.handle();

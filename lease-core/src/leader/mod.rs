@@ -23,7 +23,7 @@
 //! use lease_core::memory::Memory;
 //! use lease_core::{BoxError, LeaseSpec};
 //! use tokio::sync::mpsc;
-//! use tokio_util::sync::CancellationToken;
+//! use lease_core::CancellationToken;
 //!
 //! let campaign = Campaign::try_new(
 //!     Memory::new(),

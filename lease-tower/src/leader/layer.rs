@@ -31,7 +31,7 @@ use crate::body::retry_after_value;
 /// use lease_core::{LeaseSpec, memory::Memory};
 /// use lease_tower::extract::LeaseSequencer;
 /// use lease_tower::leader::LeaderOnlyLayer;
-/// use tokio_util::sync::CancellationToken;
+/// use lease_core::CancellationToken;
 ///
 /// let campaign = Campaign::try_new(
 ///     Memory::new(),
