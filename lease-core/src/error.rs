@@ -244,6 +244,19 @@ pub enum Error {
         /// The bound that passed.
         after: Duration,
     },
+    /// The task asking for the lease already holds it: a guarded call (or a campaign) nested in
+    /// guarded work on the same key or semaphore. Waiting would wait for itself forever, and
+    /// "held elsewhere" would be untrue, so nothing is acquired.
+    #[error(
+        "lease {key:?} is already held by this task (a guarded call nested in guarded work on the \
+         same key or semaphore); the outer call already holds it: call the unguarded work \
+         directly, or guard the inner work with another key"
+    )]
+    AlreadyHeld {
+        /// The key or prefix.
+        key: String,
+    },
+
     /// No backend was given and no process-wide default is set.
     #[error(
         "no lease backend: pass one explicitly or call lease_core::set_default_backend at start-up"
@@ -287,6 +300,7 @@ impl Error {
             | Error::QueueMismatch { .. }
             | Error::Config(_)
             | Error::Unsupported { .. }
+            | Error::AlreadyHeld { .. }
             | Error::NoDefaultBackend => false,
         }
     }

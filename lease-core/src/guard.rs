@@ -7,14 +7,61 @@
 //! is known lost, and the caller learns which of the four outcomes happened from
 //! `Result<T, GuardError>`. While the work runs, [`current_sequencer`] and [`current_lease`] reach
 //! the lease it runs under.
+//!
+//! The task-local record of the leases a task's guarded work runs under also keeps a nested
+//! guarded call on a key the task already holds from waiting for itself: it fails at once with
+//! [`GuardError::AlreadyHeld`].
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{Backend, Error, LeaseSpec, LeaseWatcher, LostReason, Sequencer, default_backend};
 
 tokio::task_local! {
-    static CURRENT_LEASE: LeaseWatcher;
+    /// The leases this task's guarded work runs under, innermost last.
+    static HELD_BY_TASK: Arc<[HeldLease]>;
+}
+
+/// One lease guarded work of this task runs under.
+#[derive(Clone)]
+struct HeldLease {
+    /// The key or prefix, as the spec named it.
+    key: String,
+    watcher: LeaseWatcher,
+}
+
+/// Runs `work` with `watcher` (the lease on `key`) recorded as held by the current task, on top
+/// of the leases the task already holds: [`current_lease`] answers it, and a nested guarded call
+/// on `key` is refused.
+pub(crate) fn run_as_held<F: Future>(
+    key: &str,
+    watcher: LeaseWatcher,
+    work: F,
+) -> impl Future<Output = F::Output> + use<F> {
+    let mut held: Vec<HeldLease> = HELD_BY_TASK
+        .try_with(|held| held.to_vec())
+        .unwrap_or_default();
+    held.push(HeldLease {
+        key: key.to_owned(),
+        watcher,
+    });
+    HELD_BY_TASK.scope(held.into(), work)
+}
+
+/// `Err(Error::AlreadyHeld)` if guarded work of the current task already runs under a lease on
+/// `key` (a leader key or a semaphore's prefix; the backend is not compared, since the same
+/// backend is reached through many handles).
+pub(crate) fn refuse_if_held_by_this_task(key: &str) -> Result<(), Error> {
+    let held = HELD_BY_TASK
+        .try_with(|held| held.iter().any(|lease| lease.key == key))
+        .unwrap_or(false);
+    if held {
+        return Err(Error::AlreadyHeld {
+            key: key.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Why guarded work did not run to completion.
@@ -36,6 +83,18 @@ pub enum GuardError {
     /// The lease was lost while the work ran: the work was cancelled at its next await point.
     #[error("the lease was lost ({0}); the work was cancelled")]
     Lost(#[source] LostReason),
+
+    /// The lease is already held by this task: the call is nested in guarded work on the same
+    /// key or semaphore. It failed at once, without waiting for itself; the work did not run.
+    #[error(
+        "lease {key:?} is already held by this task (a guarded call nested in guarded work on the \
+         same key or semaphore); the nested work did not run: call the unguarded work directly, \
+         or guard it with another key"
+    )]
+    AlreadyHeld {
+        /// The key (leader) or prefix (semaphore).
+        key: String,
+    },
 
     /// The lease could not be acquired (backend unreachable, invalid spec, no default backend…):
     /// the work did not run.
@@ -61,6 +120,7 @@ impl From<GuardError> for Error {
         match error {
             GuardError::Busy { key, waited } => Error::Busy { key, waited },
             GuardError::Lost(reason) => Error::Lost(reason),
+            GuardError::AlreadyHeld { key } => Error::AlreadyHeld { key },
             GuardError::Backend(error) => error,
         }
     }
@@ -72,6 +132,10 @@ impl From<GuardError> for Error {
 /// - [`GuardError::Busy`]: held elsewhere past `spec`'s wait; the work was not started.
 /// - [`GuardError::Lost`]: the lease was lost first; the work was dropped at its next await
 ///   point (or never started, if the lease was lost before it was first polled).
+/// - [`GuardError::AlreadyHeld`]: guarded work of this task already holds `spec`'s key or
+///   semaphore (this call is nested in it); refused at once, whatever `spec`'s wait, and the work
+///   was not started. Work spawned onto another task is not nested: it contends as any other
+///   holder would.
 /// - [`GuardError::Backend`]: acquiring failed; the work was not started.
 ///
 /// After the work completes the lease is released before this returns, so the next guarded call
@@ -109,11 +173,9 @@ pub async fn guarded<F: Future>(
     spec: &LeaseSpec,
     work: F,
 ) -> Result<F::Output, GuardError> {
-    let lease = backend.acquire(spec).await.map_err(|error| match error {
-        Error::Busy { key, waited } => GuardError::Busy { key, waited },
-        other => GuardError::Backend(other),
-    })?;
-    let outcome = CURRENT_LEASE.scope(lease.watcher(), lease.run(work)).await;
+    refuse_if_held_by_this_task(spec.key()).map_err(not_acquired)?;
+    let lease = backend.acquire(spec).await.map_err(not_acquired)?;
+    let outcome = run_as_held(spec.key(), lease.watcher(), lease.run(work)).await;
     match outcome {
         Ok(output) => {
             // Already logged by the holder task; the output is still what the caller asked for.
@@ -121,6 +183,15 @@ pub async fn guarded<F: Future>(
             Ok(output)
         }
         Err(reason) => Err(GuardError::Lost(reason)),
+    }
+}
+
+/// The outcome of an acquisition that failed: the work did not run.
+fn not_acquired(error: Error) -> GuardError {
+    match error {
+        Error::Busy { key, waited } => GuardError::Busy { key, waited },
+        Error::AlreadyHeld { key } => GuardError::AlreadyHeld { key },
+        other => GuardError::Backend(other),
     }
 }
 
@@ -147,9 +218,7 @@ pub async fn guarded_by_default<F: Future>(
 /// Hand it to downstream systems as a fencing token. It is task-local: work spawned onto other
 /// tasks does not see it; pass the value along instead.
 pub fn current_sequencer() -> Option<Sequencer> {
-    CURRENT_LEASE
-        .try_with(|lease| lease.sequencer().clone())
-        .ok()
+    current_lease().map(|lease| lease.sequencer().clone())
 }
 
 /// A watcher of the lease the current guarded work runs under, or `None` outside guarded work.
@@ -157,7 +226,10 @@ pub fn current_sequencer() -> Option<Sequencer> {
 /// Use it to check [`is_held`](LeaseWatcher::is_held) before an irreversible step, or to hand
 /// [`lost`](LeaseWatcher::lost) to a task the work spawns.
 pub fn current_lease() -> Option<LeaseWatcher> {
-    CURRENT_LEASE.try_with(LeaseWatcher::clone).ok()
+    HELD_BY_TASK
+        .try_with(|held| held.last().map(|lease| lease.watcher.clone()))
+        .ok()
+        .flatten()
 }
 
 /// Support for the code the attribute macros generate. Not a public API.

@@ -32,6 +32,7 @@
 //! | finished while the lease was held | `Ok(value)` | yes, to the end |
 //! | held elsewhere past `wait` | `Err(GuardError::Busy { .. })` | no |
 //! | the lease was lost | `Err(GuardError::Lost(reason))` | started, cancelled |
+//! | nested in guarded work of this task on the same key | `Err(GuardError::AlreadyHeld { .. })`, at once, whatever `wait` | no |
 //! | the backend failed, no default backend… | `Err(GuardError::Backend(error))` | no |
 //!
 //! A body that itself returns `Result<U, E>` gives `Result<Result<U, E>, GuardError>`: the two

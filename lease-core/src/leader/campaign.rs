@@ -181,6 +181,12 @@ impl Campaign {
     /// after the worker is gone. A panic in the worker is caught by the task and reported as
     /// [`LeaderEvent::WorkerPanicked`]; it never ends the campaign.
     ///
+    /// Inside the worker's task, [`current_sequencer`](crate::current_sequencer) and
+    /// [`current_lease`](crate::current_lease) answer the term's lease, and a guarded call on the
+    /// campaign's key fails at once with [`GuardError::AlreadyHeld`](crate::GuardError::AlreadyHeld)
+    /// rather than waiting for the worker's own lease. A campaign run from guarded work that
+    /// already holds its key ends at once with [`Error::AlreadyHeld`].
+    ///
     /// Errors are retried exactly when [`Error::is_transient`] says so. Returns `Err` for an
     /// error retrying cannot fix: an invalid spec, a key used by another kind of lock, a
     /// permission or configuration error; the handles then report [`CampaignState::Failed`].
@@ -229,6 +235,8 @@ impl Campaign {
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
         self.spec.validate()?;
+        // Campaigning from guarded work on the same key would wait for this task itself.
+        crate::guard::refuse_if_held_by_this_task(self.spec.key())?;
         let _observing = self.shared.watch.as_ref().map(LeaderWatch::start);
         let _announcer = self.shared.watch.as_ref().map(|_| {
             AbortOnDrop(tokio::spawn(announce_leaders(
@@ -276,8 +284,13 @@ impl Campaign {
             // work from inside the task the moment the lease is lost.
             // Aborted if this future is dropped mid-term: a detached worker would run on after
             // the lease it needs is gone.
+            // Recorded as held by the worker's task: `current_sequencer()` answers inside it, and
+            // a guarded call on this key from it fails at once instead of waiting for itself.
+            let work = crate::guard::run_as_held(self.spec.key(), watcher.clone(), async move {
+                watcher.run(work).await
+            });
             let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> =
-                AbortOnDrop(tokio::spawn(async move { watcher.run(work).await }));
+                AbortOnDrop(tokio::spawn(work));
             let outcome = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => TermEnd::Shutdown,
