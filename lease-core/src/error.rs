@@ -257,9 +257,11 @@ pub enum Error {
         key: String,
     },
 
-    /// No backend was given and no process-wide default is set.
+    /// No backend was given, none is in scope and no process-wide default is set.
     #[error(
-        "no lease backend: pass one explicitly or call lease_core::set_default_backend at start-up"
+        "no lease backend: pass one explicitly (`backend = ...`), call \
+         lease_core::set_default_backend at start-up, or run the call inside \
+         lease_core::with_default_backend"
     )]
     NoDefaultBackend,
 }

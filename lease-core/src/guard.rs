@@ -195,11 +195,12 @@ fn not_acquired(error: Error) -> GuardError {
     }
 }
 
-/// [`guarded`] on the process-wide default backend (see
-/// [`set_default_backend`](crate::set_default_backend)).
+/// [`guarded`] on the default backend: the one in scope
+/// ([`with_default_backend`](crate::with_default_backend)), else the process-wide one
+/// ([`set_default_backend`](crate::set_default_backend)).
 ///
-/// Fails with `GuardError::Backend(Error::NoDefaultBackend)` if none was set; the work does not
-/// run.
+/// Fails with `GuardError::Backend(Error::NoDefaultBackend)` if there is neither; the work does
+/// not run.
 ///
 /// # Cancel safety
 ///

@@ -108,7 +108,7 @@ pub mod memory;
 pub mod amqp;
 
 pub use backend::Backend;
-pub use default_backend::{default_backend, set_default_backend};
+pub use default_backend::{default_backend, set_default_backend, with_default_backend};
 pub use error::{BoxError, Error, LostReason};
 #[doc(hidden)]
 pub use guard::__private;

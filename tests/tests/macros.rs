@@ -474,3 +474,78 @@ async fn without_a_backend_argument_the_default_backend_is_used() {
     assert!(busy.as_ref().is_err_and(GuardError::is_busy), "{busy:?}");
     other.release().await.expect("release");
 }
+
+#[leader_only(key = "macros/scoped-default", wait = "never")]
+async fn on_the_scoped_default(mine: &Memory) -> usize {
+    // Held in the caller's own store, whatever the other tests scope or set meanwhile.
+    let held_here = mine.sessions().len();
+    tokio::task::yield_now().await;
+    held_here
+}
+
+/// Calls the guarded fn many times, each time yielding inside it, under `mine` as the scoped
+/// default; with a process-wide default, a parallel test would swap the store underneath.
+async fn calls_under_a_scoped_default(mine: Memory) {
+    for round in 0..50 {
+        let held = lease_core::with_default_backend(mine.clone(), on_the_scoped_default(&mine));
+        let held = within(T, "a call on the scoped default", held).await;
+        assert_eq!(
+            held.ok(),
+            Some(1),
+            "round {round}: not acquired from this test's store"
+        );
+        assert!(mine.sessions().is_empty(), "round {round}: released");
+    }
+}
+
+// The two tests below run in parallel (libtest's default) with different memory stores and the
+// same key, next to `without_a_backend_argument_the_default_backend_is_used`, which sets the
+// process-wide default: each takes the key from its own store every time.
+#[tokio::test]
+async fn a_scoped_default_backend_is_this_tests_own_a() {
+    init_tracing();
+    calls_under_a_scoped_default(Memory::new()).await;
+}
+
+#[tokio::test]
+async fn a_scoped_default_backend_is_this_tests_own_b() {
+    init_tracing();
+    calls_under_a_scoped_default(Memory::new()).await;
+}
+
+#[tokio::test]
+async fn scopes_interleaved_in_one_task_each_keep_their_backend() {
+    init_tracing();
+    let (a, b) = (Memory::new(), Memory::new());
+    let barrier = tokio::sync::Barrier::new(2);
+    let in_scope = |mine: Memory| {
+        let barrier = &barrier;
+        lease_core::with_default_backend(mine.clone(), async move {
+            let outcome = lease_core::guarded_by_default(
+                &LeaseSpec::leader("macros/scoped-join").wait(Wait::Never),
+                async {
+                    // Both hold the same key at once: only possible in two different stores.
+                    barrier.wait().await;
+                    mine.sessions().len()
+                },
+            )
+            .await;
+            // Nested scopes: the innermost wins, and the outer comes back after it.
+            let inner = Memory::new();
+            let nested = lease_core::with_default_backend(inner.clone(), async {
+                lease_core::guarded_by_default(&LeaseSpec::leader("macros/scoped-join"), async {
+                    inner.sessions().len()
+                })
+                .await
+            })
+            .await;
+            (outcome.ok(), nested.ok())
+        })
+    };
+    let (from_a, from_b) = within(T, "both scopes", async {
+        tokio::join!(in_scope(a.clone()), in_scope(b.clone()))
+    })
+    .await;
+    assert_eq!(from_a, (Some(1), Some(1)));
+    assert_eq!(from_b, (Some(1), Some(1)));
+}
