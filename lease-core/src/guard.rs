@@ -173,6 +173,9 @@ pub async fn guarded<F: Future>(
     spec: &LeaseSpec,
     work: F,
 ) -> Result<F::Output, GuardError> {
+    // Every backend validates too; checked here first, a key built at run time (a macro's
+    // `key = format!(…)`) fails the same way everywhere, before anything is sent.
+    spec.validate().map_err(not_acquired)?;
     refuse_if_held_by_this_task(spec.key()).map_err(not_acquired)?;
     let lease = backend.acquire(spec).await.map_err(not_acquired)?;
     let outcome = run_as_held(spec.key(), lease.watcher(), lease.run(work)).await;

@@ -117,13 +117,9 @@ fn spec(args: &LeaseArgs) -> TokenStream {
         TargetArg::Leader { key } => quote_spanned! {key.span()=>
             ::lease_core::LeaseSpec::leader(#key)
         },
-        TargetArg::Semaphore { name, limit } => {
-            // Re-emitted unsuffixed: `3u64` was accepted as a number, not as a type.
-            let limit = LitInt::new(limit.base10_digits(), limit.span());
-            quote_spanned! {name.span()=>
-                ::lease_core::LeaseSpec::semaphore(#name, #limit)
-            }
-        }
+        TargetArg::Semaphore { name, limit } => quote_spanned! {name.span()=>
+            ::lease_core::LeaseSpec::semaphore(#name, #limit)
+        },
     };
     if let Some(wait) = &args.wait {
         let wait = match wait {

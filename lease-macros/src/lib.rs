@@ -43,17 +43,24 @@
 //!
 //! | argument | meaning | default |
 //! | --- | --- | --- |
-//! | `key = "…"` (`#[leader_only]`, or first positional) | the leader key | required |
-//! | `name = "…"` (`#[semaphore]`, or first positional) | the semaphore's prefix | required |
-//! | `limit = N` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295 | required |
+//! | `key = …` (`#[leader_only]`, or first positional) | the leader key: a literal, a constant or an expression | required |
+//! | `name = …` (`#[semaphore]`, or first positional) | the semaphore's prefix: a literal, a constant or an expression | required |
+//! | `limit = …` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295: a literal or a `u32` constant | required |
 //! | `wait = "30s"` / `"forever"` / `"never"` | how long to wait when held elsewhere | `"forever"` |
 //! | `ttl = "15s"` | session TTL, whole seconds, 10s to 24h | `"15s"` |
 //! | `lock_delay = "0s"` | lock-delay after loss, at most 60s | `"15s"` |
 //! | `backend = <expr>` | the backend to acquire from | the process-wide default |
 //!
-//! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations and
-//! limits are checked at compile time, with the error at your token; the function is still
-//! emitted, so the rest of your crate keeps compiling against it.
+//! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations,
+//! literal keys (the key rule of `LeaseSpec::validate`) and literal limits are checked at compile
+//! time, with the error at your token; the function is still emitted, so the rest of your crate
+//! keeps compiling against it.
+//!
+//! A key, name or limit that is not a literal (`key = KEYS::COMPACT`,
+//! `key = format!("tenant/{tenant}/compact")`) is evaluated on every call, inside the function,
+//! so it may use the arguments; it is checked at run time, before anything is acquired: a bad
+//! one returns `Err(GuardError::Backend(Error::InvalidKey { .. }))` (or `InvalidLimit`) and the
+//! body does not run. A key is anything `LeaseSpec::leader` takes (`&str`, `String`).
 //!
 //! `backend` is evaluated on every call, inside the function, so it may use the arguments and
 //! `self` (`backend = &self.backend`). It may be a backend, a reference to one, or an `Arc` of
@@ -87,6 +94,33 @@
 //!     Err(GuardError::Lost(reason)) => eprintln!("cancelled: {reason}"),
 //!     Err(error) => eprintln!("not run: {error}"),
 //! }
+//! # }
+//! ```
+//!
+//! A key per tenant, built from the arguments, and a key from a constant:
+//!
+//! ```
+//! use lease_core::{leader_only, memory::Memory};
+//!
+//! struct Keys;
+//! impl Keys {
+//!     const NIGHTLY: &'static str = "jobs/nightly";
+//! }
+//!
+//! #[leader_only(key = format!("tenants/{tenant}/compact"), wait = "never", backend = backend)]
+//! async fn compact_tenant(backend: &Memory, tenant: u64) -> String {
+//!     lease_core::current_sequencer().map(|s| s.key().to_owned()).unwrap_or_default()
+//! }
+//!
+//! #[leader_only(key = Keys::NIGHTLY, backend = backend)]
+//! async fn nightly(backend: &Memory) {}
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::GuardError> {
+//! let backend = Memory::new();
+//! assert_eq!(compact_tenant(&backend, 7).await?, "tenants/7/compact");
+//! nightly(&backend).await?;
+//! # Ok(())
 //! # }
 //! ```
 //!

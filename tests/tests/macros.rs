@@ -549,3 +549,44 @@ async fn scopes_interleaved_in_one_task_each_keep_their_backend() {
     assert_eq!(from_a, (Some(1), Some(1)));
     assert_eq!(from_b, (Some(1), Some(1)));
 }
+
+#[leader_only(key = format!("macros/tenants/{tenant}"), wait = "never", backend = backend)]
+async fn per_tenant(backend: &Memory, tenant: &str, ran: &AtomicUsize) -> Option<Sequencer> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    lease_core::current_sequencer()
+}
+
+#[tokio::test]
+async fn a_key_built_from_the_arguments_is_evaluated_per_call_and_checked_at_run_time() {
+    init_tracing();
+    let memory = Memory::new();
+    let ran = AtomicUsize::new(0);
+    let acme = within(T, "tenant acme", per_tenant(&memory, "acme", &ran)).await;
+    assert_eq!(
+        acme.ok().flatten().map(|s| s.key().to_owned()).as_deref(),
+        Some("macros/tenants/acme")
+    );
+    // Another tenant's key is another lease: held by someone else, acme still runs.
+    let other = memory
+        .acquire(&LeaseSpec::leader("macros/tenants/globex").wait(Wait::Never))
+        .await
+        .expect("free");
+    let acme = within(T, "acme, globex held", per_tenant(&memory, "acme", &ran)).await;
+    assert!(acme.is_ok(), "{acme:?}");
+    let globex = within(T, "globex, held", per_tenant(&memory, "globex", &ran)).await;
+    assert!(
+        globex.as_ref().is_err_and(GuardError::is_busy),
+        "{globex:?}"
+    );
+    other.release().await.expect("release");
+
+    // A key that breaks the key rule fails before anything is acquired; the body does not run.
+    let before = ran.load(Ordering::SeqCst);
+    let bad = within(T, "an empty segment", per_tenant(&memory, "", &ran)).await;
+    assert!(
+        matches!(&bad, Err(GuardError::Backend(lease_core::Error::InvalidKey { key, .. })) if key == "macros/tenants/"),
+        "{bad:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), before);
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+}

@@ -1,12 +1,22 @@
 use lease_core::{leader_only, semaphore};
 
-#[leader_only(key = jobs)]
-async fn ident() {}
-
 #[leader_only(key = "")]
 async fn empty() {}
 
 #[semaphore(name = 3, limit = 3)]
 async fn number() {}
+
+#[leader_only(key = "/jobs/compact")]
+async fn absolute() {}
+
+#[leader_only(key = "jobs//compact")]
+async fn empty_segment() {}
+
+#[semaphore(name = "reports/", limit = 3)]
+async fn trailing_slash() {}
+
+// Not a literal: an expression, so the compiler reports what it cannot find.
+#[leader_only(key = jobs)]
+async fn unknown_constant() {}
 
 fn main() {}

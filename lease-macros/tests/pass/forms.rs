@@ -78,6 +78,24 @@ fn arc_backend(backend: Arc<dyn Backend>) -> impl std::future::Future<Output = R
     with(backend)
 }
 
+mod keys {
+    pub const COMPACT: &str = "jobs/compact";
+    pub const REPORT_SLOTS: u32 = 4;
+}
+
+#[leader_only(key = keys::COMPACT)]
+async fn constant_key() {}
+
+#[leader_only(key = format!("tenants/{tenant}/compact"), wait = "never")]
+async fn expression_key(tenant: u64) -> u64 {
+    tenant
+}
+
+#[semaphore(name = String::from("reports/") + region, limit = keys::REPORT_SLOTS)]
+async fn expression_name(region: &str) -> usize {
+    region.len()
+}
+
 fn assert_send<F: std::future::Future + Send>(f: F) -> F {
     f
 }
@@ -87,6 +105,8 @@ fn main() {
         let _ = assert_send(free());
         let _ = assert_send(generic(1));
         let _ = assert_send(question_mark("1"));
+        let _ = assert_send(expression_key(7));
+        let _ = assert_send(expression_name("eu"));
     };
     let _ = arc_backend;
     let _ = assert_send::<std::future::Ready<()>>;
@@ -100,6 +120,9 @@ async fn signatures() {
     let _: Result<(), GuardError> = positional_semaphore().await;
     let _: Result<String, GuardError> = generic("x").await;
     let _: Result<Result<u32, std::num::ParseIntError>, GuardError> = question_mark("2").await;
+    let _: Result<(), GuardError> = constant_key().await;
+    let _: Result<u64, GuardError> = expression_key(7).await;
+    let _: Result<usize, GuardError> = expression_name("eu").await;
     let shown: Result<_, GuardError> = impl_trait().await;
     if let Ok(shown) = shown {
         let _ = shown.to_string();
