@@ -249,6 +249,14 @@ pub mod __private {
         body
     }
 
+    /// Folds the outcome of a lease attribute stacked on another into one: the outer lease's
+    /// error, or whatever the inner guarded call returned.
+    pub fn flatten<T>(
+        outcome: Result<Result<T, crate::GuardError>, crate::GuardError>,
+    ) -> Result<T, crate::GuardError> {
+        outcome.and_then(|inner| inner)
+    }
+
     /// Turns whatever `backend = <expr>` evaluates to (a backend, a reference to one, an `Arc` of
     /// one) into `&dyn Backend` through method-call auto-deref, so users need not write `&*`.
     pub trait AsDynBackend {

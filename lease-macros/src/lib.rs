@@ -150,6 +150,34 @@
 //! # }
 //! ```
 //!
+//! # Stacking
+//!
+//! `#[leader_only]` and `#[semaphore]` stack: the function runs while holding every lease named,
+//! and still returns one `Result<T, GuardError>`. The top attribute's lease is acquired first
+//! and released last; [`lease_core::current_sequencer`] inside the body is the innermost
+//! lease's. The first failure is the outcome (`Busy` on the key that was busy, `Lost` if any of
+//! the leases is lost while the body runs).
+//!
+//! ```
+//! use lease_core::{GuardError, leader_only, memory::Memory, semaphore};
+//!
+//! // One leader node runs the export, with at most two exports across all tenants' leaders.
+//! #[leader_only(key = "jobs/export/leader", backend = backend)]
+//! #[semaphore("jobs/export/slots", 2, backend = backend)]
+//! async fn export(backend: &Memory) -> usize {
+//!     3
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let exported: Result<usize, GuardError> = export(&Memory::new()).await;
+//! assert_eq!(exported.ok(), Some(3));
+//! # }
+//! ```
+//!
+//! The attributes are recognised by name (`leader_only`, `semaphore`, with any path before it),
+//! so another attribute of one of those names cannot sit below them.
+//!
 //! # Where it can be used
 //!
 //! On any `async fn` with a body: free functions, methods taking `&self`, `&mut self` or `self`,

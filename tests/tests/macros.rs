@@ -590,3 +590,45 @@ async fn a_key_built_from_the_arguments_is_evaluated_per_call_and_checked_at_run
     assert_eq!(ran.load(Ordering::SeqCst), before);
     assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
 }
+
+#[leader_only(key = "macros/stack/leader", wait = "never", backend = backend)]
+#[semaphore("macros/stack/slots", 1, wait = "never", backend = backend)]
+async fn stacked(backend: &Memory, ran: &AtomicUsize) -> Option<Sequencer> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    lease_core::current_sequencer()
+}
+
+#[tokio::test]
+async fn stacked_attributes_hold_both_leases_and_return_one_result() {
+    init_tracing();
+    let memory = Memory::new();
+    let ran = AtomicUsize::new(0);
+    // One Result: not Result<Result<…, GuardError>, GuardError>.
+    let outcome: Result<Option<Sequencer>, GuardError> =
+        within(T, "both free", stacked(&memory, &ran)).await;
+    let inside = outcome.expect("both leases free").expect("inside");
+    // The innermost lease's: a slot's sequencer names its holder key under the prefix.
+    assert!(inside.key().starts_with("macros/stack/slots/"), "{inside}");
+    assert!(memory.sessions().is_empty(), "both released");
+
+    for busy_key in ["macros/stack/leader", "macros/stack/slots"] {
+        let spec = if busy_key.ends_with("leader") {
+            LeaseSpec::leader(busy_key)
+        } else {
+            LeaseSpec::semaphore(busy_key, 1)
+        };
+        let other = memory.acquire(&spec).await.expect("free");
+        let outcome = within(T, "one of them busy", stacked(&memory, &ran)).await;
+        assert!(
+            matches!(&outcome, Err(GuardError::Busy { key, .. }) if key == busy_key),
+            "{outcome:?}"
+        );
+        other.release().await.expect("release");
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the body ran only with both held"
+    );
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+}

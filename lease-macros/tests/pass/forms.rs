@@ -96,6 +96,12 @@ async fn expression_name(region: &str) -> usize {
     region.len()
 }
 
+#[leader_only(key = "jobs/stacked")]
+#[lease_core::semaphore("jobs/stacked-slots", 2)]
+async fn stacked() -> u32 {
+    1
+}
+
 fn assert_send<F: std::future::Future + Send>(f: F) -> F {
     f
 }
@@ -121,6 +127,8 @@ async fn signatures() {
     let _: Result<String, GuardError> = generic("x").await;
     let _: Result<Result<u32, std::num::ParseIntError>, GuardError> = question_mark("2").await;
     let _: Result<(), GuardError> = constant_key().await;
+    // One Result for both attributes, not Result<Result<u32, GuardError>, GuardError>.
+    let _: Result<u32, GuardError> = stacked().await;
     let _: Result<u64, GuardError> = expression_key(7).await;
     let _: Result<usize, GuardError> = expression_name("eu").await;
     let shown: Result<_, GuardError> = impl_trait().await;
