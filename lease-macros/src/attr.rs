@@ -34,8 +34,25 @@ impl Kind {
     /// The named arguments this attribute accepts, in the order the docs list them.
     fn accepted(self) -> &'static [&'static str] {
         match self {
-            Kind::Leader => &["key", "wait", "ttl", "lock_delay", "backend"],
-            Kind::Semaphore => &["name", "limit", "wait", "ttl", "lock_delay", "backend"],
+            Kind::Leader => &[
+                "key",
+                "wait",
+                "ttl",
+                "lock_delay",
+                "min_hold",
+                "max_run",
+                "backend",
+            ],
+            Kind::Semaphore => &[
+                "name",
+                "limit",
+                "wait",
+                "ttl",
+                "lock_delay",
+                "min_hold",
+                "max_run",
+                "backend",
+            ],
         }
     }
 
@@ -110,6 +127,8 @@ pub(crate) struct LeaseArgs {
     pub(crate) wait: Option<WaitArg>,
     pub(crate) ttl: Option<Millis>,
     pub(crate) lock_delay: Option<Millis>,
+    pub(crate) min_hold: Option<Millis>,
+    pub(crate) max_run: Option<Millis>,
     pub(crate) backend: Option<Expr>,
 }
 
@@ -182,6 +201,8 @@ impl LeaseArgs {
         let mut wait = Once::new("wait");
         let mut ttl = Once::new("ttl");
         let mut lock_delay = Once::new("lock_delay");
+        let mut min_hold = Once::new("min_hold");
+        let mut max_run = Once::new("max_run");
         let mut backend = Once::new("backend");
 
         let mut positional_seen = 0;
@@ -220,6 +241,8 @@ impl LeaseArgs {
                 "wait" => wait.set(at, parse_wait(&value), &mut errors),
                 "ttl" => ttl.set(at, parse_ttl(&value), &mut errors),
                 "lock_delay" => lock_delay.set(at, parse_lock_delay(&value), &mut errors),
+                "min_hold" => min_hold.set(at, parse_schedule("min_hold", &value), &mut errors),
+                "max_run" => max_run.set(at, parse_schedule("max_run", &value), &mut errors),
                 "backend" => backend.set(at, Ok(value), &mut errors),
                 _ => errors.push(syn::Error::new(at, unknown_argument(kind, &name))),
             }
@@ -254,6 +277,8 @@ impl LeaseArgs {
             wait: wait.value,
             ttl: ttl.value,
             lock_delay: lock_delay.value,
+            min_hold: min_hold.value,
+            max_run: max_run.value,
             backend: backend.value,
         })
     }
@@ -422,6 +447,12 @@ fn parse_lock_delay(value: &Expr) -> syn::Result<Millis> {
         ));
     }
     Ok(delay)
+}
+
+/// `min_hold` or `max_run`: any duration; `LeaseSpec::validate` checks the pair at run time.
+fn parse_schedule(name: &str, value: &Expr) -> syn::Result<Millis> {
+    let text = duration_literal(name, value)?;
+    parse_duration(&text, "")
 }
 
 /// Reads `"<number><unit>"` repeated (`"1m30s"`), units `ms`, `s`, `m`, `h`.

@@ -201,6 +201,14 @@ fn spec(args: &LeaseArgs) -> TokenStream {
         let lock_delay = duration(lock_delay);
         spec.extend(quote!(.lock_delay(#lock_delay)));
     }
+    if let Some(min_hold) = &args.min_hold {
+        let min_hold = duration(min_hold);
+        spec.extend(quote!(.min_hold(#min_hold)));
+    }
+    if let Some(max_run) = &args.max_run {
+        let max_run = duration(max_run);
+        spec.extend(quote!(.max_run(#max_run)));
+    }
     spec
 }
 

@@ -32,6 +32,7 @@
 //! | finished while the lease was held | `Ok(value)` | yes, to the end |
 //! | held elsewhere past `wait` | `Err(GuardError::Busy { .. })` | no |
 //! | the lease was lost | `Err(GuardError::Lost(reason))` | started, cancelled |
+//! | ran past `max_run` | `Err(GuardError::TimedOut { .. })` | started, cancelled |
 //! | nested in guarded work of this task on the same key | `Err(GuardError::AlreadyHeld { .. })`, at once, whatever `wait` | no |
 //! | the backend failed, no default backend… | `Err(GuardError::Backend(error))` | no |
 //!
@@ -49,7 +50,9 @@
 //! | `wait = "30s"` / `"forever"` / `"never"` | how long to wait when held elsewhere | `"forever"` |
 //! | `ttl = "15s"` | session TTL, whole seconds, 10s to 24h | `"15s"` |
 //! | `lock_delay = "0s"` | lock-delay after loss, at most 60s | `"15s"` |
-//! | `backend = <expr>` | the backend to acquire from | the process-wide default |
+//! | `min_hold = "30s"` | keep the lease at least this long after the body started (ShedLock's `lockAtLeastFor`), released in the background | `"0s"` |
+//! | `max_run = "5m"` | cancel the body if it runs longer (ShedLock's `lockAtMostFor`): `Err(GuardError::TimedOut { .. })` | no bound |
+//! | `backend = <expr>` | the backend to acquire from | the default backend (scoped, else process-wide) |
 //!
 //! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations,
 //! literal keys (the key rule of `LeaseSpec::validate`) and literal limits are checked at compile

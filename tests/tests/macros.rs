@@ -632,3 +632,38 @@ async fn stacked_attributes_hold_both_leases_and_return_one_result() {
     );
     assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
 }
+
+#[leader_only(key = "macros/scheduled", wait = "never", min_hold = "1h", max_run = "2h", backend = backend)]
+async fn fast_scheduled_job(backend: &Memory, ran: &AtomicUsize) {
+    ran.fetch_add(1, Ordering::SeqCst);
+}
+
+#[leader_only(key = "macros/too-long", max_run = "50ms", backend = backend)]
+async fn job_that_hangs(backend: &Memory) {
+    std::future::pending::<()>().await
+}
+
+#[tokio::test]
+async fn min_hold_and_max_run_on_the_attribute() {
+    init_tracing();
+    let memory = Memory::new();
+    let ran = AtomicUsize::new(0);
+    within(T, "the job", fast_scheduled_job(&memory, &ran))
+        .await
+        .expect("ran");
+    // Fired again (another node's skewed schedule): the lease is still kept, the job skips.
+    let again = within(T, "the job again", fast_scheduled_job(&memory, &ran)).await;
+    assert!(again.as_ref().is_err_and(GuardError::is_busy), "{again:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    // A shutdown gives the kept lease back at once (documented on LeaseSpec::min_hold).
+    within(T, "shutdown", memory.shutdown()).await;
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+
+    let other = Memory::new();
+    let hung = within(T, "the hanging job", job_that_hangs(&other)).await;
+    assert!(
+        matches!(&hung, Err(GuardError::TimedOut { key, .. }) if key == "macros/too-long"),
+        "{hung:?}"
+    );
+    assert!(other.sessions().is_empty(), "released after max_run");
+}

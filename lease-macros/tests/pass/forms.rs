@@ -102,6 +102,9 @@ async fn stacked() -> u32 {
     1
 }
 
+#[leader_only(key = "jobs/scheduled", wait = "never", min_hold = "30s", max_run = "5m")]
+async fn scheduled() {}
+
 fn assert_send<F: std::future::Future + Send>(f: F) -> F {
     f
 }
@@ -127,6 +130,7 @@ async fn signatures() {
     let _: Result<String, GuardError> = generic("x").await;
     let _: Result<Result<u32, std::num::ParseIntError>, GuardError> = question_mark("2").await;
     let _: Result<(), GuardError> = constant_key().await;
+    let _: Result<(), GuardError> = scheduled().await;
     // One Result for both attributes, not Result<Result<u32, GuardError>, GuardError>.
     let _: Result<u32, GuardError> = stacked().await;
     let _: Result<u64, GuardError> = expression_key(7).await;
