@@ -15,8 +15,4 @@ async fn empty_segment() {}
 #[semaphore(name = "reports/", limit = 3)]
 async fn trailing_slash() {}
 
-// Not a literal: an expression, so the compiler reports what it cannot find.
-#[leader_only(key = jobs)]
-async fn unknown_constant() {}
-
 fn main() {}
