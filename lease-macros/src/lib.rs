@@ -157,7 +157,7 @@
 //!
 //! `#[leader_only]` and `#[semaphore]` stack: the function runs while holding every lease named,
 //! and still returns one `Result<T, GuardError>`. The top attribute's lease is acquired first
-//! and released last; [`lease_core::current_sequencer`] inside the body is the innermost
+//! and released last; `lease_core::current_sequencer()` inside the body is the innermost
 //! lease's. The first failure is the outcome (`Busy` on the key that was busy, `Lost` if any of
 //! the leases is lost while the body runs).
 //!
