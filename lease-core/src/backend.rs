@@ -13,6 +13,7 @@
 //! clean-up, turns `is_held()` false before releasing, bounds releases by [`RELEASE_BOUND`], and
 //! self-fences on its [`Fence`] the same way. The in-tree backends use only this module.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -93,6 +94,36 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// Shares `backend` as the `Arc<dyn Backend>` that campaigns, layers and the default backend
+/// keep: every API that keeps a backend takes `impl Backend` and calls this.
+///
+/// Any backend is accepted the same way: a backend by value (`Memory::new()`,
+/// `Consul::from_env()?`), an `Arc` of one (`Arc<Consul>`), or an `Arc<dyn Backend>` chosen at
+/// start-up. An `Arc<dyn Backend>` is returned as it is, not wrapped in a second `Arc`, so
+/// clones of it keep pointing at the same backend.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "memory")]
+/// # {
+/// use std::sync::Arc;
+/// use lease_core::{Backend, backend::into_shared, memory::Memory};
+///
+/// let chosen: Arc<dyn Backend> = Arc::new(Memory::new());
+/// assert!(Arc::ptr_eq(&into_shared(Arc::clone(&chosen)), &chosen));
+/// let _by_value: Arc<dyn Backend> = into_shared(Memory::new());
+/// # }
+/// ```
+pub fn into_shared<B: Backend>(backend: B) -> Arc<dyn Backend> {
+    // Without specialization, the one case to unwrap is told apart at run time; `B: 'static`
+    // (every backend is) makes it an `Any`.
+    if let Some(shared) = (&backend as &dyn Any).downcast_ref::<Arc<dyn Backend>>() {
+        return Arc::clone(shared);
+    }
+    Arc::new(backend)
 }
 
 /// A backend behind a smart pointer is the backend: `Arc<dyn Backend>`, `Box<dyn Backend>`.

@@ -67,6 +67,19 @@ pub enum Error {
         ttl: Duration,
     },
 
+    /// A [`max_run`](crate::LeaseSpec::max_run) of zero, or shorter than the
+    /// [`min_hold`](crate::LeaseSpec::min_hold).
+    #[error(
+        "invalid schedule: max_run {max_run:?} must be above zero and at least min_hold \
+         {min_hold:?}; raise max_run or lower min_hold"
+    )]
+    InvalidSchedule {
+        /// The minimum hold given.
+        min_hold: Duration,
+        /// The maximum run given.
+        max_run: Duration,
+    },
+
     /// A semaphore limit of zero, or a value the backend cannot represent.
     #[error("invalid semaphore limit {limit} for {key:?}: use at least 1")]
     InvalidLimit {
@@ -244,9 +257,34 @@ pub enum Error {
         /// The bound that passed.
         after: Duration,
     },
-    /// No backend was given and no process-wide default is set.
+    /// Guarded work ran past its spec's [`max_run`](crate::LeaseSpec::max_run) and was cancelled
+    /// (what [`GuardError::TimedOut`](crate::GuardError::TimedOut) becomes with `?`).
+    #[error("the work on lease {key:?} ran past its max_run of {max_run:?} and was cancelled")]
+    WorkTimedOut {
+        /// The key or prefix.
+        key: String,
+        /// The bound that passed.
+        max_run: Duration,
+    },
+
+    /// The task asking for the lease already holds it: a guarded call (or a campaign) nested in
+    /// guarded work on the same key or semaphore. Waiting would wait for itself forever, and
+    /// "held elsewhere" would be untrue, so nothing is acquired.
     #[error(
-        "no lease backend: pass one explicitly or call lease_core::set_default_backend at start-up"
+        "lease {key:?} is already held by this task (a guarded call nested in guarded work on the \
+         same key or semaphore); the outer call already holds it: call the unguarded work \
+         directly, or guard the inner work with another key"
+    )]
+    AlreadyHeld {
+        /// The key or prefix.
+        key: String,
+    },
+
+    /// No backend was given, none is in scope and no process-wide default is set.
+    #[error(
+        "no lease backend: pass one explicitly (`backend = ...`), call \
+         lease_core::set_default_backend at start-up, or run the call inside \
+         lease_core::with_default_backend"
     )]
     NoDefaultBackend,
 }
@@ -272,12 +310,14 @@ impl Error {
             | Error::Contended { .. }
             | Error::ChannelsExhausted { .. }
             | Error::ObserverClosed { .. }
-            | Error::ReleaseTimedOut { .. } => true,
+            | Error::ReleaseTimedOut { .. }
+            | Error::WorkTimedOut { .. } => true,
             Error::Backend { transient, .. } => *transient,
             Error::InvalidKey { .. }
             | Error::InvalidTtl { .. }
             | Error::InvalidLockDelay { .. }
             | Error::InvalidFenceLead { .. }
+            | Error::InvalidSchedule { .. }
             | Error::InvalidLimit { .. }
             | Error::FlagsConflict { .. }
             | Error::LimitMismatch { .. }
@@ -287,6 +327,7 @@ impl Error {
             | Error::QueueMismatch { .. }
             | Error::Config(_)
             | Error::Unsupported { .. }
+            | Error::AlreadyHeld { .. }
             | Error::NoDefaultBackend => false,
         }
     }

@@ -109,7 +109,7 @@ pub mod memory;
 pub mod amqp;
 
 pub use backend::Backend;
-pub use default_backend::{default_backend, set_default_backend};
+pub use default_backend::{default_backend, set_default_backend, with_default_backend};
 pub use error::{BoxError, Error, LostReason};
 #[doc(hidden)]
 pub use guard::__private;
@@ -117,6 +117,11 @@ pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_b
 pub use lease::{BoxFuture, Lease, LeaseWatcher};
 pub use sequencer::{BackendKind, ParseSequencerError, Sequencer};
 pub use spec::{LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait};
+/// The token that stops a [`Campaign`](leader::Campaign) ([`run_until`](leader::Campaign::run_until),
+/// [`hold_until`](leader::Campaign::hold_until)): tokio-util's, re-exported so that using this
+/// crate needs no dependency of its own on tokio-util. Cancel it (from a signal handler, or
+/// axum's graceful shutdown) and the campaign steps down in order.
+pub use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "macros")]
 pub use lease_macros::{leader_only, semaphore};

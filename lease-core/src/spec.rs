@@ -105,6 +105,8 @@ pub struct LeaseSpec {
     session_name: Option<String>,
     settle: Duration,
     fence_lead: Duration,
+    min_hold: Duration,
+    max_run: Option<Duration>,
 }
 
 impl LeaseSpec {
@@ -126,6 +128,8 @@ impl LeaseSpec {
             session_name: None,
             settle: Self::DEFAULT_SETTLE,
             fence_lead: Duration::ZERO,
+            min_hold: Duration::ZERO,
+            max_run: None,
         }
     }
 
@@ -209,6 +213,41 @@ impl LeaseSpec {
         self
     }
 
+    /// For scheduled jobs (ShedLock's `lockAtLeastFor`): keep the lease at least `min_hold` after
+    /// the guarded work started, even if the work finished sooner, so the same job fired on
+    /// another node a little later (a skewed clock or schedule) finds the lease taken and skips,
+    /// instead of running the job a second time. Default zero: released as soon as the work ends.
+    ///
+    /// Read by [`guarded`](crate::guarded) and the attributes (`min_hold = "30s"`); plain
+    /// [`Backend::acquire`](crate::Backend::acquire) and campaigns ignore it. The guarded call
+    /// returns as soon as the work ends; the lease is released in the background when
+    /// `min_hold` has passed since the work started (after a loss there is nothing to keep).
+    ///
+    /// The lease is kept while the process lives: [`Backend::shutdown`](crate::Backend::shutdown),
+    /// and a runtime shutting down, release a lease whose delayed release is pending at once, as
+    /// they release every lease (a process cannot keep a session past its own life anyway, and a
+    /// shutdown must not wait out a schedule). A job that must not run again early after a
+    /// deploy needs a longer `min_hold` on the nodes that stay, or fencing.
+    #[must_use]
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = min_hold;
+        self
+    }
+
+    /// For scheduled jobs (ShedLock's `lockAtMostFor`): cancel the guarded work if it is still
+    /// running `max_run` after it started; the lease is then released (after
+    /// [`min_hold`](Self::min_hold), if that is longer). Default: no bound.
+    ///
+    /// The outcome is [`GuardError::TimedOut`](crate::GuardError::TimedOut), distinct from a
+    /// loss: the lease was still held, the work was dropped at its next await point because it
+    /// ran too long. Read by [`guarded`](crate::guarded) and the attributes (`max_run = "5m"`);
+    /// plain [`Backend::acquire`](crate::Backend::acquire) and campaigns ignore it.
+    #[must_use]
+    pub fn max_run(mut self, max_run: Duration) -> Self {
+        self.max_run = Some(max_run);
+        self
+    }
+
     /// The value the holder advertises in the key (for a leader, its address, so followers know
     /// whom to forward to).
     #[must_use]
@@ -278,6 +317,16 @@ impl LeaseSpec {
         self.settle.max(self.lock_delay)
     }
 
+    /// The time set by [`min_hold`](Self::min_hold); zero if none.
+    pub fn min_hold_time(&self) -> Duration {
+        self.min_hold
+    }
+
+    /// The bound set by [`max_run`](Self::max_run), if any.
+    pub fn max_run_time(&self) -> Option<Duration> {
+        self.max_run
+    }
+
     /// The advertised value.
     pub fn advertised_value(&self) -> &[u8] {
         &self.value
@@ -321,6 +370,14 @@ impl LeaseSpec {
                 lead: self.fence_lead,
                 ttl: self.ttl,
             });
+        }
+        if let Some(max_run) = self.max_run {
+            if max_run.is_zero() || self.min_hold > max_run {
+                return Err(Error::InvalidSchedule {
+                    min_hold: self.min_hold,
+                    max_run,
+                });
+            }
         }
         Ok(())
     }

@@ -2,9 +2,10 @@
 //!
 //! Arguments are read in two steps. [`RawArgs`] is the syntax (`"positional"`, `key = value`,
 //! comma-separated); [`LeaseArgs::from_raw`] gives each argument its meaning, checks it, and
-//! collects every error at once, each spanned at the user's token. Durations and limits are
-//! checked here, at compile time; the key rule and the TTL range are checked again at run time
-//! by `LeaseSpec::validate`, which stays the authority.
+//! collects every error at once, each spanned at the user's token. Durations, literal keys and
+//! literal limits are checked here, at compile time; a key, name or limit given as a constant or
+//! an expression is checked at run time by `LeaseSpec::validate`, which stays the authority for
+//! everything (the generated code calls it before acquiring).
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -33,13 +34,30 @@ impl Kind {
     /// The named arguments this attribute accepts, in the order the docs list them.
     fn accepted(self) -> &'static [&'static str] {
         match self {
-            Kind::Leader => &["key", "wait", "ttl", "lock_delay", "backend"],
-            Kind::Semaphore => &["name", "limit", "wait", "ttl", "lock_delay", "backend"],
+            Kind::Leader => &[
+                "key",
+                "wait",
+                "ttl",
+                "lock_delay",
+                "min_hold",
+                "max_run",
+                "backend",
+            ],
+            Kind::Semaphore => &[
+                "name",
+                "limit",
+                "wait",
+                "ttl",
+                "lock_delay",
+                "min_hold",
+                "max_run",
+                "backend",
+            ],
         }
     }
 
-    /// A complete example, for errors about a missing argument.
-    fn missing_target_hint(self) -> &'static str {
+    /// A complete example, for errors about a missing or malformed argument.
+    pub(crate) fn example(self) -> &'static str {
         match self {
             Kind::Leader => "#[leader_only(key = \"jobs/compact\")]",
             Kind::Semaphore => "#[semaphore(name = \"reports\", limit = 3)]",
@@ -96,10 +114,11 @@ pub(crate) struct Millis {
     pub(crate) span: Span,
 }
 
-/// What the attribute guards with.
+/// What the attribute guards with: literals already checked, or expressions (a constant,
+/// `format!(…)`) evaluated and checked at run time.
 pub(crate) enum TargetArg {
-    Leader { key: LitStr },
-    Semaphore { name: LitStr, limit: LitInt },
+    Leader { key: Expr },
+    Semaphore { name: Expr, limit: Expr },
 }
 
 /// The checked arguments.
@@ -108,6 +127,8 @@ pub(crate) struct LeaseArgs {
     pub(crate) wait: Option<WaitArg>,
     pub(crate) ttl: Option<Millis>,
     pub(crate) lock_delay: Option<Millis>,
+    pub(crate) min_hold: Option<Millis>,
+    pub(crate) max_run: Option<Millis>,
     pub(crate) backend: Option<Expr>,
 }
 
@@ -180,6 +201,8 @@ impl LeaseArgs {
         let mut wait = Once::new("wait");
         let mut ttl = Once::new("ttl");
         let mut lock_delay = Once::new("lock_delay");
+        let mut min_hold = Once::new("min_hold");
+        let mut max_run = Once::new("max_run");
         let mut backend = Once::new("backend");
 
         let mut positional_seen = 0;
@@ -208,18 +231,18 @@ impl LeaseArgs {
                 }
             };
             match name.as_str() {
-                "key" if kind == Kind::Leader => {
-                    key.set(at, string_literal("key", &value), &mut errors)
-                }
+                "key" if kind == Kind::Leader => key.set(at, parse_key("key", value), &mut errors),
                 "name" if kind == Kind::Semaphore => {
-                    key.set(at, string_literal("name", &value), &mut errors)
+                    key.set(at, parse_key("name", value), &mut errors)
                 }
                 "limit" if kind == Kind::Semaphore => {
-                    limit.set(at, parse_limit(&value), &mut errors)
+                    limit.set(at, parse_limit(value), &mut errors)
                 }
                 "wait" => wait.set(at, parse_wait(&value), &mut errors),
                 "ttl" => ttl.set(at, parse_ttl(&value), &mut errors),
                 "lock_delay" => lock_delay.set(at, parse_lock_delay(&value), &mut errors),
+                "min_hold" => min_hold.set(at, parse_schedule("min_hold", &value), &mut errors),
+                "max_run" => max_run.set(at, parse_schedule("max_run", &value), &mut errors),
                 "backend" => backend.set(at, Ok(value), &mut errors),
                 _ => errors.push(syn::Error::new(at, unknown_argument(kind, &name))),
             }
@@ -229,15 +252,12 @@ impl LeaseArgs {
         if kind == Kind::Semaphore && !key.given && !limit.given {
             errors.push(syn::Error::new(
                 call_site,
-                format!(
-                    "missing `name` and `limit`: write {}",
-                    kind.missing_target_hint()
-                ),
+                format!("missing `name` and `limit`: write {}", kind.example()),
             ));
         } else {
-            key.missing(kind.missing_target_hint(), &mut errors);
+            key.missing(kind.example(), &mut errors);
             if kind == Kind::Semaphore {
-                limit.missing(kind.missing_target_hint(), &mut errors);
+                limit.missing(kind.example(), &mut errors);
             }
         }
         errors.into_result()?;
@@ -257,6 +277,8 @@ impl LeaseArgs {
             wait: wait.value,
             ttl: ttl.value,
             lock_delay: lock_delay.value,
+            min_hold: min_hold.value,
+            max_run: max_run.value,
             backend: backend.value,
         })
     }
@@ -294,33 +316,75 @@ fn lit(value: &Expr) -> Option<&Lit> {
     }
 }
 
-fn string_literal(name: &str, value: &Expr) -> syn::Result<LitStr> {
-    match lit(value) {
-        Some(Lit::Str(s)) if s.value().is_empty() => Err(syn::Error::new(
-            s.span(),
-            format!("`{name}` is empty; name the lease, e.g. \"jobs/compact\""),
-        )),
-        Some(Lit::Str(s)) => Ok(s.clone()),
-        _ => Err(syn::Error::new(
+/// A key or name: a string literal, checked here against the key rule of
+/// `LeaseSpec::validate`, or any other expression (a constant, `format!(…)`), left to run time.
+fn parse_key(name: &str, value: Expr) -> syn::Result<Expr> {
+    match lit(&value) {
+        Some(Lit::Str(s)) => match key_rule_broken(&s.value()) {
+            Some(reason) => Err(syn::Error::new(
+                s.span(),
+                format!("`{name}` {reason}, e.g. \"jobs/compact\""),
+            )),
+            None => Ok(value),
+        },
+        Some(_) => Err(syn::Error::new(
             value.span(),
-            format!("`{name}` must be a string literal, e.g. {name} = \"jobs/compact\""),
+            format!(
+                "`{name}` must be a string: a literal (`{name} = \"jobs/compact\"`), a constant \
+                 (`{name} = KEYS::COMPACT`) or an expression (`{name} = format!(\"tenant/{{id}}\")`)"
+            ),
         )),
+        None => Ok(value),
     }
 }
 
-fn parse_limit(value: &Expr) -> syn::Result<LitInt> {
-    let Some(Lit::Int(int)) = lit(value) else {
-        return Err(syn::Error::new(
-            value.span(),
-            "`limit` must be an integer literal from 1 to 4294967295, e.g. limit = 3",
-        ));
+/// The key rule of `LeaseSpec::validate` (lease_core's `validate_key`), for literals.
+fn key_rule_broken(key: &str) -> Option<&'static str> {
+    if key.is_empty() {
+        Some("is empty; name the lease")
+    } else if key.starts_with('/') {
+        Some("must be relative: remove the leading '/'")
+    } else if key.ends_with('/') {
+        Some("must not end with '/'")
+    } else if key.contains("//") {
+        Some("contains an empty segment ('//')")
+    } else if key.chars().any(char::is_control) {
+        Some("contains a control character")
+    } else {
+        None
+    }
+}
+
+/// A limit: an integer literal, checked here, or any other expression of type `u32` (a
+/// constant), checked at run time.
+fn parse_limit(value: Expr) -> syn::Result<Expr> {
+    let int = match lit(&value) {
+        Some(Lit::Int(int)) => int.clone(),
+        None if matches!(&value, Expr::Unary(unary) if matches!(unary.op, syn::UnOp::Neg(_))) => {
+            return Err(syn::Error::new(
+                value.span(),
+                "`limit` must be an integer from 1 to 4294967295",
+            ));
+        }
+        None => return Ok(value),
+        Some(_) => {
+            return Err(syn::Error::new(
+                value.span(),
+                "`limit` must be an integer from 1 to 4294967295: a literal (`limit = 3`) or a \
+                 `u32` constant (`limit = LIMITS::REPORTS`)",
+            ));
+        }
     };
     match int.base10_parse::<u32>() {
         Ok(0) => Err(syn::Error::new(
             int.span(),
             "`limit` must be at least 1: a semaphore with no slots would never run the function",
         )),
-        Ok(_) => Ok(int.clone()),
+        // Re-emitted unsuffixed: `3u64` was accepted as a number, not as a type.
+        Ok(_) => Ok(Expr::Lit(ExprLit {
+            attrs: Vec::new(),
+            lit: Lit::Int(LitInt::new(int.base10_digits(), int.span())),
+        })),
         Err(_) => Err(syn::Error::new(
             int.span(),
             "`limit` must be an integer from 1 to 4294967295",
@@ -383,6 +447,12 @@ fn parse_lock_delay(value: &Expr) -> syn::Result<Millis> {
         ));
     }
     Ok(delay)
+}
+
+/// `min_hold` or `max_run`: any duration; `LeaseSpec::validate` checks the pair at run time.
+fn parse_schedule(name: &str, value: &Expr) -> syn::Result<Millis> {
+    let text = duration_literal(name, value)?;
+    parse_duration(&text, "")
 }
 
 /// Reads `"<number><unit>"` repeated (`"1m30s"`), units `ms`, `s`, `m`, `h`.

@@ -11,7 +11,7 @@ use proc_macro2::{Ident, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{AttrStyle, LitInt, ReturnType, Type};
+use syn::{AttrStyle, Attribute, LitInt, Meta, ReturnType, Type};
 
 use crate::attr::{Errors, GuardedFn, Kind, LeaseArgs, Millis, RawArgs, TargetArg, WaitArg};
 
@@ -25,15 +25,19 @@ pub(crate) fn lease_attribute(kind: Kind, args: TokenStream, item: TokenStream) 
             return quote!(#item #error);
         }
     };
+    let mut func = func;
     let mut errors = Errors::default();
     let args = syn::parse2::<RawArgs>(args).and_then(|raw| LeaseArgs::from_raw(kind, raw));
-    let args = match args {
-        Ok(args) => Some(args),
-        Err(error) => {
-            errors.push(error);
-            None
+    // Lease attributes stacked below this one are taken in here, so the function gets one
+    // `Result<T, GuardError>` instead of one `Result` per attribute.
+    let stacked = take_stacked(&mut func.attrs);
+    let mut layers = Vec::new();
+    for layer in std::iter::once(args).chain(stacked) {
+        match layer {
+            Ok(layer) => layers.push(layer),
+            Err(error) => errors.push(error),
         }
-    };
+    }
     if func.sig.asyncness.is_none() {
         errors.push(syn::Error::new(
             func.sig.fn_token.span,
@@ -44,16 +48,47 @@ pub(crate) fn lease_attribute(kind: Kind, args: TokenStream, item: TokenStream) 
             ),
         ));
     }
-    match (errors.into_result(), args) {
-        (Ok(()), Some(args)) => guarded_fn(args, func),
-        (result, _) => {
-            let error = result.err().map(syn::Error::into_compile_error);
+    match errors.into_result() {
+        Ok(()) => guarded_fn(&layers, func),
+        Err(error) => {
+            let error = error.into_compile_error();
             quote!(#item #error)
         }
     }
 }
 
-fn guarded_fn(args: LeaseArgs, func: GuardedFn) -> TokenStream {
+/// Removes the `#[leader_only]` and `#[semaphore]` attributes (by the last segment of their
+/// path, so `#[lease_core::semaphore]` too) from `attrs` and reads their arguments, in order.
+fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<syn::Result<LeaseArgs>> {
+    let mut stacked = Vec::new();
+    attrs.retain(|attr| {
+        let kind = match attr.path().segments.last().map(|s| s.ident.to_string()) {
+            Some(name) if name == "leader_only" => Kind::Leader,
+            Some(name) if name == "semaphore" => Kind::Semaphore,
+            _ => return true,
+        };
+        if !matches!(attr.style, AttrStyle::Outer) {
+            return true;
+        }
+        let raw = match &attr.meta {
+            Meta::List(list) => syn::parse2::<RawArgs>(list.tokens.clone()),
+            Meta::Path(_) => syn::parse2::<RawArgs>(TokenStream::new()),
+            Meta::NameValue(value) => Err(syn::Error::new(
+                value.eq_token.span,
+                format!(
+                    "{} takes its arguments in parentheses, e.g. {}",
+                    kind.attribute(),
+                    kind.example()
+                ),
+            )),
+        };
+        stacked.push(raw.and_then(|raw| LeaseArgs::from_raw(kind, raw)));
+        false
+    });
+    stacked
+}
+
+fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
     let GuardedFn {
         attrs,
         vis,
@@ -82,30 +117,56 @@ fn guarded_fn(args: LeaseArgs, func: GuardedFn) -> TokenStream {
         -> ::core::result::Result<#output, ::lease_core::GuardError>
     };
 
-    let spec = spec(&args);
-    // Mixed-site hygiene: the user's body cannot see (or shadow) these locals.
-    let spec_var = Ident::new("__lease_spec", Span::mixed_site());
-    let backend_var = Ident::new("__lease_backend", Span::mixed_site());
+    // Each layer's spec and backend are evaluated first, in order, before the body takes its
+    // captures. Mixed-site hygiene: the user's body cannot see (or shadow) these locals.
+    let mut locals = TokenStream::new();
+    let mut guarded_calls = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        let spec = spec(layer);
+        let spec_var = Ident::new(&format!("__lease_spec_{i}"), Span::mixed_site());
+        locals.extend(quote!(let #spec_var = #spec;));
+        let guarded: Box<dyn Fn(TokenStream) -> TokenStream> = match &layer.backend {
+            None => {
+                Box::new(move |work| quote!(::lease_core::guarded_by_default(&#spec_var, #work)))
+            }
+            Some(backend) => {
+                let backend_var = Ident::new(&format!("__lease_backend_{i}"), Span::mixed_site());
+                locals.extend(quote! {
+                    // Method-call syntax lets a backend, a reference to one or an `Arc` of one
+                    // all work.
+                    let #backend_var = &(#backend);
+                });
+                Box::new(move |work| {
+                    quote! {
+                        ::lease_core::guarded(#backend_var.__as_dyn_backend(), &#spec_var, #work)
+                    }
+                })
+            }
+        };
+        guarded_calls.push(guarded);
+    }
     let body = quote_spanned! {block.span()=>
         ::lease_core::__private::body::<#body_output, _>(async move #block)
     };
-    let run = match &args.backend {
-        None => quote! {
-            ::lease_core::guarded_by_default(&#spec_var, #body).await
-        },
-        Some(backend) => quote! {
-            // Method-call syntax lets a backend, a reference to one or an `Arc` of one all work.
-            use ::lease_core::__private::AsDynBackend as _;
-            let #backend_var = &(#backend);
-            ::lease_core::guarded(#backend_var.__as_dyn_backend(), &#spec_var, #body).await
-        },
-    };
+    // The innermost lease runs the body; each outer one runs the next, and their outcomes fold
+    // into one `Result<T, GuardError>`.
+    let mut run = body;
+    for (depth, guarded) in guarded_calls.iter().enumerate().rev() {
+        let call = guarded(run);
+        run = if depth + 1 == guarded_calls.len() {
+            call
+        } else {
+            quote!(async { ::lease_core::__private::flatten(#call.await) })
+        };
+    }
     quote! {
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            let #spec_var = #spec;
-            #run
+            #[allow(unused_imports)]
+            use ::lease_core::__private::AsDynBackend as _;
+            #locals
+            #run.await
         }
     }
 }
@@ -117,13 +178,9 @@ fn spec(args: &LeaseArgs) -> TokenStream {
         TargetArg::Leader { key } => quote_spanned! {key.span()=>
             ::lease_core::LeaseSpec::leader(#key)
         },
-        TargetArg::Semaphore { name, limit } => {
-            // Re-emitted unsuffixed: `3u64` was accepted as a number, not as a type.
-            let limit = LitInt::new(limit.base10_digits(), limit.span());
-            quote_spanned! {name.span()=>
-                ::lease_core::LeaseSpec::semaphore(#name, #limit)
-            }
-        }
+        TargetArg::Semaphore { name, limit } => quote_spanned! {name.span()=>
+            ::lease_core::LeaseSpec::semaphore(#name, #limit)
+        },
     };
     if let Some(wait) = &args.wait {
         let wait = match wait {
@@ -143,6 +200,14 @@ fn spec(args: &LeaseArgs) -> TokenStream {
     if let Some(lock_delay) = &args.lock_delay {
         let lock_delay = duration(lock_delay);
         spec.extend(quote!(.lock_delay(#lock_delay)));
+    }
+    if let Some(min_hold) = &args.min_hold {
+        let min_hold = duration(min_hold);
+        spec.extend(quote!(.min_hold(#min_hold)));
+    }
+    if let Some(max_run) = &args.max_run {
+        let max_run = duration(max_run);
+        spec.extend(quote!(.max_run(#max_run)));
     }
     spec
 }

@@ -32,6 +32,8 @@
 //! | finished while the lease was held | `Ok(value)` | yes, to the end |
 //! | held elsewhere past `wait` | `Err(GuardError::Busy { .. })` | no |
 //! | the lease was lost | `Err(GuardError::Lost(reason))` | started, cancelled |
+//! | ran past `max_run` | `Err(GuardError::TimedOut { .. })` | started, cancelled |
+//! | nested in guarded work of this task on the same key | `Err(GuardError::AlreadyHeld { .. })`, at once, whatever `wait` | no |
 //! | the backend failed, no default backend… | `Err(GuardError::Backend(error))` | no |
 //!
 //! A body that itself returns `Result<U, E>` gives `Result<Result<U, E>, GuardError>`: the two
@@ -42,17 +44,26 @@
 //!
 //! | argument | meaning | default |
 //! | --- | --- | --- |
-//! | `key = "…"` (`#[leader_only]`, or first positional) | the leader key | required |
-//! | `name = "…"` (`#[semaphore]`, or first positional) | the semaphore's prefix | required |
-//! | `limit = N` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295 | required |
+//! | `key = …` (`#[leader_only]`, or first positional) | the leader key: a literal, a constant or an expression | required |
+//! | `name = …` (`#[semaphore]`, or first positional) | the semaphore's prefix: a literal, a constant or an expression | required |
+//! | `limit = …` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295: a literal or a `u32` constant | required |
 //! | `wait = "30s"` / `"forever"` / `"never"` | how long to wait when held elsewhere | `"forever"` |
 //! | `ttl = "15s"` | session TTL, whole seconds, 10s to 24h | `"15s"` |
 //! | `lock_delay = "0s"` | lock-delay after loss, at most 60s | `"15s"` |
-//! | `backend = <expr>` | the backend to acquire from | the process-wide default |
+//! | `min_hold = "30s"` | keep the lease at least this long after the body started (ShedLock's `lockAtLeastFor`), released in the background | `"0s"` |
+//! | `max_run = "5m"` | cancel the body if it runs longer (ShedLock's `lockAtMostFor`): `Err(GuardError::TimedOut { .. })` | no bound |
+//! | `backend = <expr>` | the backend to acquire from | the default backend (scoped, else process-wide) |
 //!
-//! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations and
-//! limits are checked at compile time, with the error at your token; the function is still
-//! emitted, so the rest of your crate keeps compiling against it.
+//! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations,
+//! literal keys (the key rule of `LeaseSpec::validate`) and literal limits are checked at compile
+//! time, with the error at your token; the function is still emitted, so the rest of your crate
+//! keeps compiling against it.
+//!
+//! A key, name or limit that is not a literal (`key = KEYS::COMPACT`,
+//! `key = format!("tenant/{tenant}/compact")`) is evaluated on every call, inside the function,
+//! so it may use the arguments; it is checked at run time, before anything is acquired: a bad
+//! one returns `Err(GuardError::Backend(Error::InvalidKey { .. }))` (or `InvalidLimit`) and the
+//! body does not run. A key is anything `LeaseSpec::leader` takes (`&str`, `String`).
 //!
 //! `backend` is evaluated on every call, inside the function, so it may use the arguments and
 //! `self` (`backend = &self.backend`). It may be a backend, a reference to one, or an `Arc` of
@@ -89,6 +100,33 @@
 //! # }
 //! ```
 //!
+//! A key per tenant, built from the arguments, and a key from a constant:
+//!
+//! ```
+//! use lease_core::{leader_only, memory::Memory};
+//!
+//! struct Keys;
+//! impl Keys {
+//!     const NIGHTLY: &'static str = "jobs/nightly";
+//! }
+//!
+//! #[leader_only(key = format!("tenants/{tenant}/compact"), wait = "never", backend = backend)]
+//! async fn compact_tenant(backend: &Memory, tenant: u64) -> String {
+//!     lease_core::current_sequencer().map(|s| s.key().to_owned()).unwrap_or_default()
+//! }
+//!
+//! #[leader_only(key = Keys::NIGHTLY, backend = backend)]
+//! async fn nightly(backend: &Memory) {}
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::GuardError> {
+//! let backend = Memory::new();
+//! assert_eq!(compact_tenant(&backend, 7).await?, "tenants/7/compact");
+//! nightly(&backend).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! At most three reports at a time, waiting up to 30 seconds for a slot, on a backend held by
 //! the service:
 //!
@@ -114,6 +152,34 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Stacking
+//!
+//! `#[leader_only]` and `#[semaphore]` stack: the function runs while holding every lease named,
+//! and still returns one `Result<T, GuardError>`. The top attribute's lease is acquired first
+//! and released last; `lease_core::current_sequencer()` inside the body is the innermost
+//! lease's. The first failure is the outcome (`Busy` on the key that was busy, `Lost` if any of
+//! the leases is lost while the body runs).
+//!
+//! ```
+//! use lease_core::{GuardError, leader_only, memory::Memory, semaphore};
+//!
+//! // One leader node runs the export, with at most two exports across all tenants' leaders.
+//! #[leader_only(key = "jobs/export/leader", backend = backend)]
+//! #[semaphore("jobs/export/slots", 2, backend = backend)]
+//! async fn export(backend: &Memory) -> usize {
+//!     3
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let exported: Result<usize, GuardError> = export(&Memory::new()).await;
+//! assert_eq!(exported.ok(), Some(3));
+//! # }
+//! ```
+//!
+//! The attributes are recognised by name (`leader_only`, `semaphore`, with any path before it),
+//! so another attribute of one of those names cannot sit below them.
 //!
 //! # Where it can be used
 //!

@@ -33,6 +33,7 @@ use axum::routing::get;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+use lease_core::CancellationToken;
 use lease_core::LeaseSpec;
 use lease_core::consul::Consul;
 use lease_core::leader::Campaign;
@@ -40,7 +41,6 @@ use lease_tests::consul::Agent;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 
 const CONNECTIONS: usize = 64;

@@ -27,16 +27,15 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::sync::Arc;
 //! use axum::{Router, routing::{get, post}};
 //! use lease_core::leader::Campaign;
-//! use lease_core::{Backend, BoxError, LeaseSpec, memory::Memory};
+//! use lease_core::{BoxError, LeaseSpec, memory::Memory};
 //! use lease_tower::{leader::LeaderOnlyLayer, semaphore::SemaphoreLayer};
 //! use lease_tower::extract::LeaseSequencer;
-//! use tokio_util::sync::CancellationToken;
+//! use lease_core::CancellationToken;
 //! use tower::ServiceExt;
 //!
-//! let backend: Arc<dyn Backend> = Arc::new(Memory::new());
+//! let backend = Memory::new(); // or Consul::from_env()?, or an Arc<dyn Backend>: any backend
 //! // One election for the key, shared by the routes and a worker.
 //! let campaign = Campaign::try_new(
 //!     backend.clone(),

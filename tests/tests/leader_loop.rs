@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use lease_core::CancellationToken;
 use lease_core::leader::{
     AfterWorker, Campaign, CampaignEnd, CampaignState, LeaderEvent, Observation,
 };
@@ -18,7 +19,6 @@ use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, LeaseSpec, LostReason, Sequencer, Wait};
 use lease_tests::within;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 const EVENT: Duration = Duration::from_secs(10);
 

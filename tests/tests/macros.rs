@@ -474,3 +474,196 @@ async fn without_a_backend_argument_the_default_backend_is_used() {
     assert!(busy.as_ref().is_err_and(GuardError::is_busy), "{busy:?}");
     other.release().await.expect("release");
 }
+
+#[leader_only(key = "macros/scoped-default", wait = "never")]
+async fn on_the_scoped_default(mine: &Memory) -> usize {
+    // Held in the caller's own store, whatever the other tests scope or set meanwhile.
+    let held_here = mine.sessions().len();
+    tokio::task::yield_now().await;
+    held_here
+}
+
+/// Calls the guarded fn many times, each time yielding inside it, under `mine` as the scoped
+/// default; with a process-wide default, a parallel test would swap the store underneath.
+async fn calls_under_a_scoped_default(mine: Memory) {
+    for round in 0..50 {
+        let held = lease_core::with_default_backend(mine.clone(), on_the_scoped_default(&mine));
+        let held = within(T, "a call on the scoped default", held).await;
+        assert_eq!(
+            held.ok(),
+            Some(1),
+            "round {round}: not acquired from this test's store"
+        );
+        assert!(mine.sessions().is_empty(), "round {round}: released");
+    }
+}
+
+// The two tests below run in parallel (libtest's default) with different memory stores and the
+// same key, next to `without_a_backend_argument_the_default_backend_is_used`, which sets the
+// process-wide default: each takes the key from its own store every time.
+#[tokio::test]
+async fn a_scoped_default_backend_is_this_tests_own_a() {
+    init_tracing();
+    calls_under_a_scoped_default(Memory::new()).await;
+}
+
+#[tokio::test]
+async fn a_scoped_default_backend_is_this_tests_own_b() {
+    init_tracing();
+    calls_under_a_scoped_default(Memory::new()).await;
+}
+
+#[tokio::test]
+async fn scopes_interleaved_in_one_task_each_keep_their_backend() {
+    init_tracing();
+    let (a, b) = (Memory::new(), Memory::new());
+    let barrier = tokio::sync::Barrier::new(2);
+    let in_scope = |mine: Memory| {
+        let barrier = &barrier;
+        lease_core::with_default_backend(mine.clone(), async move {
+            let outcome = lease_core::guarded_by_default(
+                &LeaseSpec::leader("macros/scoped-join").wait(Wait::Never),
+                async {
+                    // Both hold the same key at once: only possible in two different stores.
+                    barrier.wait().await;
+                    mine.sessions().len()
+                },
+            )
+            .await;
+            // Nested scopes: the innermost wins, and the outer comes back after it.
+            let inner = Memory::new();
+            let nested = lease_core::with_default_backend(inner.clone(), async {
+                lease_core::guarded_by_default(&LeaseSpec::leader("macros/scoped-join"), async {
+                    inner.sessions().len()
+                })
+                .await
+            })
+            .await;
+            (outcome.ok(), nested.ok())
+        })
+    };
+    let (from_a, from_b) = within(T, "both scopes", async {
+        tokio::join!(in_scope(a.clone()), in_scope(b.clone()))
+    })
+    .await;
+    assert_eq!(from_a, (Some(1), Some(1)));
+    assert_eq!(from_b, (Some(1), Some(1)));
+}
+
+#[leader_only(key = format!("macros/tenants/{tenant}"), wait = "never", backend = backend)]
+async fn per_tenant(backend: &Memory, tenant: &str, ran: &AtomicUsize) -> Option<Sequencer> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    lease_core::current_sequencer()
+}
+
+#[tokio::test]
+async fn a_key_built_from_the_arguments_is_evaluated_per_call_and_checked_at_run_time() {
+    init_tracing();
+    let memory = Memory::new();
+    let ran = AtomicUsize::new(0);
+    let acme = within(T, "tenant acme", per_tenant(&memory, "acme", &ran)).await;
+    assert_eq!(
+        acme.ok().flatten().map(|s| s.key().to_owned()).as_deref(),
+        Some("macros/tenants/acme")
+    );
+    // Another tenant's key is another lease: held by someone else, acme still runs.
+    let other = memory
+        .acquire(&LeaseSpec::leader("macros/tenants/globex").wait(Wait::Never))
+        .await
+        .expect("free");
+    let acme = within(T, "acme, globex held", per_tenant(&memory, "acme", &ran)).await;
+    assert!(acme.is_ok(), "{acme:?}");
+    let globex = within(T, "globex, held", per_tenant(&memory, "globex", &ran)).await;
+    assert!(
+        globex.as_ref().is_err_and(GuardError::is_busy),
+        "{globex:?}"
+    );
+    other.release().await.expect("release");
+
+    // A key that breaks the key rule fails before anything is acquired; the body does not run.
+    let before = ran.load(Ordering::SeqCst);
+    let bad = within(T, "an empty segment", per_tenant(&memory, "", &ran)).await;
+    assert!(
+        matches!(&bad, Err(GuardError::Backend(lease_core::Error::InvalidKey { key, .. })) if key == "macros/tenants/"),
+        "{bad:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), before);
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+}
+
+#[leader_only(key = "macros/stack/leader", wait = "never", backend = backend)]
+#[semaphore("macros/stack/slots", 1, wait = "never", backend = backend)]
+async fn stacked(backend: &Memory, ran: &AtomicUsize) -> Option<Sequencer> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    lease_core::current_sequencer()
+}
+
+#[tokio::test]
+async fn stacked_attributes_hold_both_leases_and_return_one_result() {
+    init_tracing();
+    let memory = Memory::new();
+    let ran = AtomicUsize::new(0);
+    // One Result: not Result<Result<…, GuardError>, GuardError>.
+    let outcome: Result<Option<Sequencer>, GuardError> =
+        within(T, "both free", stacked(&memory, &ran)).await;
+    let inside = outcome.expect("both leases free").expect("inside");
+    // The innermost lease's: a slot's sequencer names its holder key under the prefix.
+    assert!(inside.key().starts_with("macros/stack/slots/"), "{inside}");
+    assert!(memory.sessions().is_empty(), "both released");
+
+    for busy_key in ["macros/stack/leader", "macros/stack/slots"] {
+        let spec = if busy_key.ends_with("leader") {
+            LeaseSpec::leader(busy_key)
+        } else {
+            LeaseSpec::semaphore(busy_key, 1)
+        };
+        let other = memory.acquire(&spec).await.expect("free");
+        let outcome = within(T, "one of them busy", stacked(&memory, &ran)).await;
+        assert!(
+            matches!(&outcome, Err(GuardError::Busy { key, .. }) if key == busy_key),
+            "{outcome:?}"
+        );
+        other.release().await.expect("release");
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the body ran only with both held"
+    );
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+}
+
+#[leader_only(key = "macros/scheduled", wait = "never", min_hold = "1h", max_run = "2h", backend = backend)]
+async fn fast_scheduled_job(backend: &Memory, ran: &AtomicUsize) {
+    ran.fetch_add(1, Ordering::SeqCst);
+}
+
+#[leader_only(key = "macros/too-long", max_run = "50ms", backend = backend)]
+async fn job_that_hangs(backend: &Memory) {
+    std::future::pending::<()>().await
+}
+
+#[tokio::test]
+async fn min_hold_and_max_run_on_the_attribute() {
+    init_tracing();
+    let memory = Memory::new();
+    let ran = AtomicUsize::new(0);
+    within(T, "the job", fast_scheduled_job(&memory, &ran))
+        .await
+        .expect("ran");
+    // Fired again (another node's skewed schedule): the lease is still kept, the job skips.
+    let again = within(T, "the job again", fast_scheduled_job(&memory, &ran)).await;
+    assert!(again.as_ref().is_err_and(GuardError::is_busy), "{again:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    // A shutdown gives the kept lease back at once (documented on LeaseSpec::min_hold).
+    within(T, "shutdown", memory.shutdown()).await;
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+
+    let other = Memory::new();
+    let hung = within(T, "the hanging job", job_that_hangs(&other)).await;
+    assert!(
+        matches!(&hung, Err(GuardError::TimedOut { key, .. }) if key == "macros/too-long"),
+        "{hung:?}"
+    );
+    assert!(other.sessions().is_empty(), "released after max_run");
+}

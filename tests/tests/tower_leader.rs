@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{MethodRouter, get};
+use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, CampaignEnd, CampaignHandle, CampaignState, Term};
 use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, Error, LeaseSpec, Sequencer};
@@ -17,7 +18,6 @@ use lease_tower::leader::{LEADER_HEADER, LeaderOnlyLayer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 const T: Duration = Duration::from_secs(60);

@@ -18,20 +18,19 @@
 //! On Ctrl-C the server drains and the campaign steps down: requests in flight finish (up to
 //! 10 s), then the lease is released and the other instance leads at once.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
+use lease_core::CancellationToken;
 use lease_core::consul::Consul;
 use lease_core::leader::{Campaign, LeaderEvent};
-use lease_core::{Backend, BoxError, LeaseSpec, LeaseWatcher};
+use lease_core::{BoxError, LeaseSpec, LeaseWatcher};
 use lease_tower::extract::LeaseSequencer;
 use lease_tower::fence::SequencerCheckLayer;
 use lease_tower::health::Health;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
-use tokio_util::sync::CancellationToken;
 
 const LEADER_KEY: &str = "service/axum-cluster/leader";
 
@@ -54,7 +53,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .address(std::env::var("CONSUL_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8500".into()))
         .semaphore_pool(Duration::from_secs(60))
         .build()?;
-    let backend: Arc<dyn Backend> = Arc::new(consul);
+    // Every constructor below takes the backend as it is; a Consul clone shares its client.
+    let backend = consul;
     let shutdown = CancellationToken::new();
     let me = format!("http://127.0.0.1:{port}");
 

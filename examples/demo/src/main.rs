@@ -18,12 +18,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lease_conformance::Operator;
+use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, LeaseSpec, LeaseWatcher, Sequencer, Wait};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 const LEADER_KEY: &str = "demo/scheduler/leader";
 const JOBS_PREFIX: &str = "demo/jobs";

@@ -31,14 +31,13 @@ use crate::{Backend, BoxError, Error, Lease, LeaseSpec, LeaseWatcher, LostReason
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), lease_core::Error> {
-/// use std::sync::Arc;
 /// use lease_core::leader::{Campaign, LeaderEvent};
 /// use lease_core::memory::Memory;
 /// use lease_core::LeaseSpec;
-/// use tokio_util::sync::CancellationToken;
+/// use lease_core::CancellationToken;
 ///
 /// let shutdown = CancellationToken::new();
-/// Campaign::try_new(Arc::new(Memory::new()), LeaseSpec::leader("service/reports/leader").value("node-1"))?
+/// Campaign::try_new(Memory::new(), LeaseSpec::leader("service/reports/leader").value("node-1"))?
 ///     .on_event(|event| {
 ///         if let LeaderEvent::Elected { sequencer } = &event {
 ///             println!("leading as {sequencer}");
@@ -92,7 +91,11 @@ impl Campaign {
     /// [`Wait::Forever`](crate::Wait::Forever); a semaphore spec runs the worker on up to `limit`
     /// nodes at once), after checking `spec` ([`LeaseSpec::validate`]): an invalid key, TTL,
     /// lock-delay or limit fails here rather than when the campaign runs.
-    pub fn try_new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Result<Self, Error> {
+    ///
+    /// `backend` is any backend: by value (`Memory::new()`, `Consul::from_env()?`), in an `Arc`,
+    /// or an `Arc<dyn Backend>` chosen at start-up, shared as it is
+    /// ([`into_shared`](crate::backend::into_shared)).
+    pub fn try_new(backend: impl Backend, spec: LeaseSpec) -> Result<Self, Error> {
         spec.validate()?;
         Ok(Self::new(backend, spec))
     }
@@ -100,7 +103,8 @@ impl Campaign {
     /// [`try_new`](Self::try_new) without the check: an invalid spec is reported when the
     /// campaign runs, as the error of [`run_until`](Self::run_until) and
     /// [`CampaignState::Failed`]. Prefer `try_new`.
-    pub fn new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
+    pub fn new(backend: impl Backend, spec: LeaseSpec) -> Self {
+        let backend = crate::backend::into_shared(backend);
         let watch = match spec.target() {
             Target::Leader { key } => Some(LeaderWatch::new(Arc::clone(&backend), key.clone())),
             _ => None,
@@ -178,6 +182,12 @@ impl Campaign {
     /// after the worker is gone. A panic in the worker is caught by the task and reported as
     /// [`LeaderEvent::WorkerPanicked`]; it never ends the campaign.
     ///
+    /// Inside the worker's task, [`current_sequencer`](crate::current_sequencer) and
+    /// [`current_lease`](crate::current_lease) answer the term's lease, and a guarded call on the
+    /// campaign's key fails at once with [`GuardError::AlreadyHeld`](crate::GuardError::AlreadyHeld)
+    /// rather than waiting for the worker's own lease. A campaign run from guarded work that
+    /// already holds its key ends at once with [`Error::AlreadyHeld`].
+    ///
     /// Errors are retried exactly when [`Error::is_transient`] says so. Returns `Err` for an
     /// error retrying cannot fix: an invalid spec, a key used by another kind of lock, a
     /// permission or configuration error; the handles then report [`CampaignState::Failed`].
@@ -245,6 +255,8 @@ impl Campaign {
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
         self.spec.validate()?;
+        // Campaigning from guarded work on the same key would wait for this task itself.
+        crate::guard::refuse_if_held_by_this_task(self.spec.key())?;
         let _observing = self.shared.watch.as_ref().map(LeaderWatch::start);
         let _announcer = self.shared.watch.as_ref().map(|_| {
             AbortOnDrop(tokio::spawn(
@@ -291,10 +303,14 @@ impl Campaign {
             // work from inside the task the moment the lease is lost.
             // Aborted if this future is dropped mid-term: a detached worker would run on after
             // the lease it needs is gone.
+            // Recorded as held by the worker's task: `current_sequencer()` answers inside it, and
+            // a guarded call on this key from it fails at once instead of waiting for itself.
             // In the campaign's span, which is the caller's (see `run_until`).
-            let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> = AbortOnDrop(
-                tokio::spawn(async move { watcher.run(work).await }.in_current_span()),
-            );
+            let work = crate::guard::run_as_held(self.spec.key(), watcher.clone(), async move {
+                watcher.run(work).await
+            });
+            let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> =
+                AbortOnDrop(tokio::spawn(work.in_current_span()));
             let outcome = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => TermEnd::Shutdown,
@@ -415,7 +431,7 @@ impl Campaign {
 /// Campaigns for `spec` on `backend` and runs `worker` while elected, until `shutdown` is
 /// cancelled. Shorthand for [`Campaign::new`] + [`Campaign::run_until`]; see there.
 pub fn run<W, Fut>(
-    backend: Arc<dyn Backend>,
+    backend: impl Backend,
     spec: LeaseSpec,
     shutdown: CancellationToken,
     worker: W,

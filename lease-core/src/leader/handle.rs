@@ -218,13 +218,12 @@ pub enum CampaignState {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lease_core::Error> {
-/// use std::sync::Arc;
 /// use lease_core::leader::Campaign;
 /// use lease_core::memory::Memory;
 /// use lease_core::LeaseSpec;
-/// use tokio_util::sync::CancellationToken;
+/// use lease_core::CancellationToken;
 ///
-/// let campaign = Campaign::try_new(Arc::new(Memory::new()), LeaseSpec::leader("service/jobs/leader"))?;
+/// let campaign = Campaign::try_new(Memory::new(), LeaseSpec::leader("service/jobs/leader"))?;
 /// let handle = campaign.handle();
 /// let shutdown = CancellationToken::new();
 /// let running = tokio::spawn(campaign.hold_until(shutdown.clone()));

@@ -19,15 +19,14 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::sync::Arc;
 //! use lease_core::leader::{Campaign, CampaignState};
 //! use lease_core::memory::Memory;
 //! use lease_core::{BoxError, LeaseSpec};
 //! use tokio::sync::mpsc;
-//! use tokio_util::sync::CancellationToken;
+//! use lease_core::CancellationToken;
 //!
 //! let campaign = Campaign::try_new(
-//!     Arc::new(Memory::new()),
+//!     Memory::new(),
 //!     LeaseSpec::leader("service/reports/leader").value("http://10.0.0.7:8080"),
 //! )?;
 //! let health = campaign.handle(); // e.g. for a /healthz route

@@ -158,13 +158,12 @@ impl Observation {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lease_core::Error> {
-/// use std::sync::Arc;
 /// use lease_core::leader::{LeaderWatch, Observation};
 /// use lease_core::memory::Memory;
 /// use lease_core::{Backend, LeaseSpec};
 ///
 /// let memory = Memory::new();
-/// let watch = LeaderWatch::new(Arc::new(memory.clone()), "service/api/leader");
+/// let watch = LeaderWatch::new(memory.clone(), "service/api/leader");
 /// let _observing = watch.start();
 /// let lease = memory.acquire(&LeaseSpec::leader("service/api/leader")).await?;
 ///
@@ -200,11 +199,12 @@ impl fmt::Debug for LeaderWatch {
 }
 
 impl LeaderWatch {
-    /// A watch of the leader key `key` on `backend`; nothing runs until [`start`](Self::start).
-    pub fn new(backend: Arc<dyn Backend>, key: impl Into<String>) -> Self {
+    /// A watch of the leader key `key` on `backend` (any backend: by value, in an `Arc`, or an
+    /// `Arc<dyn Backend>`); nothing runs until [`start`](Self::start).
+    pub fn new(backend: impl Backend, key: impl Into<String>) -> Self {
         LeaderWatch {
             inner: Arc::new(WatchInner {
-                backend,
+                backend: crate::backend::into_shared(backend),
                 key: key.into(),
                 observation: watch::channel(Observation::Unknown).0,
                 running: Mutex::new(Weak::new()),

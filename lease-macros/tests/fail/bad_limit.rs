@@ -15,9 +15,10 @@ async fn float() {}
 #[semaphore(name = "reports", limit = 5000000000)]
 async fn too_big() {}
 
+// A constant is checked at run time, but its type at compile time.
 #[semaphore(name = "reports", limit = SLOTS)]
-async fn constant() {}
+async fn constant_of_another_type() {}
 
-const SLOTS: u32 = 3;
+const SLOTS: u64 = 3;
 
 fn main() {}

@@ -86,6 +86,38 @@ fn arc_backend(
     with(backend)
 }
 
+mod keys {
+    pub const COMPACT: &str = "jobs/compact";
+    pub const REPORT_SLOTS: u32 = 4;
+}
+
+#[leader_only(key = keys::COMPACT)]
+async fn constant_key() {}
+
+#[leader_only(key = format!("tenants/{tenant}/compact"), wait = "never")]
+async fn expression_key(tenant: u64) -> u64 {
+    tenant
+}
+
+#[semaphore(name = String::from("reports/") + region, limit = keys::REPORT_SLOTS)]
+async fn expression_name(region: &str) -> usize {
+    region.len()
+}
+
+#[leader_only(key = "jobs/stacked")]
+#[lease_core::semaphore("jobs/stacked-slots", 2)]
+async fn stacked() -> u32 {
+    1
+}
+
+#[leader_only(
+    key = "jobs/scheduled",
+    wait = "never",
+    min_hold = "30s",
+    max_run = "5m"
+)]
+async fn scheduled() {}
+
 fn assert_send<F: std::future::Future + Send>(f: F) -> F {
     f
 }
@@ -95,6 +127,8 @@ pub(super) fn compiles() {
         let _ = assert_send(free());
         let _ = assert_send(generic(1));
         let _ = assert_send(question_mark("1"));
+        let _ = assert_send(expression_key(7));
+        let _ = assert_send(expression_name("eu"));
     };
     let _ = arc_backend;
     let _ = assert_send::<std::future::Ready<()>>;
@@ -108,6 +142,12 @@ async fn signatures() {
     let _: Result<(), GuardError> = positional_semaphore().await;
     let _: Result<String, GuardError> = generic("x").await;
     let _: Result<Result<u32, std::num::ParseIntError>, GuardError> = question_mark("2").await;
+    let _: Result<(), GuardError> = constant_key().await;
+    let _: Result<(), GuardError> = scheduled().await;
+    // One Result for both attributes, not Result<Result<u32, GuardError>, GuardError>.
+    let _: Result<u32, GuardError> = stacked().await;
+    let _: Result<u64, GuardError> = expression_key(7).await;
+    let _: Result<usize, GuardError> = expression_name("eu").await;
     let shown: Result<_, GuardError> = impl_trait().await;
     if let Ok(shown) = shown {
         let _ = shown.to_string();

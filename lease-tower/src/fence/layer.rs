@@ -26,14 +26,13 @@ use crate::body::retry_after_value;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::sync::Arc;
 /// use axum::{Router, routing::post};
 /// use lease_core::{Backend, LeaseSpec, memory::Memory};
 /// use lease_tower::extract::LeaseSequencer;
 /// use lease_tower::fence::{SequencerCheckLayer, SEQUENCER_HEADER, sequencer_header_value};
 /// use tower::ServiceExt;
 ///
-/// let backend = Arc::new(Memory::new());
+/// let backend = Memory::new();
 /// let app: Router = Router::new()
 ///     .route("/apply", post(|LeaseSequencer(s): LeaseSequencer| async move { format!("applied under {s}") }))
 ///     .route_layer(SequencerCheckLayer::new(backend.clone(), "service/api/leader"));
@@ -96,8 +95,8 @@ impl SequencerCheckLayer {
     pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// A layer accepting only sequencers of the current holder of the leader key `key` on
-    /// `backend`.
-    pub fn new(backend: Arc<dyn Backend>, key: impl Into<String>) -> Self {
+    /// `backend` (any backend: by value, in an `Arc`, or an `Arc<dyn Backend>`).
+    pub fn new(backend: impl Backend, key: impl Into<String>) -> Self {
         Self::with_watch(LeaderWatch::new(backend, key))
     }
 

@@ -44,12 +44,12 @@ impl<S: fmt::Debug> fmt::Debug for SequencerCheck<S> {
 
 impl<S> SequencerCheck<S> {
     /// Wraps `inner`; shorthand for `SequencerCheckLayer::new(backend, key).layer(inner)`.
-    pub fn new(inner: S, backend: Arc<dyn Backend>, key: impl Into<String>) -> Self {
+    pub fn new(inner: S, backend: impl Backend, key: impl Into<String>) -> Self {
         tower::Layer::layer(&SequencerCheckLayer::new(backend, key), inner)
     }
 
     /// A layer that wraps services in `SequencerCheck`; the same as [`SequencerCheckLayer::new`].
-    pub fn layer(backend: Arc<dyn Backend>, key: impl Into<String>) -> SequencerCheckLayer {
+    pub fn layer(backend: impl Backend, key: impl Into<String>) -> SequencerCheckLayer {
         SequencerCheckLayer::new(backend, key)
     }
 

@@ -25,17 +25,16 @@ use crate::body::retry_after_value;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use axum::{Router, routing::post};
 /// use lease_core::leader::Campaign;
 /// use lease_core::{LeaseSpec, memory::Memory};
 /// use lease_tower::extract::LeaseSequencer;
 /// use lease_tower::leader::LeaderOnlyLayer;
-/// use tokio_util::sync::CancellationToken;
+/// use lease_core::CancellationToken;
 ///
 /// let campaign = Campaign::try_new(
-///     Arc::new(Memory::new()),
+///     Memory::new(),
 ///     LeaseSpec::leader("service/api/leader").value("http://10.0.0.7:8080"),
 /// )?;
 /// let leader_only = LeaderOnlyLayer::new(campaign.handle())

@@ -42,7 +42,7 @@
 //! use lease_core::leader::Campaign;
 //! use lease_core::{LeaseSpec, consul::Consul};
 //! use lease_tower::leader::LeaderOnlyLayer;
-//! use tokio_util::sync::CancellationToken;
+//! use lease_core::CancellationToken;
 //!
 //! let campaign = Campaign::try_new(
 //!     Arc::new(Consul::from_env()?),

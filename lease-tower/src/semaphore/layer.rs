@@ -20,14 +20,13 @@ use crate::body::retry_after_value;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use axum::{Router, routing::get};
 /// use lease_core::{LeaseSpec, memory::Memory};
 /// use lease_tower::semaphore::SemaphoreLayer;
 /// use tower::ServiceExt;
 ///
-/// let backend = Arc::new(Memory::new());
+/// let backend = Memory::new();
 /// let app: Router = Router::new()
 ///     .route("/report", get(|| async { "a heavy report" }))
 ///     .route_layer(
@@ -85,6 +84,9 @@ impl SemaphoreLayer {
 
     /// A layer taking one slot of `spec` (a [`LeaseSpec::semaphore`]) on `backend` per request.
     ///
+    /// `backend` is any backend: by value, in an `Arc`, or an `Arc<dyn Backend>`
+    /// ([`into_shared`](lease_core::backend::into_shared)).
+    ///
     /// The spec's wait policy is replaced by [`max_wait`](Self::max_wait) (default 5 s): a request
     /// never waits forever.
     ///
@@ -92,7 +94,7 @@ impl SemaphoreLayer {
     /// distributed slot: this process can never hold more than `limit` slots, and letting more
     /// requests contend would only cost the backend failed compare-and-set writes. Layers built
     /// separately for the same semaphore each have their own gate.
-    pub fn new(backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
+    pub fn new(backend: impl Backend, spec: LeaseSpec) -> Self {
         let spec = spec.wait(Wait::UpTo(Self::DEFAULT_MAX_WAIT));
         let limit = match spec.target() {
             Target::Semaphore { limit, .. } => *limit as usize,
@@ -100,7 +102,7 @@ impl SemaphoreLayer {
         };
         SemaphoreLayer {
             config: Arc::new(Config {
-                backend,
+                backend: lease_core::backend::into_shared(backend),
                 spec: Arc::new(spec),
                 retry_after: retry_after_value(Self::DEFAULT_RETRY_AFTER),
                 local: Arc::new(tokio::sync::Semaphore::new(limit)),

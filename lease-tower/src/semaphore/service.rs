@@ -45,12 +45,12 @@ impl<S: fmt::Debug> fmt::Debug for Semaphore<S> {
 
 impl<S> Semaphore<S> {
     /// Wraps `inner`; shorthand for `SemaphoreLayer::new(backend, spec).layer(inner)`.
-    pub fn new(inner: S, backend: Arc<dyn Backend>, spec: LeaseSpec) -> Self {
+    pub fn new(inner: S, backend: impl Backend, spec: LeaseSpec) -> Self {
         tower::Layer::layer(&SemaphoreLayer::new(backend, spec), inner)
     }
 
     /// A layer that wraps services in `Semaphore`; the same as [`SemaphoreLayer::new`].
-    pub fn layer(backend: Arc<dyn Backend>, spec: LeaseSpec) -> SemaphoreLayer {
+    pub fn layer(backend: impl Backend, spec: LeaseSpec) -> SemaphoreLayer {
         SemaphoreLayer::new(backend, spec)
     }
 

@@ -35,10 +35,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{Backend, BoxError, Lease, LeaseSpec, LeaseWatcher, Wait};
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio_util::sync::CancellationToken;
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
