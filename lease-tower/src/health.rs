@@ -90,10 +90,12 @@ impl Health {
     /// The default of [`not_ready_after`](Self::not_ready_after).
     pub const DEFAULT_NOT_READY_AFTER: Duration = Duration::from_secs(10);
 
-    /// Reports on `backend`'s reachability; add campaigns and leases to report them too.
-    pub fn new(backend: Arc<dyn Backend>) -> Self {
+    /// Reports on `backend`'s reachability; add campaigns and leases to report them too. Takes
+    /// any backend, by value or as an `Arc<dyn Backend>`
+    /// ([`into_shared`](lease_core::backend::into_shared)).
+    pub fn new(backend: impl Backend) -> Self {
         Health {
-            backend,
+            backend: lease_core::backend::into_shared(backend),
             campaigns: Vec::new(),
             leases: Vec::new(),
             not_ready_after: Self::DEFAULT_NOT_READY_AFTER,

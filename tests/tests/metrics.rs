@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use lease_core::CancellationToken;
 use lease_core::leader::Campaign;
 use lease_core::memory::Memory;
 use lease_core::metrics::{self as names, labels};
@@ -19,7 +20,6 @@ use metrics::{
     SharedString, Unit,
 };
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 const T: Duration = Duration::from_secs(20);
 

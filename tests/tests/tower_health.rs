@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
+use lease_core::CancellationToken;
 use lease_core::consul::Consul;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{Backend, LeaseSpec};
@@ -16,7 +17,6 @@ use lease_tests::proxy::{Mode, Proxy};
 use lease_tests::{init_tracing, within};
 use lease_tower::health::Health;
 use tokio::sync::broadcast;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 const T: Duration = Duration::from_secs(30);

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, BoxFuture, LeaseSpec};
 use lease_tests::capture::{Capture, EventRecord};
 use lease_tests::within;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 const EVENT: Duration = Duration::from_secs(10);
