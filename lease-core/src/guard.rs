@@ -158,8 +158,9 @@ impl From<GuardError> for Error {
 ///
 /// After the work completes the lease is released before this returns, so the next guarded call
 /// can take it at once; with a [`min_hold`](LeaseSpec::min_hold) it returns at once and the lease
-/// is released in the background when `min_hold` has passed since the work started. A failed release does not discard the work's output: the holder task logs
-/// it, and the backend frees the lease when the session expires.
+/// is released in the background when `min_hold` has passed since the work started. A failed
+/// release does not discard the work's output: the holder task logs it, and the backend frees
+/// the lease when the session expires.
 ///
 /// # Cancel safety
 ///
@@ -227,7 +228,11 @@ async fn release_after_min_hold(lease: Lease, min_hold: Duration, started: Insta
         let _ = lease.release().await;
         return;
     }
-    tracing::debug!(sequencer = %lease.sequencer(), ?remaining, "guarded: work done; keeping the lease for its min_hold");
+    tracing::debug!(
+        sequencer = %lease.sequencer(),
+        ?remaining,
+        "guarded: work done; keeping the lease for its min_hold"
+    );
     // The task owns the lease: on a backend or runtime shutdown it is released like any other.
     tokio::spawn(async move {
         tokio::select! {

@@ -478,6 +478,8 @@ struct HandOff {
     follower: CampaignHandle,
     stop_server: CancellationToken,
     app: Router,
+    /// Notified when a request enters the `/slow` handler.
+    slow_started: Arc<tokio::sync::Notify>,
 }
 
 async fn hand_off(drain_timeout: Duration, handler_takes: Duration) -> HandOff {
@@ -489,12 +491,17 @@ async fn hand_off(drain_timeout: Duration, handler_takes: Duration) -> HandOff {
         .unwrap()
         .drain_timeout(drain_timeout);
     let leader = campaign.handle();
+    let slow_started = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::clone(&slow_started);
     let app: Router = Router::new()
         .route(
             "/slow",
-            get(move || async move {
-                tokio::time::sleep(handler_takes).await;
-                "done"
+            get(move || {
+                started.notify_one();
+                async move {
+                    tokio::time::sleep(handler_takes).await;
+                    "done"
+                }
             }),
         )
         .route_layer(LeaderOnlyLayer::new(campaign.handle()));
@@ -525,6 +532,7 @@ async fn hand_off(drain_timeout: Duration, handler_takes: Duration) -> HandOff {
         follower: follower_handle,
         stop_server,
         app,
+        slow_started,
     }
 }
 
@@ -533,7 +541,12 @@ async fn graceful_shutdown_lets_in_flight_requests_finish_before_the_hand_off() 
     let node = hand_off(Duration::from_secs(10), Duration::from_secs(2)).await;
     let sent = Instant::now();
     let slow = tokio::spawn(reqwest::get(format!("{}/slow", node.url)));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    within(
+        T,
+        "the request to reach its handler",
+        node.slow_started.notified(),
+    )
+    .await;
     node.stop_server.cancel();
 
     // Stepping down: new leader-only requests are turned away, and the lease is still held.
@@ -582,7 +595,12 @@ async fn graceful_shutdown_lets_in_flight_requests_finish_before_the_hand_off() 
 async fn the_drain_timeout_bounds_how_long_the_hand_off_waits() {
     let node = hand_off(Duration::from_millis(300), Duration::from_secs(30)).await;
     let slow = tokio::spawn(reqwest::get(format!("{}/slow", node.url)));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    within(
+        T,
+        "the request to reach its handler",
+        node.slow_started.notified(),
+    )
+    .await;
     let stopped = Instant::now();
     node.stop_server.cancel();
 
