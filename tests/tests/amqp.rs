@@ -416,6 +416,9 @@ async fn bad_input_gives_typed_errors() {
         err.to_string().contains("rabbitmq-server -detached"),
         "{err}"
     );
+    // The URL came from the builder: the hint names it, not an environment variable.
+    assert!(err.to_string().contains("Amqp::builder"), "{err}");
+    assert!(!err.to_string().contains("AMQP_URL"), "{err}");
 
     let addr = broker::broker_addr();
     let wrong = Amqp::new(format!("amqp://guest:not-the-password@{addr}/%2f")).unwrap();

@@ -35,9 +35,22 @@ pub(crate) struct AmqpConfig {
     pub(crate) max_connections: u32,
     /// Whether the URL gives the port (else the scheme's default was assumed).
     pub(crate) port_given: bool,
+    /// Whether the URL came from `AMQP_URL` (or its default) through [`Amqp::from_env`], so
+    /// hints name the setting the user changes.
+    pub(crate) url_from_env: bool,
 }
 
 impl AmqpConfig {
+    /// What to do when the broker cannot be reached, naming where the URL came from.
+    pub(crate) fn unreachable_hint(&self) -> &'static str {
+        if self.url_from_env {
+            "start it with `rabbitmq-server -detached`, or set AMQP_URL to the broker's amqp:// URL"
+        } else {
+            "start it with `rabbitmq-server -detached`, or give `Amqp::builder` the broker's \
+             amqp:// URL"
+        }
+    }
+
     /// The URL without its password, saying which port was assumed if the URL gives none: for
     /// errors about reaching the broker.
     pub(crate) fn described_url(&self) -> String {
@@ -109,6 +122,7 @@ pub struct AmqpBuilder {
     connection_name: Option<String>,
     overshoot: u32,
     max_connections: u32,
+    url_from_env: bool,
 }
 
 impl fmt::Debug for AmqpBuilder {
@@ -133,6 +147,16 @@ impl AmqpBuilder {
             connection_name: None,
             overshoot: 0,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            url_from_env: false,
+        }
+    }
+
+    /// The builder of [`Amqp::from_env`]: hints name `AMQP_URL`.
+    pub(crate) fn from_env() -> Self {
+        let url = std::env::var(AMQP_URL_ENV).unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
+        AmqpBuilder {
+            url_from_env: true,
+            ..AmqpBuilder::new(url)
         }
     }
 
@@ -253,6 +277,7 @@ impl AmqpBuilder {
             connection_name: self.connection_name,
             overshoot: self.overshoot,
             max_connections: self.max_connections,
+            url_from_env: self.url_from_env,
         }))
     }
 }
@@ -260,6 +285,18 @@ impl AmqpBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unreachable_hint_names_where_the_url_came_from() {
+        let from_env = AmqpBuilder::from_env().build().unwrap();
+        assert!(from_env.config().unreachable_hint().contains("AMQP_URL"));
+        let built = AmqpBuilder::new(DEFAULT_AMQP_URL).build().unwrap();
+        let hint = built.config().unreachable_hint();
+        assert!(
+            hint.contains("Amqp::builder") && !hint.contains("AMQP_URL"),
+            "{hint}"
+        );
+    }
 
     #[test]
     fn debug_and_redacted_url_hide_the_password() {

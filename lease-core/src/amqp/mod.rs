@@ -206,8 +206,7 @@ impl Amqp {
 
     /// The backend for the URL in `AMQP_URL`, or [`DEFAULT_AMQP_URL`] when it is not set.
     pub fn from_env() -> Result<Amqp, Error> {
-        let url = std::env::var(AMQP_URL_ENV).unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
-        Self::new(url)
+        AmqpBuilder::from_env().build()
     }
 
     /// The administration of this broker's semaphores (create, destroy, add and remove slots).
@@ -279,7 +278,7 @@ impl Amqp {
                     wire::LOGIN_HINT
                 },
             },
-            other => other.into_error("connect", &config.described_url()),
+            other => other.into_error("connect", config),
         })
     }
 
@@ -345,7 +344,7 @@ impl Amqp {
     }
 
     pub(crate) fn unreachable(&self, operation: &str, failure: Failure) -> Error {
-        failure.into_error(operation, &self.inner.config.described_url())
+        failure.into_error(operation, &self.inner.config)
     }
 }
 

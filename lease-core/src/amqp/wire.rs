@@ -17,14 +17,13 @@ use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ErrorKind};
 
+use super::config::AmqpConfig;
 use super::naming::MAX_QUEUE_NAME;
 use crate::backoff::Backoff;
 use crate::metrics::RequestError;
 use crate::{BackendKind, Error, LostReason};
 
 pub(crate) const BACKEND: &str = "RabbitMQ";
-pub(crate) const HINT: &str =
-    "start it with `rabbitmq-server -detached`, or set AMQP_URL to the broker's amqp:// URL";
 
 /// What to do when the broker refuses an operation on a semaphore's queues.
 pub(crate) const QUEUE_PERMISSION_HINT: &str = "give the URL's user configure, write and read \
@@ -56,7 +55,7 @@ pub(crate) enum Failure {
 
 impl Failure {
     /// The error to hand a caller doing `operation`.
-    pub(crate) fn into_error(self, operation: &str, address: &str) -> Error {
+    pub(crate) fn into_error(self, operation: &str, config: &AmqpConfig) -> Error {
         match self {
             Failure::Other(error) => error,
             Failure::NotFound => Error::Backend {
@@ -73,14 +72,14 @@ impl Failure {
             },
             Failure::Closed(source) => Error::Unreachable {
                 backend: BACKEND,
-                address: address.to_owned(),
-                hint: HINT,
+                address: config.described_url(),
+                hint: config.unreachable_hint(),
                 source: Box::new(source),
             },
             Failure::TimedOut => Error::Unreachable {
                 backend: BACKEND,
-                address: address.to_owned(),
-                hint: HINT,
+                address: config.described_url(),
+                hint: config.unreachable_hint(),
                 source: format!("no answer to {operation} in time").into(),
             },
         }
