@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::backend::Reachability;
 use crate::backoff::Backoff;
+use crate::metrics::RequestError;
 
 /// A backend call's error, as far as the retry loop needs to know it.
 pub(crate) trait Retryable: fmt::Display {
@@ -93,6 +94,14 @@ pub(crate) enum Cause {
 }
 
 impl Cause {
+    /// The `error` label in the metrics of a request that got no answer because of `error`.
+    pub(crate) fn metric_kind(error: &reqwest::Error) -> RequestError {
+        match Cause::of(error) {
+            Cause::TimedOut => RequestError::TimedOut,
+            _ => RequestError::Unreachable,
+        }
+    }
+
     pub(crate) fn of(error: &reqwest::Error) -> Cause {
         if error.is_timeout() {
             return Cause::TimedOut;

@@ -31,10 +31,7 @@ impl ApiError {
     /// The `error` label of this failure in the metrics.
     pub(crate) fn metric_kind(&self) -> RequestError {
         match self {
-            ApiError::Transport(source) if matches!(Cause::of(source), Cause::TimedOut) => {
-                RequestError::TimedOut
-            }
-            ApiError::Transport(_) => RequestError::Unreachable,
+            ApiError::Transport(source) => Cause::metric_kind(source),
             ApiError::Status(..) => RequestError::Status,
             ApiError::Malformed(_) => RequestError::Malformed,
             ApiError::TimedOut => RequestError::TimedOut,
