@@ -200,6 +200,10 @@ pub(crate) async fn create_if_missing(
 
 /// Takes the administration mutex of `names`: this process's lock, then the broker's exclusive
 /// queue, retried with backoff while another administrator holds it.
+///
+/// A look that finds the mutex taken is a probe, which leaves the channel open. Only a declare
+/// that loses a race gets the channel closed by the broker, which costs the connection a channel
+/// id (see `pool`), so a long wait for the mutex does not wear the connection out.
 async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'a>, Error> {
     let local = amqp.admin_lock(names.name()).await;
     let timeout = amqp.config().operation_timeout;
@@ -207,35 +211,46 @@ async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'
     let mutex = names.admin_queue();
     let started = Instant::now();
     let mut backoff = admin_backoff();
-    loop {
-        let channel = wire::open_channel(reservation.connection(), timeout)
+    let open = || async {
+        wire::open_channel(reservation.pooled(), timeout)
             .await
-            .map_err(|f| amqp.unreachable("open a channel", f))?;
-        match wire::declare_exclusive(&channel, &mutex, timeout).await {
-            Ok(()) => {
-                return Ok(Session {
-                    amqp,
-                    names,
-                    channel,
-                    reservation,
-                    unlocked: false,
-                    local: Some(local),
-                });
-            }
-            Err(Failure::ResourceLocked) if started.elapsed() < timeout => {
-                backoff.wait().await;
-            }
-            Err(Failure::ResourceLocked) => {
-                return Err(Error::Busy {
-                    key: mutex,
-                    waited: started.elapsed(),
-                });
-            }
+            .map_err(|f| amqp.unreachable("open a channel", f))
+    };
+    let mut channel = open().await?;
+    loop {
+        match wire::probe(&channel, &mutex, timeout).await {
+            Ok(true) => {}
+            Ok(false) => match wire::declare_exclusive(&channel, &mutex, timeout).await {
+                Ok(()) => {
+                    return Ok(Session {
+                        amqp,
+                        names,
+                        channel,
+                        reservation,
+                        unlocked: false,
+                        local: Some(local),
+                    });
+                }
+                // Taken between the probe and the declare: the broker closed the channel.
+                Err(Failure::ResourceLocked) => channel = open().await?,
+                Err(failure) => {
+                    wire::close_channel(&channel, timeout).await;
+                    return Err(amqp.unreachable("take the administration mutex", failure));
+                }
+            },
             Err(failure) => {
                 wire::close_channel(&channel, timeout).await;
-                return Err(amqp.unreachable("take the administration mutex", failure));
+                return Err(amqp.unreachable("probe the administration mutex", failure));
             }
         }
+        if started.elapsed() >= timeout {
+            wire::close_channel(&channel, timeout).await;
+            return Err(Error::Busy {
+                key: mutex,
+                waited: started.elapsed(),
+            });
+        }
+        backoff.wait().await;
     }
 }
 
@@ -321,7 +336,7 @@ impl Session<'_> {
         let mutex = self.names.admin_queue();
         let released = delete_queue(
             self.amqp,
-            self.reservation.connection(),
+            self.reservation.pooled(),
             Some(&self.channel),
             &mutex,
         )
@@ -348,7 +363,7 @@ impl Drop for Session<'_> {
                 self.local.take(),
             );
             runtime.spawn(async move {
-                let _ = delete_queue(&amqp, pooled.connection(), None, &mutex).await;
+                let _ = delete_queue(&amqp, &pooled, None, &mutex).await;
                 drop(local);
             });
         }

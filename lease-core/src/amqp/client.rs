@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use lapin::options::BasicConsumeOptions;
 use lapin::types::{FieldTable, ShortString};
-use lapin::{Channel, Connection, Consumer};
+use lapin::{Channel, Consumer};
 
 use super::hold::into_lease;
 use super::naming::SemaphoreNames;
@@ -99,8 +99,7 @@ async fn try_acquire(
     // The channel every scan of this acquire runs on, and the lease's channel if it wins a slot.
     let reservation = amqp.reserve_channel(Use::Lease).await?;
     let pooled = Arc::clone(reservation.pooled());
-    let connection = pooled.connection();
-    let mut channel = open(amqp, connection).await?;
+    let mut channel = open(amqp, &pooled).await?;
     let mut races = 0;
     let mut unsettled = false;
     let mut created = false;
@@ -184,7 +183,7 @@ async fn try_acquire(
                     // Randomly skewed, so racers that collided do not collide again.
                     tokio::time::sleep(jitter(Duration::from_millis(u64::from(races.min(10)) * 5)))
                         .await;
-                    channel = open(amqp, connection).await?;
+                    channel = open(amqp, &pooled).await?;
                     continue 'scan;
                 }
                 Err(failure) => {
@@ -235,7 +234,7 @@ async fn try_acquire(
                 Err(Failure::NotFound) => {
                     // A[L] was removed after the scan saw it: the slot is not ours to take.
                     let _ = holder.give_back(None).await;
-                    channel = open(amqp, connection).await?;
+                    channel = open(amqp, &pooled).await?;
                     continue 'scan;
                 }
                 Err(failure) => {
@@ -324,15 +323,15 @@ async fn settle_in(
                     attempts,
                     "the settle queue expired before its consume"
                 );
-                *channel = wire::open_channel(holder.pooled.connection(), timeout).await?;
+                *channel = wire::open_channel(&holder.pooled, timeout).await?;
             }
             Err(failure) => return Err(failure),
         }
     }
 }
 
-async fn open(amqp: &Amqp, connection: &Connection) -> Result<Channel, Error> {
-    wire::open_channel(connection, amqp.config().operation_timeout)
+async fn open(amqp: &Amqp, pooled: &PooledConnection) -> Result<Channel, Error> {
+    wire::open_channel(pooled, amqp.config().operation_timeout)
         .await
         .map_err(|failure| amqp.unreachable("open a channel", failure))
 }
@@ -394,11 +393,10 @@ impl HolderQueue {
     /// closed, `B[L]` went with it and `C[L]` expires on its own.
     pub(super) async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
         self.armed = false;
-        let connection = self.pooled.connection();
         if let Some(settle_queue) = self.settle_queue.take() {
-            delete_queue(&self.amqp, connection, channel, &settle_queue).await?;
+            delete_queue(&self.amqp, &self.pooled, channel, &settle_queue).await?;
         }
-        delete_queue(&self.amqp, connection, channel, &self.queue).await
+        delete_queue(&self.amqp, &self.pooled, channel, &self.queue).await
     }
 
     /// After a loss: deletes `B[L]` only. `C[L]` is left to expire one settle time after the
@@ -409,7 +407,7 @@ impl HolderQueue {
         channel: Option<&Channel>,
     ) -> Result<(), Error> {
         self.armed = false;
-        delete_queue(&self.amqp, self.pooled.connection(), channel, &self.queue).await
+        delete_queue(&self.amqp, &self.pooled, channel, &self.queue).await
     }
 }
 
@@ -428,7 +426,7 @@ impl Drop for HolderQueue {
             .collect();
         runtime.spawn(async move {
             for queue in queues {
-                if let Err(error) = delete_queue(&amqp, pooled.connection(), None, &queue).await {
+                if let Err(error) = delete_queue(&amqp, &pooled, None, &queue).await {
                     tracing::warn!(%error, queue, "could not delete an abandoned holder queue");
                     return;
                 }
@@ -437,11 +435,12 @@ impl Drop for HolderQueue {
     }
 }
 
-/// Deletes a queue on `connection`, confirmed. If `connection` is closed there is nothing to do:
-/// its exclusive queues went with it, and a settle queue it consumed expires on its own.
+/// Deletes a queue on `pooled`'s connection, confirmed. If that connection is closed there is
+/// nothing to do: its exclusive queues went with it, and a settle queue it consumed expires on
+/// its own.
 pub(crate) async fn delete_queue(
     amqp: &Amqp,
-    connection: &Connection,
+    pooled: &PooledConnection,
     channel: Option<&Channel>,
     queue: &str,
 ) -> Result<(), Error> {
@@ -451,10 +450,11 @@ pub(crate) async fn delete_queue(
             return Ok(());
         }
     }
+    let connection = pooled.connection();
     if !connection.status().connected() {
         return Ok(());
     }
-    let result = match wire::open_channel(connection, timeout).await {
+    let result = match wire::open_channel(pooled, timeout).await {
         Ok(channel) => {
             let deleted = wire::delete(&channel, queue, timeout).await;
             wire::close_channel(&channel, timeout).await;
@@ -477,7 +477,7 @@ pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Resul
     let local = amqp.local_holder(names.name(), slot);
     let timeout = amqp.config().operation_timeout;
     let reservation = amqp.reserve_channel(Use::Brief).await?;
-    let channel = open(amqp, reservation.connection()).await?;
+    let channel = open(amqp, reservation.pooled()).await?;
     let probed: Result<Option<bool>, Failure> = async {
         if !wire::probe(&channel, &names.slot_queue(slot), timeout).await? {
             return Ok(None);

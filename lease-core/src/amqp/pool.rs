@@ -19,12 +19,24 @@
 //! uncounted channels that must be on a given connection (deleting a holder queue when the
 //! lease's own channel failed, or after a cancelled acquire) and for channels lapin has not
 //! forgotten yet because their close is still in flight.
+//!
+//! A connection also loses channel ids for good. When the broker closes a channel (a lost race
+//! for a holder queue or a settle queue, an administration mutex taken elsewhere), lapin keeps
+//! that error against the channel's id for the rest of the connection's life, and refuses the
+//! next channel it gives that id (`wire::open_channel` then opens another). The refused channel
+//! keeps the id, so each such id is *retired*: it comes off the connection's room. A connection
+//! that has retired half its ids is *worn*: it takes new channels only when no other connection
+//! has room and no new one may be opened, and it is closed when nothing is reserved on it, so a long-lived, contended process does
+//! not run out of channels.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use lapin::Connection;
+use lapin::protocol::constants::REPLY_SUCCESS;
+use lapin::types::ShortString;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -88,16 +100,34 @@ impl ConnectionPool {
     ) -> Result<Result<Reservation, Error>, Error> {
         let mut connections = self.connections.lock().await;
         // A closed connection's leases are already lost (their holders saw it close); it only
-        // has to stop taking new ones.
-        connections.retain(|pooled| pooled.connection.status().connected());
+        // has to stop taking new ones. A worn one nobody uses any more goes too.
+        let mut worn_out = Vec::new();
+        connections.retain(|pooled| {
+            let connected = pooled.connection.status().connected();
+            if connected && pooled.worn() && pooled.unreserved() {
+                worn_out.push(Arc::clone(pooled));
+                return false;
+            }
+            connected
+        });
+        for pooled in worn_out {
+            tokio::spawn(pooled.close_worn(amqp.config().operation_timeout));
+        }
         if let Some(reservation) = connections
             .iter()
+            .filter(|pooled| !pooled.worn())
             .find_map(|pooled| pooled.try_reserve(use_))
         {
             return Ok(Ok(reservation));
         }
         let max_connections = amqp.config().max_connections;
         if connections.len() >= max_connections as usize {
+            if let Some(reservation) = connections
+                .iter()
+                .find_map(|pooled| pooled.try_reserve(use_))
+            {
+                return Ok(Ok(reservation));
+            }
             let channel_max = connections.first().map_or(0, |p| p.channel_max());
             return Ok(Err(Error::ChannelsExhausted {
                 connections: max_connections,
@@ -145,6 +175,8 @@ pub(crate) struct PooledConnection {
     /// The negotiated `channel_max`.
     channel_max: u32,
     reserved: AtomicU32,
+    /// Channel ids lapin will not open again; see the module docs.
+    retired: AtomicU32,
     given_back: Arc<Notify>,
 }
 
@@ -153,6 +185,7 @@ impl fmt::Debug for PooledConnection {
         f.debug_struct("PooledConnection")
             .field("channel_max", &self.channel_max)
             .field("reserved", &self.reserved.load(Ordering::Relaxed))
+            .field("retired", &self.retired.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -164,6 +197,7 @@ impl PooledConnection {
             connection,
             channel_max,
             reserved: AtomicU32::new(0),
+            retired: AtomicU32::new(0),
             given_back,
         }
     }
@@ -177,12 +211,45 @@ impl PooledConnection {
         self.channel_max
     }
 
+    /// Counts one more channel id lapin will not open again, and returns how many there are.
+    pub(crate) fn retire_channel_id(&self) -> u32 {
+        self.retired.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Whether half the connection's channel ids are retired; see the module docs.
+    fn worn(&self) -> bool {
+        self.retired.load(Ordering::Acquire).saturating_mul(2) >= self.channel_max
+    }
+
+    /// Closes a worn connection the pool has let go of. Dropping it would not do: lapin's
+    /// refused channels keep it open.
+    async fn close_worn(self: Arc<Self>, timeout: Duration) {
+        tracing::debug!(
+            retired = self.retired.load(Ordering::Acquire),
+            channel_max = self.channel_max,
+            "closing a connection that lapin will open few channels on any more"
+        );
+        let close = self.connection.close(
+            REPLY_SUCCESS,
+            ShortString::from("worn: too many channel ids retired"),
+        );
+        let _ = tokio::time::timeout(timeout, close).await;
+    }
+
+    /// Whether no channel is reserved on this connection.
+    fn unreserved(&self) -> bool {
+        self.reserved.load(Ordering::Acquire) == 0
+    }
+
     fn try_reserve(self: &Arc<Self>, use_: Use) -> Option<Reservation> {
         let kept_back = match use_ {
             Use::Lease => HEADROOM,
             Use::Brief => HEADROOM / 2,
         };
-        let limit = self.channel_max.saturating_sub(kept_back);
+        let limit = self
+            .channel_max
+            .saturating_sub(kept_back)
+            .saturating_sub(self.retired.load(Ordering::Acquire));
         self.reserved
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |reserved| {
                 (reserved < limit).then_some(reserved + 1)
@@ -220,5 +287,80 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         self.pooled.reserved.fetch_sub(1, Ordering::AcqRel);
         self.pooled.given_back.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // A failed expectation in a test is a panic by design.
+    #![allow(clippy::unwrap_used)]
+
+    use lapin::options::BasicConsumeOptions;
+    use lapin::types::FieldTable;
+    use lease_tests::amqp::{require_broker, url_with_channel_max};
+
+    use super::*;
+    use crate::amqp::wire::{self, Failure};
+
+    const T: Duration = Duration::from_secs(10);
+
+    /// Makes the broker close a fresh channel of `pooled` (a consume of a queue that does not
+    /// exist: NOT_FOUND), as a lost race does.
+    async fn channel_closed_by_the_broker(pooled: &PooledConnection) {
+        let channel = wire::open_channel(pooled, T).await.unwrap();
+        let consume = channel.basic_consume(
+            ShortString::from("lease-test-no-such-queue"),
+            ShortString::from(""),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let failure = wire::bounded(T, "lease-test-no-such-queue", consume).await;
+        assert!(matches!(failure, Err(Failure::NotFound)), "{failure:?}");
+    }
+
+    #[tokio::test]
+    async fn channel_ids_lapin_refuses_are_retired_and_a_worn_connection_is_replaced() {
+        require_broker().await;
+        let amqp = Amqp::builder(url_with_channel_max(20))
+            .max_connections(2)
+            .build()
+            .unwrap();
+        let reservation = amqp.reserve_channel(Use::Brief).await.unwrap();
+        let pooled = Arc::clone(reservation.pooled());
+        assert_eq!(pooled.channel_max(), 20);
+
+        // Channel ids 1..=10 closed by the broker: lapin keeps their error.
+        for _ in 0..10 {
+            channel_closed_by_the_broker(&pooled).await;
+        }
+        // Round the 20 ids twice: each of those ten is refused once, retired, and never given
+        // again; every open succeeds.
+        for _ in 0..40 {
+            let channel = wire::open_channel(&pooled, T).await.unwrap();
+            wire::close_channel(&channel, T).await;
+        }
+        assert_eq!(pooled.retired.load(Ordering::Acquire), 10);
+        assert!(pooled.worn());
+        // Its room shrank by the retired ids: 20 less 4 kept back less 10.
+        let brief: Vec<Reservation> = std::iter::from_fn(|| pooled.try_reserve(Use::Brief))
+            .take(20)
+            .collect();
+        assert_eq!(brief.len(), 20 - 4 - 10 - 1, "one is reserved already");
+        drop(brief);
+
+        // While the worn connection is in use, the next reservation goes on a new one.
+        let next = amqp.reserve_channel(Use::Lease).await.unwrap();
+        assert!(!Arc::ptr_eq(next.pooled(), &pooled));
+        // Once nothing is reserved on it, the next reservation closes it.
+        drop(reservation);
+        let again = amqp.reserve_channel(Use::Lease).await.unwrap();
+        assert!(Arc::ptr_eq(again.pooled(), next.pooled()));
+        tokio::time::timeout(T, async {
+            while pooled.connection().status().connected() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the worn connection was not closed");
     }
 }
