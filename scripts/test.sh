@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*" >&2; }
 
 step "Consul"
 CONSUL_BIN=$(bash scripts/ensure-consul.sh)
@@ -81,3 +81,4 @@ cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test
 # run with nothing in it).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
+step "done"
