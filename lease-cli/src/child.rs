@@ -44,8 +44,6 @@ impl Spawn<'_> {
             command.args(&self.command[1..]);
             command
         };
-        // The command gets the environment `lease` was started with.
-        crate::trust_store::restore(&mut command);
         command
             .envs(self.env)
             .stdin(if self.pass_stdin {

@@ -13,7 +13,6 @@ mod duration;
 mod exit;
 mod lock;
 mod status;
-mod trust_store;
 
 use std::process::ExitCode;
 
@@ -39,12 +38,6 @@ fn main() -> ExitCode {
             };
         }
     };
-    // Before anything is built: this may execute `lease` again.
-    match &cli.command {
-        Command::Lock(args) => trust_store::skip_for_plain_http(&args.backend),
-        Command::Status(args) => trust_store::skip_for_plain_http(&args.backend),
-        Command::Check(_) | Command::Amqp(_) => {}
-    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -13,6 +13,10 @@
 //!   `etcdctl elect`; its sequencer's index is a cluster-wide, ever-rising revision.
 //! - `memory` (default): in-process, no server, the same semantics (`memory::Memory`).
 //!
+//! TLS for the network backends: `rustls` (default; rustls with the platform's certificate
+//! verifier, as reqwest and lapin use by default), or `native-tls` (the platform's library).
+//! Neither adds anything to a build without a network backend.
+//!
 //! Ways to use a lease:
 //!
 //! - by hand: [`Backend::acquire`] and [`Lease::run`], as below;

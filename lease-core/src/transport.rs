@@ -89,6 +89,9 @@ pub(crate) enum Cause {
     /// The server closed or reset the connection (what a Consul agent does past its connection
     /// limit).
     Dropped,
+    /// The TLS handshake failed: a certificate not trusted or not for this name, or a client
+    /// certificate missing or refused.
+    Tls,
     TimedOut,
     Other,
 }
@@ -122,6 +125,12 @@ impl Cause {
             if text.contains("dns error") || text.contains("failed to lookup address") {
                 return Cause::Dns;
             }
+            if ["certificate", "fatal alert", "handshake"]
+                .iter()
+                .any(|needle| text.contains(needle))
+            {
+                return Cause::Tls;
+            }
             if text.contains("connection closed before message completed")
                 || text.contains("connection reset")
             {
@@ -131,6 +140,12 @@ impl Cause {
         }
         Cause::Other
     }
+}
+
+/// A transport error as the source of a public error: its whole chain as one message (what went
+/// wrong in a TLS handshake is three sources down), with no further source.
+pub(crate) fn unreachable_source(error: &reqwest::Error) -> crate::error::BoxError {
+    DisplayChain(error).to_string().into()
 }
 
 /// An error and its sources, `: `-separated.
@@ -148,25 +163,135 @@ impl fmt::Display for DisplayChain<'_> {
     }
 }
 
-/// The HTTP client of a backend handle, trusting `ca_pem` (a PEM certificate) beside the system's
-/// roots and presenting `identity` (a client certificate) if given.
-pub(crate) fn build_client(
-    ca_pem: Option<&[u8]>,
-    identity: Option<reqwest::Identity>,
-    max_idle_connections: usize,
-) -> Result<reqwest::Client, reqwest::Error> {
-    let mut client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(max_idle_connections)
-        .pool_idle_timeout(Duration::from_secs(60));
-    if let Some(pem) = ca_pem {
-        client = client.add_root_certificate(reqwest::Certificate::from_pem(pem)?);
+/// The default time to establish a connection (TCP and TLS) to the server.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a backend's HTTP client is built from, kept to build it again for another runtime.
+#[derive(Clone, Default)]
+pub(crate) struct ClientConfig {
+    /// Whether the server's address is `https`.
+    pub(crate) https: bool,
+    /// PEM CA certificates to trust beside the system's roots.
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    /// A client certificate and its key, both PEM.
+    pub(crate) identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// Accept any server certificate (`CONSUL_HTTP_SSL_VERIFY=false`).
+    pub(crate) skip_verify: bool,
+    /// Connect every request here (host, port), whatever host its URL names: the URL then names
+    /// the server's TLS name (`CONSUL_TLS_SERVER_NAME`).
+    pub(crate) connect_to: Option<(String, u16)>,
+    /// `None`: [`DEFAULT_CONNECT_TIMEOUT`].
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) max_idle_connections: usize,
+}
+
+impl fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("https", &self.https)
+            .field("ca_cert", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity_pem.is_some())
+            .field("skip_verify", &self.skip_verify)
+            .field("connect_to", &self.connect_to)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
     }
-    if let Some(identity) = identity {
-        client = client.identity(identity);
+}
+
+/// Whether this build can speak TLS: lease-core's `rustls` feature (the default) or `native-tls`.
+pub(crate) const TLS: bool = cfg!(any(feature = "rustls", feature = "native-tls"));
+
+/// What to do when this build cannot speak TLS and `what` needs it.
+pub(crate) fn tls_missing(what: &str) -> crate::Error {
+    crate::Error::Config(format!(
+        "{what} needs TLS, which this build of lease-core left out: enable its `rustls` feature \
+         (on by default) or `native-tls`"
+    ))
+}
+
+impl ClientConfig {
+    /// Whether anything here needs TLS.
+    pub(crate) fn wants_tls(&self) -> bool {
+        self.ca_pem.is_some() || self.identity_pem.is_some() || self.skip_verify
     }
-    client.build()
+
+    /// Builds the client: rustls (with the platform's verifier) if lease-core's `rustls`
+    /// feature is on, else native-tls if `native-tls` is, else plain HTTP only.
+    pub(crate) fn build(&self) -> Result<reqwest::Client, reqwest::Error> {
+        let mut client = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT))
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(self.max_idle_connections)
+            .pool_idle_timeout(Duration::from_secs(60));
+        #[cfg(feature = "rustls")]
+        {
+            client = client.tls_backend_rustls();
+        }
+        #[cfg(all(feature = "native-tls", not(feature = "rustls")))]
+        {
+            client = client.tls_backend_native();
+        }
+        #[cfg(any(feature = "rustls", feature = "native-tls"))]
+        if !self.https && !self.wants_tls() {
+            // Plain HTTP: no roots to load. Loading the system's costs every client build a few
+            // milliseconds of CPU (rustls) or about 80 ms (OpenSSL), which a short-lived CLI
+            // process and a runtime's clean-ups would pay for nothing.
+            client = client.tls_certs_only([]);
+        } else {
+            if let Some(pem) = &self.ca_pem {
+                for certificate in reqwest::Certificate::from_pem_bundle(pem)? {
+                    client = client.add_root_certificate(certificate);
+                }
+            }
+            if let Some((cert, key)) = &self.identity_pem {
+                client = client.identity(identity(cert, key)?);
+            }
+            if self.skip_verify {
+                client = client.tls_danger_accept_invalid_certs(true);
+            }
+        }
+        if let Some((host, port)) = &self.connect_to {
+            client = client.dns_resolver(std::sync::Arc::new(ConnectTo {
+                host: host.clone(),
+                port: *port,
+            }));
+        }
+        client.build()
+    }
+}
+
+/// A client certificate and its key (PEM) as reqwest takes them: any key rustls reads (PKCS #8,
+/// PKCS #1, SEC1).
+#[cfg(feature = "rustls")]
+fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
+    let mut pem = cert.to_vec();
+    pem.push(b'\n');
+    pem.extend_from_slice(key);
+    reqwest::Identity::from_pem(&pem)
+}
+
+/// A client certificate and its key (PEM) as reqwest takes them: native-tls needs a PKCS #8 key.
+#[cfg(all(feature = "native-tls", not(feature = "rustls")))]
+fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
+    reqwest::Identity::from_pkcs8_pem(cert, key)
+}
+
+/// Resolves every name to one host, so a URL can name the server's TLS name while the connection
+/// goes to its address.
+struct ConnectTo {
+    host: String,
+    port: u16,
+}
+
+impl reqwest::dns::Resolve for ConnectTo {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let target = (self.host.clone(), self.port);
+        Box::pin(async move {
+            let addresses = tokio::net::lookup_host(target).await?;
+            let addresses: reqwest::dns::Addrs = Box::new(addresses);
+            Ok(addresses)
+        })
+    }
 }
 
 /// Whether a client's requests have lately been answered: what [`Backend::reachability`]

@@ -73,6 +73,62 @@ pub struct AgentOptions {
     pub acl_master_token: Option<String>,
     /// More agent configuration, in HCL (e.g. `limits { http_max_conns_per_client = 20 }`).
     pub extra_hcl: Option<String>,
+    /// Also serve HTTPS, on a port of its own, with these certificates and `verify_incoming`:
+    /// a client must present a certificate signed by the same CA.
+    pub tls: Option<AgentTls>,
+}
+
+/// A CA, a server certificate and a client certificate made by `consul tls` (as an operator
+/// makes them) in a directory of their own under `target/consul-tls/`. The server certificate
+/// names `server.dc1.consul`, `localhost` and `127.0.0.1`; keys are SEC1 (EC) PEM.
+#[derive(Clone, Debug)]
+pub struct AgentTls {
+    /// The CA certificate (PEM).
+    pub ca: PathBuf,
+    /// The agent's certificate and key.
+    pub server_cert: PathBuf,
+    /// The agent's key.
+    pub server_key: PathBuf,
+    /// A client certificate signed by the CA.
+    pub client_cert: PathBuf,
+    /// Its key.
+    pub client_key: PathBuf,
+}
+
+impl AgentTls {
+    /// Makes the certificates (`consul tls ca create`, `consul tls cert create -server` and
+    /// `-client`).
+    pub async fn create() -> AgentTls {
+        let dir = workspace_root()
+            .join("target/consul-tls")
+            .join(crate::amqp::unique("tls").replace('/', "-"));
+        std::fs::create_dir_all(&dir).expect("cannot create the certificate directory");
+        for args in [
+            &["tls", "ca", "create"][..],
+            &["tls", "cert", "create", "-server", "-dc", "dc1"],
+            &["tls", "cert", "create", "-client", "-dc", "dc1"],
+        ] {
+            let out = Command::new(consul_bin())
+                .args(args)
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .expect("cannot run consul");
+            assert!(
+                out.status.success(),
+                "consul {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        AgentTls {
+            ca: dir.join("consul-agent-ca.pem"),
+            server_cert: dir.join("dc1-server-consul-0.pem"),
+            server_key: dir.join("dc1-server-consul-0-key.pem"),
+            client_cert: dir.join("dc1-client-consul-0.pem"),
+            client_key: dir.join("dc1-client-consul-0-key.pem"),
+        }
+    }
 }
 
 /// A running dev agent.
@@ -80,6 +136,7 @@ pub struct AgentOptions {
 pub struct Agent {
     child: Child,
     http_addr: SocketAddr,
+    https_addr: Option<SocketAddr>,
     api: Api,
     log: PathBuf,
 }
@@ -121,12 +178,20 @@ impl Agent {
 
     async fn try_start(options: &AgentOptions) -> Result<Agent, String> {
         let http_port = free_port();
+        let https_port = options.tls.as_ref().map(|_| free_port());
         let mut hcl = format!(
-            "ports {{ http = {http_port} dns = -1 grpc = -1 serf_lan = {} serf_wan = {} server = {} }}",
+            "ports {{ http = {http_port} https = {} dns = -1 grpc = -1 serf_lan = {} serf_wan = {} server = {} }}",
+            https_port.map_or(-1, i32::from),
             free_port(),
             free_port(),
             free_port()
         );
+        if let Some(tls) = &options.tls {
+            hcl.push_str(&format!(
+                " ca_file = {:?} cert_file = {:?} key_file = {:?} verify_incoming = true",
+                tls.ca, tls.server_cert, tls.server_key
+            ));
+        }
         if let Some(token) = &options.acl_master_token {
             hcl.push_str(&format!(
                 " acl {{ enabled = true default_policy = \"deny\" tokens {{ master = \"{token}\" agent = \"{token}\" }} }}"
@@ -159,6 +224,7 @@ impl Agent {
         let mut agent = Agent {
             child,
             http_addr: SocketAddr::from(([127, 0, 0, 1], http_port)),
+            https_addr: https_port.map(|port| SocketAddr::from(([127, 0, 0, 1], port))),
             api: Api::new(
                 SocketAddr::from(([127, 0, 0, 1], http_port)),
                 options.acl_master_token.clone(),
@@ -208,6 +274,12 @@ impl Agent {
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.http_addr)
+    }
+
+    /// The HTTPS address, `127.0.0.1:<port>`, of an agent started with [`AgentOptions::tls`].
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https_addr
+            .expect("the agent was started without AgentOptions::tls")
     }
 
     /// A backend talking to this agent (with the management token if ACLs are on).

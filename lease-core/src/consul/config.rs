@@ -10,7 +10,17 @@
 //! | `CONSUL_HTTP_TOKEN` | [`token`](ConsulBuilder::token) | ACL token, sent as the `X-Consul-Token` header |
 //! | `CONSUL_HTTP_TOKEN_FILE` | [`token_file`](ConsulBuilder::token_file) | a file holding the token |
 //! | `CONSUL_CACERT` | [`ca_cert`](ConsulBuilder::ca_cert) | a PEM file of the CA that signed the agent's certificate |
+//! | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | [`client_cert`](ConsulBuilder::client_cert) | a PEM client certificate and its key, for an agent with `verify_incoming` |
+//! | `CONSUL_HTTP_SSL_VERIFY` | [`ssl_verify`](ConsulBuilder::ssl_verify) | `false` to accept any server certificate |
+//! | `CONSUL_TLS_SERVER_NAME` | [`tls_server_name`](ConsulBuilder::tls_server_name) | the name the agent's certificate is checked against (and sent as SNI) |
 //! | `CONSUL_DATACENTER` | [`datacenter`](ConsulBuilder::datacenter) | the datacenter to use (`?dc=`) |
+//! | `CONSUL_NAMESPACE` | [`namespace`](ConsulBuilder::namespace) | the namespace to use (`?ns=`, Consul Enterprise) |
+//!
+//! Beside them: [`connect_timeout`](ConsulBuilder::connect_timeout), and
+//! [`http_client`](ConsulBuilder::http_client) to bring your own `reqwest::Client`.
+//!
+//! TLS is rustls with the platform's certificate verifier (lease-core's default `rustls`
+//! feature), or the platform's TLS library with the `native-tls` feature instead.
 //!
 //! The token is never put in a URL, never logged, and never shown by `Debug`.
 
@@ -100,11 +110,35 @@ pub struct ConsulBuilder {
     ssl: Option<bool>,
     token: Option<TokenSource>,
     ca_cert: Option<PathBuf>,
+    client_cert: Option<ClientCert>,
+    ssl_verify: Option<bool>,
+    tls_server_name: Option<String>,
+    connect_timeout: Option<Duration>,
+    http_client: Option<reqwest::Client>,
     datacenter: Option<String>,
+    namespace: Option<String>,
     node_checks: Option<Vec<String>>,
     semaphore_pool: Option<Duration>,
     max_connections: Option<usize>,
     keep_alive: KeepAlive,
+}
+
+/// A client certificate and its key, as given (`CONSUL_CLIENT_CERT` and `CONSUL_CLIENT_KEY`
+/// may come one without the other: [`ConsulBuilder::build`] says which is missing).
+#[derive(Clone, Debug, Default)]
+struct ClientCert {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+/// Whether an environment value turns a flag on, as the `consul` CLI reads booleans.
+fn env_true(value: &str) -> bool {
+    matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
+}
+
+/// Whether an environment value turns a flag off.
+fn env_false(value: &str) -> bool {
+    matches!(value, "0" | "f" | "F" | "false" | "FALSE" | "False")
 }
 
 /// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`]).
@@ -146,22 +180,33 @@ impl ConsulBuilder {
         Self::default()
     }
 
-    /// A builder seeded from `CONSUL_HTTP_ADDR`, `CONSUL_HTTP_SSL`, `CONSUL_HTTP_TOKEN`,
-    /// `CONSUL_HTTP_TOKEN_FILE`, `CONSUL_CACERT` and `CONSUL_DATACENTER`, as the `consul` CLI
-    /// reads them. Empty variables count as unset.
+    /// A builder seeded from the variables the `consul` CLI reads (see the [module
+    /// docs](self)): `CONSUL_HTTP_ADDR`, `CONSUL_HTTP_SSL`, `CONSUL_HTTP_TOKEN`,
+    /// `CONSUL_HTTP_TOKEN_FILE`, `CONSUL_CACERT`, `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`,
+    /// `CONSUL_HTTP_SSL_VERIFY`, `CONSUL_TLS_SERVER_NAME`, `CONSUL_DATACENTER` and
+    /// `CONSUL_NAMESPACE`. Empty variables count as unset.
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mut builder = Self::new();
         builder.address = var("CONSUL_HTTP_ADDR");
         builder.address_from_env = builder.address.is_some();
         builder.from_env = true;
-        builder.ssl =
-            var("CONSUL_HTTP_SSL").map(|v| matches!(v.as_str(), "1" | "true" | "TRUE" | "True"));
+        builder.ssl = var("CONSUL_HTTP_SSL").map(|v| env_true(&v));
         builder.token = var("CONSUL_HTTP_TOKEN")
             .map(|t| TokenSource::Value(Token(t)))
             .or_else(|| var("CONSUL_HTTP_TOKEN_FILE").map(|p| TokenSource::File(p.into())));
         builder.ca_cert = var("CONSUL_CACERT").map(PathBuf::from);
+        let (cert, key) = (var("CONSUL_CLIENT_CERT"), var("CONSUL_CLIENT_KEY"));
+        if cert.is_some() || key.is_some() {
+            builder.client_cert = Some(ClientCert {
+                cert: cert.map(PathBuf::from),
+                key: key.map(PathBuf::from),
+            });
+        }
+        builder.ssl_verify = var("CONSUL_HTTP_SSL_VERIFY").map(|v| !env_false(&v));
+        builder.tls_server_name = var("CONSUL_TLS_SERVER_NAME");
         builder.datacenter = var("CONSUL_DATACENTER");
+        builder.namespace = var("CONSUL_NAMESPACE");
         builder
     }
 
@@ -196,9 +241,68 @@ impl ConsulBuilder {
         self
     }
 
+    /// A PEM client certificate and its PEM key, presented to an agent configured with
+    /// `verify_incoming`. With the `rustls` feature the key may be PKCS #8, PKCS #1 or SEC1 (as
+    /// `consul tls cert create` writes it); with `native-tls` it must be PKCS #8.
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some(ClientCert {
+            cert: Some(cert.into()),
+            key: Some(key.into()),
+        });
+        self
+    }
+
+    /// Whether the agent's certificate is verified; default `true`. `false` accepts any
+    /// certificate for any name: for a test agent only.
+    pub fn ssl_verify(mut self, verify: bool) -> Self {
+        self.ssl_verify = Some(verify);
+        self
+    }
+
+    /// The name the agent's certificate must carry, and the SNI sent, when it differs from the
+    /// address's host: for instance `server.dc1.consul` for an agent reached at `10.0.0.5:8501`.
+    /// Connections still go to the address.
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls_server_name = Some(name.into());
+        self
+    }
+
+    /// How long establishing a connection to the agent (TCP and TLS) may take; default 5 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Send every request through `client`, for a TLS, proxy or connection setup of your own.
+    ///
+    /// The client's own settings then apply: [`ca_cert`](Self::ca_cert),
+    /// [`client_cert`](Self::client_cert), [`ssl_verify`](Self::ssl_verify),
+    /// [`tls_server_name`](Self::tls_server_name) and [`connect_timeout`](Self::connect_timeout)
+    /// cannot be combined with it, and [`build`](Self::build) says so. Give it a connect timeout
+    /// and no overall request timeout (blocking queries wait minutes; this crate bounds each
+    /// request itself). [`max_connections`](Self::max_connections) still bounds how many
+    /// requests this crate has in flight.
+    ///
+    /// Leases still held when their runtime shuts down are given back through this client from
+    /// another runtime; its pooled connections belong to the runtime that opened them, so some
+    /// of those give-backs may fail, leaving the leases to expire with their sessions. A client
+    /// this crate builds itself does not have that limit.
+    pub fn http_client(mut self, client: reqwest::Client) -> Self {
+        self.http_client = Some(client);
+        self
+    }
+
     /// The datacenter, sent as `?dc=` on every request.
     pub fn datacenter(mut self, datacenter: impl Into<String>) -> Self {
         self.datacenter = Some(datacenter.into());
+        self
+    }
+
+    /// The namespace, sent as `?ns=` on every request (Consul Enterprise). Consul's open-source
+    /// edition has no namespaces and refuses the parameter; on such an agent the client drops it
+    /// after the first refusal (a DEBUG event) and goes on in the default namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
         self
     }
 
@@ -256,11 +360,11 @@ impl ConsulBuilder {
     }
 
     /// Validates the configuration and builds the backend. No request is sent.
-    pub fn build(self) -> Result<Consul, Error> {
+    pub fn build(mut self) -> Result<Consul, Error> {
         let origin = self.address_origin();
         let (base, port_given) =
             base_url(self.address.as_deref(), self.ssl.unwrap_or(false), origin)?;
-        let token = match self.token {
+        let token = match self.token.take() {
             None => None,
             Some(TokenSource::Value(t)) => Some(t),
             Some(TokenSource::File(path)) => {
@@ -281,12 +385,6 @@ impl ConsulBuilder {
                 ));
             }
         }
-        let ca_pem = match &self.ca_cert {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                Error::Config(format!("cannot read CONSUL_CACERT {}: {e}", path.display()))
-            })?),
-            None => None,
-        };
         let max_connections = self
             .max_connections
             .unwrap_or(http::DEFAULT_MAX_CONNECTIONS);
@@ -297,34 +395,134 @@ impl ConsulBuilder {
                 http::MIN_CONNECTIONS
             )));
         }
-        let client = build_client(ca_pem.as_deref(), max_connections).map_err(|e| {
-            let path = self.ca_cert.as_deref().unwrap_or(std::path::Path::new(""));
-            Error::Config(format!(
-                "cannot build the HTTP client (CONSUL_CACERT {}): {e}",
-                path.display()
-            ))
-        })?;
+        let https = base.scheme() == "https";
+        if let Some(name) = &self.tls_server_name {
+            if !https {
+                return Err(Error::Config(format!(
+                    "a TLS server name ({name:?}, CONSUL_TLS_SERVER_NAME or \
+                     ConsulBuilder::tls_server_name) needs an https address; the agent's is {base}"
+                )));
+            }
+            if base.clone().set_host(Some(name)).is_err() {
+                return Err(Error::Config(format!(
+                    "the TLS server name {name:?} (CONSUL_TLS_SERVER_NAME or \
+                     ConsulBuilder::tls_server_name) is not a host name"
+                )));
+            }
+        }
+        let client = match self.http_client {
+            Some(client) => {
+                let configured = [
+                    (self.ca_cert.is_some(), "ca_cert (CONSUL_CACERT)"),
+                    (
+                        self.client_cert.is_some(),
+                        "client_cert (CONSUL_CLIENT_CERT)",
+                    ),
+                    (
+                        self.ssl_verify.is_some(),
+                        "ssl_verify (CONSUL_HTTP_SSL_VERIFY)",
+                    ),
+                    (
+                        self.tls_server_name.is_some(),
+                        "tls_server_name (CONSUL_TLS_SERVER_NAME)",
+                    ),
+                    (self.connect_timeout.is_some(), "connect_timeout"),
+                ];
+                if let Some((_, setting)) = configured.iter().find(|(set, _)| *set) {
+                    return Err(Error::Config(format!(
+                        "ConsulBuilder::http_client was given a client of your own, so {setting} \
+                         cannot apply: configure it on that reqwest::Client instead"
+                    )));
+                }
+                http::HttpClient::Given(client)
+            }
+            None => {
+                let config = self.client_config(&base, max_connections)?;
+                if (https || config.wants_tls()) && !crate::transport::TLS {
+                    return Err(crate::transport::tls_missing(
+                        "the Consul agent's https address",
+                    ));
+                }
+                let client = config.build().map_err(|e| {
+                    Error::Config(format!(
+                        "cannot build the HTTP client for Consul: {}",
+                        crate::transport::DisplayChain(&e)
+                    ))
+                })?;
+                http::HttpClient::Built { client, config }
+            }
+        };
         let settings = http::Settings {
             token,
             datacenter: self.datacenter,
+            namespace: self.namespace,
+            server_name: self.tls_server_name,
             node_checks: self.node_checks,
             max_connections,
             keep_alive: self.keep_alive,
             origin,
             port_given,
         };
-        let http = ConsulHttp::new(client, ca_pem, base, settings);
+        let http = ConsulHttp::new(client, base, settings);
         Ok(Consul::from_parts(http, self.semaphore_pool))
     }
-}
 
-/// The HTTP client every request of a [`Consul`] handle goes through, trusting `ca_pem` (a PEM
-/// certificate) beside the system's roots.
-pub(crate) fn build_client(
-    ca_pem: Option<&[u8]>,
-    max_connections: usize,
-) -> Result<reqwest::Client, reqwest::Error> {
-    crate::transport::build_client(ca_pem, None, max_connections)
+    /// How to build the HTTP client: the files read, and where to connect when the URL names
+    /// the TLS server name.
+    fn client_config(
+        &self,
+        base: &reqwest::Url,
+        max_connections: usize,
+    ) -> Result<crate::transport::ClientConfig, Error> {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                Error::Config(format!("cannot read the {what} {}: {e}", path.display()))
+            })
+        };
+        let ca_pem = match &self.ca_cert {
+            Some(path) => Some(read(path, "CA certificate (CONSUL_CACERT)")?),
+            None => None,
+        };
+        let identity_pem = match &self.client_cert {
+            None => None,
+            Some(ClientCert {
+                cert: Some(cert),
+                key: Some(key),
+            }) => Some((
+                read(cert, "client certificate (CONSUL_CLIENT_CERT)")?,
+                read(key, "client key (CONSUL_CLIENT_KEY)")?,
+            )),
+            Some(ClientCert { cert: None, .. }) => {
+                return Err(Error::Config(
+                    "CONSUL_CLIENT_KEY is set without CONSUL_CLIENT_CERT: give both, or neither"
+                        .into(),
+                ));
+            }
+            Some(ClientCert { key: None, .. }) => {
+                return Err(Error::Config(
+                    "CONSUL_CLIENT_CERT is set without CONSUL_CLIENT_KEY: give both, or neither"
+                        .into(),
+                ));
+            }
+        };
+        let connect_to = self.tls_server_name.as_ref().map(|_| {
+            let host = base.host_str().unwrap_or_default();
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            (host, base.port_or_known_default().unwrap_or(443))
+        });
+        Ok(crate::transport::ClientConfig {
+            https: base.scheme() == "https",
+            ca_pem,
+            identity_pem,
+            skip_verify: self.ssl_verify == Some(false),
+            connect_to,
+            connect_timeout: self.connect_timeout,
+            max_idle_connections: max_connections,
+        })
+    }
 }
 
 /// `http://127.0.0.1:8500` from `CONSUL_HTTP_ADDR`-style input, and whether it gives the port
@@ -498,7 +696,7 @@ mod tests {
             AddressOrigin::Builder,
             AddressOrigin::Default { from_env: false },
         ] {
-            let hint = error.hint(origin);
+            let hint = error.hint(origin, false);
             assert!(!hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
             assert!(
                 hint.contains("ConsulBuilder::address"),
@@ -509,7 +707,7 @@ mod tests {
             AddressOrigin::Env,
             AddressOrigin::Default { from_env: true },
         ] {
-            let hint = error.hint(origin);
+            let hint = error.hint(origin, false);
             assert!(hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
         }
     }
@@ -518,5 +716,79 @@ mod tests {
     fn token_is_redacted() {
         let b = ConsulBuilder::new().token("abc-secret");
         assert!(!format!("{b:?}").contains("abc-secret"));
+    }
+
+    /// As Go's `strconv.ParseBool`, which the `consul` CLI reads its flags with.
+    #[test]
+    fn flags_read_like_the_cli() {
+        for on in ["1", "t", "T", "true", "TRUE", "True"] {
+            assert!(env_true(on) && !env_false(on), "{on}");
+        }
+        for off in ["0", "f", "F", "false", "FALSE", "False"] {
+            assert!(env_false(off) && !env_true(off), "{off}");
+        }
+    }
+
+    /// `CONSUL_CLIENT_CERT` and `CONSUL_CLIENT_KEY` come from the environment one by one; the
+    /// error names the one missing.
+    #[test]
+    fn a_client_certificate_without_its_key_names_what_is_missing() {
+        let cases = [
+            (
+                Some("cert.pem"),
+                None,
+                "CONSUL_CLIENT_CERT is set without CONSUL_CLIENT_KEY",
+            ),
+            (
+                None,
+                Some("key.pem"),
+                "CONSUL_CLIENT_KEY is set without CONSUL_CLIENT_CERT",
+            ),
+        ];
+        for (cert, key, expected) in cases {
+            let builder = ConsulBuilder {
+                client_cert: Some(ClientCert {
+                    cert: cert.map(PathBuf::from),
+                    key: key.map(PathBuf::from),
+                }),
+                ..ConsulBuilder::new()
+            };
+            let error = builder.build().unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_checked_when_built() {
+        let missing = ConsulBuilder::new()
+            .address("https://127.0.0.1:8501")
+            .ca_cert("/nonexistent/ca.pem")
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("cannot read the CA certificate (CONSUL_CACERT) /nonexistent/ca.pem"),
+            "{missing}"
+        );
+        let not_a_name = ConsulBuilder::new()
+            .address("https://127.0.0.1:8501")
+            .tls_server_name("not a host")
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(not_a_name.contains("is not a host name"), "{not_a_name}");
+        let given = ConsulBuilder::new()
+            .http_client(reqwest::Client::new())
+            .connect_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(given.contains("connect_timeout cannot apply"), "{given}");
+        // A client of one's own, with nothing else about TLS, is fine.
+        ConsulBuilder::new()
+            .http_client(reqwest::Client::new())
+            .namespace("team-a")
+            .build()
+            .unwrap();
     }
 }

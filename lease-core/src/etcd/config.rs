@@ -4,8 +4,9 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::Etcd;
-use super::http::{Credentials, EtcdHttp, Tls};
+use super::http::{Credentials, EtcdHttp};
 use crate::Error;
+use crate::transport::ClientConfig;
 
 /// Builds an [`Etcd`] backend.
 ///
@@ -120,7 +121,7 @@ impl EtcdBuilder {
                 ))
             })
         };
-        let tls = Tls {
+        let mut tls = ClientConfig {
             ca_pem: self
                 .ca_cert
                 .as_ref()
@@ -133,8 +134,10 @@ impl EtcdBuilder {
                 )),
                 None => None,
             },
+            max_idle_connections: 8,
+            ..ClientConfig::default()
         };
-        let secure = tls.ca_pem.is_some() || tls.identity_pem.is_some();
+        let secure = tls.wants_tls();
         let endpoints = if self.endpoints.is_empty() {
             vec!["127.0.0.1:2379".to_owned()]
         } else {
@@ -144,8 +147,15 @@ impl EtcdBuilder {
             .iter()
             .map(|e| endpoint_url(e, secure))
             .collect::<Result<Vec<_>, _>>()?;
-        let client = tls.client().map_err(|e| {
-            Error::Config(format!("cannot build the HTTP client for etcd (TLS): {e}"))
+        if endpoints.iter().any(|e| e.scheme() == "https") && !crate::transport::TLS {
+            return Err(crate::transport::tls_missing("an https etcd endpoint"));
+        }
+        tls.https = endpoints.iter().any(|e| e.scheme() == "https");
+        let client = tls.build().map_err(|e| {
+            Error::Config(format!(
+                "cannot build the HTTP client for etcd (TLS): {}",
+                crate::transport::DisplayChain(&e)
+            ))
         })?;
         let credentials = self
             .user

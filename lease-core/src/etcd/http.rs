@@ -21,7 +21,7 @@ use super::wire::{
 };
 use crate::backend::{Keepers, Reachability};
 use crate::metrics::RequestError;
-use crate::transport::{Cause, DisplayChain, ReachabilityTracker, Retryable};
+use crate::transport::{Cause, ClientConfig, DisplayChain, ReachabilityTracker, Retryable};
 use crate::{BackendKind, Error};
 
 /// Timeout of every request but a watch.
@@ -109,6 +109,11 @@ impl ApiError {
                                    peer URL), with https:// if it serves TLS?"
                 }
                 Cause::TimedOut => "no answer in time: etcd or the network is overloaded",
+                Cause::Tls => {
+                    "the TLS handshake failed: trust the CA that signed etcd's certificate \
+                     (ETCD_CACERT), connect by a name the certificate carries, and give a client \
+                     certificate if etcd verifies clients (ETCD_CERT and ETCD_KEY)"
+                }
                 Cause::Other => "is it running? Check ETCD_ENDPOINTS",
             },
             ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
@@ -125,7 +130,7 @@ impl ApiError {
                 backend: "etcd",
                 address: http.address(),
                 hint: ApiError::Transport(Arc::clone(&source)).hint(),
-                source: Box::new(source),
+                source: crate::transport::unreachable_source(&source),
             },
             ApiError::Status(_, _, message) if permission => Error::PermissionDenied {
                 operation: operation.to_string(),
@@ -194,28 +199,10 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// What the HTTP client was built from, to build it again for another runtime.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Tls {
-    pub(crate) ca_pem: Option<Vec<u8>>,
-    /// A client certificate and its PKCS #8 key, both PEM.
-    pub(crate) identity_pem: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl Tls {
-    pub(crate) fn client(&self) -> Result<reqwest::Client, reqwest::Error> {
-        let identity = match &self.identity_pem {
-            Some((cert, key)) => Some(reqwest::Identity::from_pkcs8_pem(cert, key)?),
-            None => None,
-        };
-        crate::transport::build_client(self.ca_pem.as_deref(), identity, 8)
-    }
-}
-
 /// etcd's gateway, as this crate uses it.
 pub(crate) struct EtcdHttp {
     client: reqwest::Client,
-    tls: Tls,
+    tls: ClientConfig,
     endpoints: Vec<Url>,
     /// The endpoint requests go to; moved on by a transport failure.
     current: AtomicUsize,
@@ -242,7 +229,7 @@ impl fmt::Debug for EtcdHttp {
 impl EtcdHttp {
     pub(crate) fn new(
         client: reqwest::Client,
-        tls: Tls,
+        tls: ClientConfig,
         endpoints: Vec<Url>,
         credentials: Option<Credentials>,
     ) -> Arc<Self> {
@@ -269,7 +256,7 @@ impl EtcdHttp {
     }
 
     fn build_detached(&self) -> Option<Arc<EtcdHttp>> {
-        let client = self.tls.client().ok()?;
+        let client = self.tls.build().ok()?;
         Some(EtcdHttp::new(
             client,
             self.tls.clone(),

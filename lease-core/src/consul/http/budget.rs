@@ -78,11 +78,6 @@ impl Budget {
         }
     }
 
-    /// How many connections this client may open.
-    pub(crate) fn max(&self) -> usize {
-        self.max
-    }
-
     /// How many of them blocking queries may keep busy: all but three (two for requests that
     /// do not block, so they never wait behind watches for long, and the connect race's).
     pub(crate) fn max_watches(&self) -> usize {
@@ -263,7 +258,7 @@ mod tests {
         assert!(fifth.is_err(), "a fifth request was admitted");
         drop(held);
         let _fifth = budget.admit(Kind::Brief).await;
-        assert_eq!(Budget::new(1).max(), MIN_CONNECTIONS);
+        assert_eq!(Budget::new(1).max, MIN_CONNECTIONS);
     }
 
     /// However many blocking queries wait (an absorbed watch still reading beside the one that

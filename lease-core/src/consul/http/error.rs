@@ -50,12 +50,19 @@ impl ApiError {
     }
 
     /// What the user should do about this failure, for errors and warnings. It names the
-    /// setting the address came from (`origin`): `CONSUL_HTTP_ADDR` only if it was read.
-    pub(crate) fn hint(&self, origin: AddressOrigin) -> &'static str {
+    /// setting the address came from (`origin`): `CONSUL_HTTP_ADDR` only if it was read; and
+    /// over `https`, what an agent that verifies clients does to a client without a certificate.
+    pub(crate) fn hint(&self, origin: AddressOrigin, https: bool) -> &'static str {
         let env = origin.setting() == "CONSUL_HTTP_ADDR";
         let default = matches!(origin, AddressOrigin::Default { .. });
         match self {
             ApiError::Transport(source) => match (Cause::of(source), env, default) {
+                (Cause::Tls, ..) => TLS_HINT,
+                (Cause::Other, ..) if https => {
+                    "is it running? Check its address; an agent that verifies clients \
+                     (verify_incoming) closes the connection of a client without a certificate \
+                     (CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY, or ConsulBuilder::client_cert)"
+                }
                 (Cause::Refused, true, false) => {
                     "is it running? Start an agent, or point CONSUL_HTTP_ADDR at one"
                 }
@@ -101,8 +108,8 @@ impl ApiError {
             ApiError::Transport(source) => Error::Unreachable {
                 backend: "Consul",
                 address: http.address(),
-                hint: ApiError::Transport(Arc::clone(&source)).hint(http.origin()),
-                source: Box::new(source),
+                hint: ApiError::Transport(Arc::clone(&source)).hint(http.origin(), http.https()),
+                source: crate::transport::unreachable_source(&source),
             },
             ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
                 operation: operation.to_string(),
@@ -148,6 +155,13 @@ impl fmt::Display for ApiError {
         }
     }
 }
+
+/// What to check when the TLS handshake with the agent fails.
+const TLS_HINT: &str = "the TLS handshake failed: trust the CA that signed the agent's certificate \
+    (CONSUL_CACERT, or ConsulBuilder::ca_cert), connect by a name the certificate carries or set \
+    that name (CONSUL_TLS_SERVER_NAME, or ConsulBuilder::tls_server_name), and give a client \
+    certificate if the agent verifies clients (CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY, or \
+    ConsulBuilder::client_cert)";
 
 /// What to change when the agent refuses or drops connections.
 const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows each client IP \

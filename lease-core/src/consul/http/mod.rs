@@ -5,7 +5,7 @@
 //! answers: Consul electing a leader, a proxy in trouble) or not (a 403, a 400).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ use super::watch::Watches;
 use crate::BackendKind;
 use crate::backend::{Keepers, Reachability};
 use crate::metrics::RequestError;
-use crate::transport::ReachabilityTracker;
+use crate::transport::{ClientConfig, ReachabilityTracker};
 
 /// The node check every session is tied to unless configured otherwise (Consul's default).
 const SERF_HEALTH: &str = "serfHealth";
@@ -43,11 +43,45 @@ pub(crate) enum SessionLife<'a> {
 
 /// Timeout of a request that does not block server-side.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// What a client is configured with, beyond its address and TLS.
-#[derive(Debug)]
+/// The HTTP client requests go through.
+#[derive(Clone, Debug)]
+pub(crate) enum HttpClient {
+    /// Built here from `config`, which builds it again for another runtime.
+    Built {
+        client: reqwest::Client,
+        config: ClientConfig,
+    },
+    /// The application's own ([`ConsulBuilder::http_client`](super::ConsulBuilder::http_client)).
+    Given(reqwest::Client),
+}
+
+impl HttpClient {
+    fn client(&self) -> &reqwest::Client {
+        match self {
+            HttpClient::Built { client, .. } | HttpClient::Given(client) => client,
+        }
+    }
+
+    /// The same client on a connection pool of its own, if this crate built it.
+    fn rebuilt(&self) -> Option<HttpClient> {
+        match self {
+            HttpClient::Built { config, .. } => Some(HttpClient::Built {
+                client: config.build().ok()?,
+                config: config.clone(),
+            }),
+            HttpClient::Given(client) => Some(HttpClient::Given(client.clone())),
+        }
+    }
+}
+
+/// What a client is configured with, beyond its address and HTTP client.
+#[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub(crate) token: Option<Token>,
     pub(crate) datacenter: Option<String>,
+    pub(crate) namespace: Option<String>,
+    /// The TLS server name requests' URLs name instead of the address's host.
+    pub(crate) server_name: Option<String>,
     pub(crate) node_checks: Option<Vec<String>>,
     pub(crate) max_connections: usize,
     pub(crate) keep_alive: KeepAlive,
@@ -59,17 +93,17 @@ pub(crate) struct Settings {
 
 /// The Consul HTTP API, as this crate uses it.
 pub(crate) struct ConsulHttp {
-    client: reqwest::Client,
-    /// The CA certificate the client trusts, to build a client for another runtime.
-    ca_pem: Option<Vec<u8>>,
+    client: HttpClient,
+    /// What the client was configured with, to configure its detached twin alike.
+    settings: Settings,
     /// The holder tasks of every lease this client (and its clones) acquired.
     keepers: Keepers,
+    /// The agent's address, as configured (for messages).
     base: Url,
-    origin: AddressOrigin,
-    port_given: bool,
-    token: Option<Token>,
-    datacenter: Option<String>,
-    node_checks: Option<Vec<String>>,
+    /// The base of request URLs: `base`, or `base` naming the TLS server name.
+    endpoint: Url,
+    /// Set once the agent refused `?ns=` (Consul's open-source edition has no namespaces).
+    namespace_refused: AtomicBool,
     budget: Budget,
     /// Every blocking query of this client, multiplexed.
     watches: Watches,
@@ -88,33 +122,32 @@ impl fmt::Debug for ConsulHttp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulHttp")
             .field("address", &self.base.as_str())
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("datacenter", &self.datacenter)
+            .field("token", &self.settings.token.as_ref().map(|_| "<redacted>"))
+            .field("datacenter", &self.settings.datacenter)
+            .field("namespace", &self.settings.namespace)
             .finish_non_exhaustive()
     }
 }
 
 impl ConsulHttp {
-    pub(crate) fn new(
-        client: reqwest::Client,
-        ca_pem: Option<Vec<u8>>,
-        base: Url,
-        settings: Settings,
-    ) -> Arc<Self> {
+    /// A client for the agent at `base`. A TLS server name in `settings` must be a valid host
+    /// (the builder checks).
+    pub(crate) fn new(client: HttpClient, base: Url, settings: Settings) -> Arc<Self> {
         let budget = Budget::new(settings.max_connections);
+        let mut endpoint = base.clone();
+        if let Some(name) = &settings.server_name {
+            let _checked_by_the_builder = endpoint.set_host(Some(name));
+        }
         Arc::new(ConsulHttp {
             client,
-            ca_pem,
             keepers: Keepers::new(),
             base,
-            origin: settings.origin,
-            port_given: settings.port_given,
-            token: settings.token,
-            datacenter: settings.datacenter,
-            node_checks: settings.node_checks,
+            endpoint,
+            namespace_refused: AtomicBool::new(false),
             watches: Watches::new(budget.max_watches()),
             budget,
             keep_alives: KeepAlives::new(settings.keep_alive),
+            settings,
             requests: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             cas_conflicts: AtomicU64::new(0),
@@ -130,7 +163,7 @@ impl ConsulHttp {
 
     /// The same client on its own connection pool, for the clean-ups that run on the detached
     /// runtime (the connections of this one belong to the runtime that made them). `None` if the
-    /// TLS configuration cannot be built again.
+    /// TLS configuration cannot be built again. An application's own client is shared as it is.
     ///
     /// Built once and shared by every clean-up of this client: a runtime that shuts down with
     /// many leases hands over a clean-up for each, and building a TLS-capable client costs about
@@ -141,20 +174,12 @@ impl ConsulHttp {
     }
 
     fn build_detached(&self) -> Option<Arc<ConsulHttp>> {
-        let max_connections = self.budget.max();
-        let client = super::config::build_client(self.ca_pem.as_deref(), max_connections).ok()?;
         let settings = Settings {
-            token: self.token.clone(),
-            datacenter: self.datacenter.clone(),
-            node_checks: self.node_checks.clone(),
-            max_connections,
             keep_alive: self.keep_alives.mode(),
-            origin: self.origin,
-            port_given: self.port_given,
+            ..self.settings.clone()
         };
         Some(ConsulHttp::new(
-            client,
-            self.ca_pem.clone(),
+            self.client.rebuilt()?,
             self.base.clone(),
             settings,
         ))
@@ -173,7 +198,7 @@ impl ConsulHttp {
     /// The agent's address, for messages: with the port, and saying so when it was assumed.
     pub(crate) fn address(&self) -> String {
         let base = self.base.as_str().trim_end_matches('/');
-        if self.port_given {
+        if self.settings.port_given {
             return base.to_owned();
         }
         let port = self.base.port_or_known_default().unwrap_or(80);
@@ -184,9 +209,14 @@ impl ConsulHttp {
         )
     }
 
+    /// Whether requests go over `https`.
+    pub(crate) fn https(&self) -> bool {
+        self.endpoint.scheme() == "https"
+    }
+
     /// Where the agent's address came from (for hints that name what to change).
     pub(crate) fn origin(&self) -> AddressOrigin {
-        self.origin
+        self.settings.origin
     }
 
     /// Whether the agent answered this client's last request.
@@ -215,14 +245,50 @@ impl ConsulHttp {
     }
 
     fn url<'a>(&self, path: impl IntoIterator<Item = &'a str>) -> Url {
-        let mut url = self.base.clone();
+        let mut url = self.endpoint.clone();
         if let Ok(mut segments) = url.path_segments_mut() {
             segments.clear().push("v1").extend(path);
         }
-        if let Some(dc) = &self.datacenter {
+        if let Some(dc) = &self.settings.datacenter {
             url.query_pairs_mut().append_pair("dc", dc);
         }
+        if let Some(ns) = &self.settings.namespace {
+            if !self.namespace_refused.load(Ordering::Relaxed) {
+                url.query_pairs_mut().append_pair("ns", ns);
+            }
+        }
         url
+    }
+
+    /// After a 400 answer to `url`: if it was the agent refusing `?ns=` (an open-source agent
+    /// has no namespaces), stops sending it and returns `url` without it, to send again.
+    fn without_refused_namespace(&self, url: &Url, status: StatusCode, body: &[u8]) -> Option<Url> {
+        if status != StatusCode::BAD_REQUEST || !url.query_pairs().any(|(name, _)| name == "ns") {
+            return None;
+        }
+        let text = String::from_utf8_lossy(body);
+        if !(text.contains("\"ns\"") || text.contains("amespace")) {
+            return None;
+        }
+        if !self.namespace_refused.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                agent = %self.address(),
+                namespace = self.settings.namespace.as_deref().unwrap_or_default(),
+                answer = %text.trim(),
+                "the Consul agent refused the namespace (its edition has none); using the default"
+            );
+        }
+        let mut stripped = url.clone();
+        let kept: Vec<(String, String)> = url
+            .query_pairs()
+            .filter(|(name, _)| name != "ns")
+            .map(|(name, value)| (name.into_owned(), value.into_owned()))
+            .collect();
+        stripped.set_query(None);
+        if !kept.is_empty() {
+            stripped.query_pairs_mut().extend_pairs(kept);
+        }
+        Some(stripped)
     }
 
     fn kv_url(&self, key: &str) -> Url {
@@ -230,8 +296,30 @@ impl ConsulHttp {
     }
 
     /// Sends one request and reads its whole answer, holding a connection of the budget for
-    /// exactly that long.
+    /// exactly that long. A request the agent refused for its `?ns=` is sent again without it.
     async fn exchange(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+        kind: Kind,
+    ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
+        let Some(_) = &self.settings.namespace else {
+            return self.exchange_once(method, url, body, timeout, kind).await;
+        };
+        let answer = self
+            .exchange_once(method.clone(), url.clone(), body.clone(), timeout, kind)
+            .await;
+        if let Ok((status, _, bytes)) = &answer {
+            if let Some(url) = self.without_refused_namespace(&url, *status, bytes) {
+                return self.exchange_once(method, url, body, timeout, kind).await;
+            }
+        }
+        answer
+    }
+
+    async fn exchange_once(
         &self,
         method: Method,
         url: Url,
@@ -246,8 +334,8 @@ impl ConsulHttp {
             self.writes.fetch_add(1, Ordering::Relaxed);
         }
         crate::metrics::backend_request(BackendKind::Consul, write);
-        let mut request = self.client.request(method, url).timeout(timeout);
-        if let Some(token) = &self.token {
+        let mut request = self.client.client().request(method, url).timeout(timeout);
+        if let Some(token) = &self.settings.token {
             request = request.header("X-Consul-Token", token.expose());
         }
         if let Some(body) = body {
@@ -281,8 +369,8 @@ impl ConsulHttp {
             tracing::warn!(
                 agent = %self.address(),
                 %error,
-                hint = error.hint(self.origin),
-                "Consul refused or dropped a request; sending one request at a time until it answers"
+                hint = error.hint(self.settings.origin, self.https()),
+                "a request to Consul got no answer; sending one request at a time until one does"
             );
         }
         answer
@@ -317,7 +405,7 @@ impl ConsulHttp {
                 Behavior::Delete => "delete",
             },
         });
-        let node_checks = self.node_checks.as_deref();
+        let node_checks = self.settings.node_checks.as_deref();
         match keep_alive {
             SessionLife::Ttl(ttl) => {
                 body["TTL"] = serde_json::json!(format!("{}s", ttl.as_secs()));
