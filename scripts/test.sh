@@ -34,51 +34,76 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "cargo doc"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+# The checks that only compile (docs, each feature alone, the MSRV) run in the background, at the
+# lowest CPU priority and in target directories of their own (cargo locks its build directory),
+# while the tests run: the tests mostly wait on services, and a niced compile takes only the CPU
+# they leave. Their output is shown, and their result counted, once the tests are done.
+mkdir -p target
+side_log=target/side-checks.log
+side_checks() {
+  set -euo pipefail
+  export CARGO_TARGET_DIR=target/side
+  step "cargo doc"
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
-# Each backend is a feature: a user who enables only one must get a clean build and clean docs.
-step "lease-core and lease-tower feature by feature"
-for features in "" "--no-default-features" "--no-default-features --features consul" \
-  "--no-default-features --features amqp" "--no-default-features --features etcd" \
-  "--no-default-features --features macros" "--no-default-features --features metrics" \
-  "--no-default-features --features memory,metrics" "--no-default-features --features metrics,amqp" \
-  "--no-default-features --features metrics,etcd"; do
-  # shellcheck disable=SC2086
-  cargo clippy --quiet -p lease-core $features -- -D warnings
-  # shellcheck disable=SC2086
-  RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
-done
-cargo clippy --quiet -p lease-tower --no-default-features -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-tower --no-deps --no-default-features
+  # Each backend is a feature: a user who enables only one must get a clean build and clean docs.
+  step "lease-core and lease-tower feature by feature"
+  for features in "" "--no-default-features" "--no-default-features --features consul" \
+    "--no-default-features --features amqp" "--no-default-features --features etcd" \
+    "--no-default-features --features macros" "--no-default-features --features metrics" \
+    "--no-default-features --features memory,metrics" "--no-default-features --features metrics,amqp" \
+    "--no-default-features --features metrics,etcd" \
+    "--no-default-features --features consul,native-tls" "--no-default-features --features amqp,native-tls"; do
+    # shellcheck disable=SC2086
+    cargo clippy --quiet -p lease-core $features -- -D warnings
+    # shellcheck disable=SC2086
+    RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
+  done
+  cargo clippy --quiet -p lease-tower --no-default-features -- -D warnings
+  RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-tower --no-deps --no-default-features
 
-# The declared rust-version must hold for the libraries users depend on, with every feature (the
-# tests may use a newer compiler). rustup fetches the toolchain once (minimal profile, ~1 min); a
-# machine that cannot fetch it says so and goes on, since that is no fault of the code.
-msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
-step "MSRV: Rust $msrv"
-if command -v rustup >/dev/null 2>&1; then
-  # Read into a variable: `grep -q` on a pipe could kill rustup with SIGPIPE under pipefail.
-  toolchains=$(rustup toolchain list)
-  if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal >&2; then
-    cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower --all-features
+  # The declared rust-version must hold for the libraries users depend on, with every feature
+  # (the tests may use a newer compiler). rustup fetches the toolchain once (minimal profile,
+  # ~1 min); a machine that cannot fetch it says so and goes on, since that is no fault of the
+  # code.
+  msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+  step "MSRV: Rust $msrv"
+  if command -v rustup >/dev/null 2>&1; then
+    # Read into a variable: `grep -q` on a pipe could kill rustup with SIGPIPE under pipefail.
+    toolchains=$(rustup toolchain list)
+    if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal; then
+      CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower --all-features
+    else
+      echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)"
+    fi
   else
-    echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)" >&2
+    echo "rustup not found: not checking the MSRV (see the README's MSRV section)"
   fi
-else
-  echo "rustup not found: not checking the MSRV (see the README's MSRV section)" >&2
-fi
+}
+step "docs, features one by one, MSRV: in the background (see $side_log)"
+nice -n 19 bash -c "SECONDS=$SECONDS; $(declare -f step side_checks); side_checks" > "$side_log" 2>&1 &
+side_pid=$!
 
 step "examples"
 cargo run --quiet -p lease-jobs-example
 
 step "cargo test"
-mkdir -p target
-# --no-fail-fast: one run shows every failing test binary, not only the first.
-cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log
+# --no-fail-fast: one run shows every failing test binary, not only the first. A failure is
+# reported after the background checks are in.
+tests_status=0
+cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log || tests_status=$?
+
+step "the background checks"
+side_status=0
+wait "$side_pid" || side_status=$?
+cat "$side_log" >&2
+if ((side_status != 0)); then
+  echo "the background checks failed (exit $side_status): see above" >&2
+fi
 
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # run with nothing in it).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 step "done"
+((tests_status == 0 && side_status == 0))
