@@ -58,5 +58,10 @@ fn connect(url: &AmqpUrl) -> Result<Amqp, Failure> {
         Some(url) => Amqp::new(url.clone()),
         None => Amqp::from_env(),
     }
-    .map_err(|e| Failure::usage(format_args!("--amqp or {AMQP_URL_ENV}: {e}")))
+    .map_err(|e| {
+        Failure::usage(format_args!(
+            "--amqp or {AMQP_URL_ENV}: {}",
+            crate::exit::in_cli_terms(&e.to_string())
+        ))
+    })
 }

@@ -9,7 +9,7 @@ use lease_core::consul::{Consul, ConsulBuilder};
 use lease_core::{Backend, LeaseSpec};
 
 use crate::cli::BackendArgs;
-use crate::exit::Failure;
+use crate::exit::{Failure, in_cli_terms};
 
 /// The backend a command talks to.
 #[derive(Debug)]
@@ -33,7 +33,9 @@ impl Chosen {
                     .connection_name("lease-cli")
                     .build()
                     .map(Chosen::Amqp)
-                    .map_err(|e| Failure::usage(format_args!("--amqp: {e}")))
+                    .map_err(|e| {
+                        Failure::usage(format_args!("--amqp: {}", in_cli_terms(&e.to_string())))
+                    })
             }
             None => {
                 let mut builder = ConsulBuilder::from_env();
@@ -42,7 +44,8 @@ impl Chosen {
                 }
                 builder.build().map(Chosen::Consul).map_err(|e| {
                     Failure::usage(format_args!(
-                        "Consul configuration (--consul or CONSUL_HTTP_*): {e}"
+                        "Consul configuration (--consul or CONSUL_*): {}",
+                        in_cli_terms(&e.to_string())
                     ))
                 })
             }

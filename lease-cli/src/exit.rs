@@ -55,6 +55,36 @@ impl Failure {
             | Error::Config(_) => USAGE,
             _ => BACKEND,
         };
-        Failure::new(code, error)
+        Failure::new(code, in_cli_terms(&error.to_string()))
+    }
+}
+
+/// The library's messages name the builder call a program sets a value with; here the user
+/// sets it with a flag.
+const FLAGS: &[(&str, &str)] = &[
+    ("ConsulBuilder::address", "--consul"),
+    ("`Amqp::builder`", "--amqp"),
+    ("Amqp::builder", "--amqp"),
+];
+
+/// `message` with the library's builder calls named as this command's flags.
+pub(crate) fn in_cli_terms(message: &str) -> String {
+    FLAGS.iter().fold(message.to_owned(), |text, (call, flag)| {
+        text.replace(call, flag)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_calls_are_named_as_flags() {
+        let refused = "cannot reach Consul at http://127.0.0.1:1: error sending request; is it \
+                       running? Start an agent, or give ConsulBuilder::address its address";
+        assert!(in_cli_terms(refused).ends_with("or give --consul its address"));
+        let amqp = "start it with `rabbitmq-server -detached`, or give `Amqp::builder` the \
+                    broker's URL";
+        assert!(in_cli_terms(amqp).ends_with("or give --amqp the broker's URL"));
     }
 }

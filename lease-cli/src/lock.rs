@@ -129,7 +129,11 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
                     "lease: the lease on {} was lost ({reason}) as the command exited",
                     spec.key()
                 ),
-                Err(error) => eprintln!("lease: releasing {}: {error}", spec.key()),
+                Err(error) => eprintln!(
+                    "lease: releasing {}: {}",
+                    spec.key(),
+                    crate::exit::in_cli_terms(&error.to_string())
+                ),
             }
             leave_nothing_behind(&chosen, &spec).await;
             backend.shutdown().await;

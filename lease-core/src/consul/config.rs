@@ -1,28 +1,4 @@
 //! Where the Consul agent is and how to talk to it, configured like Consul's own CLI.
-//!
-//! [`ConsulBuilder::from_env`] reads the variables `consul` itself reads; each builder method
-//! overrides one of them:
-//!
-//! | variable | builder method | meaning |
-//! | --- | --- | --- |
-//! | `CONSUL_HTTP_ADDR` | [`address`](ConsulBuilder::address) | `host:port` or a URL; default `127.0.0.1:8500` |
-//! | `CONSUL_HTTP_SSL` | [`ssl`](ConsulBuilder::ssl) | `true` to use `https` for a `host:port` address |
-//! | `CONSUL_HTTP_TOKEN` | [`token`](ConsulBuilder::token) | ACL token, sent as the `X-Consul-Token` header |
-//! | `CONSUL_HTTP_TOKEN_FILE` | [`token_file`](ConsulBuilder::token_file) | a file holding the token |
-//! | `CONSUL_CACERT` | [`ca_cert`](ConsulBuilder::ca_cert) | a PEM file of the CA that signed the agent's certificate |
-//! | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | [`client_cert`](ConsulBuilder::client_cert) | a PEM client certificate and its key, for an agent with `verify_incoming` |
-//! | `CONSUL_HTTP_SSL_VERIFY` | [`ssl_verify`](ConsulBuilder::ssl_verify) | `false` to accept any server certificate |
-//! | `CONSUL_TLS_SERVER_NAME` | [`tls_server_name`](ConsulBuilder::tls_server_name) | the name the agent's certificate is checked against (and sent as SNI) |
-//! | `CONSUL_DATACENTER` | [`datacenter`](ConsulBuilder::datacenter) | the datacenter to use (`?dc=`) |
-//! | `CONSUL_NAMESPACE` | [`namespace`](ConsulBuilder::namespace) | the namespace to use (`?ns=`, Consul Enterprise) |
-//!
-//! Beside them: [`connect_timeout`](ConsulBuilder::connect_timeout), and
-//! [`http_client`](ConsulBuilder::http_client) to bring your own `reqwest::Client`.
-//!
-//! TLS is rustls with the platform's certificate verifier (lease-core's default `rustls`
-//! feature), or the platform's TLS library with the `native-tls` feature instead.
-//!
-//! The token is never put in a URL, never logged, and never shown by `Debug`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -84,6 +60,30 @@ enum TokenSource {
 }
 
 /// Configuration for a [`Consul`] backend.
+///
+/// [`from_env`](Self::from_env) reads the variables `consul` itself reads; each builder method
+/// overrides one of them:
+///
+/// | variable | builder method | meaning |
+/// | --- | --- | --- |
+/// | `CONSUL_HTTP_ADDR` | [`address`](Self::address) | `host:port` or a URL; default `127.0.0.1:8500` |
+/// | `CONSUL_HTTP_SSL` | [`ssl`](Self::ssl) | `true` to use `https` for a `host:port` address |
+/// | `CONSUL_HTTP_TOKEN` | [`token`](Self::token) | ACL token, sent as the `X-Consul-Token` header |
+/// | `CONSUL_HTTP_TOKEN_FILE` | [`token_file`](Self::token_file) | a file holding the token |
+/// | `CONSUL_CACERT` | [`ca_cert`](Self::ca_cert) | a PEM file of the CA that signed the agent's certificate |
+/// | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | [`client_cert`](Self::client_cert) | a PEM client certificate and its key, for an agent with `verify_incoming` |
+/// | `CONSUL_HTTP_SSL_VERIFY` | [`ssl_verify`](Self::ssl_verify) | `false` to accept any server certificate |
+/// | `CONSUL_TLS_SERVER_NAME` | [`tls_server_name`](Self::tls_server_name) | the name the agent's certificate is checked against (and sent as SNI) |
+/// | `CONSUL_DATACENTER` | [`datacenter`](Self::datacenter) | the datacenter to use (`?dc=`) |
+/// | `CONSUL_NAMESPACE` | [`namespace`](Self::namespace) | the namespace to use (`?ns=`, Consul Enterprise) |
+///
+/// Beside them: [`connect_timeout`](Self::connect_timeout), and
+/// [`http_client`](Self::http_client) to bring your own `reqwest::Client`.
+///
+/// TLS is rustls with the platform's certificate verifier (lease-core's default `rustls`
+/// feature), or the platform's TLS library with the `native-tls` feature instead.
+///
+/// The token is never put in a URL, never logged, and never shown by `Debug`.
 ///
 /// # Examples
 ///
@@ -180,8 +180,8 @@ impl ConsulBuilder {
         Self::default()
     }
 
-    /// A builder seeded from the variables the `consul` CLI reads (see the [module
-    /// docs](self)): `CONSUL_HTTP_ADDR`, `CONSUL_HTTP_SSL`, `CONSUL_HTTP_TOKEN`,
+    /// A builder seeded from the variables the `consul` CLI reads (see the table
+    /// [above](Self)): `CONSUL_HTTP_ADDR`, `CONSUL_HTTP_SSL`, `CONSUL_HTTP_TOKEN`,
     /// `CONSUL_HTTP_TOKEN_FILE`, `CONSUL_CACERT`, `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`,
     /// `CONSUL_HTTP_SSL_VERIFY`, `CONSUL_TLS_SERVER_NAME`, `CONSUL_DATACENTER` and
     /// `CONSUL_NAMESPACE`. Empty variables count as unset.
