@@ -31,18 +31,19 @@ bash scripts/ensure-rabbitmq.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy"
-cargo clippy --workspace --all-targets --all-features -- -D warnings
-
-# The checks that only compile (docs, each feature alone, the MSRV) run in the background, at the
-# lowest CPU priority and in target directories of their own (cargo locks its build directory),
-# while the tests run: the tests mostly wait on services, and a niced compile takes only the CPU
-# they leave. Their output is shown, and their result counted, once the tests are done.
+# The checks that only compile (clippy, docs, each feature alone, the MSRV) run in the
+# background, at the lowest CPU priority and in target directories of their own (cargo locks its
+# build directory), while the tests build and run: the tests mostly wait on services, and a niced
+# compile takes only the CPU they leave. Their output is shown, and their result counted, once
+# the tests are done.
 mkdir -p target
 side_log=target/side-checks.log
 side_checks() {
   set -euo pipefail
   export CARGO_TARGET_DIR=target/side
+  step "cargo clippy"
+  cargo clippy --workspace --all-targets --all-features -- -D warnings
+
   step "cargo doc"
   RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
@@ -80,7 +81,7 @@ side_checks() {
     echo "rustup not found: not checking the MSRV (see the README's MSRV section)"
   fi
 }
-step "docs, features one by one, MSRV: in the background (see $side_log)"
+step "clippy, docs, features one by one, MSRV: in the background (see $side_log)"
 nice -n 19 bash -c "SECONDS=$SECONDS; $(declare -f step side_checks); side_checks" > "$side_log" 2>&1 &
 side_pid=$!
 
