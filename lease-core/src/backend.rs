@@ -199,3 +199,45 @@ impl Reachability {
         }
     }
 }
+
+/// Whether a client's requests have lately been answered: what [`Backend::reachability`]
+/// reports. Fed by the one place each backend sends its requests (or, for RabbitMQ, opens and
+/// loses its connections).
+///
+/// [`Backend::reachability`]: crate::Backend::reachability
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+#[derive(Debug)]
+pub(crate) struct ReachabilityTracker(std::sync::Mutex<Reachability>);
+
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+impl Default for ReachabilityTracker {
+    fn default() -> Self {
+        ReachabilityTracker(std::sync::Mutex::new(Reachability::Unknown))
+    }
+}
+
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+impl ReachabilityTracker {
+    /// A request was `answered` (any answer), or went unanswered.
+    pub(crate) fn answered(&self, answered: bool) {
+        let mut current = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *current = match (*current, answered) {
+            (_, true) => Reachability::Reachable,
+            // The outage started with its first failure.
+            (outage @ Reachability::Unreachable { .. }, false) => outage,
+            (_, false) => Reachability::Unreachable {
+                since: tokio::time::Instant::now(),
+            },
+        };
+    }
+
+    pub(crate) fn get(&self) -> Reachability {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,6 +1,6 @@
-//! What the HTTP backends (Consul, etcd) share about talking to a server over reqwest: the one
-//! retry loop for brief trouble, why a request got no answer, whether the server answers lately
-//! ([`ReachabilityTracker`]), and an error's chain as text.
+//! What the HTTP backends (Consul, etcd) share about talking to a server over reqwest: how the
+//! client is built ([`ClientConfig`]), the one retry loop for brief trouble, why a request got no
+//! answer, and an error's chain as text.
 //!
 //! DESIGN rule 3: a 5xx or a leader election inside the server is not loss. Reads, releases and
 //! revocations are retried with the crate's [`Backoff`]; whether the trouble has lasted too long
@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Reachability;
 use crate::backoff::Backoff;
 use crate::metrics::RequestError;
 
@@ -291,43 +290,5 @@ impl reqwest::dns::Resolve for ConnectTo {
             let addresses: reqwest::dns::Addrs = Box::new(addresses);
             Ok(addresses)
         })
-    }
-}
-
-/// Whether a client's requests have lately been answered: what [`Backend::reachability`]
-/// reports. Fed by the one place each backend sends its requests.
-///
-/// [`Backend::reachability`]: crate::Backend::reachability
-#[derive(Debug)]
-pub(crate) struct ReachabilityTracker(std::sync::Mutex<Reachability>);
-
-impl Default for ReachabilityTracker {
-    fn default() -> Self {
-        ReachabilityTracker(std::sync::Mutex::new(Reachability::Unknown))
-    }
-}
-
-impl ReachabilityTracker {
-    /// A request was `answered` (any answer), or went unanswered.
-    pub(crate) fn answered(&self, answered: bool) {
-        let mut current = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *current = match (*current, answered) {
-            (_, true) => Reachability::Reachable,
-            // The outage started with its first failure.
-            (outage @ Reachability::Unreachable { .. }, false) => outage,
-            (_, false) => Reachability::Unreachable {
-                since: Instant::now(),
-            },
-        };
-    }
-
-    pub(crate) fn get(&self) -> Reachability {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lease_core::amqp::Amqp;
+use lease_core::backend::Reachability;
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::amqp::{self as broker, backend, require_broker, unique};
-use lease_tests::proxy::Proxy;
+use lease_tests::proxy::{Mode, Proxy};
 use lease_tests::{init_tracing, within};
 
 const T: Duration = Duration::from_secs(30);
@@ -211,12 +212,15 @@ async fn connection_cut_by_a_proxy_cancels_the_work_and_frees_the_slot() {
     let name = unique("cut");
     let proxy = Proxy::start(broker::broker_addr()).await.unwrap();
     let via_proxy = Amqp::new(format!("amqp://guest:guest@{}/%2f", proxy.addr())).unwrap();
+    assert_eq!(via_proxy.reachability(), Reachability::Unknown);
     let (waiter, _) = backend();
     let lease = via_proxy.acquire(&LeaseSpec::leader(&name)).await.unwrap();
+    assert_eq!(via_proxy.reachability(), Reachability::Reachable);
     let work = guarded_work(&lease);
     let spec = LeaseSpec::leader(&name).wait(Wait::UpTo(T));
     let next = tokio::spawn(async move { waiter.acquire(&spec).await });
 
+    proxy.set_mode(Mode::Refuse);
     proxy.cut_all();
     let reason = within(T, "the work to be cancelled", work).await.unwrap();
     assert_eq!(reason, Err(LostReason::ConnectionClosed));
@@ -225,6 +229,29 @@ async fn connection_cut_by_a_proxy_cancels_the_work_and_frees_the_slot() {
         .unwrap()
         .unwrap();
     next.release().await.unwrap();
+
+    // The connection is gone and a new one is refused: unreachable, from the loss on; reachable
+    // again once a connection is up (what `lease_tower::health` reports and readiness reads).
+    assert!(
+        matches!(via_proxy.reachability(), Reachability::Unreachable { .. }),
+        "{:?}",
+        via_proxy.reachability()
+    );
+    let refused = via_proxy
+        .acquire(&LeaseSpec::leader(&name).wait(Wait::Never))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(matches!(
+        via_proxy.reachability(),
+        Reachability::Unreachable { .. }
+    ));
+    proxy.set_mode(Mode::Forward);
+    let again = via_proxy
+        .acquire(&LeaseSpec::leader(&name).wait(Wait::UpTo(T)))
+        .await
+        .unwrap();
+    assert_eq!(via_proxy.reachability(), Reachability::Reachable);
+    again.release().await.unwrap();
     destroy(&name).await;
 }
 

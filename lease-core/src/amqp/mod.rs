@@ -124,7 +124,7 @@ pub use config::{
     AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
 };
 
-use crate::backend::Keepers;
+use crate::backend::{Keepers, Reachability};
 use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
 use naming::SemaphoreNames;
@@ -420,6 +420,12 @@ impl Backend for Amqp {
     /// that holds the lease, or use a backend whose sequencers can be checked anywhere (Consul).
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(client::check_sequencer(self, sequencer))
+    }
+
+    /// Reachable while one of this handle's connections to the broker is up; with none, what
+    /// the last attempt to connect found; unknown before the first.
+    fn reachability(&self) -> Reachability {
+        self.inner.connections.reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -42,6 +42,7 @@ use tokio::time::Instant;
 
 use super::Amqp;
 use crate::Error;
+use crate::backend::{Reachability, ReachabilityTracker};
 
 /// Channels of every connection that leases never take; see the module docs.
 pub(crate) const HEADROOM: u32 = 8;
@@ -62,6 +63,8 @@ pub(crate) struct ConnectionPool {
     connections: tokio::sync::Mutex<Vec<Arc<PooledConnection>>>,
     /// Told whenever a reservation is given back, for brief reservations waiting for room.
     given_back: Arc<Notify>,
+    /// Whether the broker is reachable: see [`ConnectionPool::reachability`].
+    reachability: ReachabilityTracker,
 }
 
 impl ConnectionPool {
@@ -69,7 +72,25 @@ impl ConnectionPool {
         ConnectionPool {
             connections: tokio::sync::Mutex::new(Vec::new()),
             given_back: Arc::new(Notify::new()),
+            reachability: ReachabilityTracker::default(),
         }
+    }
+
+    /// Reachable while a connection of the pool is up; with none, what the last attempt to
+    /// connect found (a refused login is an answer: reachable). Unknown before the first connect.
+    /// A connection the broker closed counts from when this is next asked, or the pool next
+    /// looks at it.
+    pub(crate) fn reachability(&self) -> Reachability {
+        if let Ok(connections) = self.connections.try_lock() {
+            if !connections.is_empty() {
+                self.reachability.answered(
+                    connections
+                        .iter()
+                        .any(|pooled| pooled.connection.status().connected()),
+                );
+            }
+        }
+        self.reachability.get()
     }
 
     /// Reserves a channel for `use_`; see the module docs.
@@ -135,7 +156,12 @@ impl ConnectionPool {
                 channel_max,
             }));
         }
-        let connection = amqp.connect().await?;
+        let connection = amqp.connect().await;
+        self.reachability.answered(matches!(
+            &connection,
+            Ok(_) | Err(Error::PermissionDenied { .. })
+        ));
+        let connection = connection?;
         let pooled = Arc::new(PooledConnection::new(
             connection,
             Arc::clone(&self.given_back),

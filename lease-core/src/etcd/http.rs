@@ -19,9 +19,10 @@ use super::wire::{
     B64, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, RangeRequest,
     RangeResponse, Status, Streamed, TxnRequest, TxnResponse, WatchResponse,
 };
+use crate::backend::ReachabilityTracker;
 use crate::backend::{Keepers, Reachability};
 use crate::metrics::RequestError;
-use crate::transport::{Cause, ClientConfig, DisplayChain, ReachabilityTracker, Retryable};
+use crate::transport::{Cause, ClientConfig, DisplayChain, Retryable};
 use crate::{BackendKind, Error};
 
 /// Timeout of every request but a watch.

@@ -25,9 +25,10 @@ use super::config::{AddressOrigin, KeepAlive, Token};
 use super::keepalive::KeepAlives;
 use super::watch::Watches;
 use crate::BackendKind;
+use crate::backend::ReachabilityTracker;
 use crate::backend::{Keepers, Reachability};
 use crate::metrics::RequestError;
-use crate::transport::{ClientConfig, ReachabilityTracker};
+use crate::transport::ClientConfig;
 
 /// The node check every session is tied to unless configured otherwise (Consul's default).
 const SERF_HEALTH: &str = "serfHealth";
