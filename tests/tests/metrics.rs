@@ -1,6 +1,7 @@
 //! The metrics (feature `metrics`) recorded through a recorder of the test's own, after an
-//! acquisition, a loss and a release: on the memory backend, and on a real Consul agent whose
-//! operator destroys the session.
+//! acquisition, a loss and a release: on the memory backend, and on a real Consul agent, etcd
+//! server and RabbitMQ broker whose operator destroys the session, deletes the key or closes the
+//! connection.
 //!
 //! One global recorder serves every test of this binary; each test uses keys of its own.
 
@@ -13,7 +14,9 @@ use lease_core::leader::Campaign;
 use lease_core::memory::Memory;
 use lease_core::metrics::{self as names, labels};
 use lease_core::{Backend, LeaseSpec, LostReason};
+use lease_tests::amqp::{self as broker, require_broker, unique};
 use lease_tests::consul::Agent;
+use lease_tests::etcd::Server;
 use lease_tests::{init_tracing, release_lost, within};
 use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
@@ -336,4 +339,90 @@ async fn consul_session_destroyed_by_an_operator_is_counted_as_a_loss() {
     lease.release().await.unwrap();
     assert_eq!(m.counter(names::RELEASES, &lease_labels), 1);
     assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(0.0));
+}
+
+#[tokio::test]
+async fn etcd_key_deleted_by_an_operator_is_counted_as_a_loss() {
+    init_tracing();
+    let m = recorded();
+    let server = Server::start().await;
+    let backend = server.backend();
+    let key = "metrics/etcd/leader";
+    let lease_labels = [
+        (labels::BACKEND, "etcd"),
+        (labels::KIND, "leader"),
+        (labels::KEY, key),
+    ];
+    let lease = backend.acquire(&LeaseSpec::leader(key)).await.unwrap();
+    assert_eq!(m.counter(names::ACQUISITIONS, &lease_labels), 1);
+    assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(1.0));
+    assert!(m.counter_total(names::BACKEND_REQUESTS, (labels::BACKEND, "etcd")) > 0);
+    assert!(m.counter_total(names::BACKEND_WRITES, (labels::BACKEND, "etcd")) > 0);
+
+    server.delete_key(key).await;
+    let cancelled = within(T, "the loss", lease.run(std::future::pending::<()>())).await;
+    assert_eq!(cancelled, Err(LostReason::KeyDeleted));
+    let loss_labels = [
+        (labels::BACKEND, "etcd"),
+        (labels::KIND, "leader"),
+        (labels::KEY, key),
+        (labels::REASON, "key_deleted"),
+    ];
+    m.wait_for("the loss to be counted, as a key deleted", |m| {
+        m.counter(names::LOSSES, &loss_labels) == 1
+    })
+    .await;
+    assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(0.0));
+    release_lost(lease).await;
+
+    let lease = backend.acquire(&LeaseSpec::leader(key)).await.unwrap();
+    lease.release().await.unwrap();
+    assert_eq!(m.counter(names::RELEASES, &lease_labels), 1);
+    assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(0.0));
+}
+
+#[tokio::test]
+async fn amqp_connection_closed_by_an_operator_is_counted_as_a_loss() {
+    init_tracing();
+    require_broker().await;
+    let m = recorded();
+    let (backend, connection) = broker::backend();
+    let key = unique("metrics-amqp");
+    let lease_labels = [
+        (labels::BACKEND, "amqp"),
+        (labels::KIND, "leader"),
+        (labels::KEY, key.as_str()),
+    ];
+    let lease = backend.acquire(&LeaseSpec::leader(&key)).await.unwrap();
+    assert_eq!(m.counter(names::ACQUISITIONS, &lease_labels), 1);
+    assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(1.0));
+    assert!(m.counter_total(names::BACKEND_REQUESTS, (labels::BACKEND, "amqp")) > 0);
+    assert!(m.counter_total(names::BACKEND_WRITES, (labels::BACKEND, "amqp")) > 0);
+
+    tokio::task::spawn_blocking(move || broker::close_connection(&connection))
+        .await
+        .unwrap();
+    let cancelled = within(T, "the loss", lease.run(std::future::pending::<()>())).await;
+    assert_eq!(cancelled, Err(LostReason::ConnectionClosed));
+    let loss_labels = [
+        (labels::BACKEND, "amqp"),
+        (labels::KIND, "leader"),
+        (labels::KEY, key.as_str()),
+        (labels::REASON, "connection_closed"),
+    ];
+    m.wait_for("the loss to be counted, as a connection closed", |m| {
+        m.counter(names::LOSSES, &loss_labels) == 1
+    })
+    .await;
+    assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(0.0));
+    release_lost(lease).await;
+
+    let lease = backend
+        .acquire(&LeaseSpec::leader(&key).wait(lease_core::Wait::UpTo(T)))
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+    assert_eq!(m.counter(names::RELEASES, &lease_labels), 1);
+    assert_eq!(m.gauge(names::LEASES_HELD, &lease_labels), Some(0.0));
+    backend.admin().destroy(&key).await.unwrap();
 }
