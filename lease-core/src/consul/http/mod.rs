@@ -306,9 +306,10 @@ impl ConsulHttp {
         timeout: Duration,
         kind: Kind,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
-        let Some(_) = &self.settings.namespace else {
+        // Only a request that carries `?ns=` may be sent twice, so only it keeps a copy.
+        if self.settings.namespace.is_none() || self.namespace_refused.load(Ordering::Relaxed) {
             return self.exchange_once(method, url, body, timeout, kind).await;
-        };
+        }
         let answer = self
             .exchange_once(method.clone(), url.clone(), body.clone(), timeout, kind)
             .await;
