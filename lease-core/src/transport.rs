@@ -97,23 +97,27 @@ pub(crate) enum Cause {
 
 impl Cause {
     /// The `error` label in the metrics of a request that got no answer because of `error`.
-    pub(crate) fn metric_kind(error: &reqwest::Error) -> RequestError {
+    pub(crate) fn metric_kind(error: &(dyn std::error::Error + 'static)) -> RequestError {
         match Cause::of(error) {
             Cause::TimedOut => RequestError::TimedOut,
             _ => RequestError::Unreachable,
         }
     }
 
-    pub(crate) fn of(error: &reqwest::Error) -> Cause {
-        if error.is_timeout() {
+    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Cause {
+        if error
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_timeout)
+        {
             return Cause::TimedOut;
         }
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        let mut source = Some(error);
         while let Some(e) = source {
             if let Some(io) = e.downcast_ref::<std::io::Error>() {
                 use std::io::ErrorKind::*;
                 match io.kind() {
                     ConnectionRefused => return Cause::Refused,
+                    TimedOut => return Cause::TimedOut,
                     ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
                         return Cause::Dropped;
                     }
@@ -143,7 +147,9 @@ impl Cause {
 
 /// A transport error as the source of a public error: its whole chain as one message (what went
 /// wrong in a TLS handshake is three sources down), with no further source.
-pub(crate) fn unreachable_source(error: &reqwest::Error) -> crate::error::BoxError {
+pub(crate) fn unreachable_source(
+    error: &(dyn std::error::Error + 'static),
+) -> crate::error::BoxError {
     DisplayChain(error).to_string().into()
 }
 

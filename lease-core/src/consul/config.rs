@@ -443,13 +443,12 @@ impl ConsulBuilder {
                         "the Consul agent's https address",
                     ));
                 }
-                let client = config.build().map_err(|e| {
+                http::HttpClient::build(config).map_err(|e| {
                     Error::Config(format!(
                         "cannot build the HTTP client for Consul: {}",
                         crate::transport::DisplayChain(&e)
                     ))
-                })?;
-                http::HttpClient::Built { client, config }
+                })?
             }
         };
         let settings = http::Settings {

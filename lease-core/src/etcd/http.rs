@@ -59,7 +59,7 @@ impl ApiError {
     /// The `error` label of this failure in the metrics.
     pub(crate) fn metric_kind(&self) -> RequestError {
         match self {
-            ApiError::Transport(source) => Cause::metric_kind(source),
+            ApiError::Transport(source) => Cause::metric_kind(&**source),
             ApiError::Status(..) => RequestError::Status,
             ApiError::Malformed(_) => RequestError::Malformed,
             ApiError::TimedOut => RequestError::TimedOut,
@@ -100,7 +100,7 @@ impl ApiError {
     /// What the user should do about this failure, for errors and warnings.
     pub(crate) fn hint(&self) -> &'static str {
         match self {
-            ApiError::Transport(source) => match Cause::of(source) {
+            ApiError::Transport(source) => match Cause::of(&**source) {
                 Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
                 Cause::Dns => {
                     "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
@@ -131,7 +131,7 @@ impl ApiError {
                 backend: "etcd",
                 address: http.address(),
                 hint: ApiError::Transport(Arc::clone(&source)).hint(),
-                source: crate::transport::unreachable_source(&source),
+                source: crate::transport::unreachable_source(&*source),
             },
             ApiError::Status(_, _, message) if permission => Error::PermissionDenied {
                 operation: operation.to_string(),

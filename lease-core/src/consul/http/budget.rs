@@ -3,10 +3,13 @@
 //! Consul limits each client IP to `limits.http_max_conns_per_client` concurrent HTTP
 //! connections (200 by default), and every process on a host that talks to its local agent
 //! shares that budget. Over HTTP/1.1 a connection carries one request at a time, so a client
-//! that never has more than `max − 1` requests in flight opens at most `max` connections:
-//! [`Budget::admit`] hands out `max − 1` permits, and the last connection is for the pool's
-//! connect race (a request that started connecting and was then served by a connection that came
-//! free meanwhile still finishes its connection and parks it).
+//! never has more requests in flight than its budget of `max` connections allows:
+//! [`Budget::admit`] hands out `max` permits when the client's own pool counts its connections
+//! (plain HTTP, the `pool` module: then at most `max` are ever open), and `max − 1` when it
+//! cannot (reqwest's TLS pool, or the application's client), keeping the last connection for the
+//! pool's connect race (a request that started connecting and was then served by a connection
+//! that came free meanwhile still finishes its connection and parks it). That bound is not
+//! exact: two races at once can open one more.
 //!
 //! Blocking queries (the watches) may hold at most [`Budget::max_watches`] of those permits at
 //! once, whatever asks for them: a watch that was absorbed by a wider one still waits for its
@@ -33,7 +36,7 @@ use crate::backoff::Backoff;
 /// The default number of connections one client may open to the agent.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 8;
 /// The fewest connections a client can work with: one for watches, two for everything else,
-/// one for the pool's connect race.
+/// one for the pool's connect race (or a second watch, where connections are counted).
 pub(crate) const MIN_CONNECTIONS: usize = 4;
 
 /// The first pause of the outage gate. Jitter draws each pause from `[p / 2, p]`, so this
@@ -41,13 +44,17 @@ pub(crate) const MIN_CONNECTIONS: usize = 4;
 const GATE_FIRST: Duration = Duration::from_millis(100);
 const GATE_MAX: Duration = Duration::from_secs(2);
 
+/// The requests in flight that watches may never take: the heartbeat, renewals, acquisitions
+/// and releases always find one.
+const KEPT_FOR_BRIEF: usize = 2;
+
 /// The connection budget and outage gate of one client (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Budget {
-    max: usize,
     in_flight: Semaphore,
     /// Permits to block, taken before an `in_flight` one: `max_watches` of them.
     blocking: Semaphore,
+    max_watches: usize,
     gate: Gate,
 }
 
@@ -68,20 +75,23 @@ pub(crate) struct Admission<'a> {
 }
 
 impl Budget {
-    pub(crate) fn new(max: usize) -> Self {
+    /// The budget of a client allowed `max` connections, whose pool counts them (`counted`) or
+    /// may race one more (see the module docs).
+    pub(crate) fn new(max: usize, counted: bool) -> Self {
         let max = max.max(MIN_CONNECTIONS);
+        let requests = if counted { max } else { max - 1 };
         Budget {
-            max,
-            in_flight: Semaphore::new(max - 1),
-            blocking: Semaphore::new(max - 3),
+            in_flight: Semaphore::new(requests),
+            blocking: Semaphore::new(requests - KEPT_FOR_BRIEF),
+            max_watches: requests - KEPT_FOR_BRIEF,
             gate: Gate::default(),
         }
     }
 
-    /// How many of them blocking queries may keep busy: all but three (two for requests that
-    /// do not block, so they never wait behind watches for long, and the connect race's).
+    /// How many of them blocking queries may keep busy: all the requests in flight but two, so
+    /// requests that do not block never wait behind watches for long.
     pub(crate) fn max_watches(&self) -> usize {
-        self.max - 3
+        self.max_watches
     }
 
     /// Waits until a request of `kind` may be sent: for a permit to block (a blocking query),
@@ -208,7 +218,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_closed_gate_admits_at_most_twenty_requests_a_second() {
-        let budget = Arc::new(Budget::new(8));
+        let budget = Arc::new(Budget::new(8, false));
         assert!(budget.refused());
         assert!(!budget.refused(), "one outage, one warning");
         let passed = Arc::new(AtomicUsize::new(0));
@@ -246,19 +256,26 @@ mod tests {
         );
     }
 
+    /// A pool that counts its connections gets all of them for requests; one that cannot keeps
+    /// one for its connect race.
     #[tokio::test]
     async fn no_more_than_max_requests_are_in_flight() {
-        let budget = Budget::new(5);
-        let mut held = Vec::new();
-        for _ in 0..4 {
-            held.push(budget.admit(Kind::Brief).await);
+        for (counted, admitted) in [(true, 5), (false, 4)] {
+            let budget = Budget::new(5, counted);
+            let mut held = Vec::new();
+            for _ in 0..admitted {
+                held.push(budget.admit(Kind::Brief).await);
+            }
+            let one_more =
+                tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Brief)).await;
+            assert!(one_more.is_err(), "request {} was admitted", admitted + 1);
+            drop(held);
+            let _next = budget.admit(Kind::Brief).await;
         }
-        let fifth =
-            tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Brief)).await;
-        assert!(fifth.is_err(), "a fifth request was admitted");
-        drop(held);
-        let _fifth = budget.admit(Kind::Brief).await;
-        assert_eq!(Budget::new(1).max, MIN_CONNECTIONS);
+        assert_eq!(
+            Budget::new(1, false).max_watches(),
+            MIN_CONNECTIONS - 1 - KEPT_FOR_BRIEF
+        );
     }
 
     /// However many blocking queries wait (an absorbed watch still reading beside the one that
@@ -266,7 +283,7 @@ mod tests {
     /// waits behind the watches.
     #[tokio::test]
     async fn blocking_queries_never_take_the_permits_kept_for_brief_requests() {
-        let budget = Budget::new(8);
+        let budget = Budget::new(8, false);
         let mut blocked = Vec::new();
         for _ in 0..budget.max_watches() {
             blocked.push(budget.admit(Kind::Blocking).await);

@@ -16,7 +16,7 @@ use crate::transport::{Cause, DisplayChain};
 pub(crate) enum ApiError {
     /// Shared, so the one failure of a batch of requests is the source of every error it
     /// causes (the URL, which may carry a key, is stripped).
-    Transport(Arc<reqwest::Error>),
+    Transport(Arc<dyn std::error::Error + Send + Sync>),
     Status(StatusCode, String),
     Malformed(String),
     /// No answer before the caller's deadline (see `retry_transient`).
@@ -28,10 +28,15 @@ impl ApiError {
         ApiError::Transport(Arc::new(error.without_url()))
     }
 
+    /// A failure of the counted pool, whose errors carry no URL.
+    pub(super) fn pool(error: crate::error::BoxError) -> Self {
+        ApiError::Transport(Arc::from(error))
+    }
+
     /// The `error` label of this failure in the metrics.
     pub(crate) fn metric_kind(&self) -> RequestError {
         match self {
-            ApiError::Transport(source) => Cause::metric_kind(source),
+            ApiError::Transport(source) => Cause::metric_kind(&**source),
             ApiError::Status(..) => RequestError::Status,
             ApiError::Malformed(_) => RequestError::Malformed,
             ApiError::TimedOut => RequestError::TimedOut,
@@ -56,7 +61,7 @@ impl ApiError {
         let env = origin.setting() == "CONSUL_HTTP_ADDR";
         let default = matches!(origin, AddressOrigin::Default { .. });
         match self {
-            ApiError::Transport(source) => match (Cause::of(source), env, default) {
+            ApiError::Transport(source) => match (Cause::of(&**source), env, default) {
                 (Cause::Tls, ..) => TLS_HINT,
                 (Cause::Other, ..) if https => {
                     "is it running? Check its address; an agent that verifies clients \
@@ -109,7 +114,7 @@ impl ApiError {
                 backend: "Consul",
                 address: http.address(),
                 hint: ApiError::Transport(Arc::clone(&source)).hint(http.origin(), http.https()),
-                source: crate::transport::unreachable_source(&source),
+                source: crate::transport::unreachable_source(&*source),
             },
             ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
                 operation: operation.to_string(),
@@ -148,7 +153,7 @@ impl ApiError {
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ApiError::Transport(e) => write!(f, "{}", DisplayChain(e)),
+            ApiError::Transport(e) => write!(f, "{}", DisplayChain(&**e)),
             ApiError::Status(status, body) => write!(f, "{status}: {body}"),
             ApiError::Malformed(m) => write!(f, "unexpected answer: {m}"),
             ApiError::TimedOut => f.write_str("no answer in the time left"),

@@ -14,11 +14,13 @@ use serde::Deserialize;
 
 mod budget;
 mod error;
+mod pool;
 mod types;
 
 use budget::Kind;
 pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS};
 pub(crate) use error::ApiError;
+use pool::Pool;
 pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
 
 use super::config::{AddressOrigin, KeepAlive, Token};
@@ -47,7 +49,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The HTTP client requests go through.
 #[derive(Clone, Debug)]
 pub(crate) enum HttpClient {
-    /// Built here from `config`, which builds it again for another runtime.
+    /// Built here for plain HTTP: its connector counts connections, so at most
+    /// `config.max_idle_connections` are ever open (see the `pool` module).
+    Counted { pool: Pool, config: ClientConfig },
+    /// Built here for `https`, over reqwest's TLS; `config` builds it again for another runtime.
     Built {
         client: reqwest::Client,
         config: ClientConfig,
@@ -57,21 +62,66 @@ pub(crate) enum HttpClient {
 }
 
 impl HttpClient {
-    fn client(&self) -> &reqwest::Client {
-        match self {
-            HttpClient::Built { client, .. } | HttpClient::Given(client) => client,
+    /// The client for `config`: counted for plain HTTP, reqwest's for TLS.
+    pub(crate) fn build(config: ClientConfig) -> Result<HttpClient, reqwest::Error> {
+        if config.https || config.wants_tls() {
+            return Ok(HttpClient::Built {
+                client: config.build()?,
+                config,
+            });
         }
+        Ok(HttpClient::Counted {
+            pool: Pool::new(&config, config.max_idle_connections),
+            config,
+        })
+    }
+
+    /// Whether this client's connections are counted, so the budget may use every one of them
+    /// for requests (else one is kept for the pool's connect race).
+    fn counts_connections(&self) -> bool {
+        matches!(self, HttpClient::Counted { .. })
     }
 
     /// The same client on a connection pool of its own, if this crate built it.
     fn rebuilt(&self) -> Option<HttpClient> {
         match self {
-            HttpClient::Built { config, .. } => Some(HttpClient::Built {
-                client: config.build().ok()?,
-                config: config.clone(),
-            }),
+            HttpClient::Counted { config, .. } | HttpClient::Built { config, .. } => {
+                HttpClient::build(config.clone()).ok()
+            }
             HttpClient::Given(client) => Some(HttpClient::Given(client.clone())),
         }
+    }
+
+    /// Sends one request and reads its whole answer.
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
+        let client = match self {
+            HttpClient::Counted { pool, .. } => {
+                return pool
+                    .send(method, &url, token, body, timeout)
+                    .await
+                    .map_err(ApiError::pool);
+            }
+            HttpClient::Built { client, .. } | HttpClient::Given(client) => client,
+        };
+        let mut request = client.request(method, url).timeout(timeout);
+        if let Some(token) = token {
+            request = request.header("X-Consul-Token", token);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let response = request.send().await.map_err(ApiError::transport)?;
+        let status = response.status();
+        let index = consul_index(response.headers());
+        let bytes = response.bytes().await.map_err(ApiError::transport)?;
+        Ok((status, index, bytes.to_vec()))
     }
 }
 
@@ -134,7 +184,7 @@ impl ConsulHttp {
     /// A client for the agent at `base`. A TLS server name in `settings` must be a valid host
     /// (the builder checks).
     pub(crate) fn new(client: HttpClient, base: Url, settings: Settings) -> Arc<Self> {
-        let budget = Budget::new(settings.max_connections);
+        let budget = Budget::new(settings.max_connections, client.counts_connections());
         let mut endpoint = base.clone();
         if let Some(name) = &settings.server_name {
             let _checked_by_the_builder = endpoint.set_host(Some(name));
@@ -336,17 +386,8 @@ impl ConsulHttp {
             self.writes.fetch_add(1, Ordering::Relaxed);
         }
         crate::metrics::backend_request(BackendKind::Consul, write);
-        let mut request = self.client.client().request(method, url).timeout(timeout);
-        if let Some(token) = &self.settings.token {
-            request = request.header("X-Consul-Token", token.expose());
-        }
-        if let Some(body) = body {
-            request = request.body(body);
-        }
-        let answer = match request.send().await {
-            Ok(response) => read(response).await,
-            Err(error) => Err(ApiError::transport(error)),
-        };
+        let token = self.settings.token.as_ref().map(Token::expose);
+        let answer = self.client.send(method, url, token, body, timeout).await;
         self.reachability
             .answered(!matches!(answer, Err(ApiError::Transport(_))));
         if let Err(error) = &answer {
@@ -687,15 +728,12 @@ impl ConsulHttp {
     }
 }
 
-async fn read(response: reqwest::Response) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
-    let status = response.status();
-    let index = response
-        .headers()
+/// The `X-Consul-Index` of an answer, if it carries a readable one.
+fn consul_index(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    headers
         .get("X-Consul-Index")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let bytes = response.bytes().await.map_err(ApiError::transport)?;
-    Ok((status, index, bytes.to_vec()))
+        .and_then(|v| v.parse().ok())
 }
 
 fn expect_ok(status: StatusCode, body: &[u8]) -> Result<(), ApiError> {

@@ -1,0 +1,295 @@
+//! The connection pool of a plain-HTTP client this crate builds: at most `max` connections open
+//! to the agent, counted from connect to close.
+//!
+//! A pool that counts requests cannot count connections: hyper's pool races a new connection
+//! against a connection coming free, and when the free one wins, the new one is still finished
+//! and parked. A few such races at once and a process holds more connections than requests
+//! (seen: nine against a budget of eight). Here the connector itself holds one permit of `max`
+//! per connection, taken before it connects and given back when the connection closes, so a
+//! race waits for a permit instead of opening a connection past the budget.
+//!
+//! TLS connections go through reqwest, whose connector cannot be counted this way; the budget
+//! then bounds requests instead (see the `budget` module).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use reqwest::{Method, StatusCode, Url};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::BoxError;
+use crate::transport::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
+
+/// How long a connection nobody uses stays open.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A plain-HTTP client whose connections never exceed its budget.
+#[derive(Clone, Debug)]
+pub(crate) struct Pool {
+    client: Client<Connector, Full<Bytes>>,
+}
+
+impl Pool {
+    /// A pool of at most `max` connections, made as `config` says (its TLS settings do not
+    /// apply: the caller sends `https` through reqwest).
+    pub(crate) fn new(config: &ClientConfig, max: usize) -> Pool {
+        let connector = Connector {
+            permits: Arc::new(Semaphore::new(max)),
+            connect_to: config.connect_to.clone().map(Arc::new),
+            timeout: config.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_max_idle_per_host(max)
+            .build(connector);
+        Pool { client }
+    }
+
+    /// Sends one request and reads its whole answer, all within `timeout`.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        url: &Url,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Option<u64>, Vec<u8>), BoxError> {
+        let mut request = hyper::Request::builder().method(method).uri(url.as_str());
+        if let Some(token) = token {
+            request = request.header("X-Consul-Token", token);
+        }
+        let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let exchange = async {
+            let response = self.client.request(request).await?;
+            let status = response.status();
+            let index = super::consul_index(response.headers());
+            let bytes = response.into_body().collect().await?.to_bytes();
+            Ok::<_, BoxError>((status, index, bytes.to_vec()))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "no answer within the request timeout").into())
+            })
+    }
+}
+
+/// Opens a TCP connection once it holds a permit of the budget.
+#[derive(Clone, Debug)]
+struct Connector {
+    permits: Arc<Semaphore>,
+    /// Where to connect instead of the URL's host.
+    connect_to: Option<Arc<(String, u16)>>,
+    timeout: Duration,
+}
+
+impl tower_service::Service<hyper::Uri> for Connector {
+    type Response = TokioIo<Counted>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<TokioIo<Counted>>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: hyper::Uri) -> Self::Future {
+        let connector = self.clone();
+        Box::pin(async move {
+            let permit = Arc::clone(&connector.permits)
+                .acquire_owned()
+                .await
+                .map_err(|_| io::Error::other("the connection pool was closed"))?;
+            let (host, port) = match &connector.connect_to {
+                Some(target) => (target.0.clone(), target.1),
+                None => {
+                    let host = uri.host().unwrap_or_default();
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    (host.to_owned(), uri.port_u16().unwrap_or(80))
+                }
+            };
+            let stream = tokio::time::timeout(connector.timeout, connect(&host, port))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connecting took longer than {:?}", connector.timeout),
+                    ))
+                })?;
+            stream.set_nodelay(true)?;
+            Ok(TokioIo::new(Counted {
+                stream,
+                _permit: permit,
+            }))
+        })
+    }
+}
+
+/// Connects to the first address of `host` that accepts.
+async fn connect(host: &str, port: u16) -> io::Result<TcpStream> {
+    let mut last = None;
+    for address in tokio::net::lookup_host((host, port)).await? {
+        match TcpStream::connect(address).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("failed to lookup address information: {host} has no address"),
+        )
+    }))
+}
+
+/// A connection and its permit, given back when the connection closes.
+#[derive(Debug)]
+struct Counted {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connection for Counted {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server that answers every request after `delay`, counting the connections open to it.
+    async fn slow_server(delay: Duration) -> (Url, Arc<(AtomicUsize, AtomicUsize)>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = Url::parse(&format!("http://{}/v1/x", listener.local_addr().expect("addr")))
+            .expect("url");
+        let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        let counts = Arc::clone(&open);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counts = Arc::clone(&counts);
+                let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
+                counts.1.fetch_max(now, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0; 1024];
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        request.extend_from_slice(&buf[..n]);
+                        while let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                            request.drain(..end + 4);
+                            tokio::time::sleep(delay).await;
+                            let answer = b"HTTP/1.1 200 OK\r\nX-Consul-Index: 7\r\n\
+                                           Content-Length: 2\r\n\r\nok";
+                            if socket.write_all(answer).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    counts.0.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (url, open)
+    }
+
+    /// Fifty requests at once through a pool of three: every one is answered, and the server
+    /// never sees more than three connections, however the pool's connect races go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn never_more_connections_than_the_budget() {
+        let (url, counts) = slow_server(Duration::from_millis(5)).await;
+        let pool = Pool::new(&ClientConfig::default(), 3);
+        for _round in 0..3 {
+            let requests = (0..50).map(|_| {
+                let (pool, url) = (pool.clone(), url.clone());
+                tokio::spawn(async move {
+                    pool.send(Method::GET, &url, None, None, Duration::from_secs(30))
+                        .await
+                })
+            });
+            for request in requests.collect::<Vec<_>>() {
+                let (status, index, body) = request.await.expect("task").expect("answered");
+                assert_eq!((status, index, body.as_slice()), (StatusCode::OK, Some(7), &b"ok"[..]));
+            }
+        }
+        let peak = counts.1.load(Ordering::SeqCst);
+        assert!(peak <= 3, "{peak} connections were open at once");
+        assert!(peak >= 2, "the requests were not concurrent ({peak} connection)");
+    }
+
+    /// A refused connection says so, as an `io::Error` the hints recognise.
+    #[tokio::test]
+    async fn a_refused_connection_is_recognised() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = Url::parse(&format!("http://{}/v1/x", listener.local_addr().expect("addr")))
+            .expect("url");
+        drop(listener);
+        let pool = Pool::new(&ClientConfig::default(), 4);
+        let error = pool
+            .send(Method::GET, &url, None, None, Duration::from_secs(5))
+            .await
+            .expect_err("nothing listens");
+        assert!(matches!(
+            crate::transport::Cause::of(&*error),
+            crate::transport::Cause::Refused
+        ));
+    }
+}
