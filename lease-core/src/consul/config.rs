@@ -331,9 +331,15 @@ impl ConsulBuilder {
 
     /// How many connections this client (and its clones) may open to the agent at once;
     /// default 8, at least 4. Every lease shares them: blocking queries are multiplexed (up to
-    /// `max − 3` connections watch prefixes that cover every key of interest), other requests
-    /// queue for the rest, and one is kept for the connection pool's connect race (a connection
-    /// it finishes opening after another came free).
+    /// `max − 2` connections watch prefixes that cover every key of interest), and other
+    /// requests queue for the rest.
+    ///
+    /// Over plain HTTP the bound is exact: the client's connector counts each connection from
+    /// connect to close. Over `https`, and with a client of your own
+    /// ([`http_client`](Self::http_client)), connections are pooled by reqwest, which cannot
+    /// count them: the client then keeps one connection for the pool's connect race (a
+    /// connection it finishes opening after another came free), so watches get `max − 3`, and
+    /// two such races at once can open one connection past `max`.
     ///
     /// The agent allows each client IP `limits.http_max_conns_per_client` connections (default
     /// 200), shared by every process on the host: keep the sum of this budget over those

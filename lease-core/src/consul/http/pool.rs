@@ -80,7 +80,11 @@ impl Pool {
         tokio::time::timeout(timeout, exchange)
             .await
             .unwrap_or_else(|_| {
-                Err(io::Error::new(io::ErrorKind::TimedOut, "no answer within the request timeout").into())
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no answer within the request timeout",
+                )
+                .into())
             })
     }
 }
@@ -217,8 +221,11 @@ mod tests {
     /// A server that answers every request after `delay`, counting the connections open to it.
     async fn slow_server(delay: Duration) -> (Url, Arc<(AtomicUsize, AtomicUsize)>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = Url::parse(&format!("http://{}/v1/x", listener.local_addr().expect("addr")))
-            .expect("url");
+        let url = Url::parse(&format!(
+            "http://{}/v1/x",
+            listener.local_addr().expect("addr")
+        ))
+        .expect("url");
         let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
         let counts = Arc::clone(&open);
         tokio::spawn(async move {
@@ -267,20 +274,29 @@ mod tests {
             });
             for request in requests.collect::<Vec<_>>() {
                 let (status, index, body) = request.await.expect("task").expect("answered");
-                assert_eq!((status, index, body.as_slice()), (StatusCode::OK, Some(7), &b"ok"[..]));
+                assert_eq!(
+                    (status, index, body.as_slice()),
+                    (StatusCode::OK, Some(7), &b"ok"[..])
+                );
             }
         }
         let peak = counts.1.load(Ordering::SeqCst);
         assert!(peak <= 3, "{peak} connections were open at once");
-        assert!(peak >= 2, "the requests were not concurrent ({peak} connection)");
+        assert!(
+            peak >= 2,
+            "the requests were not concurrent ({peak} connection)"
+        );
     }
 
     /// A refused connection says so, as an `io::Error` the hints recognise.
     #[tokio::test]
     async fn a_refused_connection_is_recognised() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = Url::parse(&format!("http://{}/v1/x", listener.local_addr().expect("addr")))
-            .expect("url");
+        let url = Url::parse(&format!(
+            "http://{}/v1/x",
+            listener.local_addr().expect("addr")
+        ))
+        .expect("url");
         drop(listener);
         let pool = Pool::new(&ClientConfig::default(), 4);
         let error = pool
