@@ -220,8 +220,10 @@ impl ClientConfig {
         self.ca_pem.is_some() || self.identity_pem.is_some() || self.skip_verify
     }
 
-    /// Builds the client: rustls (with the platform's verifier) if lease-core's `rustls`
-    /// feature is on, else native-tls if `native-tls` is, else plain HTTP only.
+    /// Builds etcd's client: rustls (with the platform's verifier) if lease-core's `rustls`
+    /// feature is on, else native-tls if `native-tls` is, else plain HTTP only. (Consul's is
+    /// built by its own connection pool, which counts connections.)
+    #[cfg(feature = "etcd")]
     pub(crate) fn build(&self) -> Result<reqwest::Client, reqwest::Error> {
         let mut client = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT))
@@ -267,7 +269,7 @@ impl ClientConfig {
 
 /// A client certificate and its key (PEM) as reqwest takes them: any key rustls reads (PKCS #8,
 /// PKCS #1, SEC1).
-#[cfg(feature = "rustls")]
+#[cfg(all(feature = "etcd", feature = "rustls"))]
 fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
     let mut pem = cert.to_vec();
     pem.push(b'\n');
@@ -276,18 +278,20 @@ fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error
 }
 
 /// A client certificate and its key (PEM) as reqwest takes them: native-tls needs a PKCS #8 key.
-#[cfg(all(feature = "native-tls", not(feature = "rustls")))]
+#[cfg(all(feature = "etcd", feature = "native-tls", not(feature = "rustls")))]
 fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
     reqwest::Identity::from_pkcs8_pem(cert, key)
 }
 
 /// Resolves every name to one host, so a URL can name the server's TLS name while the connection
 /// goes to its address.
+#[cfg(feature = "etcd")]
 struct ConnectTo {
     host: String,
     port: u16,
 }
 
+#[cfg(feature = "etcd")]
 impl reqwest::dns::Resolve for ConnectTo {
     fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let target = (self.host.clone(), self.port);

@@ -334,12 +334,12 @@ impl ConsulBuilder {
     /// `max − 2` connections watch prefixes that cover every key of interest), and other
     /// requests queue for the rest.
     ///
-    /// Over plain HTTP the bound is exact: the client's connector counts each connection from
-    /// connect to close. Over `https`, and with a client of your own
-    /// ([`http_client`](Self::http_client)), connections are pooled by reqwest, which cannot
-    /// count them: the client then keeps one connection for the pool's connect race (a
-    /// connection it finishes opening after another came free), so watches get `max − 3`, and
-    /// two such races at once can open one connection past `max`.
+    /// The bound is exact: the client's connector counts each connection (plain or TLS) from
+    /// connect to close. A client of your own ([`http_client`](Self::http_client)) pools its
+    /// connections where they cannot be counted: its requests are then kept to `max − 1`,
+    /// leaving one connection for its pool's connect race (a connection it finishes opening
+    /// after another came free), so watches get `max − 3`, and two such races at once can open
+    /// one connection past `max`.
     ///
     /// The agent allows each client IP `limits.http_max_conns_per_client` connections (default
     /// 200), shared by every process on the host: keep the sum of this budget over those
@@ -452,7 +452,7 @@ impl ConsulBuilder {
                 http::HttpClient::build(config).map_err(|e| {
                     Error::Config(format!(
                         "cannot build the HTTP client for Consul: {}",
-                        crate::transport::DisplayChain(&e)
+                        crate::transport::DisplayChain(&*e)
                     ))
                 })?
             }

@@ -10,12 +10,11 @@
 //! leases it holds, so ten processes on one host stay under the agent's default limit of 200 per
 //! client IP (`limits.http_max_conns_per_client`):
 //!
-//! - **Connections are counted.** Over plain HTTP the client's connector holds one of
-//!   `max_connections` permits per open connection, from connect to close. Over `https` (reqwest's
-//!   pool) and through a client of your own, requests are bounded instead, keeping one connection
-//!   for the pool's connect race; see [`ConsulBuilder::max_connections`].
+//! - **Connections are counted.** The client's connector holds one of `max_connections`
+//!   permits per open connection (plain or TLS), from connect to close. Through a client of your
+//!   own, requests are bounded instead; see [`ConsulBuilder::max_connections`].
 //! - **Watches are shared.** Every blocking query goes through at most `max_connections − 2`
-//!   (`− 3` over `https`) recursive prefix watches covering every key some lease, waiter or observer cares about; an
+//!   recursive prefix watches covering every key some lease, waiter or observer cares about; an
 //!   answer wakes only the watchers whose keys changed. The price: an answer carries every key
 //!   under its prefix, so a loss among many keys in one directory is read as one large listing
 //!   (see the README's measured figures).

@@ -5,8 +5,8 @@
 //! shares that budget. Over HTTP/1.1 a connection carries one request at a time, so a client
 //! never has more requests in flight than its budget of `max` connections allows:
 //! [`Budget::admit`] hands out `max` permits when the client's own pool counts its connections
-//! (plain HTTP, the `pool` module: then at most `max` are ever open), and `max − 1` when it
-//! cannot (reqwest's TLS pool, or the application's client), keeping the last connection for the
+//! (the `pool` module: then at most `max` are ever open), and `max − 1` when it cannot (the
+//! application's reqwest client), keeping the last connection for the
 //! pool's connect race (a request that started connecting and was then served by a connection
 //! that came free meanwhile still finishes its connection and parks it). That bound is not
 //! exact: two races at once can open one more.

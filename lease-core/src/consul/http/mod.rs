@@ -15,6 +15,7 @@ use serde::Deserialize;
 mod budget;
 mod error;
 mod pool;
+mod tls;
 mod types;
 
 use budget::Kind;
@@ -29,6 +30,7 @@ use super::watch::Watches;
 use crate::BackendKind;
 use crate::backend::ReachabilityTracker;
 use crate::backend::{Keepers, Reachability};
+use crate::error::BoxError;
 use crate::metrics::RequestError;
 use crate::transport::ClientConfig;
 
@@ -49,12 +51,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The HTTP client requests go through.
 #[derive(Clone, Debug)]
 pub(crate) enum HttpClient {
-    /// Built here for plain HTTP: its connector counts connections, so at most
-    /// `config.max_idle_connections` are ever open (see the `pool` module).
-    Counted { pool: Pool, config: ClientConfig },
-    /// Built here for `https`, over reqwest's TLS; `config` builds it again for another runtime.
-    Built {
-        client: reqwest::Client,
+    /// Built here: its connector counts connections, so at most `config.max_idle_connections`
+    /// are ever open (see the `pool` module); `config` builds it again for another runtime.
+    Counted {
+        pool: Box<Pool>,
         config: ClientConfig,
     },
     /// The application's own ([`ConsulBuilder::http_client`](super::ConsulBuilder::http_client)).
@@ -62,16 +62,10 @@ pub(crate) enum HttpClient {
 }
 
 impl HttpClient {
-    /// The client for `config`: counted for plain HTTP, reqwest's for TLS.
-    pub(crate) fn build(config: ClientConfig) -> Result<HttpClient, reqwest::Error> {
-        if config.https || config.wants_tls() {
-            return Ok(HttpClient::Built {
-                client: config.build()?,
-                config,
-            });
-        }
+    /// The client `config` describes.
+    pub(crate) fn build(config: ClientConfig) -> Result<HttpClient, BoxError> {
         Ok(HttpClient::Counted {
-            pool: Pool::new(&config, config.max_idle_connections),
+            pool: Box::new(Pool::new(&config, config.max_idle_connections)?),
             config,
         })
     }
@@ -85,9 +79,7 @@ impl HttpClient {
     /// The same client on a connection pool of its own, if this crate built it.
     fn rebuilt(&self) -> Option<HttpClient> {
         match self {
-            HttpClient::Counted { config, .. } | HttpClient::Built { config, .. } => {
-                HttpClient::build(config.clone()).ok()
-            }
+            HttpClient::Counted { config, .. } => HttpClient::build(config.clone()).ok(),
             HttpClient::Given(client) => Some(HttpClient::Given(client.clone())),
         }
     }
@@ -108,7 +100,7 @@ impl HttpClient {
                     .await
                     .map_err(ApiError::pool);
             }
-            HttpClient::Built { client, .. } | HttpClient::Given(client) => client,
+            HttpClient::Given(client) => client,
         };
         let mut request = client.request(method, url).timeout(timeout);
         if let Some(token) = token {

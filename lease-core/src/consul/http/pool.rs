@@ -1,5 +1,5 @@
-//! The connection pool of a plain-HTTP client this crate builds: at most `max` connections open
-//! to the agent, counted from connect to close.
+//! The connection pool of the clients this crate builds: at most `max` connections open to the
+//! agent, counted from connect to close.
 //!
 //! A pool that counts requests cannot count connections: hyper's pool races a new connection
 //! against a connection coming free, and when the free one wins, the new one is still finished
@@ -7,9 +7,7 @@
 //! (seen: nine against a budget of eight). Here the connector itself holds one permit of `max`
 //! per connection, taken before it connects and given back when the connection closes, so a
 //! race waits for a permit instead of opening a connection past the budget.
-//!
-//! TLS connections go through reqwest, whose connector cannot be counted this way; the budget
-//! then bounds requests instead (see the `budget` module).
+//! TLS runs over a counted connection (the `tls` module).
 
 use std::io;
 use std::pin::Pin;
@@ -27,23 +25,30 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::tls::{Stream, Tls};
 use crate::error::BoxError;
 use crate::transport::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
 
 /// How long a connection nobody uses stays open.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A plain-HTTP client whose connections never exceed its budget.
+/// An HTTP client whose connections never exceed its budget.
 #[derive(Clone, Debug)]
 pub(crate) struct Pool {
     client: Client<Connector, Full<Bytes>>,
 }
 
 impl Pool {
-    /// A pool of at most `max` connections, made as `config` says (its TLS settings do not
-    /// apply: the caller sends `https` through reqwest).
-    pub(crate) fn new(config: &ClientConfig, max: usize) -> Pool {
+    /// A pool of at most `max` connections, made as `config` says. Fails if its TLS settings
+    /// do not make a TLS configuration (a file that is not PEM, say).
+    pub(crate) fn new(config: &ClientConfig, max: usize) -> Result<Pool, BoxError> {
+        let tls = if config.https {
+            Tls::new(config)?
+        } else {
+            None
+        };
         let connector = Connector {
+            tls,
             permits: Arc::new(Semaphore::new(max)),
             connect_to: config.connect_to.clone().map(Arc::new),
             timeout: config.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
@@ -53,7 +58,7 @@ impl Pool {
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_max_idle_per_host(max)
             .build(connector);
-        Pool { client }
+        Ok(Pool { client })
     }
 
     /// Sends one request and reads its whole answer, all within `timeout`.
@@ -89,9 +94,11 @@ impl Pool {
     }
 }
 
-/// Opens a TCP connection once it holds a permit of the budget.
+/// Opens a connection once it holds a permit of the budget.
 #[derive(Clone, Debug)]
 struct Connector {
+    /// For `https` URLs.
+    tls: Option<Tls>,
     permits: Arc<Semaphore>,
     /// Where to connect instead of the URL's host.
     connect_to: Option<Arc<(String, u16)>>,
@@ -119,18 +126,37 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 None => {
                     let host = uri.host().unwrap_or_default();
                     let host = host.trim_start_matches('[').trim_end_matches(']');
-                    (host.to_owned(), uri.port_u16().unwrap_or(80))
+                    let https = uri.scheme() == Some(&hyper::http::uri::Scheme::HTTPS);
+                    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+                    (host.to_owned(), port)
                 }
             };
-            let stream = tokio::time::timeout(connector.timeout, connect(&host, port))
+            let connect = async {
+                let tcp = connect(&host, port).await?;
+                tcp.set_nodelay(true)?;
+                if uri.scheme() != Some(&hyper::http::uri::Scheme::HTTPS) {
+                    return Ok(Stream::Plain(tcp));
+                }
+                let Some(tls) = &connector.tls else {
+                    return Err(io::Error::other(
+                        "an https address, and this build of lease-core has no TLS",
+                    ));
+                };
+                let name = uri.host().unwrap_or_default();
+                tls.connect(name.trim_start_matches('[').trim_end_matches(']'), tcp)
+                    .await
+            };
+            let stream = tokio::time::timeout(connector.timeout, connect)
                 .await
                 .unwrap_or_else(|_| {
                     Err(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        format!("connecting took longer than {:?}", connector.timeout),
+                        format!(
+                            "connecting (TCP and TLS) took longer than {:?}",
+                            connector.timeout
+                        ),
                     ))
                 })?;
-            stream.set_nodelay(true)?;
             Ok(TokioIo::new(Counted {
                 stream,
                 _permit: permit,
@@ -159,7 +185,7 @@ async fn connect(host: &str, port: u16) -> io::Result<TcpStream> {
 /// A connection and its permit, given back when the connection closes.
 #[derive(Debug)]
 struct Counted {
-    stream: TcpStream,
+    stream: Stream,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -194,18 +220,6 @@ impl AsyncWrite for Counted {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
     }
 }
 
@@ -263,7 +277,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn never_more_connections_than_the_budget() {
         let (url, counts) = slow_server(Duration::from_millis(5)).await;
-        let pool = Pool::new(&ClientConfig::default(), 3);
+        let pool = Pool::new(&ClientConfig::default(), 3).expect("pool");
         for _round in 0..3 {
             let requests = (0..50).map(|_| {
                 let (pool, url) = (pool.clone(), url.clone());
@@ -298,7 +312,7 @@ mod tests {
         ))
         .expect("url");
         drop(listener);
-        let pool = Pool::new(&ClientConfig::default(), 4);
+        let pool = Pool::new(&ClientConfig::default(), 4).expect("pool");
         let error = pool
             .send(Method::GET, &url, None, None, Duration::from_secs(5))
             .await
