@@ -187,7 +187,9 @@ pub(crate) struct ClientConfig {
     pub(crate) connect_to: Option<(String, u16)>,
     /// `None`: [`DEFAULT_CONNECT_TIMEOUT`].
     pub(crate) connect_timeout: Option<Duration>,
-    pub(crate) max_idle_connections: usize,
+    /// The most connections kept open: Consul's pool never opens more; etcd's keeps no more
+    /// idle.
+    pub(crate) max_connections: usize,
 }
 
 impl fmt::Debug for ClientConfig {
@@ -228,7 +230,7 @@ impl ClientConfig {
         let mut client = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT))
             .tcp_nodelay(true)
-            .pool_max_idle_per_host(self.max_idle_connections)
+            .pool_max_idle_per_host(self.max_connections)
             .pool_idle_timeout(Duration::from_secs(60));
         #[cfg(feature = "rustls")]
         {

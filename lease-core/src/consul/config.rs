@@ -525,7 +525,7 @@ impl ConsulBuilder {
             skip_verify: self.ssl_verify == Some(false),
             connect_to,
             connect_timeout: self.connect_timeout,
-            max_idle_connections: max_connections,
+            max_connections,
         })
     }
 }

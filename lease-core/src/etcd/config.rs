@@ -134,7 +134,7 @@ impl EtcdBuilder {
                 )),
                 None => None,
             },
-            max_idle_connections: 8,
+            max_connections: 8,
             ..ClientConfig::default()
         };
         let secure = tls.wants_tls();

@@ -51,7 +51,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The HTTP client requests go through.
 #[derive(Clone, Debug)]
 pub(crate) enum HttpClient {
-    /// Built here: its connector counts connections, so at most `config.max_idle_connections`
+    /// Built here: its connector counts connections, so at most `config.max_connections`
     /// are ever open (see the `pool` module); `config` builds it again for another runtime.
     Counted {
         pool: Box<Pool>,
@@ -65,7 +65,7 @@ impl HttpClient {
     /// The client `config` describes.
     pub(crate) fn build(config: ClientConfig) -> Result<HttpClient, BoxError> {
         Ok(HttpClient::Counted {
-            pool: Box::new(Pool::new(&config, config.max_idle_connections)?),
+            pool: Box::new(Pool::new(&config)?),
             config,
         })
     }

@@ -7,6 +7,7 @@
 //! (seen: nine against a budget of eight). Here the connector itself holds one permit of `max`
 //! per connection, taken before it connects and given back when the connection closes, so a
 //! race waits for a permit instead of opening a connection past the budget.
+//!
 //! TLS runs over a counted connection (the `tls` module).
 
 use std::io;
@@ -39,9 +40,10 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool of at most `max` connections, made as `config` says. Fails if its TLS settings
-    /// do not make a TLS configuration (a file that is not PEM, say).
-    pub(crate) fn new(config: &ClientConfig, max: usize) -> Result<Pool, BoxError> {
+    /// A pool of at most `config.max_connections` connections, made as `config` says. Fails if
+    /// its TLS settings do not make a TLS configuration (a file that is not PEM, say).
+    pub(crate) fn new(config: &ClientConfig) -> Result<Pool, BoxError> {
+        let max = config.max_connections;
         let tls = if config.https {
             Tls::new(config)?
         } else {
@@ -277,7 +279,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn never_more_connections_than_the_budget() {
         let (url, counts) = slow_server(Duration::from_millis(5)).await;
-        let pool = Pool::new(&ClientConfig::default(), 3).expect("pool");
+        let pool = Pool::new(&ClientConfig {
+            max_connections: 3,
+            ..ClientConfig::default()
+        })
+        .expect("pool");
         for _round in 0..3 {
             let requests = (0..50).map(|_| {
                 let (pool, url) = (pool.clone(), url.clone());
@@ -312,7 +318,11 @@ mod tests {
         ))
         .expect("url");
         drop(listener);
-        let pool = Pool::new(&ClientConfig::default(), 4).expect("pool");
+        let pool = Pool::new(&ClientConfig {
+            max_connections: 4,
+            ..ClientConfig::default()
+        })
+        .expect("pool");
         let error = pool
             .send(Method::GET, &url, None, None, Duration::from_secs(5))
             .await
