@@ -1,13 +1,15 @@
 //! Consul at scale: N leases held by one process on a bounded connection budget.
 //!
 //! `cargo bench -p lease-core --features consul --bench consul_scale` (`SCALE_NS=100,1000` to
-//! choose the sizes; default 100, 1,000 and 10,000).
+//! choose the sizes; default 100, 1,000 and 10,000; `SCALE_HOLD_S=300` to hold them five minutes
+//! before counting them, instead of [`HOLD`]).
 //!
 //! For each N, on a fresh dev agent, one client holds N/2 leader keys (`<base>/leader/<i>`) and
 //! N/2 semaphore slots over up to 100 prefixes, and this prints:
 //! - the time to acquire them all (all requested at once);
 //! - the peak of connections open to the agent, counted by a proxy in between;
-//! - requests per second while idle (over [`IDLE`]), counted by the proxy;
+//! - how many are still held after holding them all for [`HOLD`] (no false loss: all N);
+//! - requests per second while idle (over that time), counted by the proxy;
 //! - resident memory per lease (growth of this process's RSS over the N leases);
 //! - loss → cancel p50 and p99 of single leader sessions destroyed among the N by an operator
 //!   (101 of them, after one uncounted while the watches catch up with the acquisitions),
@@ -35,7 +37,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(15);
-const IDLE: Duration = Duration::from_secs(20);
+/// How long the N leases are held, idle, before they are counted (`SCALE_HOLD_S`).
+const HOLD: Duration = Duration::from_secs(20);
 /// Sessions destroyed per N: over 100, so the p99 (nearest rank) is not simply the slowest.
 const LOSS_TRIALS: usize = 101;
 /// Acquisitions in flight at once (the client queues the rest itself; this bounds the
@@ -117,7 +120,7 @@ fn client(address: String, keep_alive: KeepAlive) -> Consul {
         .unwrap()
 }
 
-async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
+async fn run(n: usize, keep_alive: KeepAlive, hold: Duration) -> Figures {
     let agent = Agent::start().await;
     let proxy = Proxy::start(agent.addr()).await.unwrap();
     let consul = client(proxy.url(), keep_alive);
@@ -128,8 +131,8 @@ async fn run(n: usize, keep_alive: KeepAlive) -> Figures {
     let rss_kb_per_lease = (rss_kb() - rss_before) / n as f64;
 
     let from = proxy.requests();
-    tokio::time::sleep(IDLE).await;
-    let idle_rps = (proxy.requests() - from) as f64 / IDLE.as_secs_f64();
+    tokio::time::sleep(hold).await;
+    let idle_rps = (proxy.requests() - from) as f64 / hold.as_secs_f64();
     let held = leases.iter().filter(|l| l.is_held()).count();
     let peak_conns = proxy.peak_connections();
     // Released before the next phase, so its writes do not wake the next client's watches.
@@ -222,12 +225,19 @@ async fn main() {
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![100, 1_000, 10_000]);
-    println!("consul_scale: one process, default budget of 8 connections, TTL {TTL:?}");
+    let hold = std::env::var("SCALE_HOLD_S")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map_or(HOLD, Duration::from_secs);
+    println!(
+        "consul_scale: one process, default budget of 8 connections, TTL {TTL:?}, each N held \
+         {hold:?} before it is counted"
+    );
     let mut last = None;
     for &n in &sizes {
-        let ours = run(n, KeepAlive::AgentCheck).await;
+        let ours = run(n, KeepAlive::AgentCheck, hold).await;
         print("ours (heartbeat)", n, &ours);
-        let renewing = run(n, KeepAlive::SessionTtl).await;
+        let renewing = run(n, KeepAlive::SessionTtl, hold).await;
         print("per-session TTL", n, &renewing);
         last = Some((n, ours));
     }

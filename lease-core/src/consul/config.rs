@@ -275,6 +275,10 @@ impl ConsulBuilder {
 
     /// Send every request through `client`, for a TLS, proxy or connection setup of your own.
     ///
+    /// Without it the client connects to the agent directly (it reads no `HTTP_PROXY`: the
+    /// agent is normally local), over a connection pool of its own that counts its connections
+    /// (see [`max_connections`](Self::max_connections)).
+    ///
     /// The client's own settings then apply: [`ca_cert`](Self::ca_cert),
     /// [`client_cert`](Self::client_cert), [`ssl_verify`](Self::ssl_verify),
     /// [`tls_server_name`](Self::tls_server_name) and [`connect_timeout`](Self::connect_timeout)
