@@ -116,7 +116,8 @@ impl Consul {
     }
 
     /// How many prefix watches (blocking queries, each on one connection) this client runs now:
-    /// at most `max_connections − 3`, however many leases it holds or waits for.
+    /// at most `max_connections − 2` (`− 3` with a client of your own), however many leases it
+    /// holds or waits for.
     pub fn prefix_watches(&self) -> usize {
         self.http.watches().groups()
     }

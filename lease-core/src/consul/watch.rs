@@ -9,8 +9,8 @@
 //! the previous one and wakes only the watchers whose keys changed.
 //!
 //! There are at most [`Budget::max_watches`](super::http::Budget::max_watches) groups (all the
-//! connections but three), and no group's prefix is a prefix of another's, so every key is
-//! covered by at most one group. A watcher whose key no group covers gets a new group (of that
+//! connections but two, or three with a client of your own), and no group's prefix is a prefix
+//! of another's, so every key is covered by at most one group. A watcher whose key no group covers gets a new group (of that
 //! key alone, so a process with a few leases watches each key on its own) while there is room;
 //! otherwise the group sharing the longest prefix with it is widened to that common prefix,
 //! absorbing any groups the wider prefix covers. A group nobody watches any more stops after its
