@@ -57,6 +57,13 @@ impl Tls {
 
     /// The handshake over `tcp`, checking the certificate against `server_name`.
     pub(super) async fn connect(&self, server_name: &str, tcp: TcpStream) -> io::Result<Stream> {
+        // A build without TLS has no `Tls` to call this on.
+        #[cfg(not(any(feature = "rustls", feature = "native-tls")))]
+        {
+            let _ = (server_name, tcp);
+            match *self {}
+        }
+        #[cfg(any(feature = "rustls", feature = "native-tls"))]
         match self {
             #[cfg(feature = "rustls")]
             Tls::Rustls(connector) => {
