@@ -6,10 +6,10 @@
 //! never has more requests in flight than its budget of `max` connections allows:
 //! [`Budget::admit`] hands out `max` permits when the client's own pool counts its connections
 //! (the `pool` module: then at most `max` are ever open), and `max − 1` when it cannot (the
-//! application's reqwest client), keeping the last connection for the
-//! pool's connect race (a request that started connecting and was then served by a connection
-//! that came free meanwhile still finishes its connection and parks it). That bound is not
-//! exact: two races at once can open one more.
+//! application's reqwest client), keeping the last connection for the pool's connect race (a
+//! request that started connecting and was then served by a connection that came free meanwhile
+//! still finishes its connection and parks it). That bound is not exact: two races at once can
+//! open one more.
 //!
 //! Blocking queries (the watches) may hold at most [`Budget::max_watches`] of those permits at
 //! once, whatever asks for them: a watch that was absorbed by a wider one still waits for its

@@ -99,7 +99,7 @@ impl Pool {
 /// Opens a connection once it holds a permit of the budget.
 #[derive(Clone, Debug)]
 struct Connector {
-    /// For `https` URLs.
+    /// For an `https` address (the builder refuses one in a build without TLS).
     tls: Option<Tls>,
     permits: Arc<Semaphore>,
     /// Where to connect instead of the URL's host.
@@ -123,30 +123,24 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 .acquire_owned()
                 .await
                 .map_err(|_| io::Error::other("the connection pool was closed"))?;
+            // The URL's host is the TLS server name; `connect_to` may send the connection
+            // elsewhere. A pool has TLS exactly when its address is `https`.
+            let name = uri.host().unwrap_or_default();
+            let name = name.trim_start_matches('[').trim_end_matches(']');
             let (host, port) = match &connector.connect_to {
-                Some(target) => (target.0.clone(), target.1),
+                Some(target) => (target.0.as_str(), target.1),
                 None => {
-                    let host = uri.host().unwrap_or_default();
-                    let host = host.trim_start_matches('[').trim_end_matches(']');
-                    let https = uri.scheme() == Some(&hyper::http::uri::Scheme::HTTPS);
-                    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-                    (host.to_owned(), port)
+                    let default = if connector.tls.is_some() { 443 } else { 80 };
+                    (name, uri.port_u16().unwrap_or(default))
                 }
             };
             let connect = async {
-                let tcp = connect(&host, port).await?;
+                let tcp = connect(host, port).await?;
                 tcp.set_nodelay(true)?;
-                if uri.scheme() != Some(&hyper::http::uri::Scheme::HTTPS) {
-                    return Ok(Stream::Plain(tcp));
+                match &connector.tls {
+                    None => Ok(Stream::Plain(tcp)),
+                    Some(tls) => tls.connect(name, tcp).await,
                 }
-                let Some(tls) = &connector.tls else {
-                    return Err(io::Error::other(
-                        "an https address, and this build of lease-core has no TLS",
-                    ));
-                };
-                let name = uri.host().unwrap_or_default();
-                tls.connect(name.trim_start_matches('[').trim_end_matches(']'), tcp)
-                    .await
             };
             let stream = tokio::time::timeout(connector.timeout, connect)
                 .await
