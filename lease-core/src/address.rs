@@ -1,4 +1,5 @@
-//! What the backends' address parsing shares: whether an address names its port.
+//! What the backends' address parsing shares: whether an address names its port, and a host
+//! without the brackets of an IPv6 literal.
 
 /// Whether `address` (`host:port`, `[v6]:port`, or a URL `scheme://user:password@host:port/path`)
 /// gives a port. URL parsers fill in the scheme's default port and then forget it was not
@@ -12,6 +13,13 @@ pub(crate) fn has_port(address: &str) -> bool {
         None => host_port,
     };
     after_host.contains(':')
+}
+
+/// A URL's host as a name to connect to or to check a certificate against: an IPv6 literal
+/// without the brackets a URL writes it in.
+#[cfg(feature = "consul")]
+pub(crate) fn bare_host(host: &str) -> &str {
+    (host.strip_prefix('[').and_then(|h| h.strip_suffix(']'))).unwrap_or(host)
 }
 
 #[cfg(test)]
@@ -41,5 +49,14 @@ mod tests {
         ] {
             assert!(!has_port(without), "{without}");
         }
+    }
+
+    #[cfg(feature = "consul")]
+    #[test]
+    fn an_ipv6_host_loses_its_brackets_and_others_stay() {
+        use super::bare_host;
+        assert_eq!(bare_host("[::1]"), "::1");
+        assert_eq!(bare_host("127.0.0.1"), "127.0.0.1");
+        assert_eq!(bare_host("consul.local"), "consul.local");
     }
 }

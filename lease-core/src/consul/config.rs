@@ -515,11 +515,7 @@ impl ConsulBuilder {
             }
         };
         let connect_to = self.tls_server_name.as_ref().map(|_| {
-            let host = base.host_str().unwrap_or_default();
-            let host = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned();
+            let host = crate::address::bare_host(base.host_str().unwrap_or_default()).to_owned();
             (host, base.port_or_known_default().unwrap_or(443))
         });
         Ok(crate::transport::ClientConfig {

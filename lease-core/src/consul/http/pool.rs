@@ -125,8 +125,7 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 .map_err(|_| io::Error::other("the connection pool was closed"))?;
             // The URL's host is the TLS server name; `connect_to` may send the connection
             // elsewhere. A pool has TLS exactly when its address is `https`.
-            let name = uri.host().unwrap_or_default();
-            let name = name.trim_start_matches('[').trim_end_matches(']');
+            let name = crate::address::bare_host(uri.host().unwrap_or_default());
             let (host, port) = match &connector.connect_to {
                 Some(target) => (target.0.as_str(), target.1),
                 None => {
