@@ -9,18 +9,18 @@
 //! the previous one and wakes only the watchers whose keys changed.
 //!
 //! There are at most [`Budget::max_watches`](super::http::Budget::max_watches) groups (all the
-//! connections but two, or three with a client of your own), and no group's prefix is a prefix
-//! of another's, so every key is covered by at most one group. A watcher whose key no group covers gets a new group (of that
-//! key alone, so a process with a few leases watches each key on its own) while there is room;
-//! otherwise the group sharing the longest prefix with it is widened to that common prefix,
-//! absorbing any groups the wider prefix covers. A group nobody watches any more stops after its
-//! current read (so a watcher that comes back meanwhile finds it still running), and so does an
-//! absorbed one: a read is never abandoned mid-flight, since its connection would stay open,
-//! outside the budget, until Consul answered. Until then it keeps its permit to block (the
-//! budget allows `max_watches` blocking reads at once, absorbed ones included), so a new or
-//! widened group whose read finds none free waits for an absorbed read to end: at once if
-//! anything under that read's prefix changes, else after one [`WATCH_WAIT`]. The heartbeat,
-//! renewals, acquisitions and releases never wait for watches.
+//! connections but two, or three with a client of your own), and no group's prefix is a prefix of
+//! another's, so every key is covered by at most one group. A watcher whose key no group covers
+//! gets a new group (of that key alone, so a process with a few leases watches each key on its own)
+//! while there is room; otherwise the group sharing the longest prefix with it is widened to that
+//! common prefix, absorbing any groups the wider prefix covers. A group nobody watches any more
+//! stops after its current read (so a watcher that comes back meanwhile finds it still running),
+//! and so does an absorbed one: a read is never abandoned mid-flight, since its connection would
+//! stay open, outside the budget, until Consul answered. Until then it keeps its permit to block
+//! (the budget allows `max_watches` blocking reads at once, absorbed ones included), so a new or
+//! widened group whose read finds none free waits for an absorbed read to end: at once if anything
+//! under that read's prefix changes, else after one [`WATCH_WAIT`]. The heartbeat, renewals,
+//! acquisitions and releases never wait for watches.
 //!
 //! Groups are not split further, because with prefixes that may not nest they cannot be: a
 //! directory's watched keys can be split only into prefixes that together cover them all, and
