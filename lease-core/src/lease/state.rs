@@ -8,11 +8,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::LostReason;
@@ -28,6 +28,13 @@ use crate::metrics::Tally;
 /// [`Lease::run`](crate::Lease::run) read it on the monotonic clock (tokio's, so paused-time
 /// tests drive it), and the holder task declares [`LostReason::SelfFenced`] when it passes.
 ///
+/// A confirmation says the backend still knows the holder; it says nothing of whether this
+/// process would *see* a loss. A backend that watches its leases through something that can
+/// stop (a shared watch that failed, or that is being rebuilt) calls
+/// [`suspend`](Fence::suspend) when it stops seeing a lease and [`resume`](Fence::resume) when
+/// it sees it again: confirmations stop counting from that moment, so a lease nobody watches is
+/// dropped one confirmation interval later at the latest, however well its session is kept.
+///
 /// Cloning is cheap; clones share the deadline.
 ///
 /// # Examples
@@ -41,7 +48,15 @@ use crate::metrics::Tally;
 /// let fence = Fence::new(Duration::from_secs(9), sent); // confirmed when the session was created
 /// assert!(!fence.is_past());
 /// fence.confirm(Instant::now()); // a renewal sent now succeeded: good for 9 s from now
-/// assert!(fence.deadline().is_some());
+/// let confirmed = fence.deadline();
+///
+/// // The watch of the lease failed: renewals no longer extend it...
+/// fence.suspend(Instant::now());
+/// fence.confirm(Instant::now() + Duration::from_secs(1));
+/// assert!(fence.deadline() <= confirmed);
+/// // ...until the backend watches it again.
+/// fence.resume();
+/// assert!(fence.deadline() > confirmed);
 /// ```
 #[derive(Clone)]
 pub struct Fence(Arc<FenceInner>);
@@ -52,9 +67,20 @@ struct FenceInner {
     valid_for: Duration,
     /// Nanoseconds after `epoch` of the last confirmation; `u64::MAX` for an unbounded fence.
     confirmed: AtomicU64,
-    /// `confirmed + valid_for`, kept beside it so the check on every poll is one load and one
-    /// clock read.
+    /// `min(confirmed, suspended) + valid_for`, kept beside them so the check on every poll is
+    /// one load and one clock read.
     deadline: AtomicU64,
+    /// Writers (confirmations, suspensions) take turns, so the deadline is computed from one
+    /// consistent pair of instants. Readers never take it.
+    writer: Mutex<Writer>,
+    /// Woken when the deadline moves earlier (a suspension), for [`Fence::expiry`].
+    lowered: Notify,
+}
+
+#[derive(Default)]
+struct Writer {
+    /// Nanoseconds after `epoch` from which confirmations stop counting.
+    suspended: Option<u64>,
 }
 
 impl fmt::Debug for Fence {
@@ -62,6 +88,7 @@ impl fmt::Debug for Fence {
         f.debug_struct("Fence")
             .field("valid_for", &self.0.valid_for)
             .field("deadline", &self.deadline())
+            .field("suspended", &self.suspended_since())
             .finish()
     }
 }
@@ -77,6 +104,8 @@ impl Fence {
             valid_for,
             confirmed: AtomicU64::new(0),
             deadline: AtomicU64::new(saturating_nanos(valid_for)),
+            writer: Mutex::default(),
+            lowered: Notify::new(),
         }))
     }
 
@@ -88,18 +117,75 @@ impl Fence {
             valid_for: Duration::ZERO,
             confirmed: AtomicU64::new(UNBOUNDED),
             deadline: AtomicU64::new(UNBOUNDED),
+            writer: Mutex::default(),
+            lowered: Notify::new(),
         }))
     }
 
     /// Records that the backend answered a request sent at `sent`: the lease is safe until
-    /// `sent + valid_for`. A confirmation older than the last one changes nothing.
+    /// `sent + valid_for` (unless [suspended](Fence::suspend)). A confirmation older than the
+    /// last one changes nothing.
     pub fn confirm(&self, sent: Instant) {
         let nanos = nanos_between(self.0.epoch, sent).min(UNBOUNDED - 1);
-        let deadline = nanos
+        let writer = self.writer();
+        if self.0.confirmed.load(Ordering::Acquire) == UNBOUNDED {
+            return;
+        }
+        self.0.confirmed.fetch_max(nanos, Ordering::AcqRel);
+        self.store_deadline(&writer);
+    }
+
+    /// Confirmations stop counting from `since`: until [`resume`](Fence::resume), the deadline
+    /// is at most `since + valid_for`, whatever is confirmed meanwhile.
+    ///
+    /// For a backend that stopped seeing the lease (its watch failed, or is being rebuilt) while
+    /// the lease itself is still confirmed: the lease must not outlive what the process can no
+    /// longer see. A second suspension keeps the earlier instant. Does nothing to an unbounded
+    /// fence.
+    pub fn suspend(&self, since: Instant) {
+        let since = nanos_between(self.0.epoch, since).min(UNBOUNDED - 1);
+        let mut writer = self.writer();
+        if self.0.confirmed.load(Ordering::Acquire) == UNBOUNDED {
+            return;
+        }
+        let since = writer.suspended.map_or(since, |earlier| earlier.min(since));
+        writer.suspended = Some(since);
+        if self.store_deadline(&writer) {
+            self.0.lowered.notify_waiters();
+        }
+    }
+
+    /// Confirmations count again (the backend sees the lease again): the deadline is the last
+    /// confirmation plus `valid_for`. A deadline that already passed stays passed: the holder
+    /// task has declared the loss.
+    pub fn resume(&self) {
+        let mut writer = self.writer();
+        if writer.suspended.take().is_some() {
+            self.store_deadline(&writer);
+        }
+    }
+
+    /// Since when confirmations do not count, if they are [suspended](Fence::suspend).
+    pub fn suspended_since(&self) -> Option<Instant> {
+        let writer = self.writer();
+        writer
+            .suspended
+            .map(|nanos| self.0.epoch + Duration::from_nanos(nanos))
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.0.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stores `min(confirmed, suspended) + valid_for`; returns whether it moved earlier. The
+    /// caller holds the writer lock.
+    fn store_deadline(&self, writer: &Writer) -> bool {
+        let confirmed = self.0.confirmed.load(Ordering::Acquire);
+        let counted = writer.suspended.map_or(confirmed, |s| s.min(confirmed));
+        let deadline = counted
             .saturating_add(saturating_nanos(self.0.valid_for))
             .min(UNBOUNDED - 1);
-        self.0.deadline.fetch_max(deadline, Ordering::AcqRel);
-        self.0.confirmed.fetch_max(nanos, Ordering::AcqRel);
+        self.0.deadline.swap(deadline, Ordering::AcqRel) > deadline
     }
 
     /// How long one confirmation is good for.
@@ -107,7 +193,8 @@ impl Fence {
         self.0.valid_for
     }
 
-    /// When the last confirmation was sent; `None` for an unbounded fence.
+    /// When the last confirmation was sent; `None` for an unbounded fence. (While the fence is
+    /// [suspended](Fence::suspend), the deadline may be earlier than this plus `valid_for`.)
     pub fn confirmed_at(&self) -> Option<Instant> {
         match self.0.confirmed.load(Ordering::Acquire) {
             UNBOUNDED => None,
@@ -117,12 +204,15 @@ impl Fence {
 
     /// The instant the lease must be treated as lost by; `None` for an unbounded fence.
     pub fn deadline(&self) -> Option<Instant> {
-        let confirmed = self.confirmed_at()?;
-        Some(
-            confirmed
-                .checked_add(self.0.valid_for)
-                .unwrap_or_else(far_future),
-        )
+        match self.0.deadline.load(Ordering::Acquire) {
+            UNBOUNDED => None,
+            nanos => Some(
+                self.0
+                    .epoch
+                    .checked_add(Duration::from_nanos(nanos))
+                    .unwrap_or_else(far_future),
+            ),
+        }
     }
 
     /// Whether the deadline has passed.
@@ -130,16 +220,17 @@ impl Fence {
         self.overdue().is_some()
     }
 
-    /// How long the lease has gone unconfirmed, once that is past the deadline; `None` before.
+    /// How long the lease has gone unconfirmed (or unseen), once that is past the deadline;
+    /// `None` before.
     pub fn overdue(&self) -> Option<Duration> {
         // The fast path of every poll: nothing to compute while the deadline is ahead.
         let deadline = self.0.deadline.load(Ordering::Acquire);
-        if deadline == UNBOUNDED || nanos_between(self.0.epoch, Instant::now()) < deadline {
+        let now = nanos_between(self.0.epoch, Instant::now());
+        if deadline == UNBOUNDED || now < deadline {
             return None;
         }
-        let confirmed = self.confirmed_at()?;
-        let unconfirmed_for = Instant::now().saturating_duration_since(confirmed);
-        (unconfirmed_for >= self.0.valid_for).then_some(unconfirmed_for)
+        let counted = deadline.saturating_sub(saturating_nanos(self.0.valid_for));
+        Some(Duration::from_nanos(now.saturating_sub(counted)))
     }
 
     /// The loss to declare when the deadline has passed, `None` before.
@@ -148,13 +239,20 @@ impl Fence {
             .map(|unconfirmed_for| LostReason::SelfFenced { unconfirmed_for })
     }
 
-    /// Completes when the deadline passes, following every later confirmation.
+    /// Completes when the deadline passes, following every later confirmation and suspension.
     pub(crate) async fn expiry(&self) -> LostReason {
         loop {
+            let lowered = self.0.lowered.notified();
+            tokio::pin!(lowered);
+            // Registered before the deadline is read, so a suspension in between still wakes us.
+            lowered.as_mut().enable();
             let Some(deadline) = self.deadline() else {
                 return std::future::pending().await;
             };
-            tokio::time::sleep_until(deadline).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = lowered => {}
+            }
             if let Some(reason) = self.expired() {
                 return reason;
             }
@@ -261,5 +359,66 @@ impl LeaseState {
                 Err(_) => LostReason::Released,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A suspension lowers a deadline the holder task is already sleeping towards: it wakes at
+    /// the new one, not at the old.
+    #[tokio::test(start_paused = true)]
+    async fn a_suspended_fence_expires_one_interval_after_the_suspension() {
+        let fence = Fence::new(Duration::from_secs(10), Instant::now());
+        let started = Instant::now();
+        let expiry = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.expiry().await }
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        fence.confirm(Instant::now());
+        fence.suspend(started + Duration::from_secs(1));
+        // Renewals go on; they no longer count.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            fence.confirm(Instant::now());
+        }
+        let reason = expiry.await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(11));
+        assert_eq!(
+            reason,
+            LostReason::SelfFenced {
+                unconfirmed_for: Duration::from_secs(10)
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_fence_counts_its_confirmations_again() {
+        let fence = Fence::new(Duration::from_secs(10), Instant::now());
+        fence.suspend(Instant::now());
+        fence.suspend(Instant::now() + Duration::from_secs(5));
+        assert_eq!(
+            fence.suspended_since(),
+            Some(Instant::now()),
+            "the earlier one stays"
+        );
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        fence.confirm(Instant::now());
+        assert_eq!(
+            fence.deadline(),
+            Some(Instant::now() + Duration::from_secs(2))
+        );
+        fence.resume();
+        assert_eq!(fence.suspended_since(), None);
+        assert_eq!(
+            fence.deadline(),
+            Some(Instant::now() + Duration::from_secs(10))
+        );
+        let unbounded = Fence::unbounded();
+        unbounded.suspend(Instant::now());
+        assert_eq!(unbounded.deadline(), None);
+        assert!(!unbounded.is_past());
     }
 }
