@@ -103,7 +103,7 @@ async fn contend(
         key: key.to_owned(),
         waited: started.elapsed(),
     };
-    let mut watched = Watches::watch(http, Interest::Key(key.to_owned()), false);
+    let mut watched = Watches::watch(http, Interest::Key(key.to_owned()), false, None);
     // The index of the last state judged; `None`: read the key afresh.
     let mut index: Option<u64> = None;
     // A state already read (after a refused acquire), to judge before waiting for the next.
@@ -157,6 +157,7 @@ async fn contend(
             }
             if let Some(holder) = entry.holder().filter(|h| *h != session) {
                 if seen_holder.as_ref().is_none_or(|(seen, _)| seen != holder) {
+                    tracing::debug!(%key, %holder, "the key is held by another session; waiting");
                     let lock_delay = http.session_lock_delay(holder).await.ok().flatten();
                     seen_holder = Some((holder.to_owned(), lock_delay));
                 }

@@ -22,7 +22,7 @@ use crate::{BackendKind, Error, Sequencer};
 /// unreachable agent) are reported here rather than swallowed by the task.
 pub(crate) async fn observe(http: &Arc<ConsulHttp>, key: &str) -> Result<LeaderObserver, Error> {
     crate::spec::validate_key(key)?;
-    let watched = Watches::watch(http, Interest::Key(key.to_owned()), true);
+    let watched = Watches::watch(http, Interest::Key(key.to_owned()), true, None);
     let (entry, index) = http
         .kv_get(key)
         .await

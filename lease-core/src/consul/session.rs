@@ -369,7 +369,14 @@ impl<L: SessionLock> Hold for SessionHold<L> {
             return LostReason::Released;
         };
         let (lock, id, acquired_at) = (&self.lock, session.id(), self.acquired_at);
-        let mut watched = Watches::watch(session.http(), lock.interest(), false);
+        // Suspends the session's fence whenever nothing reads the lock's key: a lease the
+        // process cannot see is not kept alive by its session alone.
+        let mut watched = Watches::watch(
+            session.http(),
+            lock.interest(),
+            false,
+            Some(session.fence()),
+        );
         let lock_watch = async {
             loop {
                 // Failures are not reported to this watch: keeping the session alive is what

@@ -14,13 +14,26 @@
 //! gets a new group (of that key alone, so a process with a few leases watches each key on its own)
 //! while there is room; otherwise the group sharing the longest prefix with it is widened to that
 //! common prefix, absorbing any groups the wider prefix covers. A group nobody watches any more
-//! stops after its current read (so a watcher that comes back meanwhile finds it still running),
-//! and so does an absorbed one: a read is never abandoned mid-flight, since its connection would
-//! stay open, outside the budget, until Consul answered. Until then it keeps its permit to block
-//! (the budget allows `max_watches` blocking reads at once, absorbed ones included), so a new or
-//! widened group whose read finds none free waits for an absorbed read to end: at once if anything
-//! under that read's prefix changes, else after one [`WATCH_WAIT`]. The heartbeat, renewals,
-//! acquisitions and releases never wait for watches.
+//! stops after its current read (so a watcher that comes back meanwhile finds it still running).
+//!
+//! ## Every interest is read within one listing's time
+//! Each group holds a watch slot of the client's budget for as long as it runs, so its reads
+//! never queue behind other requests, and at most `max_watches` groups run. An absorbed group
+//! stops at once: its read in flight is abandoned (its connection closed) and its slot given to
+//! the group that absorbed it. (Letting that read run out instead left the wider group without a
+//! slot for up to one [`WATCH_WAIT`], 30 s, during which a lease whose key only the wider group
+//! covers went unwatched.) Consul's agent may count an abandoned read's connection until its
+//! wait ends, so a reshape can show the agent up to `max_watches` connections more than the
+//! budget for 30 s; our side never has more open than the budget.
+//!
+//! So a key, prefix or directory someone is interested in is always covered by a blocking read
+//! in flight, except while its group reads a plain listing: when the group starts (or widens),
+//! and after a read failed. That takes one listing: milliseconds, tens of them for a directory of
+//! 10,000 keys, and never more than the request timeout. During such a gap, and for as long as a
+//! group's reads fail, the [`Fence`]s of the leases it watches are suspended from the moment the
+//! gap began: a lease whose key nobody reads self-fences one fence interval later at the latest,
+//! however well its session is kept, and a listing that succeeds lifts the suspension. Idle, a
+//! group costs one request per [`WATCH_WAIT`], whatever the number of leases.
 //!
 //! Groups are not split further, because with prefixes that may not nest they cannot be: a
 //! directory's watched keys can be split only into prefixes that together cover them all, and
@@ -46,12 +59,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::http::{ApiError, Blocking, ConsulHttp, KvEntry};
 use super::retry::backoff;
+use crate::backend::Fence;
 
 /// How long one blocking query waits before Consul answers unchanged.
 ///
@@ -137,11 +153,24 @@ struct Group {
 }
 
 /// What a group's task and its registry share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     watchers: Mutex<Watchers>,
-    /// Absorbed by a wider group: the task ends after its current read.
-    retired: AtomicBool,
+    /// Absorbed by a wider group: the task ends at once, abandoning its read.
+    retired: CancellationToken,
+}
+
+impl Shared {
+    /// A group about to start: nothing read yet.
+    fn new() -> Self {
+        Shared {
+            watchers: Mutex::new(Watchers {
+                unread_since: Some(Instant::now()),
+                ..Watchers::default()
+            }),
+            retired: CancellationToken::new(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -153,6 +182,9 @@ struct Watchers {
     prefixes: HashMap<String, Vec<Watcher>>,
     /// The group's latest listing.
     latest: Option<Arc<Listing>>,
+    /// Since when no blocking read covers the group (it has not read yet, or its reads fail):
+    /// the fences of its watchers are suspended from then on. `None` while a read is in flight.
+    unread_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -165,6 +197,8 @@ struct Watcher {
     /// created and deleted between two listings looks unchanged, yet a holder that acquired it
     /// waits for exactly that news.)
     wants: Arc<AtomicU64>,
+    /// The fence of the lease this watch keeps: suspended while nothing reads the key.
+    fence: Option<Fence>,
 }
 
 impl Watchers {
@@ -175,6 +209,10 @@ impl Watchers {
     fn insert(&mut self, interest: Interest, watcher: Watcher) {
         if let Some(latest) = &self.latest {
             watcher.sender.send_replace(View::Read(Arc::clone(latest)));
+        }
+        if let (Some(fence), Some(_)) = (&watcher.fence, self.unread_since) {
+            // Unread from now on (a fence suspended earlier keeps its earlier instant).
+            fence.suspend(Instant::now());
         }
         match interest {
             Interest::Key(key) => self.keys.entry(key).or_default().push(watcher),
@@ -188,7 +226,16 @@ impl Watchers {
             Interest::Prefix(prefix) => (&mut self.prefixes, prefix),
         };
         if let Some(watchers) = by_path.get_mut(path) {
-            watchers.retain(|w| w.id != id);
+            watchers.retain(|w| {
+                if w.id != id {
+                    return true;
+                }
+                // The lease is over; its session (and fence) may serve another one.
+                if let Some(fence) = &w.fence {
+                    fence.resume();
+                }
+                false
+            });
             if watchers.is_empty() {
                 by_path.remove(path);
             }
@@ -250,6 +297,32 @@ impl Watchers {
         let prefixes =
             (self.prefixes.iter()).flat_map(|(p, ws)| ws.iter().map(move |w| (p.as_str(), w)));
         keys.chain(prefixes)
+    }
+
+    /// A blocking read covers the group again (its listing just came, and the next read
+    /// follows at once): the suspended fences count their confirmations again.
+    fn read(&mut self) {
+        if self.unread_since.take().is_some() {
+            for (_, watcher) in self.all() {
+                if let Some(fence) = &watcher.fence {
+                    fence.resume();
+                }
+            }
+        }
+    }
+
+    /// Nothing has read the group since `since` (a read failed): its watchers' fences are
+    /// suspended from then.
+    fn unread(&mut self, since: Instant) {
+        let since = self
+            .unread_since
+            .map_or(since, |earlier| earlier.min(since));
+        self.unread_since = Some(since);
+        for (_, watcher) in self.all() {
+            if let Some(fence) = &watcher.fence {
+                fence.suspend(since);
+            }
+        }
     }
 
     fn trouble(&self, error: &ApiError) {
@@ -368,8 +441,15 @@ impl Watches {
             .len()
     }
 
-    /// Starts watching `interest`; with `troubles`, failed reads are reported too.
-    pub(crate) fn watch(http: &Arc<ConsulHttp>, interest: Interest, troubles: bool) -> Watched {
+    /// Starts watching `interest`; with `troubles`, failed reads are reported too. The
+    /// `fence` of a held lease is suspended whenever no read covers `interest` (see the module
+    /// docs).
+    pub(crate) fn watch(
+        http: &Arc<ConsulHttp>,
+        interest: Interest,
+        troubles: bool,
+        fence: Option<&Fence>,
+    ) -> Watched {
         let watches = http.watches();
         let id = watches.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, view) = watch::channel(View::Pending);
@@ -379,6 +459,7 @@ impl Watches {
             troubles,
             sender,
             wants: Arc::clone(&wants),
+            fence: fence.cloned(),
         };
         let mut groups = watches
             .groups
@@ -419,12 +500,12 @@ impl Watches {
             .filter(|g| g.starts_with(wanted.as_str()))
             .cloned()
             .collect();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new());
         {
             let mut moved = lock(&shared);
             for prefix in absorbed {
                 if let Some(old) = groups.remove(&prefix) {
-                    old.shared.retired.store(true, Ordering::Release);
+                    old.shared.retired.cancel();
                     for (interest, watcher) in lock(&old.shared).drain() {
                         moved.insert(interest, watcher);
                     }
@@ -447,7 +528,7 @@ impl Watches {
     /// Whether the group task of `prefix` (sharing `shared`) should end: it was absorbed, or
     /// nobody watches it any more (then it leaves the registry).
     fn ends(&self, prefix: &str, shared: &Arc<Shared>) -> bool {
-        if shared.retired.load(Ordering::Acquire) {
+        if shared.retired.is_cancelled() {
             return true;
         }
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
@@ -510,17 +591,33 @@ fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
     &a[..len]
 }
 
-/// A group's blocking query loop: read, publish, repeat; failures are retried with backoff
-/// (the outage gate of the client bounds how often).
+/// A group's task: reads until the group ends, and stops at once when it is absorbed.
 async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
+    tokio::select! {
+        biased;
+        () = shared.retired.cancelled() => {}
+        () = read(&http, &prefix, &shared) => {}
+    }
+}
+
+/// A group's blocking query loop, under one watch slot: read, publish, repeat; failures are
+/// retried with backoff (the outage gate of the client bounds how often).
+///
+/// The first read, and the first after a failure, is a plain listing: it answers at once, so the
+/// group knows when a read covers it again (a blocking read that answers 30 s later could not
+/// say it had been covering all along).
+async fn read(http: &Arc<ConsulHttp>, prefix: &str, shared: &Arc<Shared>) {
+    let slot = http.budget().watch_slot().await;
     let mut index = 0;
+    let mut blocks = false;
     let mut backoff = backoff();
-    while !http.watches().ends(&prefix, &shared) {
-        let blocking = (index > 0).then_some(Blocking {
+    while !http.watches().ends(prefix, shared) {
+        let blocking = blocks.then_some(Blocking {
             index,
             wait: WATCH_WAIT,
         });
-        match http.kv_watch(&prefix, blocking).await {
+        let sent = Instant::now();
+        match http.kv_watch(prefix, blocking, &slot).await {
             Ok((entries, new_index)) => {
                 backoff.reset();
                 // Consul's rule for blocking queries: an index that went backwards means start
@@ -530,14 +627,65 @@ async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
                 } else {
                     new_index.max(1)
                 };
-                lock(&shared).publish(Listing::new(entries, new_index));
+                blocks = index > 0;
+                let mut watchers = lock(shared);
+                watchers.publish(Listing::new(entries, new_index));
+                watchers.read();
             }
             Err(error) => {
                 tracing::debug!(%prefix, %error, "watching a Consul prefix failed; retrying");
-                lock(&shared).trouble(&error);
+                // The read covered the group until its failure was noticed, or until a healthy
+                // answer would have come, whichever was first.
+                let answer_by = sent + blocking.map_or(Duration::ZERO, |b| b.wait + b.wait / 16);
+                {
+                    let mut watchers = lock(shared);
+                    watchers.unread(Instant::now().min(answer_by));
+                    watchers.trouble(&error);
+                }
+                blocks = false;
                 backoff.wait().await;
             }
         }
+    }
+}
+
+/// What the model test of the bookkeeping inspects.
+#[cfg(test)]
+impl Watches {
+    /// The interests no running read covers now (their group has not read yet, or its reads
+    /// fail), and any broken rule of the registry: a watcher outside its group's prefix, nested
+    /// groups, more groups than slots.
+    fn uncovered(&self) -> Vec<String> {
+        let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut problems = Vec::new();
+        if groups.len() > self.max_groups {
+            problems.push(format!(
+                "{} groups, at most {}",
+                groups.len(),
+                self.max_groups
+            ));
+        }
+        for (prefix, group) in groups.iter() {
+            if let Some(outer) = groups
+                .keys()
+                .find(|other| *other != prefix && prefix.starts_with(other.as_str()))
+            {
+                problems.push(format!("group {prefix:?} nested in {outer:?}"));
+            }
+            if group.shared.retired.is_cancelled() {
+                problems.push(format!("group {prefix:?} is retired but registered"));
+            }
+            let watchers = lock(&group.shared);
+            for (path, _) in watchers.all() {
+                if !path.starts_with(prefix.as_str()) {
+                    problems.push(format!("{path:?} watched by group {prefix:?}"));
+                }
+                if watchers.unread_since.is_some() {
+                    problems.push(format!("{path:?} unread (group {prefix:?})"));
+                }
+            }
+        }
+        problems
     }
 }
 
@@ -596,6 +744,7 @@ mod tests {
                 troubles,
                 sender,
                 wants,
+                fence: None,
             },
         );
         view
@@ -683,6 +832,56 @@ mod tests {
         assert!(watchers.is_empty());
     }
 
+    /// While nothing reads a group, the fences of its leases are suspended from when that began
+    /// (a lease that joins meanwhile from when it joined); a listing lifts it, and a lease that
+    /// leaves takes its fence along unsuspended.
+    #[tokio::test(start_paused = true)]
+    async fn fences_are_suspended_while_their_group_is_unread() {
+        let mut watchers = Watchers {
+            unread_since: Some(Instant::now()),
+            ..Watchers::default()
+        };
+        let fence = || Fence::new(Duration::from_secs(10), Instant::now());
+        let (a, b) = (fence(), fence());
+        let started = Instant::now();
+        let with_fence = |id, fence: &Fence| {
+            let (sender, _) = watch::channel(View::Pending);
+            Watcher {
+                id,
+                troubles: false,
+                sender,
+                wants: Arc::default(),
+                fence: Some(fence.clone()),
+            }
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        watchers.insert(Interest::Key("a".into()), with_fence(0, &a));
+        assert_eq!(a.suspended_since(), Some(started + Duration::from_secs(1)));
+        watchers.publish(Listing::new(vec![entry("a", 1)], 1));
+        watchers.read();
+        assert_eq!(a.suspended_since(), None);
+
+        // A read failed: it covered the group until `failed`.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let failed = Instant::now();
+        watchers.insert(Interest::Key("b".into()), with_fence(1, &b));
+        assert_eq!(b.suspended_since(), None, "a read covers the group");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        watchers.unread(failed);
+        watchers.unread(Instant::now());
+        assert_eq!(a.suspended_since(), Some(failed));
+        assert_eq!(b.suspended_since(), Some(failed));
+        // Renewals no longer move the deadline: the lease self-fences 10 s after the failure.
+        a.confirm(Instant::now());
+        assert_eq!(a.deadline(), Some(failed + Duration::from_secs(10)));
+
+        watchers.remove(&Interest::Key("b".into()), 1);
+        assert_eq!(b.suspended_since(), None, "a lease that left");
+        watchers.read();
+        assert_eq!(a.suspended_since(), None);
+        assert_eq!(a.deadline(), Some(Instant::now() + Duration::from_secs(10)));
+    }
+
     #[test]
     fn listings_find_keys_and_prefixes() {
         let listing = Listing::new(
@@ -735,5 +934,81 @@ mod tests {
         assert_eq!(common_prefix("jobs/a/", "jobs/b/"), "jobs/");
         assert_eq!(common_prefix("é/x", "é/y"), "é/");
         assert_eq!(common_prefix("x", "y"), "");
+    }
+
+    /// The model test of the bookkeeping, against a real agent: under random sequences of
+    /// watches and unwatches on keys and prefixes that nest and diverge (so groups are started,
+    /// widened and absorbed, with reads in flight, on a budget of two watches), every interest is
+    /// covered by a running read within a listing's time, the registry keeps its rules, and a
+    /// lease's fence is suspended only during such a gap.
+    #[tokio::test]
+    async fn every_interest_is_read_within_a_listing_under_any_reshaping() {
+        use lease_tests::consul::Agent;
+        const PATHS: [&str; 12] = [
+            "m/a/1", "m/a/2", "m/a/", "m/b/1", "m/b/", "m/", "n/x/1", "n/y", "o", "op/1", "p/q/",
+            "p/q/r",
+        ];
+        /// Far below the 30 s a key once went unread, far above a listing's few milliseconds on
+        /// a loaded machine.
+        const BOUND: Duration = Duration::from_secs(2);
+        let agent = Agent::start().await;
+        for (key, value) in [("m/a/1", "x"), ("n/y", "y"), ("p/q/r", "z")] {
+            agent.put_key(key, value.as_bytes(), 0).await;
+        }
+        let consul = crate::consul::Consul::builder()
+            .address(agent.url())
+            .max_connections(super::super::http::MIN_CONNECTIONS)
+            .build()
+            .unwrap();
+        let http = Arc::clone(&consul.http);
+        let mut slowest = Duration::ZERO;
+        for seed in 1..=8_u64 {
+            let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut random = move |below: usize| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                usize::try_from(state % below as u64).unwrap_or_default()
+            };
+            let mut watched: Vec<(Watched, Fence)> = Vec::new();
+            for step in 0..40 {
+                if watched.is_empty() || random(3) > 0 {
+                    let path = PATHS[random(PATHS.len())];
+                    let interest = if path.ends_with('/') {
+                        Interest::Prefix(path.into())
+                    } else {
+                        Interest::Key(path.into())
+                    };
+                    let fence = Fence::new(Duration::from_secs(60), Instant::now());
+                    let watch = Watches::watch(&http, interest, false, Some(&fence));
+                    watched.push((watch, fence));
+                } else {
+                    let (watch, fence) = watched.swap_remove(random(watched.len()));
+                    drop(watch);
+                    assert_eq!(fence.suspended_since(), None, "a fence left suspended");
+                }
+                let started = Instant::now();
+                loop {
+                    let uncovered = http.watches().uncovered();
+                    if uncovered.is_empty() {
+                        break;
+                    }
+                    assert!(
+                        started.elapsed() < BOUND,
+                        "seed {seed}, step {step}: not covered within {BOUND:?}: {uncovered:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                slowest = slowest.max(started.elapsed());
+                for (_, fence) in &watched {
+                    assert_eq!(
+                        fence.suspended_since(),
+                        None,
+                        "seed {seed}, step {step}: a covered lease's fence is suspended"
+                    );
+                }
+            }
+        }
+        eprintln!("slowest time to coverage: {slowest:?}");
     }
 }

@@ -11,12 +11,15 @@
 //! still finishes its connection and parks it). That bound is not exact: two races at once can
 //! open one more.
 //!
-//! Blocking queries (the watches) may hold at most [`Budget::max_watches`] of those permits at
-//! once, whatever asks for them: a watch that was absorbed by a wider one still waits for its
-//! answer (abandoning it would leave its connection open on the agent, outside the budget), so
-//! for a moment there can be more reads wanting to block than watches. They wait for each other,
-//! never for the two permits kept for requests that answer at once: the heartbeat, renewals,
-//! acquisitions and releases always find a connection.
+//! Each prefix watch (the `watch` module) holds a **watch slot** for as long as it runs: one of
+//! [`Budget::max_watches`] (all the requests but two), taken out of what the other requests may
+//! use. Its reads are admitted by the slot alone, never queued behind the other requests: a burst
+//! of thousands of acquisitions cannot delay the read that would tell a holder its key changed.
+//! The other requests (the heartbeat, renewals, acquisitions, releases) share what the watches
+//! leave, two at the least, so they never wait for a watch either. A slot taken while all of
+//! those are in flight is paid back by the next one to finish (for that moment one more request
+//! than the budget may be admitted; the counting pool still opens no connection past it, so that
+//! request waits for one to come free).
 //!
 //! The **outage gate** keeps a refusing agent from being answered with a retry storm. From the
 //! first refused, dropped or unreachable request on, the whole client sends one request at a
@@ -24,7 +27,7 @@
 //! most 20 requests per second during an outage, however many leases it holds or waits for.
 //! The first answer of any kind (the agent is talking again) opens the gate.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -51,9 +54,14 @@ const KEPT_FOR_BRIEF: usize = 2;
 /// The connection budget and outage gate of one client (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Budget {
-    in_flight: Semaphore,
-    /// Permits to block, taken before an `in_flight` one: `max_watches` of them.
-    blocking: Semaphore,
+    /// What the requests other than watch reads may have in flight: the budget less the slots
+    /// the watches hold.
+    brief: Semaphore,
+    /// Slots taken while no brief permit was free: each brief request that ends pays one back
+    /// instead of returning its permit.
+    debt: AtomicUsize,
+    /// One per running watch: `max_watches` of them.
+    watch_slots: Semaphore,
     max_watches: usize,
     gate: Gate,
 }
@@ -61,17 +69,43 @@ pub(crate) struct Budget {
 /// What a request is admitted as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// Answered at once.
+    /// Answered at once; shares what the watches leave.
     Brief,
-    /// A blocking query: may be held by the agent until something changes.
-    Blocking,
+    /// A read of a watch, admitted by the [`WatchSlot`] its watch holds.
+    Watch,
 }
 
 /// The permits of one admitted request, held until its answer has been read.
 #[derive(Debug)]
 pub(crate) struct Admission<'a> {
-    _blocking: Option<SemaphorePermit<'a>>,
-    _connection: Option<SemaphorePermit<'a>>,
+    budget: &'a Budget,
+    brief: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.brief.take() {
+            if self.budget.pay_debt() {
+                permit.forget();
+            }
+        }
+    }
+}
+
+/// The share of the budget one running watch holds (see the module docs); given back when
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct WatchSlot<'a> {
+    budget: &'a Budget,
+    _slot: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for WatchSlot<'_> {
+    fn drop(&mut self) {
+        if !self.budget.pay_debt() {
+            self.budget.brief.add_permits(1);
+        }
+    }
 }
 
 impl Budget {
@@ -80,34 +114,56 @@ impl Budget {
     pub(crate) fn new(max: usize, counted: bool) -> Self {
         let max = max.max(MIN_CONNECTIONS);
         let requests = if counted { max } else { max - 1 };
+        let max_watches = requests - KEPT_FOR_BRIEF;
         Budget {
-            in_flight: Semaphore::new(requests),
-            blocking: Semaphore::new(requests - KEPT_FOR_BRIEF),
-            max_watches: requests - KEPT_FOR_BRIEF,
+            brief: Semaphore::new(requests),
+            debt: AtomicUsize::new(0),
+            watch_slots: Semaphore::new(max_watches),
+            max_watches,
             gate: Gate::default(),
         }
     }
 
-    /// How many of them blocking queries may keep busy: all the requests in flight but two, so
-    /// requests that do not block never wait behind watches for long.
+    /// How many watches may run at once: all the requests in flight but two, so requests that
+    /// do not block never wait behind watches for long.
     pub(crate) fn max_watches(&self) -> usize {
         self.max_watches
     }
 
-    /// Waits until a request of `kind` may be sent: for a permit to block (a blocking query),
-    /// through the outage gate, then for a connection. The request holds the permits until its
-    /// answer has been read.
-    pub(crate) async fn admit(&self, kind: Kind) -> Admission<'_> {
+    /// Waits for a slot for one watch (at once, unless `max_watches` are running), and takes it
+    /// out of what brief requests may use.
+    pub(crate) async fn watch_slot(&self) -> WatchSlot<'_> {
         // The semaphores are never closed, so `acquire` never fails.
-        let blocking = match kind {
-            Kind::Brief => None,
-            Kind::Blocking => self.blocking.acquire().await.ok(),
-        };
-        self.gate.pass().await;
-        Admission {
-            _blocking: blocking,
-            _connection: self.in_flight.acquire().await.ok(),
+        let slot = self.watch_slots.acquire().await.ok();
+        if self.brief.forget_permits(1) == 0 {
+            self.debt.fetch_add(1, Ordering::AcqRel);
         }
+        WatchSlot {
+            budget: self,
+            _slot: slot,
+        }
+    }
+
+    /// Waits until a request of `kind` may be sent: through the outage gate, then (a brief one)
+    /// for its share of the connections. A watch's read needs no more: its watch holds a slot.
+    /// The request holds the admission until its answer has been read.
+    pub(crate) async fn admit(&self, kind: Kind) -> Admission<'_> {
+        self.gate.pass().await;
+        let brief = match kind {
+            Kind::Brief => self.brief.acquire().await.ok(),
+            Kind::Watch => None,
+        };
+        Admission {
+            budget: self,
+            brief,
+        }
+    }
+
+    /// Pays one slot of debt, if there is any.
+    fn pay_debt(&self) -> bool {
+        self.debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+            .is_ok()
     }
 
     /// The agent answered (with any status): the gate opens.
@@ -278,28 +334,38 @@ mod tests {
         );
     }
 
-    /// However many blocking queries wait (an absorbed watch still reading beside the one that
-    /// replaced it), two requests that answer at once still get through: the heartbeat never
-    /// waits behind the watches.
+    /// Watches take their slots out of the brief requests' share, at once even while every
+    /// brief permit is in use (paid back by the next brief request to end), and brief requests
+    /// always keep two.
     #[tokio::test]
-    async fn blocking_queries_never_take_the_permits_kept_for_brief_requests() {
-        let budget = Budget::new(8, false);
-        let mut blocked = Vec::new();
-        for _ in 0..budget.max_watches() {
-            blocked.push(budget.admit(Kind::Blocking).await);
+    async fn watches_take_their_slots_at_once_and_brief_requests_keep_two() {
+        let budget = Budget::new(8, true);
+        let mut brief = Vec::new();
+        for _ in 0..8 {
+            brief.push(budget.admit(Kind::Brief).await);
         }
-        let one_more =
-            tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Blocking)).await;
+        // Eight brief requests in flight, thousands more queued: a watch still starts.
+        let mut slots = Vec::new();
+        for _ in 0..budget.max_watches() {
+            let slot = tokio::time::timeout(Duration::from_millis(100), budget.watch_slot());
+            slots.push(slot.await.expect("a watch waited behind brief requests"));
+        }
+        let one_more = tokio::time::timeout(Duration::from_millis(20), budget.watch_slot()).await;
+        assert!(one_more.is_err(), "a watch beyond max_watches started");
+        // Its reads are admitted by the slot.
+        let _read = budget.admit(Kind::Watch).await;
+        // The debt is paid by the brief requests that end: two stay admitted, no third.
+        brief.truncate(KEPT_FOR_BRIEF);
+        let third = tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Brief));
         assert!(
-            one_more.is_err(),
-            "a blocking query beyond max_watches was admitted"
+            third.await.is_err(),
+            "more brief requests than the watches leave"
         );
-        let brief = [
-            budget.admit(Kind::Brief).await,
-            budget.admit(Kind::Brief).await,
-        ];
-        drop(brief);
-        drop(blocked.pop());
-        let _next = budget.admit(Kind::Blocking).await;
+        // Watches that end give their share back.
+        slots.clear();
+        for _ in 0..6 {
+            brief.push(budget.admit(Kind::Brief).await);
+        }
+        assert_eq!(brief.len(), 8);
     }
 }

@@ -19,7 +19,7 @@ mod tls;
 mod types;
 
 use budget::Kind;
-pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS};
+pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS, WatchSlot};
 pub(crate) use error::ApiError;
 use pool::Pool;
 pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
@@ -231,6 +231,11 @@ impl ConsulHttp {
     /// The prefix watches of this client.
     pub(crate) fn watches(&self) -> &Watches {
         &self.watches
+    }
+
+    /// The connection budget of this client (a watch takes its slot from it).
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// The heartbeats of this client's sessions.
@@ -586,7 +591,7 @@ impl ConsulHttp {
     pub(crate) async fn kv_get(&self, key: &str) -> Result<(Option<KvEntry>, u64), ApiError> {
         let mut url = self.kv_url(key);
         url.query_pairs_mut().append_key_only("consistent");
-        let (entries, index) = self.kv_read(url, None).await?;
+        let (entries, index) = self.kv_read(url, None, Kind::Brief).await?;
         Ok((entries.into_iter().find(|e| e.key == key), index))
     }
 
@@ -596,31 +601,34 @@ impl ConsulHttp {
         url.query_pairs_mut()
             .append_key_only("recurse")
             .append_key_only("consistent");
-        self.kv_read(url, None).await
+        self.kv_read(url, None, Kind::Brief).await
     }
 
     /// `GET /v1/kv/<prefix>?recurse&index=`: a blocking query on everything under `prefix`
     /// (in Consul's default consistency mode: the leader answers without a verification round,
     /// which would cost more than the whole read on a large prefix; a watcher that must not act
     /// on a state older than its own write compares indexes).
+    ///
+    /// Admitted by the `slot` of the watch that reads, never queued behind brief requests.
     pub(crate) async fn kv_watch(
         &self,
         prefix: &str,
         blocking: Option<Blocking>,
+        _slot: &WatchSlot<'_>,
     ) -> Result<(Vec<KvEntry>, u64), ApiError> {
         let mut url = self.kv_url(prefix);
         url.query_pairs_mut().append_key_only("recurse");
-        self.kv_read(url, blocking).await
+        self.kv_read(url, blocking, Kind::Watch).await
     }
 
     async fn kv_read(
         &self,
         mut url: Url,
         blocking: Option<Blocking>,
+        kind: Kind,
     ) -> Result<(Vec<KvEntry>, u64), ApiError> {
-        let (mut timeout, mut kind) = (REQUEST_TIMEOUT, Kind::Brief);
+        let mut timeout = REQUEST_TIMEOUT;
         if let Some(b) = blocking {
-            kind = Kind::Blocking;
             url.query_pairs_mut()
                 .append_pair("index", &b.index.to_string())
                 .append_pair("wait", &format!("{}ms", b.wait.as_millis().max(1)));

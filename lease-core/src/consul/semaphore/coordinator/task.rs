@@ -59,7 +59,12 @@ pub(super) async fn run(
         backoff: backoff(),
     };
     let directory = super::super::directory(&coordinator.prefix);
-    let mut watched = Watches::watch(&coordinator.http, Interest::Prefix(directory.clone()), true);
+    let mut watched = Watches::watch(
+        &coordinator.http,
+        Interest::Prefix(directory.clone()),
+        true,
+        None,
+    );
     let mut open = true;
     let mut idle_since: Option<Instant> = None;
     loop {
