@@ -188,7 +188,17 @@ impl Planner {
             }
             // Its holders may have cleaned up before they stopped: still settling.
             Ok(None) => {}
-            Ok(Some(_)) | Err(_) => self.lock_gone_since = None,
+            // Re-created (by us after the settle, or at once by another library such as
+            // `consul lock -n`, which does not settle): the holders it was deleted under may
+            // still be stopping, whoever wrote the new one, so the settle runs its course.
+            Ok(Some(_)) | Err(_) => {
+                if self
+                    .lock_gone_since
+                    .is_some_and(|since| since + self.settle <= now)
+                {
+                    self.lock_gone_since = None;
+                }
+            }
         }
     }
 

@@ -270,6 +270,28 @@ fn a_deleted_lock_with_live_contenders_admits_nobody_for_the_settle_time() {
     assert!(rig.planner.at_rest());
 }
 
+/// `consul lock -n` re-creates a deleted `.lock` at once, with its own holder: our contenders
+/// still settle for the full time from the deletion, and are admitted after it if a slot is
+/// free.
+#[test]
+fn a_lock_key_recreated_by_another_writer_does_not_end_the_settle() {
+    let orphaned = snapshot(None, &["a", "b"]);
+    let mut rig = Rig::new(vec![take("c", 2, SECOND)], Vec::new());
+    assert!(waits(&rig.fresh(&orphaned, Duration::ZERO)));
+    // Another library's contender `x` re-creates `.lock` with itself as the only holder.
+    let recreated = snapshot(Some((9, 2, &["x"])), &["x"]);
+    assert!(waits(&rig.fresh(&recreated, SECOND / 10)));
+    assert_eq!(rig.wake(), Some(SECOND));
+    assert!(!rig.planner.at_rest());
+    let lock = planned_write(rig.fresh(&recreated, SECOND)).lock;
+    let lock = lock.expect("admitted beside x");
+    assert_eq!(
+        (lock.cas_index, lock.value.holders),
+        (9, holders(&["c", "x"]))
+    );
+    assert!(rig.planner.at_rest());
+}
+
 #[test]
 fn a_take_that_must_not_wait_is_refused_only_on_a_fresh_read() {
     let full = snapshot(Some((7, 1, &["a"])), &["a"]);
