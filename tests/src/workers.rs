@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 use tokio::time::Instant;
 
 use crate::consul::workspace_root;
@@ -77,6 +77,19 @@ impl Run {
         self.spawn_command(name, command)
     }
 
+    /// [`spawn`](Run::spawn) with a pipe to the worker's stdin, returned.
+    pub fn spawn_with_stdin(&mut self, name: &str, args: &[String]) -> (usize, ChildStdin) {
+        let mut command = Command::new(&self.worker_bin);
+        command
+            .args(args)
+            .arg("--history")
+            .arg(self.history_path(name))
+            .env("RUST_LOG", "lease_core=debug");
+        let i = self.start(name, command, Stdio::piped());
+        let stdin = self.workers[i].child.stdin.take().expect("a piped stdin");
+        (i, stdin)
+    }
+
     /// The history file of the process called `name`.
     pub fn history_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.history"))
@@ -84,11 +97,15 @@ impl Run {
 
     /// Starts `command` as the process called `name` (stdout discarded, stderr to its log); it
     /// is expected to append to [`history_path(name)`](Run::history_path). Returns its index.
-    pub fn spawn_command(&mut self, name: &str, mut command: Command) -> usize {
+    pub fn spawn_command(&mut self, name: &str, command: Command) -> usize {
+        self.start(name, command, Stdio::null())
+    }
+
+    fn start(&mut self, name: &str, mut command: Command, stdin: Stdio) -> usize {
         let history = self.history_path(name);
         let log = self.dir.join(format!("{name}.log"));
         let child = command
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true)

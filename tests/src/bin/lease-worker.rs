@@ -25,6 +25,13 @@
 //!   still held), shut the backend down and exit.
 //! - `hold-many-drop-at-exit`: as `hold-many`, but on SIGTERM return from `main` with the leases
 //!   still held (dropped as `main` ends), as a service that exits normally would.
+//! - `one-after-another`: first acquire `--preheld M` leases (`KEY/held/0` …, default 0) and keep
+//!   them; then, for each of `KEY/0` … `KEY/N-1` in turn (`--count N`), acquire it, run the
+//!   guarded work until the lease is lost (an operator takes it), and go on to the next. Each new
+//!   key may need a new or wider prefix watch: this is how a process that acquires leases one
+//!   after another while it holds others behaves. Prints `done` on stdout after the last key.
+//! - `loop-stdin`: reads key numbers from stdin, one a line, and runs `loop` on `KEY/<number>`
+//!   for each, all at once in one process (so its waits share the process's watches).
 //!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
@@ -42,8 +49,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
-[--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit] \
-[--count N]";
+[--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit|\
+one-after-another|loop-stdin] [--count N] [--preheld M]";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -52,6 +59,8 @@ enum Mode {
     DropAtExit,
     WaitThenExit,
     HoldMany(HoldManyExit),
+    OneAfterAnother,
+    LoopStdin,
 }
 
 /// How `hold-many` ends on SIGTERM.
@@ -75,6 +84,7 @@ struct Args {
     hold: Option<Duration>,
     mode: Mode,
     count: u64,
+    preheld: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -84,7 +94,7 @@ fn parse_args() -> Result<Args, String> {
     let (mut ttl, mut lock_delay, mut hold) = (None, None, None);
     let mut write_every = Duration::from_millis(5);
     let mut mode = Mode::Loop;
-    let mut count = 1;
+    let (mut count, mut preheld) = (1, 0);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         let number = |v: String| {
@@ -113,10 +123,13 @@ fn parse_args() -> Result<Args, String> {
                     "wait-then-exit" => Mode::WaitThenExit,
                     "hold-many" => Mode::HoldMany(HoldManyExit::Shutdown),
                     "hold-many-drop-at-exit" => Mode::HoldMany(HoldManyExit::DropAtExit),
+                    "one-after-another" => Mode::OneAfterAnother,
+                    "loop-stdin" => Mode::LoopStdin,
                     other => return Err(format!("unknown mode {other:?}")),
                 }
             }
             "--count" => count = number(value()?)?,
+            "--preheld" => preheld = number(value()?)?,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -142,6 +155,7 @@ fn parse_args() -> Result<Args, String> {
         hold,
         mode,
         count,
+        preheld,
     })
 }
 
@@ -276,6 +290,7 @@ async fn main() {
                 .unwrap_or_else(|_| "lease_core=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .try_init();
     let history = match History::open(&args.history) {
         Ok(h) => h,
@@ -297,7 +312,128 @@ async fn main() {
         Mode::DropAtExit => drop_at_exit(&args, backend, history, &mut sigterm).await,
         Mode::WaitThenExit => wait_then_exit(&args, backend, history, &mut sigterm).await,
         Mode::HoldMany(exit) => hold_many(&args, backend, &mut sigterm, exit).await,
+        Mode::OneAfterAnother => one_after_another(&args, backend, history, &mut sigterm).await,
+        Mode::LoopStdin => loop_stdin(&args, backend, history, &mut sigterm).await,
     }
+}
+
+/// `args`'s spec, on `key` instead of `--key`.
+fn spec_on(args: &Args, key: String) -> LeaseSpec {
+    let mut spec = match args.limit {
+        Some(n) => LeaseSpec::semaphore(key, n),
+        None => LeaseSpec::leader(key),
+    };
+    let base = self::spec(args);
+    spec = spec
+        .wait(Wait::Forever)
+        .ttl(base.session_ttl())
+        .lock_delay(base.session_lock_delay())
+        .value(format!("pid-{}", std::process::id()));
+    spec
+}
+
+async fn one_after_another(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    history: History,
+    sigterm: &mut Signal,
+) {
+    let mut held = Vec::new();
+    for i in 0..args.preheld {
+        match backend
+            .acquire(&spec_on(args, format!("{}/held/{i}", args.key)))
+            .await
+        {
+            Ok(lease) => held.push(lease),
+            Err(error) => {
+                history.log("error", "-", &format!("acquire: {error}"));
+                std::process::exit(2);
+            }
+        }
+    }
+    for i in 0..args.count {
+        let spec = spec_on(args, format!("{}/{i}", args.key));
+        history.log("waiting", "-", "");
+        let lease = tokio::select! {
+            acquired = backend.acquire(&spec) => match acquired {
+                Ok(lease) => lease,
+                Err(error) => {
+                    history.log("error", "-", &format!("acquire: {error}"));
+                    std::process::exit(2);
+                }
+            },
+            _ = sigterm.recv() => break,
+        };
+        if guard_until_sigterm(&lease, args, &history, sigterm).await {
+            break;
+        }
+    }
+    let still = held.iter().filter(|l| l.is_held()).count();
+    println!("done; {still} of {} preheld still held", held.len());
+    let _ = sigterm.recv().await;
+    history.log("exit", "-", "");
+    backend.shutdown().await;
+}
+
+async fn loop_stdin(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    history: History,
+    sigterm: &mut Signal,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let stop = CancellationToken::new();
+    let mut loops = tokio::task::JoinSet::new();
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        let line = tokio::select! {
+            line = lines.next_line() => line,
+            _ = sigterm.recv() => break,
+        };
+        let Ok(Some(line)) = line else {
+            // Stdin closed: keep looping on the keys we have until SIGTERM.
+            let _ = sigterm.recv().await;
+            break;
+        };
+        let spec = spec_on(args, format!("{}/{}", args.key, line.trim()));
+        let (every, hold) = (args.write_every, args.hold);
+        let (backend, history, stop) = (Arc::clone(&backend), history.clone(), stop.clone());
+        loops.spawn(async move {
+            loop {
+                history.log("waiting", "-", "");
+                let lease = tokio::select! {
+                    acquired = backend.acquire(&spec) => acquired,
+                    () = stop.cancelled() => return,
+                };
+                let lease = match lease {
+                    Ok(lease) => lease,
+                    Err(error) => {
+                        history.log("error", "-", &format!("acquire: {error}"));
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                };
+                let seq = lease.sequencer().to_string();
+                history.log("acquired", &seq, "");
+                let guarded = work(lease.watcher(), history.clone(), every, hold);
+                let outcome = tokio::select! {
+                    outcome = lease.run(guarded) => Some(outcome),
+                    () = stop.cancelled() => None,
+                };
+                if let Some(Err(reason)) = &outcome {
+                    history.log("lost", &seq, &reason.to_string());
+                }
+                let result = lease.release().await;
+                history.log("released", &seq, &release_detail(&result));
+                if outcome.is_none() {
+                    return;
+                }
+            }
+        });
+    }
+    stop.cancel();
+    while loops.join_next().await.is_some() {}
+    history.log("exit", "-", "");
 }
 
 async fn hold_many(
