@@ -1,6 +1,7 @@
 //! The guarded command: started as the leader of its own process group, so that stopping it
 //! reaches everything it started (a shell's pipeline, a script's children), and stopped with
-//! SIGTERM, then SIGKILL after the grace.
+//! SIGTERM, then SIGKILL after the grace. On Linux the group's leader is a supervisor that kills
+//! the group if `lease` dies (the `supervise` module).
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -31,19 +32,16 @@ pub(crate) struct Guarded {
 
 impl Spawn<'_> {
     pub(crate) fn start(self) -> Result<Guarded, Failure> {
-        let mut command = if self.shell {
+        let argv: Vec<String> = if self.shell {
             let shell = std::env::var("SHELL")
                 .ok()
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "/bin/sh".to_owned());
-            let mut command = Command::new(shell);
-            command.arg("-c").arg(self.command.join(" "));
-            command
+            vec![shell, "-c".to_owned(), self.command.join(" ")]
         } else {
-            let mut command = Command::new(&self.command[0]);
-            command.args(&self.command[1..]);
-            command
+            self.command.to_vec()
         };
+        let mut command = supervised(&argv);
         command
             .envs(self.env)
             .stdin(if self.pass_stdin {
@@ -80,6 +78,37 @@ impl Spawn<'_> {
         })?);
         Ok(Guarded { child, group })
     }
+}
+
+/// The command that runs `argv`: under a supervisor that takes the whole group down if `lease`
+/// dies (see the `supervise` module), where the system offers a parent-death signal.
+#[cfg(target_os = "linux")]
+fn supervised(argv: &[String]) -> Command {
+    match std::env::current_exe() {
+        Ok(lease) => {
+            let mut command = Command::new(lease);
+            command.args(crate::supervise::arguments(std::process::id(), argv));
+            command
+        }
+        Err(e) => {
+            eprintln!(
+                "lease: cannot find its own executable ({e}): the command runs unsupervised, and \
+                 would outlive a `lease` that is killed"
+            );
+            unsupervised(argv)
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn supervised(argv: &[String]) -> Command {
+    unsupervised(argv)
+}
+
+fn unsupervised(argv: &[String]) -> Command {
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    command
 }
 
 impl Guarded {

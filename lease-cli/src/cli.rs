@@ -34,6 +34,11 @@ lost --grace earlier than the session's TTL would allow (its self-fencing deadli
 earlier by the grace), so the command is gone before the server could give the lease to anyone
 else, even through a network partition. `consul lock` keeps its child running in that case.
 
+If `lease` itself dies (SIGKILL, the OOM killer, a crash), the command's whole process group is
+killed with it within milliseconds, before the lease can pass to anyone else: on Linux the command
+runs under a supervisor (`lease` itself) that the kernel signals when `lease` dies. Other systems
+have no such signal; there a command whose `lease` was killed runs on until it ends.
+
 The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock;
 check it with `lease check`), LEASE_KEY and LEASE_HOLDER in its environment. SIGINT, SIGTERM and
 SIGHUP sent to `lease` are forwarded to it. When it exits, the lease is released at once (the

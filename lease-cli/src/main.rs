@@ -13,6 +13,8 @@ mod duration;
 mod exit;
 mod lock;
 mod status;
+#[cfg(target_os = "linux")]
+mod supervise;
 
 use std::process::ExitCode;
 
@@ -22,6 +24,13 @@ use cli::{Cli, Command};
 use exit::Failure;
 
 fn main() -> ExitCode {
+    #[cfg(target_os = "linux")]
+    {
+        let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if raw.get(1).is_some_and(|a| a == supervise::SUBCOMMAND) {
+            return supervise::main(&raw[2..]);
+        }
+    }
     let args = cli::normalise(std::env::args_os());
     if let Some(failure) = missing_separator(&args) {
         return report(failure);

@@ -172,6 +172,123 @@ async fn destroyed_session_stops_the_child_and_kills_one_that_ignores_sigterm() 
     }
 }
 
+/// `kill -9` of `lease lock` takes its command's whole process group with it (a supervisor
+/// between them gets the kernel's parent-death signal), long before the lease could pass to
+/// anyone else: a second `lease lock` on the key, started at once, never writes while anything of
+/// the first still does. Judged from the history both commands append to.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_killed_lease_lock_takes_its_whole_command_group_with_it() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("kill9");
+    let history = scratch.path("history");
+    let pids = scratch.path("pids");
+    // The command writes from itself and from a background child of its own, every 10 ms.
+    let writer = |name: &str| {
+        format!(
+            "w() {{ while :; do echo \"$(date +%s%N) {name}\" >> {h}; sleep 0.01; done; }}; \
+             w & echo $! >> {p}; echo $$ >> {p}; w",
+            h = history.display(),
+            p = pids.display()
+        )
+    };
+    let args = |name: &str| {
+        [
+            "lock",
+            "--ttl",
+            "10s",
+            "--grace",
+            "2s",
+            "--lock-delay",
+            "0s",
+            "kill9",
+            "--",
+            "sh",
+            "-c",
+            &writer(name),
+        ]
+        .map(str::to_owned)
+    };
+    let mut first = lease_on(&agent).args(args("first")).spawn().unwrap();
+    wait_for_lines(&history, "first", 5).await;
+    let first_pids: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(first_pids.len(), 2, "the command and its background child");
+
+    let killed = now_ns();
+    send(first.id().unwrap(), Signal::SIGKILL);
+    first.wait().await.unwrap();
+    lease_tests::workers::wait_for(
+        Duration::from_secs(1),
+        || format!("the command group {first_pids:?} to die with lease lock"),
+        || first_pids.iter().all(|&p| !running(p)).then_some(()),
+    )
+    .await;
+    let gone = now_ns();
+
+    // The first session expires with the heartbeat check (TTL 10 s); then the second runs.
+    let mut second = lease_on(&agent).args(args("second")).spawn().unwrap();
+    wait_for_lines(&history, "second", 5).await;
+    send(second.id().unwrap(), Signal::SIGTERM);
+    within(T, "the second lease lock to exit", second.wait())
+        .await
+        .unwrap();
+
+    let lines = std::fs::read_to_string(&history).unwrap();
+    let stamps = |who: &str| -> Vec<u128> {
+        lines
+            .lines()
+            .filter(|l| l.ends_with(who))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    let (last_first, first_second) = (
+        stamps(" first").into_iter().max().unwrap(),
+        stamps(" second").into_iter().min().unwrap(),
+    );
+    eprintln!(
+        "kill -9 → command group gone within {:.1} ms; its last write {:.1} ms after the kill; \
+         the next holder's first write {:.0} ms after it",
+        (gone - killed) as f64 / 1e6,
+        last_first.saturating_sub(killed) as f64 / 1e6,
+        first_second.saturating_sub(killed) as f64 / 1e6
+    );
+    assert!(
+        last_first < first_second,
+        "the killed holder's command wrote at {last_first}, after the next holder's first write at \
+         {first_second}"
+    );
+}
+
+/// Whether `pid` runs: it exists and is not a zombie (a killed process whose new parent has not
+/// reaped it yet has stopped running all the same).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.split_whitespace().next()?.to_owned();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// Waits (bounded) until `path` has `n` lines ending in ` who`.
+async fn wait_for_lines(path: &std::path::Path, who: &str, n: usize) {
+    let suffix = format!(" {who}");
+    lease_tests::workers::wait_for(
+        Duration::from_secs(60),
+        || format!("{n} lines of {who} in {}", path.display()),
+        || {
+            let text = std::fs::read_to_string(path).ok()?;
+            (text.lines().filter(|l| l.ends_with(&suffix)).count() >= n).then_some(())
+        },
+    )
+    .await;
+}
+
 /// The child's code passes through, SIGINT is forwarded, `-try` on a held key exits 75, and no
 /// session or key is left after any of them. The child sees its sequencer.
 #[tokio::test]
