@@ -47,16 +47,19 @@ use crate::metrics::Tally;
 /// let sent = Instant::now();
 /// let fence = Fence::new(Duration::from_secs(9), sent); // confirmed when the session was created
 /// assert!(!fence.is_past());
-/// fence.confirm(Instant::now()); // a renewal sent now succeeded: good for 9 s from now
-/// let confirmed = fence.deadline();
+/// let renewed = Instant::now();
+/// fence.confirm(renewed); // a renewal sent now succeeded: good for 9 s from now
+/// assert_eq!(fence.deadline(), Some(renewed + Duration::from_secs(9)));
 ///
-/// // The watch of the lease failed: renewals no longer extend it...
-/// fence.suspend(Instant::now());
-/// fence.confirm(Instant::now() + Duration::from_secs(1));
-/// assert!(fence.deadline() <= confirmed);
-/// // ...until the backend watches it again.
+/// // The lease's watch failed: renewals go on, but count only up to the failure...
+/// let unwatched = Instant::now();
+/// fence.suspend(unwatched);
+/// let later = unwatched + Duration::from_secs(1);
+/// fence.confirm(later);
+/// assert_eq!(fence.deadline(), Some(unwatched + Duration::from_secs(9)));
+/// // ...until the backend watches the lease again.
 /// fence.resume();
-/// assert!(fence.deadline() > confirmed);
+/// assert_eq!(fence.deadline(), Some(later + Duration::from_secs(9)));
 /// ```
 #[derive(Clone)]
 pub struct Fence(Arc<FenceInner>);
