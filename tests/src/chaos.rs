@@ -884,25 +884,41 @@ fn start_consul_lock(
         .as_ref()
         .expect("consul lock runs on an agent");
     let addr = slot.proxy.as_ref().map_or(agent.addr(), Proxy::addr);
+    spawn_consul_lock_loop(
+        run,
+        name,
+        addr,
+        &services.key,
+        scenario.limit,
+        scenario.hold_ms,
+    )
+}
+
+/// Starts, as the process called `name` of `run`, a shell loop that plays `lease-worker --mode
+/// loop` with `consul lock [-n limit] key` on the agent at `addr`: one `consul lock` per
+/// acquisition, whose child appends history lines for `hold_ms`. On SIGTERM it passes the signal
+/// on, starts no other `consul lock`, and waits for the last one to give its session back.
+pub fn spawn_consul_lock_loop(
+    run: &mut Run,
+    name: &str,
+    addr: std::net::SocketAddr,
+    key: &str,
+    limit: Option<u32>,
+    hold_ms: u64,
+) -> usize {
     let history = run.history_path(name);
-    let key_of = match scenario.limit {
+    let key_of = match limit {
         // The leader's key; a semaphore holder's "contender key" under the prefix.
-        None => format!("{}/.lock", services.key),
-        Some(_) => format!("{}/cl$$", services.key),
+        None => format!("{key}/.lock"),
+        Some(_) => format!("{key}/cl$$"),
     };
-    let n = scenario
-        .limit
-        .map(|n| format!("-n {n} "))
-        .unwrap_or_default();
-    // The loop plays `lease-worker --mode loop`: one `consul lock` per acquisition. On SIGTERM it
-    // passes the signal on, starts no other `consul lock` (one started as the signal came is
-    // stopped at once), and waits for the last one to give its session back.
+    let n = limit.map(|n| format!("-n {n} ")).unwrap_or_default();
+    // One started as the signal came is stopped at once.
     let script = format!(
         "stop=; trap 'stop=1; kill -TERM $c 2>/dev/null' TERM; \
          while [ -z \"$stop\" ]; do \"{consul}\" lock {n}{key} \"$CHILD\" & c=$!; \
          [ -n \"$stop\" ] && kill -TERM $c; wait $c; done; wait $c",
         consul = consul_bin().display(),
-        key = services.key,
     );
     let child = CONSUL_LOCK_CHILD.replace("$KEY_OF", &key_of);
     let mut command = Command::new("bash");
@@ -915,7 +931,7 @@ fn start_consul_lock(
             format!("bash -c '{}'", child.replace('\'', "'\\''")),
         )
         .env("HIST", &history)
-        .env("HOLD_MS", scenario.hold_ms.to_string());
+        .env("HOLD_MS", hold_ms.to_string());
     run.spawn_command(name, command)
 }
 

@@ -373,6 +373,21 @@ impl Api {
         );
     }
 
+    /// Operator action: `DELETE /v1/kv/<key>?cas=<index>`, deleting `key` only if its
+    /// ModifyIndex is still `index`; returns whether it did.
+    pub async fn delete_key_cas(&self, key: &str, index: u64) -> bool {
+        let path = format!("/v1/kv/{key}?cas={index}");
+        let resp = self
+            .request(reqwest::Method::DELETE, &path)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("DELETE {path}: {e}"));
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "DELETE {path}: {status} {text}");
+        text.trim() == "true"
+    }
+
     /// Operator action: `PUT /v1/kv/<key>?release=<session>`; returns Consul's answer.
     pub async fn release_key(&self, key: &str, session: &str) -> bool {
         self.put(&format!("/v1/kv/{key}?release={session}"), Vec::new())

@@ -701,6 +701,7 @@ mod tests {
             session: None,
             lock_index: 0,
             modify_index,
+            create_index: modify_index,
         }
     }
 

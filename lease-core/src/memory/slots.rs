@@ -179,11 +179,13 @@ impl State {
                 }
             }
         }
+        // The store sees every deletion as it happens (`observe_slots`): no creation index needed.
         let snapshot = Snapshot {
             lock,
             live,
             contenders,
             index: self.index,
+            lock_created: None,
         };
         // Every look at the holder set passes here.
         crate::metrics::semaphore_slots_in_use(

@@ -126,6 +126,10 @@ impl<T, G> Write<T, G> {
         next.index = next.index.max(written);
         if let Some(lock) = &self.lock {
             next.lock = Ok(Some((lock_modify_index, lock.value.clone())));
+            if lock.cas_index == 0 {
+                // Created by this write.
+                next.lock_created = Some(lock_modify_index);
+            }
         }
         for (give, _) in self.gives.iter().filter(|(g, _)| g.delete_contender) {
             next.live.remove(&give.session);
@@ -149,6 +153,9 @@ pub(crate) struct Planner {
     /// takes held contender keys: it was deleted under its holders, who may still be running
     /// even once their sessions (and contender keys) are gone.
     lock_gone_since: Option<Instant>,
+    /// The lock key's creation index when last seen, and whether it recorded holders then: a
+    /// lock key re-created by someone else between two reads was deleted meanwhile.
+    lock_seen: Option<(u64, bool)>,
     /// The longest settle time of any request planned for.
     settle: Duration,
     /// When a dead holder may be pruned or a deleted lock key settles, if one waits for it.
@@ -181,6 +188,20 @@ impl Planner {
             .retain(|s, _| snapshot.records_holder(s) && dead(s));
         for session in snapshot.recorded().filter(|s| dead(s)) {
             self.dead_since.entry(session.clone()).or_insert(now);
+        }
+        // A lock key with holders, deleted and created again (by `consul lock -n`, which does
+        // not settle) between two reads: the deletion was missed, not the holders it stopped.
+        if let (Ok(Some((_, value))), Some(created)) = (&snapshot.lock, snapshot.lock_created) {
+            if self
+                .lock_seen
+                .is_some_and(|(seen, had_holders)| seen != created && had_holders)
+            {
+                self.lock_gone_since.get_or_insert(now);
+            }
+            self.lock_seen = Some((created, !value.holders.is_empty()));
+        }
+        if matches!(snapshot.lock, Ok(None)) {
+            self.lock_seen = None;
         }
         match snapshot.lock {
             Ok(None) if snapshot.live.iter().any(|s| !waiting(s)) => {

@@ -74,6 +74,9 @@ pub(crate) struct Snapshot {
     pub(crate) contenders: HashMap<String, u64>,
     /// The index to block on for the next change.
     pub(crate) index: u64,
+    /// When the lock key was created, where the backend says (Consul's CreateIndex): another
+    /// value than the last one seen means it was deleted and created again between two reads.
+    pub(crate) lock_created: Option<u64>,
 }
 
 impl Snapshot {

@@ -20,6 +20,10 @@ pub(crate) struct KvEntry {
     pub(crate) lock_index: u64,
     #[serde(default)]
     pub(crate) modify_index: u64,
+    /// When the key was last created: a key deleted and created again between two reads has a
+    /// new one.
+    #[serde(default)]
+    pub(crate) create_index: u64,
 }
 
 impl KvEntry {

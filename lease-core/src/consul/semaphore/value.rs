@@ -77,11 +77,13 @@ impl Snapshot {
     pub(super) fn read(prefix: &str, entries: &[KvEntry], index: u64) -> Snapshot {
         let lock_key = lock_key(prefix);
         let mut lock = Ok(None);
+        let mut lock_created = None;
         let mut live = HashSet::new();
         let mut contenders = HashMap::new();
         for entry in entries {
             if entry.key == lock_key {
                 lock = read_lock(entry).map(Some);
+                lock_created = Some(entry.create_index);
             } else if let Some(holder) = entry.holder() {
                 live.insert(holder.to_owned());
                 if entry.key == contender_key(prefix, holder) {
@@ -94,6 +96,7 @@ impl Snapshot {
             live,
             contenders,
             index,
+            lock_created,
         };
         // Every look this process takes at the holder set passes here.
         crate::metrics::semaphore_slots_in_use(
@@ -298,6 +301,7 @@ mod tests {
                     session,
                     lock_index: 1,
                     modify_index: 2,
+                    create_index: 2,
                 };
                 let snapshot = Snapshot::read("p", &[entry], 3);
                 let _ = (snapshot.limit(), snapshot.live_holders(), snapshot.records_holder("a"));

@@ -56,6 +56,7 @@ fn snapshot(lock: Option<(u64, u64, &[&str])>, live: &[&str]) -> Snapshot {
         live: live.iter().map(|s| (*s).to_owned()).collect(),
         contenders: live.iter().map(|s| ((*s).to_owned(), 1)).collect(),
         index: 100,
+        lock_created: lock.map(|_| 1),
     }
 }
 
@@ -290,6 +291,32 @@ fn a_lock_key_recreated_by_another_writer_does_not_end_the_settle() {
         (9, holders(&["c", "x"]))
     );
     assert!(rig.planner.at_rest());
+}
+
+/// A `.lock` deleted and re-created by `consul lock -n` between two of our reads shows only as a
+/// new creation index: our contenders settle all the same, but not after our own re-creation.
+#[test]
+fn a_lock_key_recreated_between_two_reads_settles_too() {
+    let mut rig = Rig::new(vec![take("d", 2, SECOND)], Vec::new());
+    let full = snapshot(Some((7, 2, &["a", "b"])), &["a", "b", "d"]);
+    assert!(waits(&rig.fresh(&full, Duration::ZERO)));
+    // Deleted under a and b, and re-created with x alone before our next read.
+    let mut recreated = snapshot(Some((9, 2, &["x"])), &["x", "d"]);
+    recreated.lock_created = Some(9);
+    assert!(waits(&rig.fresh(&recreated, SECOND / 10)), "settling");
+    assert_eq!(rig.wake(), Some(SECOND / 10 + SECOND));
+    let write = planned_write(rig.fresh(&recreated, SECOND / 10 + SECOND));
+    assert_eq!(admitted(&write), ["d"]);
+
+    // Our own re-creation after a settle is no news.
+    let mut rig = Rig::new(vec![take("e", 2, SECOND)], Vec::new());
+    let gone = snapshot(None, &["e"]);
+    let write = planned_write(rig.fresh(&gone, Duration::ZERO));
+    let ours = write.applied_to(&gone, 20, 20, &[1]);
+    assert_eq!(ours.lock_created, Some(20));
+    rig.queue.push_take(take("f", 2, SECOND), ());
+    let write = planned_write(rig.derived(&ours, SECOND / 10));
+    assert_eq!(admitted(&write), ["f"], "no settle after our own creation");
 }
 
 #[test]

@@ -1,0 +1,153 @@
+//! A semaphore's `.lock` deleted by an operator while `consul lock -n` shares it with us.
+//!
+//! A holder whose `.lock` was deleted may still be stopping its work: our contenders wait the
+//! settle time (the lock-delay, for a deletion) before anyone of ours is admitted. `consul lock -n`
+//! does not wait: it re-creates `.lock` at once. That must not end our settle early. Worker
+//! processes of ours and `consul lock -n` loops share one semaphore; an operator deletes `.lock`
+//! 20 times; judged from the processes' histories and the holder sets `.lock` recorded.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use base64::Engine;
+use lease_tests::chaos::spawn_consul_lock_loop;
+use lease_tests::consul::Agent;
+use lease_tests::history::Kind;
+use lease_tests::init_tracing;
+use lease_tests::overlap::now_ns;
+use lease_tests::workers::{Run, wait_for_async};
+use tokio::time::Instant;
+
+const PREFIX: &str = "settle/mixed";
+const LIMIT: u32 = 3;
+const DELETIONS: usize = 20;
+/// Our lock-delay, and so our settle after a deletion.
+const SETTLE: Duration = Duration::from_millis(1000);
+
+/// `.lock`'s ModifyIndex and the sessions its `Holders` names, if it exists.
+async fn lock_holders(agent: &Agent) -> Option<(u64, BTreeSet<String>)> {
+    let entry = agent.key(&format!("{PREFIX}/.lock")).await;
+    let index = entry["ModifyIndex"].as_u64()?;
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(entry["Value"].as_str().unwrap_or_default())
+        .unwrap_or_default();
+    let value: serde_json::Value = serde_json::from_slice(&value).unwrap_or_default();
+    let holders = match &value["Holders"] {
+        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .filter_map(|h| h.as_str().map(str::to_owned))
+            .collect(),
+        _ => BTreeSet::new(),
+    };
+    Some((index, holders))
+}
+
+#[tokio::test]
+async fn a_lock_recreated_by_consul_lock_does_not_end_our_settle() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let mut run = Run::new(
+        "consul-lock-recreated",
+        "settle",
+        env!("CARGO_BIN_EXE_lease-worker").as_ref(),
+    );
+    let ours: Vec<usize> = (0..3)
+        .map(|i| {
+            let args = [
+                "--consul",
+                &agent.url(),
+                "--key",
+                PREFIX,
+                "--limit",
+                &LIMIT.to_string(),
+                "--lock-delay",
+                &SETTLE.as_millis().to_string(),
+                "--hold-ms",
+                "300",
+            ]
+            .map(str::to_owned);
+            run.spawn(&format!("ours-{i}"), &args)
+        })
+        .collect();
+    for i in 0..2 {
+        spawn_consul_lock_loop(
+            &mut run,
+            &format!("consul-lock-{i}"),
+            agent.addr(),
+            PREFIX,
+            Some(LIMIT),
+            300,
+        );
+    }
+
+    // Each deletion: `.lock` as it stood (its holders), deleted with a compare-and-set so no
+    // admission slips in between the read and the delete.
+    let mut deletions: Vec<(u128, BTreeSet<String>)> = Vec::new();
+    let mut last = Instant::now();
+    while deletions.len() < DELETIONS {
+        let (index, holders) = wait_for_async(
+            Duration::from_secs(30),
+            || format!("`.lock` to be written again; {}", run.files()),
+            || async { lock_holders(&agent).await.filter(|(_, h)| !h.is_empty()) },
+        )
+        .await;
+        if last.elapsed() < SETTLE + Duration::from_millis(300) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let at = now_ns();
+        if agent
+            .delete_key_cas(&format!("{PREFIX}/.lock"), index)
+            .await
+        {
+            deletions.push((at, holders));
+            last = Instant::now();
+        }
+        run.assert_alive();
+    }
+    run.terminate_all().await.unwrap();
+
+    let history = run.all();
+    let our_pids: BTreeSet<u32> = ours.iter().map(|&i| run.pid(i)).collect();
+    let settle_ns = SETTLE.as_nanos();
+    let mut early = Vec::new();
+    let mut admitted_after = 0;
+    for line in history.lines() {
+        if line.kind != Kind::Acquired || !our_pids.contains(&line.pid) {
+            continue;
+        }
+        let Ok(seq) = line.seq.parse::<lease_core::Sequencer>() else {
+            continue;
+        };
+        for (at, holders) in &deletions {
+            // Admitted after the deletion (every earlier admission is in the holders it deleted)
+            // and before the settle could have passed.
+            if line.t > *at && !holders.contains(seq.holder()) {
+                admitted_after += 1;
+                if line.t < at + settle_ns {
+                    early.push(format!(
+                        "{} admitted {:.1} ms after a deletion",
+                        line.seq,
+                        (line.t - at) as f64 / 1e6
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        early.is_empty(),
+        "ours were admitted within the {SETTLE:?} settle after a deletion:\n{}\n{}",
+        early.join("\n"),
+        run.files()
+    );
+    assert!(
+        admitted_after > 0,
+        "none of ours was admitted after a deletion"
+    );
+    let overlap = history.max_concurrent_writers(LIMIT as usize);
+    eprintln!(
+        "{DELETIONS} deletions; at most {} writers at once (ours and consul lock's)",
+        overlap.count
+    );
+}
