@@ -18,13 +18,14 @@
 //!
 //! ## Every interest is read within one listing's time
 //! Each group holds a watch slot of the client's budget for as long as it runs, so its reads
-//! never queue behind other requests, and at most `max_watches` groups run. An absorbed group
-//! stops at once: its read in flight is abandoned (its connection closed) and its slot given to
-//! the group that absorbed it. (Letting that read run out instead left the wider group without a
-//! slot for up to one [`WATCH_WAIT`], 30 s, during which a lease whose key only the wider group
-//! covers went unwatched.) Consul's agent may count an abandoned read's connection until its
-//! wait ends, so a reshape can show the agent up to `max_watches` connections more than the
-//! budget for 30 s; our side never has more open than the budget.
+//! never queue behind other requests, and at most `max_watches` groups are registered. An
+//! absorbed group's last read runs on until Consul answers it (abandoning it would close its
+//! connection on our side, but Consul's agent counts the connection until the read's wait
+//! ends), and keeps its slot meanwhile. A group that then finds no slot free does not wait for
+//! it: it abandons the oldest such read and takes its slot. (Waiting left the wider group
+//! without a read for up to one [`WATCH_WAIT`], 30 s, during which a lease whose key only it
+//! covered went unwatched.) So the agent may count up to one connection more than the budget
+//! per group started that way, for at most 30 s; our side never has more open than the budget.
 //!
 //! So a key, prefix or directory someone is interested in is always covered by a blocking read
 //! in flight, except while its group reads a plain listing: when the group starts (or widens),
@@ -59,13 +60,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::http::{ApiError, Blocking, ConsulHttp, KvEntry};
+use super::http::{ApiError, Blocking, ConsulHttp, KvEntry, WatchSlot};
 use super::retry::backoff;
 use crate::backend::Fence;
 
@@ -144,6 +145,9 @@ enum View {
 pub(crate) struct Watches {
     max_groups: usize,
     groups: Mutex<BTreeMap<String, Group>>,
+    /// Absorbed groups whose last read is still in flight, oldest first: a group that finds no
+    /// watch slot free abandons one of them.
+    retired: Mutex<Vec<Arc<Shared>>>,
     next_id: AtomicU64,
 }
 
@@ -156,8 +160,11 @@ struct Group {
 #[derive(Debug)]
 struct Shared {
     watchers: Mutex<Watchers>,
-    /// Absorbed by a wider group: the task ends at once, abandoning its read.
-    retired: CancellationToken,
+    /// Absorbed by a wider group: the task ends after its current read.
+    retired: AtomicBool,
+    /// A group that needs the slot of this retired one: the task ends at once, abandoning its
+    /// read.
+    abandon: CancellationToken,
 }
 
 impl Shared {
@@ -168,7 +175,8 @@ impl Shared {
                 unread_since: Some(Instant::now()),
                 ..Watchers::default()
             }),
-            retired: CancellationToken::new(),
+            retired: AtomicBool::new(false),
+            abandon: CancellationToken::new(),
         }
     }
 }
@@ -429,6 +437,7 @@ impl Watches {
         Watches {
             max_groups: max_groups.max(1),
             groups: Mutex::default(),
+            retired: Mutex::default(),
             next_id: AtomicU64::new(0),
         }
     }
@@ -502,10 +511,12 @@ impl Watches {
             .collect();
         let shared = Arc::new(Shared::new());
         {
+            let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
             let mut moved = lock(&shared);
             for prefix in absorbed {
                 if let Some(old) = groups.remove(&prefix) {
-                    old.shared.retired.cancel();
+                    old.shared.retired.store(true, Ordering::Release);
+                    retired.push(Arc::clone(&old.shared));
                     for (interest, watcher) in lock(&old.shared).drain() {
                         moved.insert(interest, watcher);
                     }
@@ -518,6 +529,34 @@ impl Watches {
         wanted
     }
 
+    /// Waits for a watch slot for a group's task: at once if one is free. Otherwise every slot
+    /// is held by a registered group or by an absorbed group's last read (registered groups
+    /// never outnumber the slots, and this one is registered): the oldest such read is abandoned
+    /// and its slot taken, rather than wait up to [`WATCH_WAIT`] for it to end.
+    async fn slot<'a>(&self, http: &'a ConsulHttp) -> WatchSlot<'a> {
+        let waiting = http.budget().watch_slot();
+        tokio::pin!(waiting);
+        tokio::select! {
+            biased;
+            slot = &mut waiting => return slot,
+            () = std::future::ready(()) => {}
+        }
+        let oldest = {
+            let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+            (!retired.is_empty()).then(|| retired.remove(0))
+        };
+        if let Some(oldest) = oldest {
+            oldest.abandon.cancel();
+        }
+        waiting.await
+    }
+
+    /// A retired group's task has ended: nobody need abandon it any more.
+    fn ended(&self, shared: &Arc<Shared>) {
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|r| !Arc::ptr_eq(r, shared));
+    }
+
     fn remove(&self, interest: &Interest, id: u64) {
         let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(group) = covering(&groups, interest.path()).and_then(|p| groups.get(&p)) {
@@ -528,7 +567,7 @@ impl Watches {
     /// Whether the group task of `prefix` (sharing `shared`) should end: it was absorbed, or
     /// nobody watches it any more (then it leaves the registry).
     fn ends(&self, prefix: &str, shared: &Arc<Shared>) -> bool {
-        if shared.retired.is_cancelled() {
+        if shared.retired.load(Ordering::Acquire) {
             return true;
         }
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
@@ -591,13 +630,15 @@ fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
     &a[..len]
 }
 
-/// A group's task: reads until the group ends, and stops at once when it is absorbed.
+/// A group's task: reads until the group ends, or until a group that needs its slot abandons
+/// its read (it was absorbed).
 async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
     tokio::select! {
         biased;
-        () = shared.retired.cancelled() => {}
+        () = shared.abandon.cancelled() => {}
         () = read(&http, &prefix, &shared) => {}
     }
+    http.watches().ended(&shared);
 }
 
 /// A group's blocking query loop, under one watch slot: read, publish, repeat; failures are
@@ -607,7 +648,7 @@ async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
 /// group knows when a read covers it again (a blocking read that answers 30 s later could not
 /// say it had been covering all along).
 async fn read(http: &Arc<ConsulHttp>, prefix: &str, shared: &Arc<Shared>) {
-    let slot = http.budget().watch_slot().await;
+    let slot = http.watches().slot(http).await;
     let mut index = 0;
     let mut blocks = false;
     let mut backoff = backoff();
@@ -672,7 +713,7 @@ impl Watches {
             {
                 problems.push(format!("group {prefix:?} nested in {outer:?}"));
             }
-            if group.shared.retired.is_cancelled() {
+            if group.shared.retired.load(Ordering::Acquire) {
                 problems.push(format!("group {prefix:?} is retired but registered"));
             }
             let watchers = lock(&group.shared);
