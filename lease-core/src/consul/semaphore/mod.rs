@@ -268,7 +268,7 @@ pub(crate) async fn check_sequencer(
     sequencer: &Sequencer,
 ) -> Result<(), Error> {
     let (entries, _) = http
-        .kv_list(prefix)
+        .kv_list(&directory(prefix))
         .await
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
     let lost = verdict(prefix, &entries, sequencer.holder(), sequencer.index());
@@ -278,7 +278,7 @@ pub(crate) async fn check_sequencer(
 /// What one consistent read of the semaphore at `prefix` says: its limit and live holders.
 pub(crate) async fn state(http: &ConsulHttp, prefix: &str) -> Result<super::SemaphoreState, Error> {
     let (entries, index) = http
-        .kv_list(prefix)
+        .kv_list(&directory(prefix))
         .await
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
     let snapshot = Snapshot::read(prefix, &entries, index);
@@ -319,9 +319,10 @@ pub(super) fn directory(prefix: &str) -> String {
 /// Removes the semaphore at `prefix` if no live holder remains.
 pub(crate) async fn destroy(http: &ConsulHttp, prefix: &str) -> Result<(), Error> {
     let fail = |e: ApiError| e.into_error(http, format_args!("destroy semaphore {prefix:?}"));
+    let directory = directory(prefix);
     loop {
         let (entries, index) =
-            retry_transient(within(Duration::from_secs(5)), || http.kv_list(prefix))
+            retry_transient(within(Duration::from_secs(5)), || http.kv_list(&directory))
                 .await
                 .map_err(fail)?;
         let snapshot = Snapshot::read(prefix, &entries, index);

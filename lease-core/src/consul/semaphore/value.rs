@@ -73,14 +73,18 @@ impl LockValue {
 }
 
 impl Snapshot {
-    /// What one consistent read of the prefix (`entries`, answered at `index`) says.
+    /// What one consistent read of the prefix (`entries`, answered at `index`) says. Only the
+    /// keys in the semaphore's directory count: a read of `jobs/a` also lists `jobs/ab/…`, whose
+    /// holders are another semaphore's (they once made `jobs/a` look like a `.lock` deleted under
+    /// live holders, and settle).
     pub(super) fn read(prefix: &str, entries: &[KvEntry], index: u64) -> Snapshot {
         let lock_key = lock_key(prefix);
+        let directory = super::directory(prefix);
         let mut lock = Ok(None);
         let mut lock_created = None;
         let mut live = HashSet::new();
         let mut contenders = HashMap::new();
-        for entry in entries {
+        for entry in entries.iter().filter(|e| e.key.starts_with(&directory)) {
             if entry.key == lock_key {
                 lock = read_lock(entry).map(Some);
                 lock_created = Some(entry.create_index);
@@ -137,6 +141,29 @@ mod tests {
                 .holders
                 .is_empty()
         );
+    }
+
+    /// `jobs/a` and `jobs/ab` are two semaphores: a read of the first lists the second's keys.
+    #[test]
+    fn only_the_semaphore_s_own_directory_counts() {
+        let held = |key: &str, session: &str| KvEntry {
+            key: key.into(),
+            flags: SEMAPHORE_FLAGS,
+            value: None,
+            session: Some(session.into()),
+            lock_index: 1,
+            modify_index: 5,
+            create_index: 5,
+        };
+        let entries = [
+            held("jobs/ab/s1", "s1"),
+            held("jobs/a/s2", "s2"),
+            held("jobs/abc", "s3"),
+        ];
+        let snapshot = Snapshot::read("jobs/a", &entries, 9);
+        assert_eq!(snapshot.live, HashSet::from(["s2".to_owned()]));
+        assert_eq!(snapshot.contenders.keys().collect::<Vec<_>>(), ["s2"]);
+        assert!(matches!(snapshot.lock, Ok(None)));
     }
 
     #[test]

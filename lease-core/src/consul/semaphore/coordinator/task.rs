@@ -216,7 +216,11 @@ impl Coordinator {
     /// One round: read if needed, answer what can be answered, write one transaction.
     async fn round(&mut self) -> Round {
         if self.snapshot.is_none() {
-            match self.http.kv_list(&self.prefix).await {
+            match self
+                .http
+                .kv_list(&super::super::directory(&self.prefix))
+                .await
+            {
                 Ok((entries, index)) => {
                     self.snapshot = Some(Snapshot::read(&self.prefix, &entries, index));
                     self.fresh = true;
