@@ -10,6 +10,17 @@
 //! cargo bench -p lease-core --bench amqp_semaphore --features amqp
 //! ```
 //!
+//! The quick mode CI runs (20 acquires, 3 connection closes, 5 and 3 slot deletes; a few seconds):
+//!
+//! ```text
+//! LEASE_BENCH_QUICK=1 cargo test -p lease-core --all-features --bench amqp_semaphore
+//! ```
+//!
+//! In every mode the run fails if a lease is lost while it is held (before the broker or the
+//! administrator takes it away), if a loss is not noticed, noticed late (past [`fence`]: the
+//! lease's fence interval, [`LeaseSpec::fence_after`], or the AMQP holder's own self-fence at
+//! three quarters of a heartbeat, whichever is shorter), or reported with the wrong reason.
+//!
 //! Timing (a): `rabbitmqctl` itself takes ~0.5 s to start, so the holder connects through a relay
 //! in this program that timestamps every chunk the broker sends; the latency is from the close
 //! frame reaching the client's socket to `lost()` completing. Timing (b): from sending the
@@ -23,9 +34,9 @@ use std::time::{Duration, Instant};
 
 use lapin::options::QueueDeleteOptions;
 use lapin::{Connection, ConnectionProperties};
-use lease_core::amqp::{Amqp, DEFAULT_AMQP_URL, LossDetection};
+use lease_core::amqp::{Amqp, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, LossDetection};
 use lease_core::{Backend, LeaseSpec, LostReason, Wait};
-use lease_tests::stats::percentile;
+use lease_tests::stats::{percentile, scaled};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -34,6 +45,38 @@ const CONN_SAMPLES: usize = 20;
 const SLOT_SAMPLES: usize = 50;
 const VERIFY_SAMPLES: usize = 20;
 const LOSS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How late a loss may be noticed: the lease's fence interval, or the AMQP holder's own
+/// self-fence (three quarters of the heartbeat, which these clients leave at its default) if that
+/// is shorter. Past it, the broker could have handed the slot to someone else while the holder
+/// still ran.
+fn fence(spec: &LeaseSpec) -> Duration {
+    spec.fence_after().min(DEFAULT_HEARTBEAT * 3 / 4)
+}
+
+/// Waits for `detected` (the lease's `lost()`, stamped), failing the run if the loss is not
+/// noticed at all (within [`LOSS_TIMEOUT`]) or with another reason than `expected`.
+async fn noticed(
+    what: &str,
+    detected: tokio::task::JoinHandle<(LostReason, Instant)>,
+    expected: &LostReason,
+) -> Instant {
+    let (reason, at) = tokio::time::timeout(LOSS_TIMEOUT, detected)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the loss was not noticed within {LOSS_TIMEOUT:?}"))
+        .unwrap();
+    assert_eq!(&reason, expected, "{what}: lost for another reason");
+    at
+}
+
+/// Fails the run if a loss was noticed `after` the event, past the lease's `fence`.
+fn assert_within_fence(what: &str, after: Duration, fence: Duration) {
+    assert!(
+        after < fence,
+        "{what}: the loss was noticed {after:?} after it happened, past the fence interval \
+         {fence:?}"
+    );
+}
 
 fn url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned())
@@ -142,12 +185,17 @@ async fn bench_acquire(admin: &Amqp) -> f64 {
         .release()
         .await
         .unwrap();
-    let mut samples = Vec::with_capacity(ACQUIRES);
-    for _ in 0..ACQUIRES {
+    let acquires = scaled(ACQUIRES, 20);
+    let mut samples = Vec::with_capacity(acquires);
+    for _ in 0..acquires {
         let start = Instant::now();
         let lease = client.acquire(&spec).await.unwrap();
         samples.push(start.elapsed());
-        lease.release().await.unwrap();
+        // Lost while held (the release reports a loss): a failure.
+        lease
+            .release()
+            .await
+            .unwrap_or_else(|error| panic!("acquire: release: {error}"));
     }
     admin.admin().destroy(&name).await.unwrap();
     report(
@@ -165,19 +213,26 @@ async fn bench_connection_closed(admin: &Amqp) -> f64 {
         .map(|(u, _)| format!("{u}@"))
         .unwrap_or_default();
     let mut samples = Vec::new();
-    for _ in 0..CONN_SAMPLES {
+    for _ in 0..scaled(CONN_SAMPLES, 3) {
         let name = unique("conn");
         let conn_name = unique("holder");
         let holder = Amqp::builder(format!("amqp://{userinfo}{}/%2f", relay.addr))
             .connection_name(&conn_name)
             .build()
             .unwrap();
-        let lease = holder.acquire(&LeaseSpec::leader(&name)).await.unwrap();
+        let spec = LeaseSpec::leader(&name);
+        let lease = holder.acquire(&spec).await.unwrap();
         let lost = lease.lost();
         let detected = tokio::spawn(async move {
             let reason = lost.await;
             (reason, Instant::now())
         });
+        // Held until the broker closes the connection.
+        assert!(
+            lease.is_held(),
+            "connection closed: lease lost while held: {:?}",
+            lease.lost_reason()
+        );
         let needle = format!("{{\"connection_name\",\"{conn_name}\"}}");
         let pid = tokio::task::spawn_blocking(move || {
             let listing = rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"]);
@@ -190,14 +245,13 @@ async fn bench_connection_closed(admin: &Amqp) -> f64 {
             rabbitmqctl(&["close_connection", &pid, "benchmark"]);
         });
         pid.await.unwrap();
-        let (reason, at) = tokio::time::timeout(LOSS_TIMEOUT, detected)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(reason, LostReason::ConnectionClosed);
+        let what = "connection closed";
+        let at = noticed(what, detected, &LostReason::ConnectionClosed).await;
         let close_frame = relay.last_from_broker.lock().unwrap().unwrap();
         // The close frame is the last thing the broker sent before the loss was reported.
-        samples.push(at.saturating_duration_since(close_frame));
+        let after = at.saturating_duration_since(close_frame);
+        assert_within_fence(what, after, fence(&spec));
+        samples.push(after);
         drop(lease);
         admin.admin().destroy(&name).await.unwrap();
     }
@@ -216,25 +270,31 @@ async fn bench_slot_removed(admin: &Amqp, detection: LossDetection, n: usize) ->
     let channel = raw.create_channel().await.unwrap();
     let slot_queue = format!("{name}-1-A");
     let mut samples = Vec::with_capacity(n);
+    let spec = LeaseSpec::leader(&name);
     for _ in 0..n {
         admin.admin().create(&name, 1).await.unwrap();
-        let lease = holder.acquire(&LeaseSpec::leader(&name)).await.unwrap();
+        let lease = holder.acquire(&spec).await.unwrap();
         let lost = lease.lost();
         let detected = tokio::spawn(async move {
             let reason = lost.await;
             (reason, Instant::now())
         });
+        // Held until the administrator deletes its slot queue.
+        assert!(
+            lease.is_held(),
+            "slot removed: lease lost while held: {:?}",
+            lease.lost_reason()
+        );
         let start = Instant::now();
         channel
             .queue_delete(slot_queue.as_str().into(), QueueDeleteOptions::default())
             .await
             .unwrap();
-        let (reason, at) = tokio::time::timeout(LOSS_TIMEOUT, detected)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(reason, LostReason::SlotRemoved);
-        samples.push(at.saturating_duration_since(start));
+        let what = "slot removed";
+        let at = noticed(what, detected, &LostReason::SlotRemoved).await;
+        let after = at.saturating_duration_since(start);
+        assert_within_fence(what, after, fence(&spec));
+        samples.push(after);
         // A lease lost before its release reports the loss.
         assert!(matches!(
             lease.release().await,
@@ -261,11 +321,16 @@ async fn main() {
     let started = Instant::now();
     let acquire_p50 = bench_acquire(&admin).await;
     let conn_p99 = bench_connection_closed(&admin).await;
-    let slot_p99 = bench_slot_removed(&admin, LossDetection::ConsumerCancel, SLOT_SAMPLES).await;
+    let slot_p99 = bench_slot_removed(
+        &admin,
+        LossDetection::ConsumerCancel,
+        scaled(SLOT_SAMPLES, 5),
+    )
+    .await;
     let verify = LossDetection::Verify {
         period: Duration::from_millis(50),
     };
-    let _ = bench_slot_removed(&admin, verify, VERIFY_SAMPLES).await;
+    let _ = bench_slot_removed(&admin, verify, scaled(VERIFY_SAMPLES, 3)).await;
     println!("total run time {:.1} s", started.elapsed().as_secs_f64());
     println!(
         "RESULT amqp_acquire_p50_ms={acquire_p50:.2} amqp_loss_conn_p99_ms={conn_p99:.2} \

@@ -1,9 +1,14 @@
 //! Consul leader lease vs `consul lock`, side by side on one dev agent.
 //!
-//! `cargo bench -p lease-core --bench consul_leader --features consul`
+//! `cargo bench -p lease-core --bench consul_leader --features consul`; the quick mode CI runs
+//! (5 losses, one round of 4 contenders): `LEASE_BENCH_QUICK=1 cargo test -p lease-core
+//! --all-features --bench consul_leader`. In every mode the run fails if a loss is noticed later
+//! than the lease's fence interval or two of our holders overlap.
 //!
 //! - loss → cancel: an operator destroys the holder's session; we time until the guarded future is
-//!   dropped (ours) or until `consul lock`'s child receives its signal.
+//!   dropped (ours) or until `consul lock`'s child receives its signal. Each trial is on a key of
+//!   its own, acquired right before, so the client's prefix watches are started and widened along
+//!   the way (a key acquired while they were reshaped once went unwatched for 30 s).
 //! - hand-off gap: 16 contenders each hold 20 ms and release; the gap between one holder's end and
 //!   the next holder's start.
 //!
@@ -19,7 +24,7 @@ use lease_core::consul::Consul;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
 use lease_tests::overlap::now_ns;
-use lease_tests::stats::percentile;
+use lease_tests::stats::{percentile, scaled};
 
 const LOSS_TRIALS: usize = 50;
 const CONTENDERS: usize = 16;
@@ -36,8 +41,9 @@ impl Drop for DropStamp {
 
 async fn ours_loss_to_cancel(agent: &Agent, consul: &Consul) -> Vec<f64> {
     let mut samples = Vec::new();
-    for trial in 0..LOSS_TRIALS {
+    for trial in 0..scaled(LOSS_TRIALS, 5) {
         let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}")).lock_delay(Duration::ZERO);
+        let fence = spec.fence_after();
         let lease = consul.acquire(&spec).await.unwrap();
         let dropped = Arc::new(Mutex::new(None));
         let stamp = DropStamp(Arc::clone(&dropped));
@@ -57,7 +63,13 @@ async fn ours_loss_to_cancel(agent: &Agent, consul: &Consul) -> Vec<f64> {
         agent.destroy_session(&session).await;
         runner.await.unwrap();
         let t1 = dropped.lock().unwrap().expect("work dropped");
-        samples.push((t1.saturating_sub(t0)) as f64 / 1e6);
+        let noticed_ms = (t1.saturating_sub(t0)) as f64 / 1e6;
+        assert!(
+            noticed_ms < fence.as_secs_f64() * 1e3,
+            "trial {trial}: the work ran {noticed_ms:.1} ms after its session was destroyed, past \
+             the fence interval {fence:?}"
+        );
+        samples.push(noticed_ms);
     }
     samples
 }
@@ -73,12 +85,12 @@ fn gaps(mut spans: Vec<(u128, u128)>) -> Vec<f64> {
 
 async fn ours_handoff(consul: &Consul) -> Vec<f64> {
     let mut all = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..scaled(ROUNDS, 1) {
         let spec =
             LeaseSpec::leader(format!("bench/handoff/ours-{round}")).lock_delay(Duration::ZERO);
         let spans = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for _ in 0..CONTENDERS {
+        for _ in 0..scaled(CONTENDERS, 4) {
             let (consul, spec, spans) = (consul.clone(), spec.clone(), Arc::clone(&spans));
             tasks.push(tokio::spawn(async move {
                 let lease = consul.acquire(&spec).await.unwrap();
@@ -92,7 +104,12 @@ async fn ours_handoff(consul: &Consul) -> Vec<f64> {
         for t in tasks {
             t.await.unwrap();
         }
-        all.extend(gaps(spans.lock().unwrap().clone()));
+        let mut spans = spans.lock().unwrap().clone();
+        spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            panic!("two of our holders overlapped: {:?} and {:?}", w[0], w[1]);
+        }
+        all.extend(gaps(spans));
     }
     all
 }
@@ -101,7 +118,7 @@ async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {
     let mut all = Vec::new();
     let dir = std::env::temp_dir().join(format!("lease-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for round in 0..ROUNDS {
+    for round in 0..scaled(ROUNDS, 1) {
         let prefix = format!("bench/handoff/cl-{round}");
         let file = dir.join(format!("spans-{round}"));
         let _ = std::fs::remove_file(&file);
@@ -112,7 +129,7 @@ async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {
             file.display()
         );
         let mut procs = Vec::new();
-        for _ in 0..CONTENDERS {
+        for _ in 0..scaled(CONTENDERS, 4) {
             procs.push(
                 agent
                     .command()
@@ -158,7 +175,7 @@ async fn main() {
     let consul = Consul::builder().address(agent.url()).build().unwrap();
 
     let ours_loss = ours_loss_to_cancel(&agent, &consul).await;
-    let cl_loss = consul_lock_loss_to_signal(&agent, LOSS_TRIALS).await;
+    let cl_loss = consul_lock_loss_to_signal(&agent, scaled(LOSS_TRIALS, 5)).await;
     let ours_gap = ours_handoff(&consul).await;
     let cl_gap = consul_lock_handoff(&agent).await;
 

@@ -1,6 +1,10 @@
 //! Consul semaphore vs `consul lock -n`, side by side on one dev agent.
 //!
-//! `cargo bench -p lease-core --bench consul_semaphore --features consul`
+//! `cargo bench -p lease-core --bench consul_semaphore --features consul`; the quick mode CI runs
+//! (one round of 8 jobs each way, a few seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-core
+//! --all-features --bench consul_semaphore`. In every mode the run fails if more than the limit
+//! of our holders overlap, if one of our leases is lost while held, if an acquisition does not
+//! complete (within [`STALL`]), or if a `consul lock -n` process fails.
 //!
 //! 32 jobs of 50 ms at limit 4: ideally 8 waves, 0.4 s. Ours runs the 32 jobs as tasks of one
 //! process (one `Consul` client); `consul lock -n 4` runs them as 32 processes. Reported: total
@@ -15,31 +19,41 @@ use lease_core::consul::Consul;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::consul::Agent;
 use lease_tests::overlap::Timeline;
-use lease_tests::stats::percentile;
+use lease_tests::stats::{percentile, scaled};
 
 const JOBS: u32 = 32;
 const LIMIT: u32 = 4;
 const JOB: Duration = Duration::from_millis(50);
 const ROUNDS: usize = 3;
+/// How long a round may take before the run fails as stalled: a liveness bound far above any
+/// round's time, not a timing that is asserted.
+const STALL: Duration = Duration::from_secs(120);
 
-fn ideal() -> Duration {
-    JOB * JOBS.div_ceil(LIMIT)
+fn ideal(jobs: u32) -> Duration {
+    JOB * jobs.div_ceil(LIMIT)
 }
 
-async fn ours(consul: &Consul, round: usize) -> (Duration, Timeline) {
+async fn ours(consul: &Consul, round: usize, jobs: u32) -> (Duration, Timeline) {
     let spec =
         LeaseSpec::semaphore(format!("bench/sem/ours-{round}"), LIMIT).lock_delay(Duration::ZERO);
     let timeline = Timeline::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for i in 0..JOBS {
+    for i in 0..jobs {
         let (consul, spec, timeline) = (consul.clone(), spec.clone(), timeline.clone());
         tasks.push(tokio::spawn(async move {
             let lease = consul.acquire(&spec).await.unwrap();
             let guard = timeline.hold(format!("job-{i}"));
-            lease.run(tokio::time::sleep(JOB)).await.unwrap();
+            // Lost while held (its work cut short, or the release reporting the loss): a failure.
+            lease
+                .run(tokio::time::sleep(JOB))
+                .await
+                .unwrap_or_else(|reason| panic!("job-{i}: lease lost while held: {reason:?}"));
             drop(guard);
-            lease.release().await.unwrap();
+            lease
+                .release()
+                .await
+                .unwrap_or_else(|error| panic!("job-{i}: release: {error}"));
         }));
     }
     for t in tasks {
@@ -48,12 +62,12 @@ async fn ours(consul: &Consul, round: usize) -> (Duration, Timeline) {
     (started.elapsed(), timeline)
 }
 
-async fn consul_lock(agent: &Agent, round: usize) -> Duration {
+async fn consul_lock(agent: &Agent, round: usize, jobs: u32) -> Duration {
     let prefix = format!("bench/sem/cl-{round}");
     let child = format!("sleep {}", JOB.as_secs_f64());
     let started = Instant::now();
     let mut procs = Vec::new();
-    for _ in 0..JOBS {
+    for _ in 0..jobs {
         procs.push(
             agent
                 .command()
@@ -76,6 +90,7 @@ async fn main() {
     let agent = Agent::start().await;
     let consul = Consul::builder().address(agent.url()).build().unwrap();
 
+    let (jobs, rounds) = (scaled(JOBS, 8), scaled(ROUNDS, 1));
     let mut ours_s = Vec::new();
     let mut cl_s = Vec::new();
     let (requests0, writes0, conflicts0) = (
@@ -83,26 +98,36 @@ async fn main() {
         consul.writes_sent(),
         consul.cas_conflicts(),
     );
-    for round in 0..ROUNDS {
-        let (took, timeline) = ours(&consul, round).await;
+    for round in 0..rounds {
+        let (took, timeline) = tokio::time::timeout(STALL, ours(&consul, round, jobs))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: our {jobs} jobs stalled for {STALL:?}"));
         timeline.assert_at_most(LIMIT as usize);
+        assert_eq!(
+            timeline.len(),
+            jobs as usize,
+            "round {round}: not every job held the semaphore"
+        );
         ours_s.push(took.as_secs_f64());
     }
-    let acquisitions = f64::from(JOBS) * ROUNDS as f64;
+    let acquisitions = f64::from(jobs) * rounds as f64;
     let per = |n: u64| n as f64 / acquisitions;
     let requests = per(consul.requests_sent() - requests0);
     let writes = per(consul.writes_sent() - writes0);
     let conflicts = per(consul.cas_conflicts() - conflicts0);
-    for round in 0..ROUNDS {
-        cl_s.push(consul_lock(&agent, round).await.as_secs_f64());
+    for round in 0..rounds {
+        let took = tokio::time::timeout(STALL, consul_lock(&agent, round, jobs))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: consul lock -n stalled for {STALL:?}"));
+        cl_s.push(took.as_secs_f64());
     }
     let (ours_total, cl_total, ideal) = (
         percentile(&ours_s, 50.0),
         percentile(&cl_s, 50.0),
-        ideal().as_secs_f64(),
+        ideal(jobs).as_secs_f64(),
     );
 
-    println!("{JOBS} jobs of {JOB:?} at limit {LIMIT}, {ROUNDS} rounds (median shown)");
+    println!("{jobs} jobs of {JOB:?} at limit {LIMIT}, {rounds} rounds (median shown)");
     println!("{:<34} {:>10} {:>12}", "", "total s", "vs ideal");
     println!("{:<34} {:>10.3} {:>11.0}%", "ideal", ideal, 100.0);
     println!(

@@ -1,6 +1,12 @@
 //! etcd leader lease vs `etcdctl lock`, and the FIFO semaphore, on one real etcd.
 //!
-//! `cargo bench -p lease-core --features etcd --bench etcd_leader`
+//! `cargo bench -p lease-core --features etcd --bench etcd_leader`; the quick mode CI runs (5
+//! revokes of ours, 2 of `etcdctl lock`, one round of 4 contenders, 8 semaphore jobs; a few
+//! seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-core --all-features --bench etcd_leader`.
+//! In every mode the run fails if a revoke is not noticed within the lease's fence interval
+//! ([`LeaseSpec::fence_after`]), if two of our leader holders or more than the limit of our
+//! semaphore holders overlap, if one of our leases is lost while held, or if an acquisition does
+//! not complete (within [`STALL`]).
 //!
 //! - loss → cancel: an operator revokes the holder's etcd lease; we time until the guarded future
 //!   is dropped (ours) or until `etcdctl lock --ttl 10` (no command: it holds until its session
@@ -21,8 +27,8 @@ use std::time::{Duration, Instant};
 use lease_core::etcd::Etcd;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::etcd::Server;
-use lease_tests::overlap::now_ns;
-use lease_tests::stats::percentile;
+use lease_tests::overlap::{Timeline, now_ns};
+use lease_tests::stats::{percentile, scaled};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LOSS_TRIALS: usize = 30;
@@ -33,6 +39,9 @@ const ROUNDS: usize = 3;
 const JOBS: usize = 32;
 const LIMIT: u32 = 4;
 const JOB: Duration = Duration::from_millis(50);
+/// How long a round of acquisitions may take before the run fails as stalled: a liveness bound
+/// far above any round's time, not a timing that is asserted.
+const STALL: Duration = Duration::from_secs(120);
 
 struct DropStamp(Arc<Mutex<Option<u128>>>);
 
@@ -44,11 +53,10 @@ impl Drop for DropStamp {
 
 async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
     let mut samples = Vec::new();
-    for trial in 0..LOSS_TRIALS {
-        let lease = etcd
-            .acquire(&LeaseSpec::leader(format!("bench/loss/ours-{trial}")))
-            .await
-            .unwrap();
+    for trial in 0..scaled(LOSS_TRIALS, 5) {
+        let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
+        let fence = spec.fence_after();
+        let lease = etcd.acquire(&spec).await.unwrap();
         let dropped = Arc::new(Mutex::new(None));
         let stamp = DropStamp(Arc::clone(&dropped));
         let holder = lease.sequencer().holder().to_owned();
@@ -64,16 +72,29 @@ async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
         ready_rx.await.unwrap();
         let t0 = now_ns();
         assert!(server.revoke(&holder).await);
-        runner.await.unwrap();
+        tokio::time::timeout(fence, runner)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "trial {trial}: the revoke was not noticed within the fence interval {fence:?}"
+                )
+            })
+            .unwrap();
         let t1 = dropped.lock().unwrap().expect("work dropped");
-        samples.push(t1.saturating_sub(t0) as f64 / 1e6);
+        let noticed_ms = t1.saturating_sub(t0) as f64 / 1e6;
+        assert!(
+            noticed_ms < fence.as_secs_f64() * 1e3,
+            "trial {trial}: the work ran {noticed_ms:.1} ms after its lease was revoked, past the \
+             fence interval {fence:?}"
+        );
+        samples.push(noticed_ms);
     }
     samples
 }
 
-async fn etcdctl_loss_to_exit(server: &Server) -> Vec<f64> {
+async fn etcdctl_loss_to_exit(server: &Server, trials: usize) -> Vec<f64> {
     let mut samples = Vec::new();
-    for trial in 0..ETCDCTL_TRIALS {
+    for trial in 0..trials {
         let name = format!("bench/loss/etcdctl-{trial}");
         let mut child = server
             .etcdctl()
@@ -105,11 +126,12 @@ async fn etcdctl_loss_to_exit(server: &Server) -> Vec<f64> {
 
 async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
     let mut all = Vec::new();
-    for round in 0..ROUNDS {
+    let contenders = scaled(CONTENDERS, 4);
+    for round in 0..scaled(ROUNDS, 1) {
         let spec = LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
         let spans = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for _ in 0..CONTENDERS {
+        for _ in 0..contenders {
             let (etcd, spec, spans) = (etcd.clone(), spec.clone(), Arc::clone(&spans));
             tasks.push(tokio::spawn(async move {
                 let lease = etcd.acquire(&spec).await.unwrap();
@@ -117,14 +139,36 @@ async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
                 tokio::time::sleep(HOLD).await;
                 let end = now_ns();
                 spans.lock().unwrap().push((start, end));
+                // Lost while held (or the release reporting the loss): a failure.
+                assert!(
+                    lease.is_held(),
+                    "lease lost while held: {:?}",
+                    lease.lost_reason()
+                );
                 lease.release().await.unwrap();
             }));
         }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        let joined = async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        };
+        tokio::time::timeout(STALL, joined)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the hand-off stalled for {STALL:?}"));
         let mut spans = spans.lock().unwrap().clone();
+        assert_eq!(
+            spans.len(),
+            contenders,
+            "round {round}: not every contender held the lease"
+        );
         spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            panic!(
+                "round {round}: two of our holders overlapped: {:?} and {:?}",
+                w[0], w[1]
+            );
+        }
         all.extend(
             spans
                 .windows(2)
@@ -134,22 +178,37 @@ async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
     all
 }
 
-async fn semaphore_total(etcd: &Etcd) -> f64 {
+async fn semaphore_total(etcd: &Etcd, jobs: usize) -> f64 {
     let spec = LeaseSpec::semaphore("bench/semaphore", LIMIT);
+    let timeline = Timeline::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..JOBS {
-        let (etcd, spec) = (etcd.clone(), spec.clone());
+    for i in 0..jobs {
+        let (etcd, spec, timeline) = (etcd.clone(), spec.clone(), timeline.clone());
         tasks.push(tokio::spawn(async move {
             let lease = etcd.acquire(&spec).await.unwrap();
-            lease.run(tokio::time::sleep(JOB)).await.unwrap();
+            let guard = timeline.hold(format!("job-{i}"));
+            // Lost while held (its work cut short, or the release reporting the loss): a failure.
+            lease
+                .run(tokio::time::sleep(JOB))
+                .await
+                .unwrap_or_else(|reason| panic!("job-{i}: lease lost while held: {reason:?}"));
+            drop(guard);
             lease.release().await.unwrap();
         }));
     }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    started.elapsed().as_secs_f64()
+    let joined = async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    tokio::time::timeout(STALL, joined)
+        .await
+        .unwrap_or_else(|_| panic!("the semaphore's {jobs} jobs stalled for {STALL:?}"));
+    let total = started.elapsed().as_secs_f64();
+    timeline.assert_at_most(LIMIT as usize);
+    assert_eq!(timeline.len(), jobs, "not every job held the semaphore");
+    total
 }
 
 #[tokio::main]
@@ -158,16 +217,19 @@ async fn main() {
     let etcd = server.backend();
 
     let ours_loss = ours_loss_to_cancel(&server, &etcd).await;
-    let ctl_loss = etcdctl_loss_to_exit(&server).await;
+    let etcdctl_trials = scaled(ETCDCTL_TRIALS, 2);
+    let ctl_loss = etcdctl_loss_to_exit(&server, etcdctl_trials).await;
     let gap = ours_handoff(&etcd).await;
-    let sem_total = semaphore_total(&etcd).await;
-    let ideal = JOBS as f64 / f64::from(LIMIT) * JOB.as_secs_f64();
+    let jobs = scaled(JOBS, 8);
+    let sem_total = semaphore_total(&etcd, jobs).await;
+    let ideal = jobs as f64 / f64::from(LIMIT) * JOB.as_secs_f64();
 
+    let gap_label = format!("hand-off gap, {} contenders", scaled(CONTENDERS, 4));
     println!("{:<30} {:>9} {:>9} {:>6}", "ms", "p50", "p99", "n");
     for (name, samples) in [
         ("loss -> cancel (ours)", &ours_loss),
         ("loss -> exit (etcdctl lock)", &ctl_loss),
-        ("hand-off gap, 16 contenders", &gap),
+        (gap_label.as_str(), &gap),
     ] {
         println!(
             "{name:<30} {:>9.2} {:>9.2} {:>6}",
@@ -177,7 +239,7 @@ async fn main() {
         );
     }
     println!(
-        "semaphore: {JOBS} x {JOB:?} jobs at limit {LIMIT}: {sem_total:.3} s (ideal {ideal:.1} s)"
+        "semaphore: {jobs} x {JOB:?} jobs at limit {LIMIT}: {sem_total:.3} s (ideal {ideal:.1} s)"
     );
     println!(
         "RESULT etcd_loss_cancel_p99_ms={:.2} etcdctl_loss_p99_ms={:.2} etcd_handoff_p50_ms={:.2} etcd_sem_total_s={:.3} ideal_s={:.1}",
@@ -188,7 +250,7 @@ async fn main() {
         ideal
     );
     assert!(
-        server.leases().await.len() <= ETCDCTL_TRIALS,
+        server.leases().await.len() <= etcdctl_trials,
         "our leases were left behind"
     );
 }

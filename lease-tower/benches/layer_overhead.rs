@@ -22,10 +22,17 @@
 //! Run: `cargo bench -p lease-tower --bench layer_overhead`. The last line is
 //! `RESULT leader_layer_ns_over_identity=… leader_layer_ns_over_identity_on_axum_route=…
 //! leader_layer_ratio=… semaphore_rps=… consul_writes_per_request=…`.
+//!
+//! The quick mode CI runs (21 in-process rounds, one 0.3 s HTTP round per server, 1 s through
+//! the semaphore; a few seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-tower --all-features
+//! --bench layer_overhead`. In every mode the run fails if the leader's term is lost while the
+//! benchmark runs on it, if a request behind either layer fails (or the in-process services
+//! answer anything but success), if more requests than the semaphore's limit run at once in
+//! the handler behind `SemaphoreLayer`, or if one of them runs on a lease no longer held.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -38,12 +45,16 @@ use lease_core::LeaseSpec;
 use lease_core::consul::Consul;
 use lease_core::leader::Campaign;
 use lease_tests::consul::Agent;
+use lease_tests::stats::scaled;
+use lease_tower::extract::HeldLease;
 use lease_tower::leader::LeaderOnlyLayer;
 use lease_tower::semaphore::SemaphoreLayer;
 use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceExt};
 
 const CONNECTIONS: usize = 64;
+/// The limit of the semaphore behind `SemaphoreLayer`.
+const SEMAPHORE_LIMIT: u32 = 8;
 /// Twice the limit: enough to keep every slot busy; more would only queue in the layer.
 const SEMAPHORE_CONNECTIONS: usize = 16;
 const ROUND: Duration = Duration::from_millis(1500);
@@ -69,6 +80,17 @@ fn main() {
         }
     };
     runtime.block_on(run());
+}
+
+/// What the handler behind `SemaphoreLayer` saw.
+#[derive(Default)]
+struct SlotCheck {
+    /// Requests in the handler now.
+    in_handler: AtomicUsize,
+    /// The most requests in the handler at once.
+    peak: AtomicUsize,
+    /// Requests whose lease was no longer held in the handler.
+    not_held: AtomicU64,
 }
 
 async fn serve(app: Router) -> String {
@@ -184,6 +206,26 @@ fn median_and_spread(values: &mut [f64]) -> (f64, f64) {
     (median, (at(0.75) - at(0.25)) / median)
 }
 
+/// In-process rounds per side: [`IN_PROCESS_ROUNDS`], fewer in the quick mode.
+fn in_process_rounds() -> usize {
+    scaled(IN_PROCESS_ROUNDS, 21)
+}
+
+/// The status of one response from `service` to `request()`.
+async fn answer<S, R, B>(service: &mut S, request: fn() -> Request<R>) -> http::StatusCode
+where
+    S: Service<Request<R>, Response = Response<B>, Error = Infallible>,
+{
+    let ready = match service.ready().await {
+        Ok(ready) => ready,
+        Err(never) => match never {},
+    };
+    match ready.call(request()).await {
+        Ok(response) => response.status(),
+        Err(never) => match never {},
+    }
+}
+
 /// One in-process comparison of the leader layer with an identity layer.
 struct Comparison {
     /// Requests per round.
@@ -199,7 +241,8 @@ struct Comparison {
 impl Comparison {
     fn describe(&self, what: &str) -> String {
         format!(
-            "{what}, {IN_PROCESS_ROUNDS} rounds of {} requests: identity layer {:.1} ns/request (spread {:.1}%), LeaderOnlyLayer on the leader {:.1} ns/request (spread {:.1}%): {:.1} ns over identity",
+            "{what}, {} rounds of {} requests: identity layer {:.1} ns/request (spread {:.1}%), LeaderOnlyLayer on the leader {:.1} ns/request (spread {:.1}%): {:.1} ns over identity",
+            in_process_rounds(),
             self.requests,
             self.identity,
             self.identity_spread * 100.0,
@@ -221,13 +264,14 @@ where
     L: Service<Request<R>, Response = Response<B2>, Error = Infallible>,
 {
     // Warm caches and the allocator, and size the rounds.
-    ns_per_request(identity, request, 20_000).await;
-    let slowest = ns_per_request(led, request, 20_000)
+    let warm_up = scaled(20_000, 2_000);
+    ns_per_request(identity, request, warm_up).await;
+    let slowest = ns_per_request(led, request, warm_up)
         .await
-        .max(ns_per_request(identity, request, 20_000).await);
+        .max(ns_per_request(identity, request, warm_up).await);
     let requests = (IN_PROCESS_ROUND.as_nanos() as f64 / slowest).max(100.0) as u32;
     let (mut identity_ns, mut led_ns, mut over) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..IN_PROCESS_ROUNDS {
+    for round in 0..in_process_rounds() {
         let (a, b) = if round % 2 == 0 {
             let a = ns_per_request(identity, request, requests).await;
             (a, ns_per_request(led, request, requests).await)
@@ -238,6 +282,16 @@ where
         identity_ns.push(a);
         led_ns.push(b);
         over.push(b - a);
+    }
+    // What was timed was the request served, not refused: both answer success.
+    for (side, status) in [
+        ("identity", answer(identity, request).await),
+        ("leader-only", answer(led, request).await),
+    ] {
+        assert!(
+            status.is_success(),
+            "in process: the {side} service answered {status}"
+        );
     }
     let (identity, identity_spread) = median_and_spread(&mut identity_ns);
     let (led, led_spread) = median_and_spread(&mut led_ns);
@@ -315,9 +369,12 @@ async fn run() {
     )
     .await;
     let mut terms = leader_layer.campaign().terms();
-    if let Err(error) = terms.wait_for(Option::is_some).await {
-        fail(&format!("no leader elected: {error}"));
+    // The benchmark runs on this term from here on: lost, it would time refusals.
+    let term = match terms.wait_for(Option::is_some).await {
+        Ok(term) => term.clone(),
+        Err(error) => fail(&format!("no leader elected: {error}")),
     }
+    .unwrap_or_else(|| fail("no leader elected"));
 
     let (bare_stack, routed) = in_process(&leader_layer).await;
     println!(
@@ -330,20 +387,22 @@ async fn run() {
     );
 
     // Warm both servers and the connection pool.
-    let _ = load(&client, &bare, CONNECTIONS, Duration::from_millis(300)).await;
-    let _ = load(&client, &led, CONNECTIONS, Duration::from_millis(300)).await;
-    let _ = load(&client, &identity, CONNECTIONS, Duration::from_millis(300)).await;
+    let warm_up = scaled(Duration::from_millis(300), Duration::from_millis(100));
+    let _ = load(&client, &bare, CONNECTIONS, warm_up).await;
+    let _ = load(&client, &led, CONNECTIONS, warm_up).await;
+    let _ = load(&client, &identity, CONNECTIONS, warm_up).await;
     let (mut bare_total, mut led_total) = (0.0, 0.0);
     let mut ratios = Vec::new();
     let mut identity_ratios = Vec::new();
-    for round in 1..=ROUNDS {
+    let (rounds, round_for) = (scaled(ROUNDS, 1), scaled(ROUND, Duration::from_millis(300)));
+    for round in 1..=rounds {
         // Alternate which server goes first, so neither always runs on a warmer machine.
         let (bare_run, led_run) = if round % 2 == 1 {
-            let bare_run = load(&client, &bare, CONNECTIONS, ROUND).await;
-            (bare_run, load(&client, &led, CONNECTIONS, ROUND).await)
+            let bare_run = load(&client, &bare, CONNECTIONS, round_for).await;
+            (bare_run, load(&client, &led, CONNECTIONS, round_for).await)
         } else {
-            let led_run = load(&client, &led, CONNECTIONS, ROUND).await;
-            (load(&client, &bare, CONNECTIONS, ROUND).await, led_run)
+            let led_run = load(&client, &led, CONNECTIONS, round_for).await;
+            (load(&client, &bare, CONNECTIONS, round_for).await, led_run)
         };
         let ((bare_rps, _, bare_failed), (led_rps, _, led_failed)) = (bare_run, led_run);
         if bare_failed + led_failed > 0 {
@@ -351,7 +410,7 @@ async fn run() {
                 "{bare_failed} bare and {led_failed} leader-only requests failed"
             ));
         }
-        let (identity_rps, _, _) = load(&client, &identity, CONNECTIONS, ROUND).await;
+        let (identity_rps, _, _) = load(&client, &identity, CONNECTIONS, round_for).await;
         println!(
             "round {round}: bare axum {bare_rps:.0} req/s, behind LeaderOnlyLayer (leader) {led_rps:.0} req/s, behind an identity route_layer {identity_rps:.0} req/s"
         );
@@ -368,8 +427,8 @@ async fn run() {
     let identity_ratio = identity_ratios[identity_ratios.len() / 2];
     println!(
         "leader-only layer: {:.0} vs {:.0} req/s bare, median ratio {ratio:.3} ({CONNECTIONS} connections)",
-        led_total / ROUNDS as f64,
-        bare_total / ROUNDS as f64
+        led_total / rounds as f64,
+        bare_total / rounds as f64
     );
     println!(
         "for reference, an identity route_layer: median ratio {identity_ratio:.3}; the leader layer's own share is about {:.1}%",
@@ -384,11 +443,28 @@ async fn run() {
         Ok(consul) => consul,
         Err(error) => fail(&format!("cannot build the Consul client: {error}")),
     };
+    // The handler behind the semaphore counts the requests in it at once (across an await, so
+    // that they can overlap) and those that find their lease no longer held.
+    let slots = Arc::new(SlotCheck::default());
+    let limited_handler = {
+        let slots = Arc::clone(&slots);
+        move |HeldLease(lease): HeldLease| async move {
+            let now = slots.in_handler.fetch_add(1, Ordering::SeqCst) + 1;
+            slots.peak.fetch_max(now, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            if !lease.is_held() {
+                slots.not_held.fetch_add(1, Ordering::SeqCst);
+            }
+            slots.in_handler.fetch_sub(1, Ordering::SeqCst);
+            "hello"
+        }
+    };
     let limited = serve(
-        Router::new().route("/", get(handler)).route_layer(
+        Router::new().route("/", get(limited_handler)).route_layer(
             SemaphoreLayer::new(
                 Arc::new(consul.clone()),
-                LeaseSpec::semaphore("bench/tower/semaphore", 8).lock_delay(Duration::ZERO),
+                LeaseSpec::semaphore("bench/tower/semaphore", SEMAPHORE_LIMIT)
+                    .lock_delay(Duration::ZERO),
             )
             .max_wait(Duration::from_secs(30)),
         ),
@@ -399,20 +475,50 @@ async fn run() {
         &client,
         &limited,
         SEMAPHORE_CONNECTIONS,
-        Duration::from_millis(500),
+        scaled(Duration::from_millis(500), Duration::from_millis(200)),
     )
     .await;
     let writes_before = consul.writes_sent();
-    let (semaphore_rps, served, failed) =
-        load(&client, &limited, SEMAPHORE_CONNECTIONS, SEMAPHORE_RUN).await;
+    let (semaphore_rps, served, failed) = load(
+        &client,
+        &limited,
+        SEMAPHORE_CONNECTIONS,
+        scaled(SEMAPHORE_RUN, Duration::from_secs(1)),
+    )
+    .await;
     let writes = consul.writes_sent() - writes_before;
     if failed > 0 {
         fail(&format!("{failed} semaphore requests failed"));
     }
+    assert!(served > 0, "no request was served through the semaphore");
+    let peak = slots.peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= SEMAPHORE_LIMIT as usize,
+        "{peak} requests at once behind the semaphore of limit {SEMAPHORE_LIMIT}"
+    );
+    let not_held = slots.not_held.load(Ordering::SeqCst);
+    assert_eq!(
+        not_held, 0,
+        "{not_held} requests behind the semaphore ran on a lease no longer held"
+    );
     let writes_per_request = writes as f64 / served.max(1) as f64;
     println!(
         "semaphore layer (limit 8, Consul, pooled sessions): {semaphore_rps:.0} req/s, {served} requests, {writes} Consul writes = {writes_per_request:.2} per request, {} lost CAS",
         consul.cas_conflicts()
+    );
+    // The leader held its first term throughout: every figure above was taken on it.
+    assert!(
+        term.is_held(),
+        "the leader's term was lost while the benchmark ran on it: {:?}",
+        term.lease().lost_reason()
+    );
+    assert_eq!(
+        leader_layer
+            .campaign()
+            .term()
+            .map(|t| t.sequencer().clone()),
+        Some(term.sequencer().clone()),
+        "the leader's term changed while the benchmark ran on it"
     );
     shutdown.cancel();
     match campaigning.await {

@@ -1,4 +1,10 @@
-//! Summaries of timing samples, for the benchmarks.
+//! Summaries of timing samples, and the quick mode, for the benchmarks.
+//!
+//! Every benchmark has a quick mode (`LEASE_BENCH_QUICK=1`): a few trials in a few seconds, which
+//! CI runs in the test profile (`cargo test --benches`), so a benchmark never rots unrun. In
+//! every mode a benchmark asserts the correctness bounds it measures around (no loss noticed
+//! later than the fence interval, no overlap, no lease lost while held): a run that breaks one
+//! fails, whatever its timings. Timings themselves are never asserted.
 
 /// The `p`-th percentile (0 to 100) of `samples`, by nearest rank; NaN for no samples.
 pub fn percentile(samples: &[f64], p: f64) -> f64 {
@@ -9,6 +15,16 @@ pub fn percentile(samples: &[f64], p: f64) -> f64 {
     sorted.sort_by(f64::total_cmp);
     let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Whether the benchmark runs in its quick mode (`LEASE_BENCH_QUICK` set to anything but `0`).
+pub fn quick() -> bool {
+    std::env::var_os("LEASE_BENCH_QUICK").is_some_and(|v| v != "0")
+}
+
+/// `full` in a full run, `quick` in the quick mode.
+pub fn scaled<T>(full: T, quick: T) -> T {
+    if self::quick() { quick } else { full }
 }
 
 #[cfg(test)]

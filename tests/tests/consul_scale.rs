@@ -119,13 +119,13 @@ async fn an_agent_that_allows_twenty_connections_per_client_still_holds_a_hundre
     release_all(leases).await;
 }
 
-/// A watch absorbed by a wider one still waits for its blocking answer (up to Consul's wait), so
-/// for a while there are more reads wanting to block than watches. They must never take the
-/// connections kept for requests that answer at once: before, five quiet single-key watches
-/// absorbed into one, plus one new watch, held all seven request slots; acquisitions hung, and
-/// the heartbeat check went critical one TTL later, losing every lease of the process.
+/// Widening the watches (quiet single-key watches absorbed into one, then new ones) must never
+/// take the connections kept for requests that answer at once. Once, absorbed reads went on
+/// blocking beside the watches that replaced them and held all seven request slots: acquisitions
+/// hung, and the heartbeat check went critical one TTL later, losing every lease of the process.
+/// (Absorbed reads now stop at once, and each watch holds a slot of its own.)
 #[tokio::test]
-async fn absorbed_watches_still_blocking_never_starve_other_requests() {
+async fn widening_the_watches_never_starves_other_requests() {
     init_tracing();
     let agent = Agent::start().await;
     let consul = agent.backend();
@@ -150,7 +150,7 @@ async fn absorbed_watches_still_blocking_never_starve_other_requests() {
         budget,
         "each quiet key is watched alone"
     );
-    // Widens one watch to `quiet/a/`, absorbing the others, whose reads go on blocking.
+    // Widens one watch to `quiet/a/`, absorbing the others, whose reads stop.
     held.push(consul.acquire(&spec("quiet/a/x")).await.unwrap());
     for key in ["quiet/b/0", "quiet/c/0", "quiet/c/1", "quiet/d/0"] {
         let lease = within(
