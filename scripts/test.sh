@@ -103,6 +103,13 @@ step "cargo test"
 tests_status=0
 cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log || tests_status=$?
 
+# Every benchmark in its quick mode, in the test profile (the test build's dependencies): a few
+# trials each, failing on the correctness bounds they measure around, never on a timing.
+step "benchmarks, quick mode"
+bench_status=0
+LEASE_BENCH_QUICK=1 cargo test --workspace --all-features --bench '*' 2>&1 | tee target/bench-quick.log || bench_status=$?
+grep '^RESULT' target/bench-quick.log >&2 || true
+
 step "the background checks"
 side_status=0
 wait "$side_pid" || side_status=$?
@@ -116,4 +123,7 @@ fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 step "done"
-((tests_status == 0 && side_status == 0))
+if ((bench_status != 0)); then
+  echo "a benchmark's quick mode failed (exit $bench_status): see target/bench-quick.log above" >&2
+fi
+((tests_status == 0 && side_status == 0 && bench_status == 0))

@@ -19,7 +19,9 @@
 //! holder's key deleted at version 2 was released, and the next waiter goes at once. Any other
 //! removal of a key that was holding (an operator's `etcdctl del` or `lease revoke`, an expired
 //! lease) may have happened while its holder still runs: the holder learns it from its own watch
-//! a few milliseconds later, and cancels its work. Waiters wait
+//! a few milliseconds later, and cancels its work. A waiter is in the queue from its join on, so
+//! this holds for keys that were ahead of it when it joined and were gone by its first read too
+//! (that read also reads, from etcd's history, who was ahead at the join). Waiters wait
 //! [`LeaseSpec::settle_time`] (100 ms by default, above the loss-to-cancel p99 under load)
 //! before they judge again, so the two never run at once. A watch that breaks counts as such a
 //! removal, since a deletion may have been missed. `etcdctl lock` and `etcdctl elect` contenders
@@ -44,6 +46,9 @@ use super::session::{self, LeaseEnd, Session, Won, holder_of, lease_of, retrying
 use super::wire::{B64, Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use crate::backoff::Backoff;
 use crate::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+
+/// How long the replay of a deletion from etcd's history may take before it counts as missed.
+const HISTORY_REPLAY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Who holds, among the keys under `<key>/`.
 #[derive(Clone, Copy, Debug)]
@@ -215,12 +220,20 @@ async fn contend(
         .await
         .map_err(failed)?;
     let mut pause = crate::transport::backoff();
+    let mut first_judgment = true;
     loop {
+        let mut ops = vec![
+            RequestOp::RequestRange(RangeRequest::key(own)),
+            RequestOp::RequestRange(rule.ahead(key, created)),
+        ];
+        if first_judgment {
+            // Who was ahead when we joined, from etcd's history.
+            ops.push(RequestOp::RequestRange(
+                rule.ahead(key, created).at_revision(created),
+            ));
+        }
         let read = TxnRequest {
-            success: vec![
-                RequestOp::RequestRange(RangeRequest::key(own)),
-                RequestOp::RequestRange(rule.ahead(key, created)),
-            ],
+            success: ops,
             ..TxnRequest::default()
         };
         let read = retrying(deadline, || http.txn(&read))
@@ -234,6 +247,16 @@ async fn contend(
             continue;
         }
         let ahead = &read.range(1).kvs;
+        // A waiter is in the queue from its join on: a holder ahead of it then that went without
+        // a release before this read is settled for like one it saw go.
+        if std::mem::take(&mut first_judgment)
+            && removed_since_join(http, created, &read.range(2).kvs, ahead, &mut pause).await
+                == Removal::Unannounced
+        {
+            tracing::debug!(key, settle = ?spec.settle_time(), "a holder ahead of us at our join went without a release; settling");
+            tokio::time::sleep(spec.settle_time()).await;
+            continue;
+        }
         let range = match rule.judge(key, own, ahead)? {
             Turn::Mine => {
                 return Ok(Won {
@@ -314,6 +337,33 @@ impl Removal {
             Removal::Released
         }
     }
+}
+
+/// How the keys that were ahead of a contender when it joined (at revision `created`: `then`,
+/// read from etcd's history) and are gone from `ahead` now went: a watch from the join replays
+/// each one's deletion. Settle-worthy if any went unannounced, or if the history cannot be read
+/// (compacted): a deletion may have been missed.
+async fn removed_since_join(
+    http: &EtcdHttp,
+    created: i64,
+    then: &[KeyValue],
+    ahead: &[KeyValue],
+    pause: &mut Backoff,
+) -> Removal {
+    let mut worst = Removal::Released;
+    for gone in then
+        .iter()
+        .filter(|kv| !ahead.iter().any(|a| a.key == kv.key))
+    {
+        let range = RangeRequest::key(&gone.key_str());
+        // Deleted already, so the watch replays the deletion at once; bounded all the same.
+        let replayed = wait_for_removal(http, &range, then, created, pause);
+        let removal = tokio::time::timeout(HISTORY_REPLAY, replayed)
+            .await
+            .unwrap_or(Removal::Unannounced);
+        worst = worst.max(removal);
+    }
+    worst
 }
 
 /// Completes at the first deletion in `range` after `revision`, saying whether it removed one of
@@ -412,5 +462,77 @@ pub(crate) async fn check_sequencer(http: &EtcdHttp, sequencer: &Sequencer) -> R
         }
         (Some(other), _) => taken(other),
         (None, _) => lost(LostReason::KeyDeleted),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_tests::etcd::Server;
+
+    /// Writes `key` (touched once more if `touched`, as a release does) and returns its create
+    /// revision.
+    async fn put(http: &EtcdHttp, key: &str, touched: bool) -> i64 {
+        let put = |touch| TxnRequest {
+            success: vec![RequestOp::RequestPut(if touch {
+                PutRequest::touch(key)
+            } else {
+                PutRequest {
+                    key: key.into(),
+                    value: B64(b"v".to_vec()),
+                    ..PutRequest::default()
+                }
+            })],
+            ..TxnRequest::default()
+        };
+        let created = http.txn(&put(false)).await.unwrap().header.revision;
+        if touched {
+            http.txn(&put(true)).await.unwrap();
+        }
+        created
+    }
+
+    /// The keys ahead at the join, as the first read's history range reads them.
+    async fn ahead_at(http: &EtcdHttp, rule: Rule, created: i64) -> Vec<KeyValue> {
+        let range = rule.ahead("q", created).at_revision(created);
+        http.range(&range).await.unwrap().kvs
+    }
+
+    /// A holder ahead of a waiter when it joined, removed before the waiter's first read: gone
+    /// without a release, the waiter must settle; released (touched first), it need not. The
+    /// deletion falls between the join and the read here by construction, whatever the timing.
+    #[tokio::test]
+    async fn a_holder_removed_between_a_join_and_the_first_read_is_judged_from_history() {
+        let server = Server::start().await;
+        let etcd = crate::etcd::Etcd::builder()
+            .endpoints([server.url()])
+            .build()
+            .unwrap();
+        let http = &etcd.http;
+        for (rule, released) in [
+            (Rule::Leader, false),
+            (Rule::Leader, true),
+            (Rule::Semaphore { limit: 1 }, false),
+            (Rule::Semaphore { limit: 1 }, true),
+        ] {
+            let holder = "q/holder";
+            put(http, holder, released).await;
+            let joined = put(http, "q/waiter", false).await;
+            let then = ahead_at(http, rule, joined).await;
+            assert_eq!(then.len(), 1, "{rule:?}: the holder was ahead at the join");
+            http.delete(holder, false).await.unwrap();
+            let mut pause = crate::transport::backoff();
+            let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
+            let expected = if released {
+                Removal::Released
+            } else {
+                Removal::Unannounced
+            };
+            assert_eq!(removal, expected, "{rule:?}, released: {released}");
+            // Nothing gone since the join: nothing to settle for.
+            let still = removed_since_join(http, joined, &[], &[], &mut pause).await;
+            assert_eq!(still, Removal::Released);
+            http.delete("q", true).await.unwrap();
+        }
     }
 }

@@ -100,6 +100,9 @@ pub(crate) struct RangeRequest {
     pub(crate) keys_only: bool,
     #[serde(serialize_with = "int_text", skip_serializing_if = "is_zero")]
     pub(crate) max_create_revision: i64,
+    /// Read the keys as they were at this revision (0: now).
+    #[serde(serialize_with = "int_text", skip_serializing_if = "is_zero")]
+    pub(crate) revision: i64,
 }
 
 impl RangeRequest {
@@ -141,6 +144,12 @@ impl RangeRequest {
     /// Only keys created at or before `revision`.
     pub(crate) fn created_by(mut self, revision: i64) -> Self {
         self.max_create_revision = revision;
+        self
+    }
+
+    /// The keys as they were at `revision` (etcd keeps history until it is compacted).
+    pub(crate) fn at_revision(mut self, revision: i64) -> Self {
+        self.revision = revision;
         self
     }
 }
