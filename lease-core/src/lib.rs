@@ -97,6 +97,7 @@ pub mod metrics;
 #[cfg(any(feature = "memory", feature = "consul"))]
 mod semaphore;
 mod sequencer;
+mod shutdown;
 mod spec;
 #[cfg(any(feature = "consul", feature = "etcd"))]
 mod transport;
@@ -120,6 +121,7 @@ pub use guard::__private;
 pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_by_default};
 pub use lease::{BoxFuture, Lease, LeaseWatcher};
 pub use sequencer::{BackendKind, ParseSequencerError, Sequencer};
+pub use shutdown::{StopSignal, shutdown_signal};
 pub use spec::{LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait};
 /// The token that stops a [`Campaign`](leader::Campaign) ([`run_until`](leader::Campaign::run_until),
 /// [`hold_until`](leader::Campaign::hold_until)): tokio-util's, re-exported so that using this

@@ -791,6 +791,15 @@ async fn exit_from_a_campaign_in_select_hands_over_within_a_second() {
     exit_handoff("campaign-select").await;
 }
 
+/// A process that stops the README's way (`lease_core::shutdown_signal()`, then the campaign's
+/// token, then awaits it) hands over within a second of a SIGTERM, as systemd, Kubernetes and
+/// `docker stop` send it.
+#[tokio::test]
+async fn sigterm_to_a_service_built_the_readme_s_way_hands_over_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    exit_handoff("campaign-signal").await;
+}
+
 #[tokio::test]
 async fn a_lease_dropped_at_the_end_of_main_hands_over_within_a_second() {
     let _serial = SERIAL.lock().await;

@@ -15,7 +15,7 @@
 //!
 //! One campaign per process serves the leader-only routes and runs a leader-only worker (a
 //! heartbeat in the log); the fenced route follows the same key through the campaign's watch.
-//! On Ctrl-C the server drains and the campaign steps down: requests in flight finish (up to
+//! On SIGTERM or Ctrl-C the server drains and the campaign steps down: requests in flight finish (up to
 //! 10 s), then the lease is released and the other instance leads at once.
 
 use std::time::Duration;
@@ -132,7 +132,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let stop = shutdown.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            // SIGTERM (systemd, Kubernetes, `docker stop`) or Ctrl-C.
+            lease_core::shutdown_signal().await;
             // Steps down: new leader-only requests get 503, those in flight finish, then the
             // lease is released and the other instance takes over.
             stop.cancel();

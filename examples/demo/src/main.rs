@@ -445,6 +445,12 @@ async fn run_demo(setup: Setup) -> Summary {
     );
     let ledger = Arc::new(Ledger::default());
     let shutdown = CancellationToken::new();
+    // SIGTERM or Ctrl-C ends the demo early, the way a service stops: every node steps down.
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        lease_core::shutdown_signal().await;
+        stop.cancel();
+    });
     let (events_tx, mut events) = mpsc::unbounded_channel::<(&'static str, LeaderEvent)>();
     let mut tasks = Vec::new();
 
@@ -601,7 +607,14 @@ async fn run_demo(setup: Setup) -> Summary {
 
     // Phase 3: run on under the new leader, then shut every node down; each releases at once.
     let stop_at = Instant::now() + RUN_AFTER_FAILOVER;
-    while let Ok(Some((node, event))) = tokio::time::timeout_at(stop_at, events.recv()).await {
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => break,
+            event = tokio::time::timeout_at(stop_at, events.recv()) => event,
+        };
+        let Ok(Some((node, event))) = event else {
+            break;
+        };
         record(&mut timeline, node, event);
     }
     tracing::info!("demo: shutting every node down");

@@ -37,6 +37,12 @@ use crate::{Backend, BoxError, Error, Lease, LeaseSpec, LeaseWatcher, LostReason
 /// use lease_core::CancellationToken;
 ///
 /// let shutdown = CancellationToken::new();
+/// let stop = shutdown.clone();
+/// tokio::spawn(async move {
+///     // SIGTERM or Ctrl-C: step down, so a follower leads at once.
+///     lease_core::shutdown_signal().await;
+///     stop.cancel();
+/// });
 /// Campaign::try_new(Memory::new(), LeaseSpec::leader("service/reports/leader").value("node-1"))?
 ///     .on_event(|event| {
 ///         if let LeaderEvent::Elected { sequencer } = &event {

@@ -59,7 +59,7 @@
 //! let stop = shutdown.clone();
 //! axum::serve(listener, app)
 //!     .with_graceful_shutdown(async move {
-//!         let _ = tokio::signal::ctrl_c().await;
+//!         lease_core::shutdown_signal().await; // SIGTERM or Ctrl-C
 //!         stop.cancel(); // step down: drain, then release
 //!     })
 //!     .await?;

@@ -16,6 +16,9 @@
 //!   release (logging what `release()` answered), repeat. SIGTERM: release, then exit.
 //! - `campaign-select`: `select!` between `Campaign::run_until` and SIGTERM, then return from
 //!   `main` at once (no explicit release).
+//! - `campaign-signal`: the README's way: a campaign spawned with `run_until`, stepped down when
+//!   `lease_core::shutdown_signal()` completes (SIGTERM or SIGINT), then awaited before `main`
+//!   returns.
 //! - `drop-at-exit`: acquire, write until SIGTERM, then return from `main` with the lease still
 //!   in a local (dropped as `main` ends).
 //! - `wait-then-exit`: acquire (waiting forever); on SIGTERM return from `main` at once, dropping
@@ -49,13 +52,14 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
-[--mode loop|campaign-select|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit|\
+[--mode loop|campaign-select|campaign-signal|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit|\
 one-after-another|loop-stdin] [--count N] [--preheld M]";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Loop,
     CampaignSelect,
+    CampaignSignal,
     DropAtExit,
     WaitThenExit,
     HoldMany(HoldManyExit),
@@ -119,6 +123,7 @@ fn parse_args() -> Result<Args, String> {
                 mode = match value()?.as_str() {
                     "loop" => Mode::Loop,
                     "campaign-select" => Mode::CampaignSelect,
+                    "campaign-signal" => Mode::CampaignSignal,
                     "drop-at-exit" => Mode::DropAtExit,
                     "wait-then-exit" => Mode::WaitThenExit,
                     "hold-many" => Mode::HoldMany(HoldManyExit::Shutdown),
@@ -309,6 +314,7 @@ async fn main() {
     match args.mode {
         Mode::Loop => run_loop(&args, backend, history, &mut sigterm).await,
         Mode::CampaignSelect => campaign_select(&args, backend, history, &mut sigterm).await,
+        Mode::CampaignSignal => campaign_signal(&args, backend, history).await,
         Mode::DropAtExit => drop_at_exit(&args, backend, history, &mut sigterm).await,
         Mode::WaitThenExit => wait_then_exit(&args, backend, history, &mut sigterm).await,
         Mode::HoldMany(exit) => hold_many(&args, backend, &mut sigterm, exit).await,
@@ -559,6 +565,36 @@ async fn campaign_select(
     }
     history.log("exit", "-", "");
     // Returns at once: the campaign future was dropped above, and nothing waits for a release.
+}
+
+async fn campaign_signal(args: &Args, backend: Arc<dyn Backend>, history: History) {
+    let events = history.clone();
+    let campaign = Campaign::new(backend, spec(args)).on_event(move |event| match event {
+        LeaderEvent::Lost { sequencer, reason } => {
+            events.log("lost", &sequencer.to_string(), &reason.to_string());
+        }
+        LeaderEvent::Released { sequencer } => {
+            events.log("released", &sequencer.to_string(), "ok");
+        }
+        _ => {}
+    });
+    let (every, hold) = (args.write_every, args.hold);
+    let exit_log = history.clone();
+    let worker = move |lease: lease_core::LeaseWatcher| {
+        let history = history.clone();
+        async move {
+            let seq = lease.sequencer().to_string();
+            history.log("acquired", &seq, "");
+            work(lease, history, every, hold).await;
+            Ok::<(), BoxError>(())
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(campaign.run_until(shutdown.clone(), worker));
+    let signal = lease_core::shutdown_signal().await;
+    shutdown.cancel();
+    let ended = running.await;
+    exit_log.log("exit", "-", &format!("{signal:?}: {ended:?}"));
 }
 
 async fn drop_at_exit(
