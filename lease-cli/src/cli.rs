@@ -139,9 +139,10 @@ pub(crate) struct LockArgs {
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) lock_delay: Duration,
     /// On loss, time between SIGTERM and SIGKILL to the command's process group. The lease is
-    /// given up this much earlier, so TTL must be at least 2.5 times the grace.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration::parse)]
-    pub(crate) grace: Duration,
+    /// given up this much earlier, so TTL must be at least 2.5 times the grace. [default: 5s, or
+    /// TTL/2.5 if that is shorter]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub(crate) grace: Option<Duration>,
     /// The value advertised in the key, shown to those waiting. Default: `<host> pid <pid>`.
     #[arg(long, value_name = "TEXT")]
     pub(crate) value: Option<String>,
@@ -154,6 +155,17 @@ pub(crate) struct LockArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
+}
+
+/// The grace when none is given: 5 s, or as long as `--ttl` allows (TTL / 2.5).
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+impl LockArgs {
+    /// The grace given, or the default that fits the TTL.
+    pub(crate) fn grace(&self) -> Duration {
+        self.grace
+            .unwrap_or_else(|| DEFAULT_GRACE.min(self.ttl.mul_f64(0.4)))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -302,6 +314,24 @@ mod tests {
             .into_iter()
             .map(|a| a.into_string().unwrap_or_default())
             .collect()
+    }
+
+    /// `--ttl 10s` alone once failed: the default grace of 5 s needs a TTL of 12.5 s.
+    #[test]
+    fn the_default_grace_fits_every_ttl() {
+        use clap::Parser;
+        let grace = |args: &[&str]| {
+            let mut all = vec!["lease", "lock"];
+            all.extend_from_slice(args);
+            all.extend(["k", "--", "true"]);
+            match Cli::try_parse_from(all).map(|cli| cli.command) {
+                Ok(Command::Lock(lock)) => lock.grace(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(grace(&[]), Duration::from_secs(5));
+        assert_eq!(grace(&["--ttl", "10s"]), Duration::from_secs(4));
+        assert_eq!(grace(&["--ttl", "10s", "--grace", "1s"]), Duration::from_secs(1));
     }
 
     #[test]

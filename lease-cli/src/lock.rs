@@ -36,7 +36,8 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             "no command after `--`: lease lock [OPTIONS] KEY -- CMD [ARGS…]",
         ));
     }
-    let chosen = Chosen::from_args(&args.backend, args.grace)?;
+    let grace = args.grace();
+    let chosen = Chosen::from_args(&args.backend, grace)?;
     let spec = spec(&args, &chosen)?;
     let mut signals = Signals::new()?;
     let backend = chosen.backend();
@@ -144,9 +145,9 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             eprintln!(
                 "lease: lost {}: {reason}; stopping the command (SIGTERM, SIGKILL after {:?})",
                 spec.key(),
-                args.grace
+                grace
             );
-            let status = guarded.stop(args.grace).await;
+            let status = guarded.stop(grace).await;
             drop(lease);
             backend.shutdown().await;
             let how = match status {
@@ -197,7 +198,7 @@ fn spec(args: &LockArgs, chosen: &Chosen) -> Result<LeaseSpec, Failure> {
         .lock_delay(args.lock_delay)
         .value(args.value.clone().unwrap_or_else(default_value))
         .session_name(name)
-        .fence_lead(args.grace);
+        .fence_lead(args.grace());
     match spec.validate() {
         Ok(()) => Ok(spec),
         Err(Error::InvalidFenceLead { lead, ttl }) => Err(Failure::usage(format_args!(

@@ -269,7 +269,12 @@ fn running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| {
-            let state = stat.rsplit_once(')')?.1.split_whitespace().next()?.to_owned();
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
             Some(state != "Z")
         })
         .unwrap_or(false)

@@ -19,13 +19,28 @@ use crate::backoff::Backoff;
 use crate::{Backend, Error, Sequencer};
 
 /// The holder of a leader key, as followers see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Its `Debug` shows the value as text when it is UTF-8 (an address, as values usually are),
+/// and as bytes otherwise.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Leader {
     /// The leader's fencing token (key, LockIndex, session).
     pub sequencer: Sequencer,
     /// The value the leader advertises in the key (e.g. its address).
     pub value: Vec<u8>,
+}
+
+impl std::fmt::Debug for Leader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut leader = f.debug_struct("Leader");
+        leader.field("sequencer", &self.sequencer);
+        match self.value_str() {
+            Some(text) => leader.field("value", &text),
+            None => leader.field("value", &self.value),
+        };
+        leader.finish()
+    }
 }
 
 impl Leader {
@@ -349,5 +364,20 @@ async fn observe_loop(inner: Arc<WatchInner>) {
         // Whatever was seen may be outdated now: nobody is reported until it is confirmed again.
         observation.send_replace(Observation::Unknown);
         backoff.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BackendKind;
+
+    #[test]
+    fn a_leader_shows_its_value_as_text_when_it_is() {
+        let sequencer = Sequencer::new(BackendKind::Memory, "k", 1, "s");
+        let text = Leader::new(sequencer.clone(), b"http://10.0.0.7:8080".to_vec());
+        assert!(format!("{text:?}").contains(r#"value: "http://10.0.0.7:8080""#));
+        let bytes = Leader::new(sequencer, vec![0xff, 0]);
+        assert!(format!("{bytes:?}").contains("value: [255, 0]"));
     }
 }
