@@ -204,40 +204,156 @@ impl Reachability {
 /// reports. Fed by the one place each backend sends its requests (or, for RabbitMQ, opens and
 /// loses its connections).
 ///
+/// A server that hangs is unreachable too, and from the moment it stopped answering, not from
+/// the moment a request's timeout ran out: while a request sent at `t` has had no answer for
+/// [`HANG_AFTER`], and nothing else was answered since `t`, the server is reported unreachable
+/// since `t`. (A partitioned agent once showed as reachable for the whole 10 s timeout of a
+/// hung request, and readiness lagged the self-fence by as much.)
+///
 /// [`Backend::reachability`]: crate::Backend::reachability
 #[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
-#[derive(Debug)]
-pub(crate) struct ReachabilityTracker(std::sync::Mutex<Reachability>);
+#[derive(Debug, Default)]
+pub(crate) struct ReachabilityTracker(std::sync::Mutex<Tracked>);
+
+/// How long a request that answers at once may go unanswered before the server counts as
+/// hanging: far above a healthy answer (milliseconds; tens of them for a large listing), far
+/// below any request timeout.
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+pub(crate) const HANG_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
-impl Default for ReachabilityTracker {
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    /// What the answers and failures said.
+    seen: Reachability,
+    /// When the last answer came.
+    last_answer: Option<tokio::time::Instant>,
+    /// The send times of the requests in flight, with how many were sent at each.
+    in_flight: std::collections::BTreeMap<tokio::time::Instant, usize>,
+}
+
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+impl Default for Tracked {
     fn default() -> Self {
-        ReachabilityTracker(std::sync::Mutex::new(Reachability::Unknown))
+        Tracked {
+            seen: Reachability::Unknown,
+            last_answer: None,
+            in_flight: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// A request in flight, from [`ReachabilityTracker::sending`]; forgotten when dropped.
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+#[derive(Debug)]
+pub(crate) struct InFlight<'a> {
+    tracker: &'a ReachabilityTracker,
+    sent: tokio::time::Instant,
+}
+
+#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut tracked = self.tracker.lock();
+        if let Some(count) = tracked.in_flight.get_mut(&self.sent) {
+            *count -= 1;
+            if *count == 0 {
+                tracked.in_flight.remove(&self.sent);
+            }
+        }
     }
 }
 
 #[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
 impl ReachabilityTracker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tracked> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A request that should answer at once is being sent: until the returned guard is
+    /// dropped, it counts towards a hang.
+    pub(crate) fn sending(&self) -> InFlight<'_> {
+        let sent = tokio::time::Instant::now();
+        *self.lock().in_flight.entry(sent).or_default() += 1;
+        InFlight {
+            tracker: self,
+            sent,
+        }
+    }
+
     /// A request was `answered` (any answer), or went unanswered.
     pub(crate) fn answered(&self, answered: bool) {
-        let mut current = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *current = match (*current, answered) {
+        let mut tracked = self.lock();
+        let now = tokio::time::Instant::now();
+        if answered {
+            tracked.last_answer = Some(now);
+        }
+        tracked.seen = match (tracked.seen, answered) {
             (_, true) => Reachability::Reachable,
             // The outage started with its first failure.
             (outage @ Reachability::Unreachable { .. }, false) => outage,
-            (_, false) => Reachability::Unreachable {
-                since: tokio::time::Instant::now(),
-            },
+            (_, false) => Reachability::Unreachable { since: now },
         };
     }
 
     pub(crate) fn get(&self) -> Reachability {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let tracked = self.lock();
+        let hung_since = tracked
+            .in_flight
+            .keys()
+            .next()
+            .copied()
+            .filter(|oldest| tracked.last_answer.is_none_or(|answer| answer < *oldest))
+            .filter(|oldest| oldest.elapsed() >= HANG_AFTER);
+        match (tracked.seen, hung_since) {
+            (seen, None) => seen,
+            (Reachability::Unreachable { since }, Some(hung)) => Reachability::Unreachable {
+                since: since.min(hung),
+            },
+            (_, Some(hung)) => Reachability::Unreachable { since: hung },
+        }
+    }
+}
+
+#[cfg(all(test, any(feature = "consul", feature = "etcd", feature = "amqp")))]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// A request that hangs makes the server unreachable from when it was sent, once it has hung
+    /// for `HANG_AFTER`, unless something sent later was answered; a refusal counts at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_server_is_unreachable_from_its_first_unanswered_request() {
+        let tracker = ReachabilityTracker::default();
+        tracker.answered(true);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let sent = Instant::now();
+        let hung = tracker.sending();
+        tokio::time::sleep(HANG_AFTER / 2).await;
+        assert_eq!(tracker.get(), Reachability::Reachable, "not yet a hang");
+        tokio::time::sleep(HANG_AFTER).await;
+        assert_eq!(tracker.get(), Reachability::Unreachable { since: sent });
+        assert!(tracker.get().unreachable_for() >= Some(HANG_AFTER));
+
+        // A later request answered: the server talks, the one request is just slow.
+        let other = tracker.sending();
+        tracker.answered(true);
+        drop(other);
+        assert_eq!(tracker.get(), Reachability::Reachable);
+        drop(hung);
+
+        // A refusal counts at once, and an earlier hang dates the outage.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let hung = tracker.sending();
+        let hung_at = Instant::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        tracker.answered(false);
+        assert_eq!(tracker.get(), Reachability::Unreachable { since: hung_at });
+        drop(hung);
+        tracker.answered(true);
+        assert_eq!(tracker.get(), Reachability::Reachable);
     }
 }

@@ -13,8 +13,10 @@
 //! Neither sends anything to the backend: reachability is what the backend's own requests
 //! (renewals, watches, acquisitions) found ([`Backend::reachability`]). A backend that tracks no
 //! reachability (`"reachable": null`) is always ready. A refused or reset connection counts at
-//! once; a request that hangs (a partition) counts when it times out, and the outage is dated
-//! from then.
+//! once; a request that hangs (a partition, a frozen agent) counts once it has gone a second
+//! without an answer while nothing else was answered, and the outage is dated from when it was
+//! sent, so `not_ready_after` means the same for a backend that hangs as for one that refuses.
+//! (Watch reads, which may rightly wait, do not count.)
 //!
 //! The report:
 //!

@@ -341,7 +341,11 @@ impl EtcdHttp {
             if let Some(token) = &token {
                 request = request.header("Authorization", token);
             }
-            let response = match request.send().await {
+            // A watch answers with its headers at once, as every other request does.
+            let in_flight = self.reachability.sending();
+            let sent = request.send().await;
+            drop(in_flight);
+            let response = match sent {
                 Ok(response) => response,
                 Err(error) => {
                     self.move_on(i);

@@ -384,7 +384,11 @@ impl ConsulHttp {
         }
         crate::metrics::backend_request(BackendKind::Consul, write);
         let token = self.settings.token.as_ref().map(Token::expose);
+        // A watch's read may rightly go unanswered for its whole wait: only the others tell a
+        // hanging agent.
+        let in_flight = (kind == Kind::Brief).then(|| self.reachability.sending());
         let answer = self.client.send(method, url, token, body, timeout).await;
+        drop(in_flight);
         self.reachability
             .answered(!matches!(answer, Err(ApiError::Transport(_))));
         if let Err(error) = &answer {
