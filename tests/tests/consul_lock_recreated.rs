@@ -22,7 +22,7 @@ const PREFIX: &str = "settle/mixed";
 const LIMIT: u32 = 3;
 const DELETIONS: usize = 20;
 /// Our lock-delay, and so our settle after a deletion.
-const SETTLE: Duration = Duration::from_millis(1000);
+const SETTLE: Duration = Duration::from_millis(600);
 
 /// `.lock`'s ModifyIndex and the sessions its `Holders` names, if it exists.
 async fn lock_holders(agent: &Agent) -> Option<(u64, BTreeSet<String>)> {

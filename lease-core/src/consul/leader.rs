@@ -175,6 +175,8 @@ async fn contend(
                 // key, and Consul refuses us while it runs), or by an invalidation Consul does
                 // not delay.
                 Some(_) if lock_delay.is_some_and(|d| d >= spec.settle_time()) => None,
+                // Released cleanly by this very client.
+                Some(_) if http.released().contains(&previous) => None,
                 Some(_) => match http.session_exists(&previous).await {
                     Ok(true) => None,
                     Ok(false) | Err(_) => Some(spec.settle_time()),

@@ -15,9 +15,12 @@
 //!   own, requests are bounded instead; see [`ConsulBuilder::max_connections`].
 //! - **Watches are shared.** Every blocking query goes through at most `max_connections − 2`
 //!   recursive prefix watches covering every key some lease, waiter or observer cares about; an
-//!   answer wakes only the watchers whose keys changed. The price: an answer carries every key
-//!   under its prefix, so a loss among many keys in one directory is read as one large listing
-//!   (see the README's measured figures).
+//!   answer wakes only the watchers whose keys changed. Every key someone cares about is covered
+//!   by a blocking read at every moment, except while its watch starts, widens or recovers from a
+//!   failed read (one plain listing: milliseconds); a held lease that no read covers stops
+//!   counting its heartbeat from that moment, so it self-fences rather than run unwatched. The
+//!   price: an answer carries every key under its prefix, so a loss among many keys in one
+//!   directory is read as one large listing (see the README's measured figures).
 //! - **One heartbeat keeps every session alive.** Sessions are tied to one agent TTL check per
 //!   process (a service `lease`), passed every TTL/2: idle traffic does not grow with the number
 //!   of leases, and each lease keeps its own session, so destroying one session loses one lease.

@@ -26,6 +26,7 @@ pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
 
 use super::config::{AddressOrigin, KeepAlive, Token};
 use super::keepalive::KeepAlives;
+use super::session::ReleasedSessions;
 use super::watch::Watches;
 use crate::BackendKind;
 use crate::backend::ReachabilityTracker;
@@ -159,6 +160,8 @@ pub(crate) struct ConsulHttp {
     /// that needs it (see [`ConsulHttp::detached`]).
     detached: OnceLock<Option<Arc<ConsulHttp>>>,
     reachability: ReachabilityTracker,
+    /// The sessions this client gave back with a clean release, lately.
+    released: ReleasedSessions,
 }
 
 impl fmt::Debug for ConsulHttp {
@@ -196,6 +199,7 @@ impl ConsulHttp {
             cas_conflicts: AtomicU64::new(0),
             detached: OnceLock::new(),
             reachability: ReachabilityTracker::default(),
+            released: ReleasedSessions::default(),
         })
     }
 
@@ -231,6 +235,11 @@ impl ConsulHttp {
     /// The prefix watches of this client.
     pub(crate) fn watches(&self) -> &Watches {
         &self.watches
+    }
+
+    /// The sessions this client gave back with a clean release, lately.
+    pub(crate) fn released(&self) -> &ReleasedSessions {
+        &self.released
     }
 
     /// The connection budget of this client (a watch takes its slot from it).
