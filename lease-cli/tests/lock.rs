@@ -224,7 +224,7 @@ async fn a_killed_lease_lock_takes_its_whole_command_group_with_it() {
     lease_tests::workers::wait_for(
         Duration::from_secs(1),
         || format!("the command group {first_pids:?} to die with lease lock"),
-        || first_pids.iter().all(|&p| !running(p)).then_some(()),
+        || first_pids.iter().all(|&p| !alive(p)).then_some(()),
     )
     .await;
     let gone = now_ns();
@@ -261,23 +261,6 @@ async fn a_killed_lease_lock_takes_its_whole_command_group_with_it() {
         "the killed holder's command wrote at {last_first}, after the next holder's first write at \
          {first_second}"
     );
-}
-
-/// Whether `pid` runs: it exists and is not a zombie (a killed process whose new parent has not
-/// reaped it yet has stopped running all the same).
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_owned();
-            Some(state != "Z")
-        })
-        .unwrap_or(false)
 }
 
 /// Waits (bounded) until `path` has `n` lines ending in ` who`.

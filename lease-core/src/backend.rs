@@ -243,15 +243,16 @@ impl Default for Tracked {
     }
 }
 
-/// A request in flight, from [`ReachabilityTracker::sending`]; forgotten when dropped.
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+/// A request in flight, from [`ReachabilityTracker::sending`]; forgotten when dropped. (RabbitMQ
+/// tracks its connections, not its requests.)
+#[cfg(any(feature = "consul", feature = "etcd"))]
 #[derive(Debug)]
 pub(crate) struct InFlight<'a> {
     tracker: &'a ReachabilityTracker,
     sent: tokio::time::Instant,
 }
 
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
+#[cfg(any(feature = "consul", feature = "etcd"))]
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let mut tracked = self.tracker.lock();
@@ -267,11 +268,14 @@ impl Drop for InFlight<'_> {
 #[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
 impl ReachabilityTracker {
     fn lock(&self) -> std::sync::MutexGuard<'_, Tracked> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A request that should answer at once is being sent: until the returned guard is
     /// dropped, it counts towards a hang.
+    #[cfg(any(feature = "consul", feature = "etcd"))]
     pub(crate) fn sending(&self) -> InFlight<'_> {
         let sent = tokio::time::Instant::now();
         *self.lock().in_flight.entry(sent).or_default() += 1;
@@ -315,7 +319,7 @@ impl ReachabilityTracker {
     }
 }
 
-#[cfg(all(test, any(feature = "consul", feature = "etcd", feature = "amqp")))]
+#[cfg(all(test, any(feature = "consul", feature = "etcd")))]
 mod tests {
     use std::time::Duration;
 

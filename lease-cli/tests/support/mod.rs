@@ -91,9 +91,23 @@ pub async fn file_appears(path: &Path) -> String {
     .await
 }
 
-/// Whether process `pid` exists (signal 0).
+/// Whether process `pid` runs: it exists and is not a zombie. A process killed together with its
+/// parent (a command's group killed with `lease`'s supervisor) is reparented to init and stays a
+/// zombie until init reaps it, which some containers' init never does: it has stopped running all
+/// the same.
 pub fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
 }
 
 /// Sends `signal` to `pid`.
