@@ -331,7 +331,10 @@ mod tests {
         };
         assert_eq!(grace(&[]), Duration::from_secs(5));
         assert_eq!(grace(&["--ttl", "10s"]), Duration::from_secs(4));
-        assert_eq!(grace(&["--ttl", "10s", "--grace", "1s"]), Duration::from_secs(1));
+        assert_eq!(
+            grace(&["--ttl", "10s", "--grace", "1s"]),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]
