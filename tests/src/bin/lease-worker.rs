@@ -47,7 +47,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, LeaderEvent};
-use lease_core::{Backend, BoxError, Lease, LeaseSpec, LeaseWatcher, Wait};
+use lease_core::{Backend, BoxError, BoxFuture, Lease, LeaseSpec, LeaseWatcher, Wait};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
@@ -74,7 +74,7 @@ enum HoldManyExit {
     DropAtExit,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Args {
     consul: Option<String>,
     amqp: Option<String>,
@@ -402,40 +402,9 @@ async fn loop_stdin(
             break;
         };
         let spec = spec_on(args, format!("{}/{}", args.key, line.trim()));
-        let (every, hold) = (args.write_every, args.hold);
         let (backend, history, stop) = (Arc::clone(&backend), history.clone(), stop.clone());
-        loops.spawn(async move {
-            loop {
-                history.log("waiting", "-", "");
-                let lease = tokio::select! {
-                    acquired = backend.acquire(&spec) => acquired,
-                    () = stop.cancelled() => return,
-                };
-                let lease = match lease {
-                    Ok(lease) => lease,
-                    Err(error) => {
-                        history.log("error", "-", &format!("acquire: {error}"));
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                };
-                let seq = lease.sequencer().to_string();
-                history.log("acquired", &seq, "");
-                let guarded = work(lease.watcher(), history.clone(), every, hold);
-                let outcome = tokio::select! {
-                    outcome = lease.run(guarded) => Some(outcome),
-                    () = stop.cancelled() => None,
-                };
-                if let Some(Err(reason)) = &outcome {
-                    history.log("lost", &seq, &reason.to_string());
-                }
-                let result = lease.release().await;
-                history.log("released", &seq, &release_detail(&result));
-                if outcome.is_none() {
-                    return;
-                }
-            }
-        });
+        let args = args.clone();
+        loops.spawn(async move { loop_on(backend, spec, history, &args, stop).await });
     }
     stop.cancel();
     while loops.join_next().await.is_some() {}
@@ -479,15 +448,33 @@ async fn hold_many(
 }
 
 async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigterm: &mut Signal) {
-    let spec = spec(args);
+    let stop = CancellationToken::new();
+    let on_sigterm = async {
+        sigterm.recv().await;
+        stop.cancel();
+    };
+    tokio::join!(
+        loop_on(backend, spec(args), history.clone(), args, stop.clone()),
+        on_sigterm
+    );
+    history.log("exit", "-", "");
+}
+
+/// Forever: acquire `spec` (waiting forever), run the work under `Lease::run`, release (logging
+/// what `release()` answered). Until `stop`: an acquire in progress is dropped, a lease held is
+/// released first.
+async fn loop_on(
+    backend: Arc<dyn Backend>,
+    spec: LeaseSpec,
+    history: History,
+    args: &Args,
+    stop: CancellationToken,
+) {
     loop {
         history.log("waiting", "-", "");
         let acquired = tokio::select! {
             acquired = backend.acquire(&spec) => acquired,
-            _ = sigterm.recv() => {
-                history.log("exit", "-", "");
-                return;
-            }
+            () = stop.cancelled() => return,
         };
         let lease = match acquired {
             Ok(lease) => lease,
@@ -495,10 +482,7 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
                 history.log("error", "-", &format!("acquire: {error}"));
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                    _ = sigterm.recv() => {
-                        history.log("exit", "-", "");
-                        return;
-                    }
+                    () = stop.cancelled() => return,
                 }
             }
         };
@@ -512,29 +496,29 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
         );
         let outcome = tokio::select! {
             outcome = lease.run(guarded) => Some(outcome),
-            _ = sigterm.recv() => None,
+            () = stop.cancelled() => None,
         };
-        match outcome {
-            Some(Ok(())) => {}
-            Some(Err(reason)) => history.log("lost", &seq, &reason.to_string()),
-            None => {
-                // SIGTERM: the work is already dropped; give the lease back, then leave.
-                let result = lease.release().await;
-                history.log("released", &seq, &release_detail(&result));
-                history.log("exit", "-", "");
-                return;
-            }
+        if let Some(Err(reason)) = &outcome {
+            history.log("lost", &seq, &reason.to_string());
         }
+        // On stop the work is already dropped: give the lease back, then leave.
         let result = lease.release().await;
         history.log("released", &seq, &release_detail(&result));
+        if outcome.is_none() {
+            return;
+        }
     }
 }
 
-async fn campaign_select(
+/// The campaign of `args`, logging its losses and releases, and the worker it runs: each term
+/// logs `acquired` and runs the guarded work.
+fn logged_campaign(
     args: &Args,
     backend: Arc<dyn Backend>,
-    history: History,
-    sigterm: &mut Signal,
+    history: &History,
+) -> (
+    Campaign,
+    impl FnMut(LeaseWatcher) -> BoxFuture<'static, Result<(), BoxError>> + Send + 'static,
 ) {
     let events = history.clone();
     let campaign = Campaign::new(backend, spec(args)).on_event(move |event| match event {
@@ -546,17 +530,27 @@ async fn campaign_select(
         }
         _ => {}
     });
-    let (every, hold) = (args.write_every, args.hold);
-    let shutdown = CancellationToken::new();
-    let worker = |lease: lease_core::LeaseWatcher| {
+    let (every, hold, history) = (args.write_every, args.hold, history.clone());
+    let worker = move |lease: LeaseWatcher| -> BoxFuture<'static, Result<(), BoxError>> {
         let history = history.clone();
-        async move {
+        Box::pin(async move {
             let seq = lease.sequencer().to_string();
             history.log("acquired", &seq, "");
             work(lease, history, every, hold).await;
-            Ok::<(), BoxError>(())
-        }
+            Ok(())
+        })
     };
+    (campaign, worker)
+}
+
+async fn campaign_select(
+    args: &Args,
+    backend: Arc<dyn Backend>,
+    history: History,
+    sigterm: &mut Signal,
+) {
+    let (campaign, worker) = logged_campaign(args, backend, &history);
+    let shutdown = CancellationToken::new();
     tokio::select! {
         ended = campaign.run_until(shutdown, worker) => {
             history.log("campaign-ended", "-", &format!("{ended:?}"));
@@ -568,33 +562,13 @@ async fn campaign_select(
 }
 
 async fn campaign_signal(args: &Args, backend: Arc<dyn Backend>, history: History) {
-    let events = history.clone();
-    let campaign = Campaign::new(backend, spec(args)).on_event(move |event| match event {
-        LeaderEvent::Lost { sequencer, reason } => {
-            events.log("lost", &sequencer.to_string(), &reason.to_string());
-        }
-        LeaderEvent::Released { sequencer } => {
-            events.log("released", &sequencer.to_string(), "ok");
-        }
-        _ => {}
-    });
-    let (every, hold) = (args.write_every, args.hold);
-    let exit_log = history.clone();
-    let worker = move |lease: lease_core::LeaseWatcher| {
-        let history = history.clone();
-        async move {
-            let seq = lease.sequencer().to_string();
-            history.log("acquired", &seq, "");
-            work(lease, history, every, hold).await;
-            Ok::<(), BoxError>(())
-        }
-    };
+    let (campaign, worker) = logged_campaign(args, backend, &history);
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(campaign.run_until(shutdown.clone(), worker));
     let signal = lease_core::shutdown_signal().await;
     shutdown.cancel();
     let ended = running.await;
-    exit_log.log("exit", "-", &format!("{signal:?}: {ended:?}"));
+    history.log("exit", "-", &format!("{signal:?}: {ended:?}"));
 }
 
 async fn drop_at_exit(
