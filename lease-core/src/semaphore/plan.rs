@@ -189,37 +189,45 @@ impl Planner {
         for session in snapshot.recorded().filter(|s| dead(s)) {
             self.dead_since.entry(session.clone()).or_insert(now);
         }
-        // A lock key with holders, deleted and created again (by `consul lock -n`, which does
-        // not settle) between two reads: the deletion was missed, not the holders it stopped.
-        if let (Ok(Some((_, value))), Some(created)) = (&snapshot.lock, snapshot.lock_created) {
-            if self
-                .lock_seen
-                .is_some_and(|(seen, had_holders)| seen != created && had_holders)
-            {
-                self.lock_gone_since.get_or_insert(now);
-            }
-            self.lock_seen = Some((created, !value.holders.is_empty()));
-        }
-        if matches!(snapshot.lock, Ok(None)) {
-            self.lock_seen = None;
-        }
-        match snapshot.lock {
-            Ok(None) if snapshot.live.iter().any(|s| !waiting(s)) => {
-                self.lock_gone_since.get_or_insert(now);
-            }
-            // Its holders may have cleaned up before they stopped: still settling.
-            Ok(None) => {}
-            // Re-created (by us after the settle, or at once by another library such as
-            // `consul lock -n`, which does not settle): the holders it was deleted under may
-            // still be stopping, whoever wrote the new one, so the settle runs its course.
-            Ok(Some(_)) | Err(_) => {
-                if self
-                    .lock_gone_since
-                    .is_some_and(|since| since + self.settle <= now)
-                {
-                    self.lock_gone_since = None;
+        match &snapshot.lock {
+            Ok(Some((_, value))) => {
+                // A lock key with holders, deleted and created again (by `consul lock -n`,
+                // which does not settle) between two reads: the deletion was missed, not the
+                // holders it stopped.
+                if let Some(created) = snapshot.lock_created {
+                    if (self.lock_seen)
+                        .is_some_and(|(seen, had_holders)| seen != created && had_holders)
+                    {
+                        self.lock_gone_since = Some(now);
+                    }
+                    self.lock_seen = Some((created, !value.holders.is_empty()));
                 }
+                // Re-created (by us after the settle, or at once by another library): the
+                // holders it was deleted under may still be stopping, whoever wrote the new
+                // one, so the settle runs its course.
+                self.forget_settled_deletion(now);
             }
+            Ok(None) => {
+                // Seen since the last deletion: this is a new one, whose holders' settle starts
+                // now, however recently an earlier settle ran out.
+                let deleted_anew = self.lock_seen.take().is_some();
+                if snapshot.live.iter().any(|s| !waiting(s)) {
+                    if deleted_anew {
+                        self.lock_gone_since = Some(now);
+                    } else {
+                        self.lock_gone_since.get_or_insert(now);
+                    }
+                }
+                // Otherwise its holders may have cleaned up before they stopped: still settling.
+            }
+            Err(_) => self.forget_settled_deletion(now),
+        }
+    }
+
+    /// Forgets a deletion whose settle has run out.
+    fn forget_settled_deletion(&mut self, now: Instant) {
+        if (self.lock_gone_since).is_some_and(|since| since + self.settle <= now) {
+            self.lock_gone_since = None;
         }
     }
 

@@ -388,3 +388,34 @@ fn a_round_admits_at_most_a_transaction_s_worth() {
     assert_eq!(write.admits.len(), 30 - MAX_TAKES);
     assert_eq!(write.lock.expect("admitted").value.holders.len(), 30);
 }
+
+/// A second deletion restarts the settle, however long ago the first one's ran out: the
+/// planner observes only on its rounds, so the first settle may still be on record, expired, when
+/// the second deletion is seen.
+#[test]
+fn a_second_deletion_settles_in_full_after_an_expired_first() {
+    let mut rig = Rig::new(vec![take("d", 2, SECOND)], Vec::new());
+    let full = snapshot(Some((7, 2, &["a", "b"])), &["a", "b", "d"]);
+    assert!(waits(&rig.fresh(&full, Duration::ZERO)));
+    // Deleted under a and b, re-created by x: the first settle starts.
+    let mut first = snapshot(Some((9, 2, &["x"])), &["x", "d"]);
+    first.lock_created = Some(9);
+    assert!(waits(&rig.fresh(&first, SECOND / 10)));
+    // Deleted again long after that settle ran out, with no round in between, and re-created by y.
+    let mut second = snapshot(Some((12, 2, &["y"])), &["y", "d"]);
+    second.lock_created = Some(12);
+    let at = 5 * SECOND;
+    assert!(waits(&rig.fresh(&second, at)), "settling again");
+    assert_eq!(rig.wake(), Some(at + SECOND));
+
+    // The same for a deletion seen as a missing `.lock`.
+    let mut rig = Rig::new(vec![take("d", 2, SECOND)], Vec::new());
+    let gone = snapshot(None, &["a", "d"]);
+    assert!(waits(&rig.fresh(&full, Duration::ZERO)));
+    assert!(waits(&rig.fresh(&gone, SECOND / 10)));
+    let mut recreated = snapshot(Some((9, 2, &["x"])), &["a", "x", "d"]);
+    recreated.lock_created = Some(9);
+    assert!(waits(&rig.fresh(&recreated, SECOND / 2)));
+    assert!(waits(&rig.fresh(&gone, at)), "gone again: settling again");
+    assert_eq!(rig.wake(), Some(at + SECOND));
+}
