@@ -97,17 +97,32 @@ side_pid=$!
 step "examples"
 cargo run --quiet -p lease-jobs-example
 
+# Each test stage runs under a bound far above its usual time (`timeout` signals the whole process
+# group): a hang is a failure that names the stage within minutes, not a CI run that uses up its
+# 90 minutes and says nothing.
+bounded() {
+  local limit=$1
+  shift
+  local status=0
+  timeout --kill-after=30 "$limit" "$@" || status=$?
+  if ((status == 124 || status == 137)); then
+    echo "'$*' did not finish within ${limit}s: it hung (the log above shows where)" >&2
+  fi
+  return "$status"
+}
+
 step "cargo test"
 # --no-fail-fast: one run shows every failing test binary, not only the first. A failure is
 # reported after the background checks are in.
 tests_status=0
-cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log || tests_status=$?
+bounded 2400 cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log || tests_status=$?
 
 # Every benchmark in its quick mode, in the test profile (the test build's dependencies): a few
 # trials each, failing on the correctness bounds they measure around, never on a timing.
 step "benchmarks, quick mode"
 bench_status=0
-LEASE_BENCH_QUICK=1 cargo test --workspace --all-features --bench '*' 2>&1 | tee target/bench-quick.log || bench_status=$?
+LEASE_BENCH_QUICK=1 bounded 900 cargo test --workspace --all-features --no-fail-fast --bench '*' 2>&1 |
+  tee target/bench-quick.log || bench_status=$?
 grep '^RESULT' target/bench-quick.log >&2 || true
 
 step "the background checks"

@@ -3,22 +3,35 @@
 //!
 //! ```text
 //! cargo bench -p lease-cli --bench guard
+//! LEASE_BENCH_QUICK=1 cargo test -p lease-cli --bench guard   # a few trials, as CI runs it
 //! ```
+//!
+//! Every wait is bounded ([`GUARD_BOUND`]): a guard that never starts its child, never signals it
+//! after its loss, or a job that never finishes fails the run with the trial it was in.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::process::Stdio;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lease_tests::consul::{Agent, SIGNAL_CHILD, consul_lock_loss_to_signal, loss_to_signal};
-use lease_tests::stats::percentile;
+use lease_tests::consul::{
+    Agent, GUARD_BOUND, SIGNAL_CHILD, consul_lock_loss_to_signal, guard_loss_to_signal,
+};
+use lease_tests::stats::{percentile, scaled};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-const TRIALS: usize = 15;
+/// Uncontended starts timed (a few in the quick mode).
+fn trials() -> usize {
+    scaled(15, 3)
+}
 /// The loss figures' p99 is their largest sample or near it: enough trials that one slow
 /// scheduling on a loaded machine is not the whole figure.
-const LOSS_TRIALS: usize = 50;
+fn loss_trials() -> usize {
+    scaled(50, 5)
+}
 const JOBS: usize = 32;
+/// The semaphore run's jobs finish within this (32 × 50 ms at 4 at once is 0.4 s ideal).
+const JOBS_BOUND: Duration = Duration::from_secs(120);
 
 fn lease(agent: &Agent) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
@@ -30,7 +43,7 @@ fn lease(agent: &Agent) -> Command {
 
 /// Destroy → the child's SIGTERM handler ran, for `lease lock` (ms).
 async fn lease_loss_to_signal(agent: &Agent) -> Vec<f64> {
-    loss_to_signal(agent, LOSS_TRIALS, "l", |prefix| {
+    guard_loss_to_signal(agent, loss_trials(), "l", |prefix| {
         let mut command = lease(agent);
         command.args(["lock", prefix, "--", "sh", "-c", SIGNAL_CHILD]);
         command
@@ -41,14 +54,21 @@ async fn lease_loss_to_signal(agent: &Agent) -> Vec<f64> {
 /// Spawn → the child printed `ready`, uncontended (ms).
 async fn start_times(mut command: impl FnMut(usize) -> Command) -> Vec<f64> {
     let mut samples = Vec::new();
-    for trial in 0..TRIALS {
+    for trial in 0..trials() {
         let started = Instant::now();
         let mut child = command(trial).stdout(Stdio::piped()).spawn().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        if let Ok(Some(_)) = lines.next_line().await {
-            samples.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-        let _ = child.wait().await;
+        let line = tokio::time::timeout(GUARD_BOUND, lines.next_line()).await;
+        assert!(
+            matches!(line, Ok(Ok(Some(_)))),
+            "start trial {trial}: the child did not print within {GUARD_BOUND:?}"
+        );
+        samples.push(started.elapsed().as_secs_f64() * 1e3);
+        let status = tokio::time::timeout(GUARD_BOUND, child.wait()).await;
+        assert!(
+            matches!(status, Ok(Ok(s)) if s.success()),
+            "start trial {trial}: the guard did not exit cleanly within {GUARD_BOUND:?}: {status:?}"
+        );
     }
     samples
 }
@@ -56,9 +76,16 @@ async fn start_times(mut command: impl FnMut(usize) -> Command) -> Vec<f64> {
 /// 32 jobs of 50 ms contending for 4 slots: seconds until the last has finished.
 async fn semaphore_total(mut command: impl FnMut() -> Command) -> f64 {
     let started = Instant::now();
-    let children: Vec<_> = (0..JOBS).map(|_| command().spawn().unwrap()).collect();
-    for mut child in children {
-        assert!(child.wait().await.unwrap().success());
+    let children: Vec<_> = (0..JOBS)
+        .map(|_| command().kill_on_drop(true).spawn().unwrap())
+        .collect();
+    let deadline = tokio::time::Instant::now() + JOBS_BOUND;
+    for (job, mut child) in children.into_iter().enumerate() {
+        let status = tokio::time::timeout_at(deadline, child.wait()).await;
+        assert!(
+            matches!(status, Ok(Ok(s)) if s.success()),
+            "job {job} of {JOBS} did not finish cleanly within {JOBS_BOUND:?}: {status:?}"
+        );
     }
     started.elapsed().as_secs_f64()
 }
@@ -68,7 +95,7 @@ async fn main() {
     let agent = Agent::start().await;
 
     let ours = lease_loss_to_signal(&agent).await;
-    let theirs = consul_lock_loss_to_signal(&agent, LOSS_TRIALS).await;
+    let theirs = consul_lock_loss_to_signal(&agent, loss_trials()).await;
 
     let ours_start = start_times(|i| {
         let mut c = lease(&agent);

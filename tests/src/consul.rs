@@ -464,41 +464,85 @@ signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)
 print("ready", flush=True)
 while True: time.sleep(1)'"#;
 
+/// How long a guard may take to start its child, or to signal it after its loss, before the
+/// trial is a failure: well past any fence interval the benchmarks use, far short of a hang.
+pub const GUARD_BOUND: Duration = Duration::from_secs(30);
+
 /// Loss → signal of `consul lock` (the reference the benchmarks compare with): see
-/// [`loss_to_signal`].
+/// [`loss_to_signal`]. A trial whose child `consul lock` never signals is left out and said, not
+/// a failure: it is the reference's behaviour, not ours.
 pub async fn consul_lock_loss_to_signal(agent: &Agent, trials: usize) -> Vec<f64> {
-    loss_to_signal(agent, trials, "cl", |prefix| {
+    let samples = loss_to_signal(agent, trials, "cl", |prefix| {
         let mut command = agent.command();
         command.args(["lock", prefix, SIGNAL_CHILD]);
         command
     })
-    .await
+    .await;
+    let (signalled, missed): (Vec<_>, Vec<_>) = samples.into_iter().partition(Option::is_some);
+    if !missed.is_empty() {
+        eprintln!(
+            "consul lock did not signal its child within {GUARD_BOUND:?} of the loss in {} of {trials} trials",
+            missed.len()
+        );
+    }
+    signalled.into_iter().flatten().collect()
+}
+
+/// Loss → signal of a process guard of ours (see [`loss_to_signal`]); panics if a child is not
+/// signalled within [`GUARD_BOUND`] of its loss.
+pub async fn guard_loss_to_signal(
+    agent: &Agent,
+    trials: usize,
+    tag: &str,
+    guard: impl FnMut(&str) -> Command,
+) -> Vec<f64> {
+    let samples = loss_to_signal(agent, trials, tag, guard).await;
+    let missed: Vec<usize> = (samples.iter().enumerate())
+        .filter_map(|(trial, s)| s.is_none().then_some(trial))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "the guard did not signal its child within {GUARD_BOUND:?} of the loss in trials {missed:?}"
+    );
+    samples.into_iter().flatten().collect()
 }
 
 /// Loss → signal of a process guard: `trials` times, `guard(prefix)` (a `consul lock`-style
 /// command running [`SIGNAL_CHILD`] while it holds `prefix/.lock`) is started, an operator
 /// destroys the session holding the key once the child is ready, and the time from the destroy
-/// to the child's signal is one sample (ms). `tag` keeps the prefixes of two guards apart.
+/// to the child's signal is one sample (ms), `None` if the child was not signalled within
+/// [`GUARD_BOUND`]. `tag` keeps the prefixes of two guards apart. Panics if a guard does not start
+/// its child within [`GUARD_BOUND`].
 pub async fn loss_to_signal(
     agent: &Agent,
     trials: usize,
     tag: &str,
     mut guard: impl FnMut(&str) -> Command,
-) -> Vec<f64> {
+) -> Vec<Option<f64>> {
     let mut samples = Vec::new();
     for trial in 0..trials {
         let prefix = format!("bench/loss/{tag}-{trial}");
         let mut child = guard(&prefix)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
+            .kill_on_drop(true)
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line == "ready" {
-                break;
+        let ready = tokio::time::timeout(GUARD_BOUND, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line == "ready" {
+                    return true;
+                }
             }
-        }
+            false
+        })
+        .await;
+        assert!(
+            ready == Ok(true),
+            "trial {trial} on {prefix:?}: the guard's child did not start within {GUARD_BOUND:?} \
+             (the guard exited, or is still waiting for the key)"
+        );
         let entry = agent.key(&format!("{prefix}/.lock")).await;
         let session = entry["Session"]
             .as_str()
@@ -506,17 +550,22 @@ pub async fn loss_to_signal(
             .to_owned();
         let t0 = now_ns();
         agent.destroy_session(&session).await;
-        let mut signalled = None;
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(ts) = line.strip_prefix("signal ") {
-                signalled = ts.trim().parse::<u128>().ok();
-                break;
+        let signalled = tokio::time::timeout(GUARD_BOUND, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(ts) = line.strip_prefix("signal ") {
+                    return ts.trim().parse::<u128>().ok();
+                }
             }
-        }
+            None
+        })
+        .await;
         let _ = child.kill().await;
-        if let Some(t1) = signalled {
-            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
-        }
+        samples.push(
+            signalled
+                .ok()
+                .flatten()
+                .map(|t1| t1.saturating_sub(t0) as f64 / 1e6),
+        );
     }
     samples
 }
