@@ -89,17 +89,41 @@ pub enum Error {
         limit: u64,
     },
 
-    /// The key already carries another kind of lock (its flags say so); we never take it over.
-    #[error(
-        "key {key:?} is used by another kind of lock (flags {found:#x}, expected {expected:#x}); \
-         use a different key, or remove the other lock"
-    )]
+    /// The name is used by another kind of lock: a leader lock was asked for where a semaphore
+    /// is, or a semaphore where a leader lock is. A name is used by one kind of lock at a time,
+    /// and no holder of the other kind will ever make room, so this is answered at once, however
+    /// long the spec may wait, and is not transient. Neither lock is touched.
+    ///
+    /// `expected` is the kind asked for and `found` the kind in the way, as Consul's flags (the
+    /// ones `consul lock` puts on its keys): [`Error::LEADER_FLAGS`] for a leader lock,
+    /// [`Error::SEMAPHORE_FLAGS`] for a semaphore. Per backend:
+    ///
+    /// - **Consul**: `found` is the flags on `key`, the key that shows the other kind: the leader
+    ///   key when a semaphore is asked for on it, the semaphore's `<prefix>/.lock` when a leader
+    ///   lock is asked for on its prefix (or, as with `consul lock`, the key itself when the two
+    ///   use the same key). A key with other flags (0 for `consul kv put`, or another tool's) is
+    ///   refused as a leader key or lock key the same way, and the message shows the flags in hex.
+    ///   These keys outlive their holders: a released leader key keeps its name a leader lock's
+    ///   until it is deleted (`Consul::remove_unheld_key`, which `lease lock` calls on
+    ///   exit), a semaphore's `.lock` until `Consul::destroy_semaphore`.
+    /// - **memory**: as on Consul, whose keys it models.
+    /// - **etcd**: keys carry no flags; `found` is the constant of the kind of the contenders found
+    ///   under `key`, the name asked for. Contender keys go with their holders and waiters, so a
+    ///   name is another kind's only while that kind holds or waits for it.
+    /// - **RabbitMQ**: a leader lock is a one-slot semaphore and the queues do not say which it
+    ///   is. A leader lock asked for on a semaphore of more slots is refused with this error
+    ///   (`found` is [`Error::SEMAPHORE_FLAGS`]); a semaphore asked for on a leader lock's name
+    ///   gets [`Error::LimitMismatch`] with `stored: 1`, or, asking for one slot, shares it.
+    #[error("{}", flags_conflict(.key, .found, .expected))]
     FlagsConflict {
-        /// The key.
+        /// The key that shows the other kind of lock (see above), or the name asked for where no
+        /// key does.
         key: String,
-        /// The flags found on the key.
+        /// The other kind of lock, as flags: [`Error::LEADER_FLAGS`], [`Error::SEMAPHORE_FLAGS`],
+        /// or (Consul) whatever flags the key carries.
         found: u64,
-        /// The flags this kind of lock uses.
+        /// The kind of lock asked for, as flags: [`Error::LEADER_FLAGS`] or
+        /// [`Error::SEMAPHORE_FLAGS`].
         expected: u64,
     },
 
@@ -290,6 +314,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// The flags of a leader lock's key, as `consul lock` (and Consul's Go `api.Lock`) sets them;
+    /// in [`Error::FlagsConflict`], a leader lock on every backend.
+    pub const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
+
+    /// The flags of a semaphore's keys, as `consul lock -n` (and Consul's Go `api.Semaphore`) sets
+    /// them; in [`Error::FlagsConflict`], a semaphore on every backend.
+    pub const SEMAPHORE_FLAGS: u64 = 0xe0f6_9a2b_aa41_4de0;
+
     /// True for [`Error::Busy`]: the lease is held elsewhere.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
@@ -331,6 +363,30 @@ impl Error {
             | Error::NoDefaultBackend => false,
         }
     }
+}
+
+/// The kind of lock that `flags` mark, if they are one of ours (and `consul lock`'s).
+fn kind_of_lock(flags: u64) -> Option<&'static str> {
+    match flags {
+        Error::LEADER_FLAGS => Some("a leader lock"),
+        Error::SEMAPHORE_FLAGS => Some("a semaphore"),
+        _ => None,
+    }
+}
+
+/// The message of [`Error::FlagsConflict`]: the kinds by name, the flags in hex only when they
+/// are not a kind of lock (a foreign Consul key).
+fn flags_conflict(key: &str, found: &u64, expected: &u64) -> String {
+    let what = match (kind_of_lock(*found), kind_of_lock(*expected)) {
+        (Some(found), Some(expected)) => {
+            format!("another kind of lock ({found}; this is {expected})")
+        }
+        (None, Some(expected)) => {
+            format!("another kind of lock or other data (flags {found:#x}; this is {expected})")
+        }
+        _ => format!("another kind of lock (flags {found:#x}, expected {expected:#x})"),
+    };
+    format!("key {key:?} is used by {what}: use a different key, or remove the other lock")
 }
 
 /// Why a held lease stopped being held.
@@ -396,6 +452,38 @@ mod tests {
         assert_eq!(
             denied.to_string(),
             "permission denied to use queue \"q\": ACCESS_REFUSED; give the user permissions"
+        );
+    }
+
+    #[test]
+    fn a_flags_conflict_names_the_kinds_and_shows_only_foreign_flags_in_hex() {
+        let conflict = |found, expected| {
+            Error::FlagsConflict {
+                key: "jobs".to_owned(),
+                found,
+                expected,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            conflict(Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS),
+            "key \"jobs\" is used by another kind of lock (a leader lock; this is a semaphore): \
+             use a different key, or remove the other lock"
+        );
+        assert_eq!(
+            conflict(Error::SEMAPHORE_FLAGS, Error::LEADER_FLAGS),
+            "key \"jobs\" is used by another kind of lock (a semaphore; this is a leader lock): \
+             use a different key, or remove the other lock"
+        );
+        assert_eq!(
+            conflict(0, Error::LEADER_FLAGS),
+            "key \"jobs\" is used by another kind of lock or other data (flags 0x0; this is a \
+             leader lock): use a different key, or remove the other lock"
+        );
+        assert_eq!(
+            conflict(7, 8),
+            "key \"jobs\" is used by another kind of lock (flags 0x7, expected 0x8): use a \
+             different key, or remove the other lock"
         );
     }
 

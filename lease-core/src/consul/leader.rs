@@ -23,7 +23,7 @@ use super::watch::{Interest, Listing, Watches};
 use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
-pub(crate) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
+pub(crate) const LEADER_FLAGS: u64 = Error::LEADER_FLAGS;
 
 /// First pause after an acquire refused by lock-delay; doubles up to [`LOCK_DELAY_MAX_PAUSE`].
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);

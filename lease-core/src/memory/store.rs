@@ -22,7 +22,7 @@ use crate::semaphore::{LockValue, Planner, SEMAPHORE_FLAGS};
 use crate::{BackendKind, Error, LeaseSpec, MAX_LOCK_DELAY, Sequencer, Target};
 
 /// The flags `consul lock` puts on a leader key; kept so a key is never used as two kinds of lock.
-pub(super) const LEADER_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
+pub(super) const LEADER_FLAGS: u64 = Error::LEADER_FLAGS;
 
 /// Distinguishes the session IDs of separate stores, so a test's IDs never collide across stores.
 static NEXT_STORE: AtomicU64 = AtomicU64::new(1);

@@ -10,7 +10,7 @@ use crate::{Error, Sequencer};
 
 /// The flags `consul lock -n` (and Consul's Go `api.Semaphore`) put on its keys; ours carry them
 /// too, so a key is never used as two kinds of lock.
-pub(crate) const SEMAPHORE_FLAGS: u64 = 0xe0f6_9a2b_aa41_4de0;
+pub(crate) const SEMAPHORE_FLAGS: u64 = Error::SEMAPHORE_FLAGS;
 
 /// The coordinating key of the semaphore at `prefix`.
 pub(crate) fn lock_key(prefix: &str) -> String {
