@@ -243,8 +243,10 @@ impl Default for Tracked {
     }
 }
 
-/// A request in flight, from [`ReachabilityTracker::sending`]; forgotten when dropped. (RabbitMQ
-/// tracks its connections, not its requests.)
+/// A request in flight, from [`ReachabilityTracker::sending`]; forgotten when dropped, except
+/// that one dropped unanswered after hanging (its caller gave up on it: a timeout, or a lease
+/// that ended meanwhile) leaves the outage it showed on record, dated from its send time, until
+/// something answers. (RabbitMQ tracks its connections, not its requests.)
 #[cfg(any(feature = "consul", feature = "etcd"))]
 #[derive(Debug)]
 pub(crate) struct InFlight<'a> {
@@ -261,6 +263,15 @@ impl Drop for InFlight<'_> {
             if *count == 0 {
                 tracked.in_flight.remove(&self.sent);
             }
+        }
+        let unanswered = tracked.last_answer.is_none_or(|answer| answer < self.sent);
+        if unanswered && self.sent.elapsed() >= HANG_AFTER {
+            tracked.seen = match tracked.seen {
+                Reachability::Unreachable { since } => Reachability::Unreachable {
+                    since: since.min(self.sent),
+                },
+                _ => Reachability::Unreachable { since: self.sent },
+            };
         }
     }
 }
@@ -357,6 +368,19 @@ mod tests {
         tracker.answered(false);
         assert_eq!(tracker.get(), Reachability::Unreachable { since: hung_at });
         drop(hung);
+        tracker.answered(true);
+        assert_eq!(tracker.get(), Reachability::Reachable);
+
+        // A hung request given up on (dropped unanswered) leaves its outage on record until
+        // something answers; one dropped before it counted as a hang leaves nothing.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(tracker.sending());
+        assert_eq!(tracker.get(), Reachability::Reachable);
+        let hung_at = Instant::now();
+        let hung = tracker.sending();
+        tokio::time::sleep(HANG_AFTER * 2).await;
+        drop(hung);
+        assert_eq!(tracker.get(), Reachability::Unreachable { since: hung_at });
         tracker.answered(true);
         assert_eq!(tracker.get(), Reachability::Reachable);
     }

@@ -7,8 +7,9 @@
 //! - [`liveness`](Health::liveness) (`/healthz`): always `200 OK`, with the report;
 //! - [`readiness`](Health::readiness) (`/readyz`): `200 OK` with the report, or `503 Service
 //!   Unavailable` with `"status": "not ready"` once the backend has been unreachable for longer
-//!   than [`not_ready_after`](Health::not_ready_after), so a load balancer stops sending traffic
-//!   to a node that can neither lead nor check a sequencer.
+//!   than [`not_ready_after`](Health::not_ready_after), or, sooner, once a campaign or lease it
+//!   reports on has fenced itself during the outage: a load balancer stops sending traffic to a
+//!   node that can neither lead nor check a sequencer no later than the node stops serving.
 //!
 //! Neither sends anything to the backend: reachability is what the backend's own requests
 //! (renewals, watches, acquisitions) found ([`Backend::reachability`]). A backend that tracks no
@@ -48,7 +49,8 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use lease_core::backend::Reachability;
 use lease_core::leader::{CampaignHandle, CampaignState};
-use lease_core::{Backend, LeaseWatcher};
+use lease_core::{Backend, LeaseWatcher, LostReason};
+use tokio::time::Instant;
 
 /// What a node reports about its leases, and the services that answer health checks with it.
 ///
@@ -117,8 +119,10 @@ impl Health {
     }
 
     /// How long the backend may go unanswered before [`readiness`](Self::readiness) answers 503.
-    /// Default: [`DEFAULT_NOT_READY_AFTER`](Self::DEFAULT_NOT_READY_AFTER) (10 s). A bound
-    /// shorter than the leases' TTL turns a node not ready before it self-fences.
+    /// Default: [`DEFAULT_NOT_READY_AFTER`](Self::DEFAULT_NOT_READY_AFTER) (10 s). Whatever the
+    /// bound, a node is unready from the moment a campaign or lease it reports on fences itself
+    /// during the outage (it can no longer lead or hold); a bound shorter than the leases' fence
+    /// interval turns it unready before that.
     pub fn not_ready_after(mut self, bound: Duration) -> Self {
         self.not_ready_after = bound;
         self
@@ -132,7 +136,31 @@ impl Health {
     fn ready_given(&self, reachability: Reachability) -> bool {
         reachability
             .unreachable_for()
-            .is_none_or(|outage| outage < self.not_ready_after)
+            .is_none_or(|outage| outage < self.not_ready_after && !self.fenced_during(outage))
+    }
+
+    /// Whether a lease this reports on has fenced itself during the current outage (which began
+    /// `outage` ago): the node is unready by then, whatever `not_ready_after` says, since it can
+    /// no longer do what it reports.
+    fn fenced_during(&self, outage: Duration) -> bool {
+        let self_fenced = |reason: &LostReason| matches!(reason, LostReason::SelfFenced { .. });
+        let since = Instant::now().checked_sub(outage);
+        let campaigns = self.campaigns.iter().any(|campaign| {
+            let term_fenced = campaign
+                .term()
+                .and_then(|term| term.lease().lost_reason())
+                .is_some_and(|reason| self_fenced(&reason));
+            let last_fenced = campaign.last_loss().is_some_and(|(reason, at)| {
+                self_fenced(&reason) && since.is_none_or(|since| at >= since)
+            });
+            term_fenced || last_fenced
+        });
+        campaigns
+            || (self.leases.iter()).any(|lease| {
+                lease
+                    .lost_reason()
+                    .is_some_and(|reason| self_fenced(&reason))
+            })
     }
 
     /// The report, as JSON (see the [module docs](self) for its fields).

@@ -140,3 +140,114 @@ async fn health_reports_the_term_and_readiness_follows_the_agents_reachability()
         .unwrap()
         .unwrap();
 }
+
+/// A campaign on Consul behind `proxy`, with this TTL, reported by a `Health` with this bound.
+fn leader_behind(proxy: &Proxy, ttl: Duration, not_ready_after: Duration) -> (Campaign, Router) {
+    let backend: Arc<dyn Backend> =
+        Arc::new(Consul::builder().address(proxy.url()).build().unwrap());
+    let campaign = Campaign::try_new(
+        backend.clone(),
+        LeaseSpec::leader(KEY).ttl(ttl).lock_delay(Duration::ZERO),
+    )
+    .unwrap()
+    .backoff(Duration::from_millis(100), Duration::from_millis(500));
+    let health = Health::new(backend)
+        .campaign(campaign.handle())
+        .not_ready_after(not_ready_after);
+    let app = Router::new().route_service("/readyz", health.readiness());
+    (campaign, app)
+}
+
+/// An agent that hangs (every byte held, nothing refused) turns the node unready after
+/// `not_ready_after`, counted from the first request left unanswered: well before the lease
+/// self-fences, while the node still leads.
+#[tokio::test]
+async fn a_hanging_agent_turns_the_node_unready_after_the_bound_before_the_fence() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let proxy = Proxy::start(agent.addr()).await.unwrap();
+    let (campaign, app) = leader_behind(&proxy, Duration::from_secs(10), Duration::from_secs(1));
+    let handle = campaign.handle();
+    let mut events = handle.events();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
+    next_event(&mut events, "the election", |e| {
+        matches!(e, LeaderEvent::Elected { .. })
+    })
+    .await;
+    assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+
+    proxy.set_mode(Mode::Blackhole);
+    let body = within(T, "readiness to turn 503", async {
+        loop {
+            let (status, body) = get(&app, "/readyz").await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // The fence interval of a 10 s TTL is 9 s from the last renewal; a hung request counted only
+    // when it timed out (10 s) would turn the node unready after it.
+    assert!(
+        handle.term().is_some_and(|term| term.is_held()),
+        "unready only once the lease was gone: {body}"
+    );
+    assert!(body.contains(r#""role":"leader""#), "{body}");
+
+    proxy.set_mode(Mode::Forward);
+    shutdown.cancel();
+    within(T, "the campaign to end", running)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// However long `not_ready_after` is, the node is unready by the time its leader lease fences
+/// itself during an outage: it can no longer lead, so it must not look ready.
+#[tokio::test]
+async fn the_node_is_unready_no_later_than_its_lease_fences_itself() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let proxy = Proxy::start(agent.addr()).await.unwrap();
+    let (campaign, app) = leader_behind(&proxy, Duration::from_secs(10), Duration::from_secs(600));
+    let handle = campaign.handle();
+    let mut events = handle.events();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
+    next_event(&mut events, "the election", |e| {
+        matches!(e, LeaderEvent::Elected { .. })
+    })
+    .await;
+
+    proxy.set_mode(Mode::Blackhole);
+    let lost = next_event(&mut events, "the self-fence", |e| {
+        matches!(e, LeaderEvent::Lost { .. })
+    })
+    .await;
+    let LeaderEvent::Lost { reason, .. } = &lost else {
+        unreachable!()
+    };
+    assert!(
+        matches!(reason, lease_core::LostReason::SelfFenced { .. }),
+        "{lost:?}"
+    );
+    let (status, body) = get(&app, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains(r#""role":"follower""#), "{body}");
+
+    // Once the agent answers again, the node is ready again.
+    proxy.set_mode(Mode::Forward);
+    within(T, "readiness to return", async {
+        while get(&app, "/readyz").await.0 != StatusCode::OK {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    shutdown.cancel();
+    within(T, "the campaign to end", running)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -323,6 +324,10 @@ impl Campaign {
                 reason = lease.lost() => TermEnd::Lost(reason),
                 joined = &mut task => TermEnd::Exited(joined),
             };
+            if let TermEnd::Lost(reason) = &outcome {
+                // Recorded at the loss, before the worker has stopped: readiness reads it.
+                *lock(&self.shared.last_loss) = Some((reason.clone(), Instant::now()));
+            }
             if !matches!(outcome, TermEnd::Exited(_)) {
                 task.0.abort();
                 // Wait until the worker's future is really dropped before anyone else may lead.
@@ -342,6 +347,7 @@ impl Campaign {
                     return Ok(CampaignEnd::Shutdown);
                 }
                 TermEnd::Lost(reason) | TermEnd::Exited(Ok(Err(reason))) => {
+                    lock(&self.shared.last_loss).get_or_insert((reason.clone(), Instant::now()));
                     drop(lease);
                     tracing::warn!(%sequencer, %reason, "campaign: lost the lease; worker cancelled");
                     self.end_term();

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{Notify, broadcast, watch};
+use tokio::time::Instant;
 
 use super::event::{CampaignEnd, EventSink, LeaderEvent, emit};
 use super::observe::{Leader, LeaderWatch};
-use crate::{Error, LeaseWatcher, Sequencer};
+use crate::{Error, LeaseWatcher, LostReason, Sequencer};
 
 /// One term of this node as leader (or as a holder of a slot, for a semaphore campaign): the
 /// lease's view, and the work in flight under it.
@@ -324,10 +325,19 @@ impl CampaignHandle {
         self.shared.state.subscribe()
     }
 
-    /// The error of the last failed attempt to acquire, if no election has succeeded since
-    /// (the campaign retries it; see [`LeaderEvent::AcquireFailed`]).
+    /// The error of the last failed attempt to acquire, if nothing has succeeded since: no
+    /// election, and no leader seen (the campaign retries it; see
+    /// [`LeaderEvent::AcquireFailed`]). For logs and metrics; not for clients, since it may name
+    /// internal addresses.
     pub fn last_error(&self) -> Option<Arc<Error>> {
         lock(&self.shared.last_error).clone()
+    }
+
+    /// Why and when this node's last term was lost, if it was lost (not released) and no term
+    /// has begun since. A [`LostReason::SelfFenced`] loss during a backend outage is what
+    /// `lease_tower::health` reads to turn a node unready no later than its self-fence.
+    pub fn last_loss(&self) -> Option<(LostReason, Instant)> {
+        lock(&self.shared.last_loss).clone()
     }
 
     /// A receiver of the campaign's events from now on, as
@@ -349,6 +359,8 @@ pub(super) struct Shared {
     pub(super) leader: watch::Sender<Option<Leader>>,
     pub(super) state: watch::Sender<CampaignState>,
     pub(super) last_error: Mutex<Option<Arc<Error>>>,
+    /// Why and when the last term was lost, until the next term begins.
+    pub(super) last_loss: Mutex<Option<(LostReason, Instant)>>,
     /// The sequencer of this node's last term: a watch that still shows it after the term ended
     /// is behind.
     last_term: Mutex<Option<Sequencer>>,
@@ -370,6 +382,7 @@ impl Shared {
             leader: watch::channel(None).0,
             state: watch::channel(CampaignState::NotStarted).0,
             last_error: Mutex::new(None),
+            last_loss: Mutex::new(None),
             last_term: Mutex::new(None),
             events: broadcast::channel(EVENT_BACKLOG).0,
             refresh: Mutex::new(()),
@@ -379,6 +392,7 @@ impl Shared {
     /// Publishes a new term.
     pub(super) fn begin_term(&self, term: &Term) {
         *lock(&self.last_error) = None;
+        *lock(&self.last_loss) = None;
         *lock(&self.last_term) = Some(term.sequencer().clone());
         self.terms.send_replace(Some(term.clone()));
         crate::metrics::is_leader(&self.key, true);
@@ -414,6 +428,10 @@ impl Shared {
                     .filter(|leader| Some(&leader.sequencer) != last_term.as_ref())
             }
         };
+        if leader.is_some() {
+            // The backend answered since: an earlier failed attempt is no longer news.
+            *lock(&self.last_error) = None;
+        }
         let changed = self.leader.send_if_modified(|current| {
             let changed = *current != leader;
             if changed {
