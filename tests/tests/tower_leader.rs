@@ -12,9 +12,10 @@ use lease_core::leader::{Campaign, CampaignEnd, CampaignHandle, CampaignState, T
 use lease_core::memory::Memory;
 use lease_core::{Backend, BoxError, Error, LeaseSpec, Sequencer};
 use lease_tests::consul::Agent;
+use lease_tests::proxy::{Mode, Proxy};
 use lease_tests::{init_tracing, within};
 use lease_tower::extract::LeaseSequencer;
-use lease_tower::leader::{LEADER_HEADER, LeaderOnlyLayer};
+use lease_tower::leader::{LEADER_HEADER, LeaderOnlyLayer, Refusal};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -649,7 +650,8 @@ async fn an_invalid_key_fails_the_campaign_up_front_or_is_answered_with_500() {
     assert!(matches!(handle.state(), CampaignState::Failed(_)));
     let response = app.oneshot(get_request("/admin/x")).await.unwrap();
     assert_eq!(response.status(), 500);
-    assert!(text(response).await.contains("invalid lease key"));
+    // The client learns that retrying will not help, not the error (it is in the logs).
+    assert_eq!(text(response).await, Refusal::CampaignFailed.text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -674,10 +676,100 @@ async fn a_key_used_by_another_kind_of_lock_is_answered_with_500_on_consul() {
     assert!(!error.is_transient());
     let response = app.oneshot(get_request("/admin/x")).await.unwrap();
     assert_eq!(response.status(), 500);
-    let body = text(response).await;
-    assert!(body.contains("another kind of lock"), "{body}");
+    assert_eq!(text(response).await, Refusal::CampaignFailed.text());
     assert!(
         matches!(handle.state(), CampaignState::Failed(message) if message.contains("another kind of lock"))
     );
     assert!(agent.sessions().await.is_empty());
+}
+
+/// A follower's 503 tells the client what it can act on, nothing more: not the error of its last
+/// failed attempt (which named the backend's address), not after the backend has recovered, and
+/// in the words the application chose when it chose some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_s_answer_names_no_internals_and_no_stale_error() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let proxy = Proxy::start(agent.addr()).await.unwrap();
+    let address = proxy.url();
+    proxy.set_mode(Mode::Refuse);
+    let backend = lease_core::consul::Consul::builder()
+        .address(address.clone())
+        .build()
+        .unwrap();
+    let campaign = Campaign::try_new(Arc::new(backend), spec()).unwrap();
+    let handle = campaign.handle();
+    let plain: Router = Router::new()
+        .route("/admin/x", get(|| async { "led" }))
+        .route_layer(LeaderOnlyLayer::new(handle.clone()));
+    let worded: Router = Router::new()
+        .route("/admin/x", get(|| async { "led" }))
+        .route_layer(
+            LeaderOnlyLayer::new(handle.clone()).refusal_body(|refusal| match refusal {
+                Refusal::NoLeader => "electing; come back soon\n".to_owned(),
+                other => format!("{} ({other:?})\n", other.status()),
+            }),
+        );
+    let (shutdown, running) = hold(campaign);
+
+    // The backend refuses: no leader is known, and the campaign's last attempt failed.
+    within(T, "a failed attempt", async {
+        while handle.last_error().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let error = handle.last_error().unwrap().to_string();
+    let host = address.trim_start_matches("http://");
+    assert!(error.contains(host), "the error names the address: {error}");
+    let response = plain
+        .clone()
+        .oneshot(get_request("/admin/x"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    let body = text(response).await;
+    assert_eq!(body, Refusal::NoLeader.text());
+    assert!(!body.contains(host) && !body.contains(KEY), "{body}");
+    let response = worded
+        .clone()
+        .oneshot(get_request("/admin/x"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(text(response).await, "electing; come back soon\n");
+
+    // Another node leads; this one reaches Consul again and follows: the old error is gone.
+    let other = agent.backend();
+    let leader = other
+        .acquire(&spec().value("http://node-2:3000"))
+        .await
+        .unwrap();
+    proxy.set_mode(Mode::Forward);
+    within(T, "the leader to be seen", async {
+        while handle.leader().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(handle.last_error().is_none(), "{:?}", handle.last_error());
+    let response = plain.oneshot(get_request("/admin/x")).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response.headers().get(LEADER_HEADER).unwrap(),
+        "http://node-2:3000"
+    );
+    assert_eq!(text(response).await, Refusal::NotLeader.text());
+    let response = worded.oneshot(get_request("/admin/x")).await.unwrap();
+    assert_eq!(
+        text(response).await,
+        "503 Service Unavailable (NotLeader)\n"
+    );
+
+    leader.release().await.unwrap();
+    shutdown.cancel();
+    within(T, "the campaign to end", running)
+        .await
+        .unwrap()
+        .unwrap();
 }

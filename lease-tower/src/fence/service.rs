@@ -146,9 +146,7 @@ async fn consistent_check(config: Arc<Config>, sequencer: Sequencer) -> Result<(
             tracing::warn!(%sequencer, %error, "sequencer check: the backend cannot tell; answering 503");
             Err(Refusal {
                 status: StatusCode::SERVICE_UNAVAILABLE,
-                text: format!(
-                    "the lease backend cannot confirm this request's sequencer now ({error}); retry after the delay in Retry-After\n"
-                ),
+                text: "the lease backend cannot confirm this request's sequencer now; retry after the delay in Retry-After\n".to_owned(),
             })
         }
         Ok(Err(error)) => {
@@ -156,7 +154,7 @@ async fn consistent_check(config: Arc<Config>, sequencer: Sequencer) -> Result<(
             Err(Refusal {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
                 text: format!(
-                    "this route cannot check sequencers of {:?}, and retrying cannot fix it: {error}\n",
+                    "this route cannot check sequencers of {:?}, and retrying cannot fix it until its operator does\n",
                     config.key()
                 ),
             })

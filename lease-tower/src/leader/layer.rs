@@ -4,10 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::HeaderValue;
 use lease_core::leader::CampaignHandle;
 use tower::Layer;
 
+use super::Refusal;
 use super::service::LeaderOnly;
 use crate::body::retry_after_value;
 
@@ -63,11 +65,39 @@ pub struct LeaderOnlyLayer {
 
 /// The campaign, and how followers are answered: one `Arc`, so a service clone (axum clones a
 /// route's service per request) is one reference-count increment.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(super) struct Config {
     pub(super) campaign: CampaignHandle,
     pub(super) retry_after: HeaderValue,
     pub(super) redirect: bool,
+    /// The body of each refusal; `None`: [`Refusal::text`].
+    pub(super) refusal_body: Option<Arc<RefusalBody>>,
+}
+
+type RefusalBody = dyn Fn(Refusal) -> String + Send + Sync;
+
+impl Config {
+    /// The body a refusal answers with.
+    pub(super) fn body(&self, refusal: Refusal) -> Bytes {
+        match &self.refusal_body {
+            Some(body) => Bytes::from(body(refusal)),
+            None => Bytes::from_static(refusal.text().as_bytes()),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("campaign", &self.campaign)
+            .field("retry_after", &self.retry_after)
+            .field("redirect", &self.redirect)
+            .field(
+                "refusal_body",
+                &self.refusal_body.as_ref().map(|_| "custom"),
+            )
+            .finish()
+    }
 }
 
 impl fmt::Debug for LeaderOnlyLayer {
@@ -91,6 +121,7 @@ impl LeaderOnlyLayer {
                 campaign,
                 retry_after: retry_after_value(Self::DEFAULT_RETRY_AFTER),
                 redirect: false,
+                refusal_body: None,
             }),
         }
     }
@@ -107,6 +138,31 @@ impl LeaderOnlyLayer {
     /// While no leader is known the answer stays 503. Default: off.
     pub fn redirect_to_leader(mut self, redirect: bool) -> Self {
         Arc::make_mut(&mut self.config).redirect = redirect;
+        self
+    }
+
+    /// Answers each [`Refusal`] with the body `body` returns for it (status and headers stay
+    /// the layer's, and `Content-Type` stays `text/plain; charset=utf-8`). Default:
+    /// [`Refusal::text`]. Whatever it returns reaches any client: keep internal details out.
+    ///
+    /// ```
+    /// use lease_core::leader::Campaign;
+    /// use lease_core::{LeaseSpec, memory::Memory};
+    /// use lease_tower::leader::{LeaderOnlyLayer, Refusal};
+    ///
+    /// let campaign = Campaign::try_new(Memory::new(), LeaseSpec::leader("service/api/leader"))?;
+    /// let layer = LeaderOnlyLayer::new(campaign.handle()).refusal_body(|refusal| match refusal {
+    ///     Refusal::NoLeader => "Electing a leader; try again in a second.\n".to_owned(),
+    ///     other => format!("{other}\n"),
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    pub fn refusal_body<F>(mut self, body: F) -> Self
+    where
+        F: Fn(Refusal) -> String + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.config).refusal_body = Some(Arc::new(body));
         self
     }
 

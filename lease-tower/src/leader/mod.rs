@@ -17,11 +17,15 @@
 //! - **On a follower** the answer is `503` with `Retry-After` and a [`LEADER_HEADER`] carrying the
 //!   value the current leader advertises (its [`LeaseSpec::value`](lease_core::LeaseSpec::value),
 //!   e.g. its base URL); or, opt-in, `307 Temporary Redirect` to that URL plus the request's path.
-//!   While no leader is known, the 503 says so, with the error of this node's last failed attempt
-//!   if there is one.
+//!   While no leader is known, the 503 says so.
 //! - **When the campaign failed** on an error retrying cannot fix (a key used by another kind of
-//!   lock, a permission denial...), the answer is `500 Internal Server Error` with the error's
-//!   message, not a 503 that would send clients to retry forever.
+//!   lock, a permission denial...), the answer is `500 Internal Server Error`, not a 503 that
+//!   would send clients to retry forever.
+//!
+//! Each of these answers is a [`Refusal`]: its body tells the client only what it can act on, never
+//! an error message, the key or the backend's address (the campaign logs those, and
+//! [`CampaignHandle::last_error`](lease_core::leader::CampaignHandle::last_error) has the last
+//! one); [`LeaderOnlyLayer::refusal_body`] replaces the bodies.
 //!
 //! # Graceful shutdown
 //!
@@ -70,10 +74,12 @@
 
 mod future;
 mod layer;
+mod refusal;
 mod service;
 
 pub use future::ResponseFuture;
 pub use layer::LeaderOnlyLayer;
+pub use refusal::Refusal;
 pub use service::LeaderOnly;
 
 use http::HeaderName;

@@ -8,9 +8,9 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use lease_core::leader::{CampaignHandle, CampaignState, Leader, Term};
 use tower::Service;
 
-use super::LEADER_HEADER;
 use super::future::ResponseFuture;
 use super::layer::{Config, LeaderOnlyLayer};
+use super::{LEADER_HEADER, Refusal};
 use crate::body::{LeaseBody, rejection, unavailable};
 
 /// Passes requests to `S` only while this node's campaign holds its lease. Built by
@@ -75,53 +75,40 @@ impl<S> LeaderOnly<S> {
         request: &Request<ReqBody>,
         term: Option<&Term>,
     ) -> Response<LeaseBody<ResBody>> {
-        let campaign = &self.config.campaign;
-        let key = campaign.key();
-        if term.is_some_and(Term::is_stepping_down) {
-            return unavailable(
-                &self.config.retry_after,
-                "this node is stepping down as leader (it is shutting down); retry on the next leader after the delay in Retry-After\n",
-            );
-        }
-        let text = match campaign.state() {
-            CampaignState::Failed(error) => {
-                return rejection(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!(
-                        "this node cannot campaign for the leader key {key:?}, and retrying cannot fix it: {error}\n"
-                    ),
-                );
+        let config = &*self.config;
+        let campaign = &config.campaign;
+        let refuse = |refusal: Refusal| {
+            let body = config.body(refusal);
+            match refusal.status() {
+                StatusCode::SERVICE_UNAVAILABLE => unavailable(&config.retry_after, body),
+                status => rejection(status, body),
             }
-            CampaignState::NotStarted => format!(
-                "this node's campaign for {key:?} has not started: run it next to the server (Campaign::run_until or hold_until); retry after the delay in Retry-After\n"
-            ),
-            CampaignState::Running => String::new(),
-            _ => format!(
-                "this node no longer campaigns for {key:?}; send the request to the node named in the lease-leader header, if any\n"
-            ),
+        };
+        if term.is_some_and(Term::is_stepping_down) {
+            return refuse(Refusal::SteppingDown);
+        }
+        let not_running = match campaign.state() {
+            CampaignState::Failed(error) => {
+                tracing::debug!(key = campaign.key(), %error, "leader-only route: the campaign failed; answering 500");
+                return refuse(Refusal::CampaignFailed);
+            }
+            CampaignState::Running => None,
+            _ => Some(Refusal::NotCampaigning),
         };
         let leader = campaign.leader();
-        if self.config.redirect {
+        if config.redirect {
             if let Some(location) = leader.as_ref().and_then(|l| location(l, request)) {
-                let mut response = rejection(
-                    StatusCode::TEMPORARY_REDIRECT,
-                    "this node is not the leader; follow the redirect to the leader\n",
-                );
+                let mut response = refuse(Refusal::Redirect);
                 response.headers_mut().insert(header::LOCATION, location);
                 return response;
             }
         }
-        let text = match (&leader, text.is_empty()) {
-            (_, false) => text,
-            (Some(_), true) => "this node is not the leader; send the request to the node named in the lease-leader header\n".to_owned(),
-            (None, true) => match campaign.last_error() {
-                Some(error) => format!(
-                    "no leader is known yet; this node's last attempt to campaign failed ({error}); retry after the delay in Retry-After\n"
-                ),
-                None => "no leader is known yet; retry after the delay in Retry-After\n".to_owned(),
-            },
-        };
-        let mut response = unavailable(&self.config.retry_after, text);
+        let refusal = not_running.unwrap_or(if leader.is_some() {
+            Refusal::NotLeader
+        } else {
+            Refusal::NoLeader
+        });
+        let mut response = refuse(refusal);
         if let Some(value) = leader.and_then(|l| HeaderValue::from_bytes(&l.value).ok()) {
             response.headers_mut().insert(LEADER_HEADER, value);
         }
