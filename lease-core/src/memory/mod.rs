@@ -8,6 +8,12 @@
 //! store, like several clients of one Consul, so "nodes" of a test or demo are tasks holding
 //! clones. A held lease is watched by `hold`.
 //!
+//! A name is used by one kind of lock at a time, as on Consul, and the keys say which: a leader
+//! lock on `p` is refused while `p/.lock` carries the semaphore's flags, and a semaphore on `k`
+//! while the leader key `k` exists (held or not, until [`Memory::delete_key`]), both at once with
+//! [`Error::FlagsConflict`]. The check is one lookup under the store's lock, in the same step as
+//! the acquisition, so not even two first acquisitions of both kinds can race.
+//!
 //! Every change bumps a store-wide index published on a `tokio::sync::watch` channel; waiters and
 //! holders sleep on it (the blocking query of this backend) and never poll. Time comes from
 //! `tokio::time`, so tests can run it with paused time. The operator actions

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::hold::HeldLock;
-use super::store::{Attempt, Entry, State, Value};
+use super::store::{Attempt, Entry, LEADER_FLAGS, State, Value};
 use crate::semaphore::{
     Give, LockValue, Next, Planner, Queue, SEMAPHORE_FLAGS, Snapshot, Take, Taken, Unreadable,
     Write, contender_key, lock_key,
@@ -30,6 +30,7 @@ impl State {
         spec: &LeaseSpec,
         now: Instant,
     ) -> Result<Attempt, Error> {
+        self.refuse_other_kind(prefix, LEADER_FLAGS, SEMAPHORE_FLAGS)?;
         let mut queue = Queue::default();
         let take = Take {
             session: session.to_owned(),

@@ -18,7 +18,7 @@ use tokio::time::{Instant, sleep_until};
 use super::hold::HeldLock;
 use crate::backend::Keepers;
 use crate::leader::Leader;
-use crate::semaphore::{LockValue, Planner, SEMAPHORE_FLAGS};
+use crate::semaphore::{LockValue, Planner, SEMAPHORE_FLAGS, lock_key};
 use crate::{BackendKind, Error, LeaseSpec, MAX_LOCK_DELAY, Sequencer, Target};
 
 /// The flags `consul lock` puts on a leader key; kept so a key is never used as two kinds of lock.
@@ -364,6 +364,7 @@ impl State {
                 return Ok(Attempt::Blocked { until: None });
             }
         }
+        self.refuse_other_kind(&lock_key(key), SEMAPHORE_FLAGS, LEADER_FLAGS)?;
         if let Some(until) = self.lock_delay_until(key, spec, now) {
             return Ok(Attempt::Blocked { until: Some(until) });
         }
@@ -375,6 +376,27 @@ impl State {
         };
         let sequencer = Sequencer::new(BackendKind::Memory, key, lock_index, session);
         Ok(Attempt::Acquired(held, sequencer))
+    }
+
+    /// Refuses a lock of the kind `expected` if `key`, the key the other kind would use on the
+    /// same name, exists with that kind's flags `other`: a semaphore's `<prefix>/.lock` for a
+    /// leader on `prefix`, a leader key for a semaphore on it. As on Consul, the key records the
+    /// kind whether or not anyone holds it now. One map lookup, under the store's lock with the
+    /// acquisition itself, so two first acquisitions of both kinds cannot race.
+    pub(super) fn refuse_other_kind(
+        &self,
+        key: &str,
+        other: u64,
+        expected: u64,
+    ) -> Result<(), Error> {
+        match self.kv.get(key) {
+            Some(entry) if entry.flags == other => Err(Error::FlagsConflict {
+                key: key.to_owned(),
+                found: other,
+                expected,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether Consul's `?acquire=` of `key` by `session` would succeed now: the session exists,

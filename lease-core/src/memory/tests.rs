@@ -179,6 +179,53 @@ async fn operator_release_and_delete_are_reported_as_such() {
     assert!(matches!(clash, Err(Error::FlagsConflict { .. })));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_name_is_used_by_one_kind_of_lock_at_a_time_and_the_other_is_refused_at_once() {
+    let memory = Memory::new();
+    let patient = Wait::UpTo(Duration::from_secs(60));
+    let semaphore = |wait| LeaseSpec::semaphore("k", 2).wait(wait);
+    let is_conflict = |answer: Result<Lease, Error>, at: &str, found, expected| match answer {
+        Err(Error::FlagsConflict {
+            key,
+            found: f,
+            expected: e,
+        }) => key == at && f == found && e == expected,
+        _ => false,
+    };
+
+    let leader = memory.acquire(&spec("k")).await.expect("leader");
+    let started = Instant::now();
+    let refused = memory.acquire(&semaphore(patient)).await;
+    assert_eq!(started.elapsed(), Duration::ZERO, "waited");
+    let (leader_flags, semaphore_flags) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
+    assert!(is_conflict(refused, "k", leader_flags, semaphore_flags));
+    // The key records its kind after its holder has gone, as on Consul.
+    leader.release().await.expect("release");
+    let refused = memory.acquire(&semaphore(Wait::Never)).await;
+    assert!(is_conflict(refused, "k", leader_flags, semaphore_flags));
+    assert!(memory.delete_key("k"));
+
+    let slot = memory.acquire(&semaphore(Wait::Never)).await.expect("slot");
+    let refused = memory.acquire(&spec("k").wait(patient)).await;
+    assert_eq!(started.elapsed(), Duration::ZERO, "waited");
+    assert!(is_conflict(
+        refused,
+        "k/.lock",
+        semaphore_flags,
+        leader_flags
+    ));
+    slot.release().await.expect("release");
+    let refused = memory.acquire(&spec("k").wait(Wait::Never)).await;
+    assert!(is_conflict(
+        refused,
+        "k/.lock",
+        semaphore_flags,
+        leader_flags
+    ));
+    assert!(memory.sessions().is_empty(), "{:?}", memory.sessions());
+    assert_eq!(memory.keys(), vec!["k/.lock".to_owned()]);
+}
+
 fn slots(limit: u32) -> LeaseSpec {
     LeaseSpec::semaphore("jobs", limit)
         .ttl(Duration::from_secs(10))
