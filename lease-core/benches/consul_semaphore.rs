@@ -15,10 +15,10 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lease_core::LeaseSpec;
 use lease_core::consul::Consul;
-use lease_core::{Backend, LeaseSpec};
 use lease_tests::consul::Agent;
-use lease_tests::overlap::Timeline;
+use lease_tests::overlap::semaphore_jobs;
 use lease_tests::stats::{percentile, scaled};
 
 const JOBS: u32 = 32;
@@ -33,33 +33,10 @@ fn ideal(jobs: u32) -> Duration {
     JOB * jobs.div_ceil(LIMIT)
 }
 
-async fn ours(consul: &Consul, round: usize, jobs: u32) -> (Duration, Timeline) {
+async fn ours(consul: &Consul, round: usize, jobs: u32) -> Duration {
     let spec =
         LeaseSpec::semaphore(format!("bench/sem/ours-{round}"), LIMIT).lock_delay(Duration::ZERO);
-    let timeline = Timeline::new();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..jobs {
-        let (consul, spec, timeline) = (consul.clone(), spec.clone(), timeline.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = consul.acquire(&spec).await.unwrap();
-            let guard = timeline.hold(format!("job-{i}"));
-            // Lost while held (its work cut short, or the release reporting the loss): a failure.
-            lease
-                .run(tokio::time::sleep(JOB))
-                .await
-                .unwrap_or_else(|reason| panic!("job-{i}: lease lost while held: {reason:?}"));
-            drop(guard);
-            lease
-                .release()
-                .await
-                .unwrap_or_else(|error| panic!("job-{i}: release: {error}"));
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (started.elapsed(), timeline)
+    semaphore_jobs(consul, &spec, jobs as usize, JOB, STALL).await
 }
 
 async fn consul_lock(agent: &Agent, round: usize, jobs: u32) -> Duration {
@@ -99,15 +76,7 @@ async fn main() {
         consul.cas_conflicts(),
     );
     for round in 0..rounds {
-        let (took, timeline) = tokio::time::timeout(STALL, ours(&consul, round, jobs))
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: our {jobs} jobs stalled for {STALL:?}"));
-        timeline.assert_at_most(LIMIT as usize);
-        assert_eq!(
-            timeline.len(),
-            jobs as usize,
-            "round {round}: not every job held the semaphore"
-        );
+        let took = ours(&consul, round, jobs).await;
         ours_s.push(took.as_secs_f64());
     }
     let acquisitions = f64::from(jobs) * rounds as f64;

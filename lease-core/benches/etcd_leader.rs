@@ -22,12 +22,12 @@
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lease_core::etcd::Etcd;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::etcd::Server;
-use lease_tests::overlap::{Timeline, now_ns};
+use lease_tests::overlap::{now_ns, semaphore_jobs};
 use lease_tests::stats::{percentile, scaled};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -180,35 +180,9 @@ async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
 
 async fn semaphore_total(etcd: &Etcd, jobs: usize) -> f64 {
     let spec = LeaseSpec::semaphore("bench/semaphore", LIMIT);
-    let timeline = Timeline::new();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..jobs {
-        let (etcd, spec, timeline) = (etcd.clone(), spec.clone(), timeline.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = etcd.acquire(&spec).await.unwrap();
-            let guard = timeline.hold(format!("job-{i}"));
-            // Lost while held (its work cut short, or the release reporting the loss): a failure.
-            lease
-                .run(tokio::time::sleep(JOB))
-                .await
-                .unwrap_or_else(|reason| panic!("job-{i}: lease lost while held: {reason:?}"));
-            drop(guard);
-            lease.release().await.unwrap();
-        }));
-    }
-    let joined = async {
-        for t in tasks {
-            t.await.unwrap();
-        }
-    };
-    tokio::time::timeout(STALL, joined)
+    semaphore_jobs(etcd, &spec, jobs, JOB, STALL)
         .await
-        .unwrap_or_else(|_| panic!("the semaphore's {jobs} jobs stalled for {STALL:?}"));
-    let total = started.elapsed().as_secs_f64();
-    timeline.assert_at_most(LIMIT as usize);
-    assert_eq!(timeline.len(), jobs, "not every job held the semaphore");
-    total
+        .as_secs_f64()
 }
 
 #[tokio::main]

@@ -143,6 +143,62 @@ impl Rng {
     }
 }
 
+/// The benchmarks' semaphore run: `jobs` tasks each acquire `spec` on `backend`, hold it for
+/// `job` (lost while held: a failure) and release it. Returns how long until the last had
+/// finished. Fails if the run takes longer than `stall` (a liveness bound, not a timing), if more
+/// than the spec's limit held at once, or if a job never held.
+pub async fn semaphore_jobs<B>(
+    backend: &B,
+    spec: &lease_core::LeaseSpec,
+    jobs: usize,
+    job: std::time::Duration,
+    stall: std::time::Duration,
+) -> std::time::Duration
+where
+    B: lease_core::Backend + Clone + 'static,
+{
+    let limit = match spec.target() {
+        lease_core::Target::Semaphore { limit, .. } => *limit as usize,
+        _ => 1,
+    };
+    let timeline = Timeline::new();
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..jobs)
+        .map(|i| {
+            let (backend, spec, timeline) = (backend.clone(), spec.clone(), timeline.clone());
+            tokio::spawn(async move {
+                let lease = backend
+                    .acquire(&spec)
+                    .await
+                    .unwrap_or_else(|error| panic!("job-{i}: acquire: {error}"));
+                let guard = timeline.hold(format!("job-{i}"));
+                // Lost while held (its work cut short, or the release reporting the loss): a failure.
+                lease
+                    .run(tokio::time::sleep(job))
+                    .await
+                    .unwrap_or_else(|reason| panic!("job-{i}: lease lost while held: {reason:?}"));
+                drop(guard);
+                lease
+                    .release()
+                    .await
+                    .unwrap_or_else(|error| panic!("job-{i}: release: {error}"));
+            })
+        })
+        .collect();
+    let joined = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(stall, joined)
+        .await
+        .unwrap_or_else(|_| panic!("{jobs} jobs on {:?} stalled for {stall:?}", spec.key()));
+    let took = started.elapsed();
+    timeline.assert_at_most(limit);
+    assert_eq!(timeline.len(), jobs, "not every job held the semaphore");
+    took
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
