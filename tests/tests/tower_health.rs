@@ -158,6 +158,32 @@ fn leader_behind(proxy: &Proxy, ttl: Duration, not_ready_after: Duration) -> (Ca
     (campaign, app)
 }
 
+/// A campaign running, and elected.
+struct Leading {
+    handle: lease_core::leader::CampaignHandle,
+    events: broadcast::Receiver<LeaderEvent>,
+    shutdown: CancellationToken,
+    running: tokio::task::JoinHandle<Result<lease_core::leader::CampaignEnd, lease_core::Error>>,
+}
+
+/// Runs `campaign` (without a worker) until it is elected.
+async fn lead(campaign: Campaign) -> Leading {
+    let handle = campaign.handle();
+    let mut events = handle.events();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
+    next_event(&mut events, "the election", |e| {
+        matches!(e, LeaderEvent::Elected { .. })
+    })
+    .await;
+    Leading {
+        handle,
+        events,
+        shutdown,
+        running,
+    }
+}
+
 /// An agent that hangs (every byte held, nothing refused) turns the node unready after
 /// `not_ready_after`, counted from the first request left unanswered: well before the lease
 /// self-fences, while the node still leads.
@@ -167,14 +193,12 @@ async fn a_hanging_agent_turns_the_node_unready_after_the_bound_before_the_fence
     let agent = Agent::start().await;
     let proxy = Proxy::start(agent.addr()).await.unwrap();
     let (campaign, app) = leader_behind(&proxy, Duration::from_secs(10), Duration::from_secs(1));
-    let handle = campaign.handle();
-    let mut events = handle.events();
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
-    next_event(&mut events, "the election", |e| {
-        matches!(e, LeaderEvent::Elected { .. })
-    })
-    .await;
+    let Leading {
+        handle,
+        shutdown,
+        running,
+        ..
+    } = lead(campaign).await;
     assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
 
     proxy.set_mode(Mode::Blackhole);
@@ -212,14 +236,12 @@ async fn the_node_is_unready_no_later_than_its_lease_fences_itself() {
     let agent = Agent::start().await;
     let proxy = Proxy::start(agent.addr()).await.unwrap();
     let (campaign, app) = leader_behind(&proxy, Duration::from_secs(10), Duration::from_secs(600));
-    let handle = campaign.handle();
-    let mut events = handle.events();
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
-    next_event(&mut events, "the election", |e| {
-        matches!(e, LeaderEvent::Elected { .. })
-    })
-    .await;
+    let Leading {
+        mut events,
+        shutdown,
+        running,
+        ..
+    } = lead(campaign).await;
 
     proxy.set_mode(Mode::Blackhole);
     let lost = next_event(&mut events, "the self-fence", |e| {
