@@ -180,15 +180,11 @@ impl<T> Once<T> {
         }
     }
 
-    /// Reports a required argument that was not given at all (one given but rejected has its
-    /// own error already).
-    fn missing(&self, example: &str, errors: &mut Errors) {
-        if !self.given {
-            errors.push(syn::Error::new(
-                Span::call_site(),
-                format!("missing `{}`: write {example}", self.name),
-            ));
-        }
+    /// Whether a required argument is missing: not given at all (one given but rejected has its
+    /// own error already), nor written misspelt (`kye = …`), which has its own error with the
+    /// right name in it.
+    fn missing(&self, misspelt: &[&str]) -> bool {
+        !self.given && !misspelt.contains(&self.name)
     }
 }
 
@@ -205,6 +201,8 @@ impl LeaseArgs {
         let mut max_run = Once::new("max_run");
         let mut backend = Once::new("backend");
 
+        // The known arguments that unknown ones look like misspellings of.
+        let mut misspelt: Vec<&'static str> = Vec::new();
         let mut positional_seen = 0;
         let mut named_seen = false;
         for arg in raw.0 {
@@ -244,21 +242,29 @@ impl LeaseArgs {
                 "min_hold" => min_hold.set(at, parse_schedule("min_hold", &value), &mut errors),
                 "max_run" => max_run.set(at, parse_schedule("max_run", &value), &mut errors),
                 "backend" => backend.set(at, Ok(value), &mut errors),
-                _ => errors.push(syn::Error::new(at, unknown_argument(kind, &name))),
+                _ => {
+                    let close = closest(&name, kind.accepted());
+                    misspelt.extend(close);
+                    errors.push(syn::Error::new(at, unknown_argument(kind, &name, close)));
+                }
             }
         }
 
         let call_site = Span::call_site();
-        if kind == Kind::Semaphore && !key.given && !limit.given {
+        let missing = match (
+            key.missing(&misspelt),
+            kind == Kind::Semaphore && limit.missing(&misspelt),
+        ) {
+            (true, true) => Some("`name` and `limit`".to_owned()),
+            (true, false) => Some(format!("`{}`", key.name)),
+            (false, true) => Some("`limit`".to_owned()),
+            (false, false) => None,
+        };
+        if let Some(missing) = missing {
             errors.push(syn::Error::new(
                 call_site,
-                format!("missing `name` and `limit`: write {}", kind.example()),
+                format!("missing {missing}: write {}", kind.example()),
             ));
-        } else {
-            key.missing(kind.example(), &mut errors);
-            if kind == Kind::Semaphore {
-                limit.missing(kind.example(), &mut errors);
-            }
         }
         errors.into_result()?;
         let target = match (kind, key.value, limit.value) {
@@ -284,13 +290,69 @@ impl LeaseArgs {
     }
 }
 
-fn unknown_argument(kind: Kind, name: &str) -> String {
+/// The one error for an argument name the attribute does not take: the known names, and the
+/// closest of them when the name looks like a misspelling of it.
+fn unknown_argument(kind: Kind, name: &str, close: Option<&str>) -> String {
     let accepted: Vec<String> = kind.accepted().iter().map(|a| format!("`{a}`")).collect();
+    let hint = close.map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
     format!(
-        "unknown argument `{name}` for {}; expected one of {}",
+        "unknown argument `{name}` for {}; expected one of {}{hint}",
         kind.attribute(),
         accepted.join(", ")
     )
+}
+
+/// The known name `name` is most likely a misspelling of, as rustc picks one for a misspelt
+/// identifier: the same name in another case, the same `_`-separated words in another order
+/// (`delay_lock`), or the nearest by edit distance within a third of the name's length
+/// (at least 1).
+fn closest(name: &str, known: &[&'static str]) -> Option<&'static str> {
+    fn words(name: &str) -> Vec<&str> {
+        let mut words: Vec<&str> = name.split('_').collect();
+        words.sort_unstable();
+        words
+    }
+    let name = name.to_lowercase();
+    if let Some(same) = known
+        .iter()
+        .find(|known| **known == name || words(known) == words(&name))
+    {
+        return Some(*same);
+    }
+    let most = name.chars().count().max(3) / 3;
+    known
+        .iter()
+        .map(|known| (edit_distance(&name, known), *known))
+        .filter(|(distance, _)| *distance <= most)
+        // The first of the nearest, so ties go to the order the docs list the arguments in.
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, known)| known)
+}
+
+/// Edits (insert, delete, substitute, or swap two neighbours) to turn `a` into `b`: the
+/// optimal string alignment distance, so `kye` is one edit from `key`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // Three rows of the table: two back (for a swap), the previous one, the current one.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    let mut current: Vec<usize> = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        current[0] = i;
+        for j in 1..=b.len() {
+            let substitution = usize::from(a[i - 1] != b[j - 1]);
+            current[j] = (previous[j] + 1)
+                .min(current[j - 1] + 1)
+                .min(previous[j - 1] + substitution);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                current[j] = current[j].min(before[j - 2] + 1);
+            }
+        }
+        std::mem::swap(&mut before, &mut previous);
+        std::mem::swap(&mut previous, &mut current);
+    }
+    previous[b.len()]
 }
 
 fn unexpected_positional(kind: Kind) -> String {
@@ -540,5 +602,139 @@ impl Parse for GuardedFn {
             sig,
             block: Block { brace_token, stmts },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The messages of the errors `args` gives on `kind`, in order.
+    fn errors(kind: Kind, args: &str) -> Vec<String> {
+        let raw: RawArgs = syn::parse_str(args).expect("the arguments parse as syntax");
+        match LeaseArgs::from_raw(kind, raw) {
+            Ok(_) => Vec::new(),
+            Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    const LEADER_ARGS: &str =
+        "expected one of `key`, `wait`, `ttl`, `lock_delay`, `min_hold`, `max_run`, `backend`";
+    const SEMAPHORE_ARGS: &str = "expected one of `name`, `limit`, `wait`, `ttl`, `lock_delay`, \
+                                  `min_hold`, `max_run`, `backend`";
+
+    #[test]
+    fn a_misspelt_key_is_one_error_that_names_the_key() {
+        assert_eq!(
+            errors(Kind::Leader, r#"kye = "jobs/x""#),
+            [format!(
+                "unknown argument `kye` for #[leader_only]; {LEADER_ARGS}; did you mean `key`?"
+            )]
+        );
+    }
+
+    #[test]
+    fn misspelt_name_and_limit_are_one_error_each_and_nothing_is_missing() {
+        assert_eq!(
+            errors(Kind::Semaphore, r#"nmae = "reports", limt = 3"#),
+            [
+                format!(
+                    "unknown argument `nmae` for #[semaphore]; {SEMAPHORE_ARGS}; \
+                     did you mean `name`?"
+                ),
+                format!(
+                    "unknown argument `limt` for #[semaphore]; {SEMAPHORE_ARGS}; \
+                     did you mean `limit`?"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_misspelt_optional_argument_names_it() {
+        assert_eq!(
+            errors(Kind::Leader, r#"key = "jobs/x", lock_dealy = "0s""#),
+            [format!(
+                "unknown argument `lock_dealy` for #[leader_only]; {LEADER_ARGS}; \
+                 did you mean `lock_delay`?"
+            )]
+        );
+    }
+
+    #[test]
+    fn an_unknown_argument_like_none_gets_no_hint_and_the_key_is_still_missing() {
+        assert_eq!(
+            errors(Kind::Leader, r#"lease = "jobs/x""#),
+            [
+                format!("unknown argument `lease` for #[leader_only]; {LEADER_ARGS}"),
+                "missing `key`: write #[leader_only(key = \"jobs/compact\")]".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_misspelling_only_excuses_the_argument_it_looks_like() {
+        assert_eq!(
+            errors(Kind::Semaphore, r#"nmae = "reports""#),
+            [
+                format!(
+                    "unknown argument `nmae` for #[semaphore]; {SEMAPHORE_ARGS}; \
+                     did you mean `name`?"
+                ),
+                "missing `limit`: write #[semaphore(name = \"reports\", limit = 3)]".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn closest_picks_the_argument_a_name_looks_like() {
+        let leader = Kind::Leader.accepted();
+        let semaphore = Kind::Semaphore.accepted();
+        for (name, known, expected) in [
+            ("kye", leader, Some("key")),
+            ("ky", leader, Some("key")),
+            ("Key", leader, Some("key")),
+            ("KEY", leader, Some("key")),
+            ("wiat", leader, Some("wait")),
+            ("tll", leader, Some("ttl")),
+            ("lockdelay", leader, Some("lock_delay")),
+            ("delay_lock", leader, Some("lock_delay")),
+            ("max_rnu", leader, Some("max_run")),
+            ("minhold", leader, Some("min_hold")),
+            ("backedn", leader, Some("backend")),
+            ("limt", semaphore, Some("limit")),
+            ("nmae", semaphore, Some("name")),
+            // Too far from every argument to be a misspelling of one.
+            ("timeout", leader, None),
+            ("type", leader, None),
+            ("lease", leader, None),
+            ("k", leader, None),
+            // The other attribute's arguments are not suggested.
+            ("limit", leader, None),
+            ("key", semaphore, None),
+        ] {
+            assert_eq!(closest(name, known), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn edit_distance_counts_a_swap_as_one_edit() {
+        for (a, b, distance) in [
+            ("", "", 0),
+            ("key", "key", 0),
+            ("", "key", 3),
+            ("key", "", 3),
+            ("kye", "key", 1),
+            ("ky", "key", 1),
+            ("kkey", "key", 1),
+            ("kez", "key", 1),
+            ("eky", "key", 1),
+            ("yek", "key", 2),
+            ("kitten", "sitting", 3),
+            ("ca", "abc", 3),
+        ] {
+            assert_eq!(edit_distance(a, b), distance, "{a} -> {b}");
+            assert_eq!(edit_distance(b, a), distance, "{b} -> {a}");
+        }
     }
 }

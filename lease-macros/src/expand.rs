@@ -7,11 +7,11 @@
 //! `return` and `?` inside it keep their meaning. Every path in the output is absolute
 //! (`::lease_core::…`, `::core::…`), so names in the user's crate cannot capture them.
 
-use proc_macro2::{Ident, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Ident, Punct, Spacing, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{AttrStyle, Attribute, LitInt, Meta, ReturnType, Type};
+use syn::{AttrStyle, Attribute, Expr, LitInt, Meta, ReturnType, Type};
 
 use crate::attr::{Errors, GuardedFn, Kind, LeaseArgs, Millis, RawArgs, TargetArg, WaitArg};
 
@@ -120,6 +120,10 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
     // Each layer's spec and backend are evaluated first, in order, before the body takes its
     // captures. Mixed-site hygiene: the user's body cannot see (or shadow) these locals.
     let mut locals = TokenStream::new();
+    let lease_backend = Ident::new("__LeaseBackend", Span::mixed_site());
+    if layers.iter().any(|layer| layer.backend.is_some()) {
+        locals.extend(lease_backend_trait(&lease_backend));
+    }
     let mut guarded_calls = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
         let spec = spec(layer);
@@ -131,14 +135,15 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
             }
             Some(backend) => {
                 let backend_var = Ident::new(&format!("__lease_backend_{i}"), Span::mixed_site());
+                let borrowed = borrow_at(backend);
                 locals.extend(quote! {
-                    // Method-call syntax lets a backend, a reference to one or an `Arc` of one
-                    // all work.
-                    let #backend_var = &(#backend);
+                    // A borrow in a `let` lives to the end of the function, so `backend` may be
+                    // a temporary (`self.backend.clone()`); the coercion checks its type.
+                    let #backend_var: &dyn #lease_backend<_> = #borrowed;
                 });
                 Box::new(move |work| {
                     quote! {
-                        ::lease_core::guarded(#backend_var.__as_dyn_backend(), &#spec_var, #work)
+                        ::lease_core::guarded(#backend_var.__lease_backend(), &#spec_var, #work)
                     }
                 })
             }
@@ -163,11 +168,97 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            #[allow(unused_imports)]
-            use ::lease_core::__private::AsDynBackend as _;
             #locals
             #run.await
         }
+    }
+}
+
+/// What `backend = …` may be: a value of a type that implements `lease_core::Backend` (which
+/// includes `Arc<B>`, `Box<B>` and `Arc<dyn Backend>`), or a reference to one, to any depth
+/// (`&Memory`, `&&Memory`, `&dyn Backend`). One way through for each, told apart by the `Depth`
+/// parameter, so the compiler infers it; a value of any other type is an E0277 at the user's
+/// expression with this trait's message, which says what was expected.
+///
+/// Declared inside each function that names a backend: a proc-macro crate exports only macros,
+/// and the helper it would otherwise call in `lease_core` (`__private::AsDynBackend`) resolves
+/// through method-call auto-deref, whose failure is an E0599 about the helper's method.
+/// `do_not_recommend` keeps the compiler from explaining the error through these impls.
+fn lease_backend_trait(name: &Ident) -> TokenStream {
+    quote! {
+        #[diagnostic::on_unimplemented(
+            message = "`backend = …` must be a lease backend or a reference to one, and `{Self}` is neither",
+            label = "expected a lease backend, found `{Self}`",
+            note = "a lease backend is a value whose type implements `lease_core::Backend` (`Memory`, \
+                    `Consul`, `Etcd`, `Amqp`, an `Arc` or `Box` of one, `Arc<dyn Backend>`), or a \
+                    reference to one: `backend = &consul`, `backend = &self.backend`, \
+                    `backend = self.backend.clone()`",
+            note = "for a backend behind another smart pointer (a `LazyLock`, an `Rc`), write a \
+                    reference to the backend itself: `backend = &*BACKEND`"
+        )]
+        trait #name<Depth> {
+            fn __lease_backend(&self) -> &dyn ::lease_core::Backend;
+        }
+        #[diagnostic::do_not_recommend]
+        impl<B: ::lease_core::Backend> #name<()> for B {
+            fn __lease_backend(&self) -> &dyn ::lease_core::Backend {
+                self
+            }
+        }
+        #[diagnostic::do_not_recommend]
+        impl #name<()> for dyn ::lease_core::Backend {
+            fn __lease_backend(&self) -> &dyn ::lease_core::Backend {
+                self
+            }
+        }
+        #[diagnostic::do_not_recommend]
+        impl<B: ?::core::marker::Sized + #name<Depth>, Depth> #name<(Depth,)> for &B {
+            fn __lease_backend(&self) -> &dyn ::lease_core::Backend {
+                (**self).__lease_backend()
+            }
+        }
+    }
+}
+
+/// `&backend`, located so that the borrow's span is exactly the user's expression: an error
+/// about its type (a backend of the wrong type) then points there, not at the attribute.
+///
+/// The `&` takes the span of the expression's first token and the expression's own tokens end
+/// it. Parentheses, which an operand looser than `&` needs (`&(a + b)`), take one span on stable
+/// Rust, so there the error points at the first token.
+fn borrow_at(backend: &Expr) -> TokenStream {
+    let first = backend
+        .to_token_stream()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |token| token.span());
+    let mut amp = Punct::new('&', Spacing::Alone);
+    amp.set_span(first);
+    let binds_tighter_than_borrow = matches!(
+        backend,
+        Expr::Path(_)
+            | Expr::Lit(_)
+            | Expr::Field(_)
+            | Expr::MethodCall(_)
+            | Expr::Call(_)
+            | Expr::Index(_)
+            | Expr::Macro(_)
+            | Expr::Paren(_)
+            | Expr::Reference(_)
+            | Expr::Unary(_)
+            | Expr::Try(_)
+            | Expr::Await(_)
+            | Expr::Tuple(_)
+            | Expr::Array(_)
+            | Expr::Struct(_)
+            | Expr::Block(_)
+    );
+    if binds_tighter_than_borrow {
+        quote!(#amp #backend)
+    } else {
+        let mut parenthesized = Group::new(Delimiter::Parenthesis, backend.to_token_stream());
+        parenthesized.set_span(first);
+        quote!(#amp #parenthesized)
     }
 }
 

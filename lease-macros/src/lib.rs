@@ -46,18 +46,20 @@
 //! | --- | --- | --- |
 //! | `key = …` (`#[leader_only]`, or first positional) | the leader key: a literal, a constant or an expression | required |
 //! | `name = …` (`#[semaphore]`, or first positional) | the semaphore's prefix: a literal, a constant or an expression | required |
-//! | `limit = …` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295: a literal or a `u32` constant | required |
+//! | `limit = …` (`#[semaphore]`, or second positional) | slots, 1 to 4294967295: a literal, or a `u32` constant or expression | required |
 //! | `wait = "30s"` / `"forever"` / `"never"` | how long to wait when held elsewhere | `"forever"` |
 //! | `ttl = "15s"` | session TTL, whole seconds, 10s to 24h | `"15s"` |
 //! | `lock_delay = "0s"` | lock-delay after loss, at most 60s | `"15s"` |
 //! | `min_hold = "30s"` | keep the lease at least this long after the body started (ShedLock's `lockAtLeastFor`), released in the background | `"0s"` |
 //! | `max_run = "5m"` | cancel the body if it runs longer (ShedLock's `lockAtMostFor`): `Err(GuardError::TimedOut { .. })` | no bound |
-//! | `backend = <expr>` | the backend to acquire from | the default backend (scoped, else process-wide) |
+//! | `backend = <expr>` | the backend to acquire from: a backend or a reference to one | the default backend (scoped, else process-wide) |
 //!
 //! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations,
 //! literal keys (the key rule of `LeaseSpec::validate`) and literal limits are checked at compile
 //! time, with the error at your token; the function is still emitted, so the rest of your crate
-//! keeps compiling against it.
+//! keeps compiling against it. So are the names: an argument the attribute does not take is one
+//! error at its name, listing the ones it does, and asking "did you mean" the nearest one when
+//! it looks like a misspelling of it (`kye` for `key`).
 //!
 //! A key, name or limit that is not a literal (`key = KEYS::COMPACT`,
 //! `key = format!("tenant/{tenant}/compact")`) is evaluated on every call, inside the function,
@@ -66,12 +68,16 @@
 //! body does not run. A key is anything `LeaseSpec::leader` takes (`&str`, `String`).
 //!
 //! `backend` is evaluated on every call, inside the function, so it may use the arguments and
-//! `self` (`backend = &self.backend`). It may be a backend, a reference to one, or an `Arc` of
-//! one. With a `&mut self` or `self` receiver, give it a value that does not borrow `self`
-//! (`backend = self.backend.clone()`), because the body takes `self`. Without `backend`, the
-//! lease comes from the backend set with `lease_core::set_default_backend` at start-up; if none
-//! was set, the call returns `Err(GuardError::Backend(Error::NoDefaultBackend))` and the body
-//! does not run.
+//! `self` (`backend = &self.backend`). It must be a lease backend, that is a value whose type
+//! implements `lease_core::Backend` (`Memory`, `Consul`, `Etcd`, `Amqp`, an `Arc` or a `Box` of
+//! one, an `Arc<dyn Backend>`), or a reference to one (`&consul`, `&self.backend`, a
+//! `&dyn Backend`); a value of any other type is a compile error at the expression, saying so.
+//! A backend behind another smart pointer (a `LazyLock` static, an `Rc`) is not looked through:
+//! borrow the backend itself (`backend = &*BACKEND`). With a `&mut self` or `self` receiver, give
+//! it a value that does not borrow `self` (`backend = self.backend.clone()`), because the body
+//! takes `self`. Without `backend`, the lease comes from the backend set with
+//! `lease_core::set_default_backend` at start-up; if none was set, the call returns
+//! `Err(GuardError::Backend(Error::NoDefaultBackend))` and the body does not run.
 //!
 //! # Examples
 //!

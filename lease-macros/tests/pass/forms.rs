@@ -86,6 +86,27 @@ fn arc_backend(
     with(backend)
 }
 
+// Every form `backend = …` takes: a backend, a reference to one at any depth, a trait object,
+// an `Arc` or `Box` of one, and expressions looser than `&` (which the macro parenthesizes).
+#[leader_only(key = "jobs/ref-ref", backend = &backend)]
+async fn reference_to_reference(backend: &lease_core::memory::Memory) {}
+
+#[leader_only(key = "jobs/dyn", backend = backend)]
+async fn trait_object(backend: &dyn Backend) {}
+
+#[leader_only(key = "jobs/arc-ref", backend = &backend)]
+#[semaphore("jobs/arc-ref-slots", 2, backend = backend.clone())]
+async fn arc_by_reference_and_value(backend: Arc<lease_core::memory::Memory>) {}
+
+#[leader_only(key = "jobs/box", backend = Box::new(lease_core::memory::Memory::new()))]
+async fn boxed() {}
+
+#[leader_only(key = "jobs/if", backend = if first { a } else { b })]
+async fn conditional(first: bool, a: &dyn Backend, b: &dyn Backend) {}
+
+#[leader_only(key = "jobs/cast", backend = backend as &dyn Backend)]
+async fn cast(backend: &lease_core::memory::Memory) {}
+
 mod keys {
     pub const COMPACT: &str = "jobs/compact";
     pub const REPORT_SLOTS: u32 = 4;
@@ -131,6 +152,13 @@ pub(super) fn compiles() {
         let _ = assert_send(expression_name("eu"));
     };
     let _ = arc_backend;
+    let _ = (
+        reference_to_reference,
+        trait_object,
+        arc_by_reference_and_value,
+        boxed,
+    );
+    let _ = (conditional, cast);
     let _ = assert_send::<std::future::Ready<()>>;
 }
 
