@@ -296,8 +296,6 @@ pub fn current_lease() -> Option<LeaseWatcher> {
 pub mod __private {
     use std::future::Future;
 
-    use crate::Backend;
-
     /// Returns the guarded body unchanged, pinning its output to the function's declared type so
     /// that `?` and `return` inside it infer as they did before the attribute was added.
     pub fn body<T, F: Future<Output = T>>(body: F) -> F {
@@ -310,25 +308,6 @@ pub mod __private {
         outcome: Result<Result<T, crate::GuardError>, crate::GuardError>,
     ) -> Result<T, crate::GuardError> {
         outcome.and_then(|inner| inner)
-    }
-
-    /// Turns whatever `backend = <expr>` evaluates to (a backend, a reference to one, an `Arc` of
-    /// one) into `&dyn Backend` through method-call auto-deref, so users need not write `&*`.
-    pub trait AsDynBackend {
-        /// The backend as a trait object.
-        fn __as_dyn_backend(&self) -> &dyn Backend;
-    }
-
-    impl<B: Backend> AsDynBackend for B {
-        fn __as_dyn_backend(&self) -> &dyn Backend {
-            self
-        }
-    }
-
-    impl AsDynBackend for dyn Backend {
-        fn __as_dyn_backend(&self) -> &dyn Backend {
-            self
-        }
     }
 }
 

@@ -181,8 +181,8 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
 /// expression with this trait's message, which says what was expected.
 ///
 /// Declared inside each function that names a backend: a proc-macro crate exports only macros,
-/// and the helper it would otherwise call in `lease_core` (`__private::AsDynBackend`) resolves
-/// through method-call auto-deref, whose failure is an E0599 about the helper's method.
+/// and a helper in `lease_core` resolved through method-call auto-deref (as the generated code
+/// once called) fails with an E0599 about the helper's method instead.
 /// `do_not_recommend` keeps the compiler from explaining the error through these impls.
 fn lease_backend_trait(name: &Ident) -> TokenStream {
     quote! {
