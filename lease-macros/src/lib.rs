@@ -201,7 +201,8 @@ use proc_macro::TokenStream;
 
 use crate::attr::Kind;
 
-/// Runs the `async fn` only while holding the leader lease on `key`; see the [crate] docs.
+/// Runs the `async fn` only while holding the leader lease on `key`; its arguments, forms and
+/// errors are in the `lease-macros` crate documentation.
 ///
 /// `async fn f(..) -> T` becomes `async fn f(..) -> Result<T, lease_core::GuardError>`.
 ///
@@ -215,8 +216,8 @@ pub fn leader_only(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::lease_attribute(Kind::Leader, args.into(), item.into()).into()
 }
 
-/// Runs the `async fn` only while holding one of `limit` slots of the semaphore `name`; see the
-/// [crate] docs.
+/// Runs the `async fn` only while holding one of `limit` slots of the semaphore `name`; its
+/// arguments, forms and errors are in the `lease-macros` crate documentation.
 ///
 /// `async fn f(..) -> T` becomes `async fn f(..) -> Result<T, lease_core::GuardError>`.
 ///
