@@ -15,7 +15,7 @@ Exit codes of `lease lock`:
   64         bad usage: unknown option, missing `--`, invalid key or duration (nothing started)
   75         busy: -try/-timeout ran out while the lease was held elsewhere (nothing started)
   124        lost: the lease was lost while the command ran; the command was stopped
-  125        backend error: Consul or RabbitMQ failed or could not be reached (nothing started)
+  125        backend error: Consul, etcd or RabbitMQ failed or could not be reached (nothing started)
   126, 127   the command could not be run / was not found
   128+N      `lease` itself got signal N while waiting for the lease (nothing started)
 `lease status`: 0 held, 1 not held, 2 error. `lease check`: 0 current, 1 stale, 2 error.
@@ -28,6 +28,16 @@ On Consul, KEY is what `consul lock` calls the prefix: the lock is KEY/.lock, an
 the semaphore lives under KEY, in `consul lock -n`'s format, so `lease lock` and `consul lock`
 exclude each other. On RabbitMQ (--amqp), KEY is the semaphore's name.
 
+On etcd (--etcd URL, or LEASE_ETCD_ENDPOINTS), KEY is the lock's name as `etcdctl lock KEY`
+takes it: each contender holds an etcd lease and creates KEY/<lease ID in hex> with it, and the
+key with the lowest create revision holds, so `lease lock` and `etcdctl lock` (and
+`etcdctl elect`) exclude each other on the same KEY. With -n N, KEY is this tool's own FIFO
+semaphore under KEY/ (etcdctl has no semaphore: do not share that KEY with `etcdctl lock`).
+etcd has no lock-delay (--lock-delay is not used): after a holder's key went without a release
+(deleted, or its etcd lease revoked), a waiting `lease lock` leaves the lock alone for 100 ms and
+`etcdctl lock` not at all, so the next command may start while the old one is still within its
+--grace: fence such work with LEASE_SEQUENCER, whose create revision only rises.
+
 When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
 the command's process group gets SIGTERM, then SIGKILL after --grace. `lease` treats the lease as
 lost --grace earlier than the session's TTL would allow (its self-fencing deadline is moved
@@ -39,10 +49,11 @@ killed with it within milliseconds, before the lease can pass to anyone else: on
 runs under a supervisor (`lease` itself) that the kernel signals when `lease` dies. Other systems
 have no such signal; there a command whose `lease` was killed runs on until it ends.
 
-The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock;
-check it with `lease check`), LEASE_KEY and LEASE_HOLDER in its environment. SIGINT, SIGTERM and
-SIGHUP sent to `lease` are forwarded to it. When it exits, the lease is released at once (the
-next holder does not wait for the lock-delay) and `lease` exits with its code.
+The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock
+or etcd:<create revision>:<lease ID>:jobs/backup; check it with `lease check`), LEASE_KEY and
+LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to it.
+When it exits, the lease is released at once (the next holder does not wait for the lock-delay)
+and `lease` exits with its code.
 
 Single-dash long flags are accepted as `consul lock` spells them (-try 5s, -name=x, -shell,
 -pass-stdin, -timeout 1m, -http-addr=ADDR); they are read as their `--` forms.";
@@ -56,7 +67,9 @@ Examples:
   # A shell pipeline, with a child that needs 30 s to stop cleanly.
   lease lock --shell --grace 30s --ttl 90s jobs/migrate -- 'pg_dump db | gzip > /backups/db.gz'
   # Over RabbitMQ.
-  lease lock --amqp amqp://guest:guest@127.0.0.1:5672/%2f jobs/backup -- ./backup.sh";
+  lease lock --amqp amqp://guest:guest@127.0.0.1:5672/%2f jobs/backup -- ./backup.sh
+  # Over etcd, excluding `etcdctl lock jobs/backup` (LEASE_ETCD_ENDPOINTS instead of --etcd).
+  lease lock --etcd http://127.0.0.1:2379 jobs/backup -- ./backup.sh";
 
 /// Distributed leases for shell commands: run a command on one node (or N) at a time.
 #[derive(Debug, Parser)]
@@ -103,15 +116,21 @@ pub(crate) struct BackendArgs {
     #[arg(long, value_name = "URL", alias = "http-addr")]
     pub(crate) consul: Option<String>,
     /// Use RabbitMQ at this URL (amqp://user:pass@host:5672/vhost) instead of Consul.
-    #[arg(long, value_name = "URL", conflicts_with = "consul")]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["consul", "etcd"])]
     pub(crate) amqp: Option<String>,
+    /// Use etcd (v3, 3.4+) at this client URL instead of Consul; comma-separated URLs for a
+    /// cluster. Default: LEASE_ETCD_ENDPOINTS, if set (and neither --consul nor --amqp is given).
+    /// Credentials and TLS: ETCD_USER, ETCD_PASSWORD, ETCD_CACERT, ETCD_CERT, ETCD_KEY.
+    #[arg(long, value_name = "URL", conflicts_with = "consul")]
+    pub(crate) etcd: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct LockArgs {
     #[command(flatten)]
     pub(crate) backend: BackendArgs,
-    /// At most N holders: KEY is a semaphore of N slots (as `consul lock -n N`).
+    /// At most N holders: KEY is a semaphore of N slots (as `consul lock -n N`; on etcd, this
+    /// tool's own semaphore, which `etcdctl lock` does not share).
     #[arg(short = 'n', value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) limit: u32,
@@ -135,7 +154,8 @@ pub(crate) struct LockArgs {
     /// confirmed for about TTL less a tenth less --grace.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) ttl: Duration,
-    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s).
+    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s). Consul
+    /// only: etcd has no lock-delay, and RabbitMQ none either.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) lock_delay: Duration,
     /// On loss, time between SIGTERM and SIGKILL to the command's process group. The lease is
@@ -149,7 +169,8 @@ pub(crate) struct LockArgs {
     /// Accepted for `consul lock` compatibility; the command's exit code is always passed on.
     #[arg(long, hide = true)]
     pub(crate) child_exit_code: bool,
-    /// The lock's prefix (Consul, as `consul lock PREFIX`) or the semaphore's name (AMQP).
+    /// The lock's prefix (Consul, as `consul lock PREFIX`), the lock's name (etcd, as
+    /// `etcdctl lock NAME`) or the semaphore's name (AMQP).
     #[arg(value_name = "KEY")]
     pub(crate) key: String,
     /// The command and its arguments, after `--`.
@@ -179,7 +200,7 @@ pub(crate) struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
-    /// The lock's prefix (as given to `lease lock`), or the AMQP semaphore's name.
+    /// The lock's prefix or name (as given to `lease lock`), or the AMQP semaphore's name.
     #[arg(value_name = "KEY")]
     pub(crate) key: String,
 }
@@ -272,6 +293,7 @@ const SINGLE_DASH_LONG: &[&str] = &[
     "value",
     "consul",
     "amqp",
+    "etcd",
     "json",
 ];
 

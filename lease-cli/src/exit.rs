@@ -65,6 +65,12 @@ const FLAGS: &[(&str, &str)] = &[
     ("ConsulBuilder::address", "--consul"),
     ("`Amqp::builder`", "--amqp"),
     ("Amqp::builder", "--amqp"),
+    // etcd's credentials come from the environment only (ETCD_USER, ETCD_PASSWORD).
+    (", or EtcdBuilder::user", ""),
+    (" (or EtcdBuilder::user)", ""),
+    // The endpoints come from --etcd (or LEASE_ETCD_ENDPOINTS), never from ETCD_ENDPOINTS,
+    // except for `lease check` of an etcd sequencer without either, where --etcd is the fix.
+    ("ETCD_ENDPOINTS", "--etcd"),
 ];
 
 /// `message` with the library's builder calls named as this command's flags.
@@ -86,5 +92,14 @@ mod tests {
         let amqp = "start it with `rabbitmq-server -detached`, or give `Amqp::builder` the \
                     broker's URL";
         assert!(in_cli_terms(amqp).ends_with("or give --amqp the broker's URL"));
+        let etcd = "cannot reach etcd at http://127.0.0.1:1/: refused; is it running? Start \
+                    etcd, or point ETCD_ENDPOINTS at it";
+        assert!(in_cli_terms(etcd).ends_with("or point --etcd at it"));
+        let denied = "use credentials (ETCD_USER and ETCD_PASSWORD, or EtcdBuilder::user) whose \
+                      role allows it";
+        assert_eq!(
+            in_cli_terms(denied),
+            "use credentials (ETCD_USER and ETCD_PASSWORD) whose role allows it"
+        );
     }
 }

@@ -51,7 +51,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             tokio::time::sleep(QUIET_WAIT).await;
             let consul = match &chosen {
                 Chosen::Consul(consul) => Some(consul),
-                Chosen::Amqp(_) => None,
+                Chosen::Amqp(_) | Chosen::Etcd(_) => None,
             };
             report_waiting(&*backend, consul, &spec, &holder).await
         };
@@ -166,7 +166,8 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
 
 /// Removes the released lock's key (or the semaphore's `.lock`) if nobody else holds it, as
 /// `consul lock` does after its child exits. A key someone holds or waits on through a hold is
-/// left alone; failing to remove it is harmless (it is an empty, unheld key).
+/// left alone; failing to remove it is harmless (it is an empty, unheld key). On etcd the
+/// release revoked the etcd lease, which deleted the contender key with it: nothing is left.
 async fn leave_nothing_behind(chosen: &Chosen, spec: &LeaseSpec) {
     let Chosen::Consul(consul) = chosen else {
         return;
@@ -233,6 +234,7 @@ async fn report_waiting(
     last: &RefCell<Option<String>>,
 ) {
     let key = spec.key();
+    let ours = spec.advertised_value();
     let say = |description: String| {
         if last.borrow().as_ref() != Some(&description) {
             eprintln!("lease: waiting for {key}: {description}");
@@ -242,8 +244,11 @@ async fn report_waiting(
     match spec.target() {
         Target::Leader { .. } => match backend.observe_leader(key).await {
             Ok(mut observer) => loop {
-                say(match observer.leader() {
-                    Some(leader) => format!(
+                match observer.leader() {
+                    // On etcd our own contender key leads the queue for a moment while we settle
+                    // after a holder left: not someone to wait for.
+                    Some(leader) if leader.value.as_slice() == ours => {}
+                    Some(leader) => say(format!(
                         "held by {} (session {}, lock index {})",
                         leader
                             .value_str()
@@ -251,9 +256,9 @@ async fn report_waiting(
                             .unwrap_or("an unnamed holder"),
                         leader.sequencer.holder(),
                         leader.sequencer.index()
-                    ),
-                    None => "free (its last holder has just left)".to_owned(),
-                });
+                    )),
+                    None => say("free (its last holder has just left)".to_owned()),
+                }
                 if observer.changed().await.is_err() {
                     break;
                 }

@@ -4,7 +4,7 @@ use lease_core::amqp::Amqp;
 use lease_core::{Backend, BackendKind, Error, Sequencer};
 use serde_json::{Value, json};
 
-use crate::backend::{Chosen, leader_key};
+use crate::backend::{self, Chosen, leader_key};
 use crate::cli::{CheckArgs, StatusArgs};
 use crate::exit::{self, Failure};
 
@@ -16,6 +16,14 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
         Chosen::Consul(consul) if args.limit == 1 => leader(consul, &leader_key(&args.key)).await,
         Chosen::Consul(consul) => consul_semaphore(consul, &args.key, args.limit).await,
         Chosen::Amqp(amqp) => amqp_semaphore(amqp, &args.key).await,
+        Chosen::Etcd(etcd) if args.limit == 1 => leader(etcd, &args.key).await,
+        Chosen::Etcd(_) => {
+            return Err(Failure::usage(format_args!(
+                "-n on etcd: the etcd backend cannot list a semaphore's holders; \
+                 `etcdctl get --prefix --sort-by=CREATE {}/` lists its contenders, oldest first",
+                args.key
+            )));
+        }
     };
     let report = report.map_err(|e| Failure::new(exit::QUERY_FAILED, e))?;
     let held = report["held"].as_bool().unwrap_or(false);
@@ -124,20 +132,32 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             ),
         )
     })?;
+    let failed = |f: Failure| Failure::new(exit::QUERY_FAILED, f.message);
+    // The sequencer names its backend; a flag for another one is a mistake worth saying.
     let chosen = match sequencer.backend() {
         BackendKind::Amqp if args.backend.amqp.is_none() => {
             Chosen::Amqp(Amqp::from_env().map_err(|e| Failure::new(exit::QUERY_FAILED, e))?)
         }
-        BackendKind::Consul if args.backend.amqp.is_some() => {
+        BackendKind::Consul if args.backend.amqp.is_some() || args.backend.etcd.is_some() => {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
-                "a consul: sequencer is checked with Consul: drop --amqp",
+                "a consul: sequencer is checked with Consul: drop --amqp and --etcd",
             ));
         }
-        BackendKind::Consul | BackendKind::Amqp => {
-            Chosen::from_args(&args.backend, std::time::Duration::ZERO)
-                .map_err(|f| Failure::new(exit::QUERY_FAILED, f.message))?
+        BackendKind::Consul => Chosen::Consul(backend::consul(&args.backend).map_err(failed)?),
+        BackendKind::Amqp => {
+            Chosen::from_args(&args.backend, std::time::Duration::ZERO).map_err(failed)?
         }
+        BackendKind::Etcd if args.backend.amqp.is_some() || args.backend.consul.is_some() => {
+            return Err(Failure::new(
+                exit::QUERY_FAILED,
+                "an etcd: sequencer is checked with etcd: drop --consul and --amqp",
+            ));
+        }
+        // --etcd, else LEASE_ETCD_ENDPOINTS, else the library's ETCD_ENDPOINTS or its default.
+        BackendKind::Etcd => Chosen::Etcd(
+            backend::etcd(backend::etcd_endpoints(&args.backend).as_deref()).map_err(failed)?,
+        ),
         other => {
             return Err(Failure::new(
                 exit::QUERY_FAILED,

@@ -90,6 +90,60 @@ async fn bad_input_is_refused_with_a_message_and_its_code() {
             125,
             "cannot reach RabbitMQ",
         ),
+        (
+            &["lock", "--etcd", "", "jobs/a", "--", "touch", "MARKER"],
+            64,
+            "--etcd: give etcd's client URL",
+        ),
+        (
+            &[
+                "lock", "--etcd", "ftp://x", "jobs/a", "--", "touch", "MARKER",
+            ],
+            64,
+            "invalid etcd endpoint \"ftp://x\" (--etcd)",
+        ),
+        (
+            &[
+                "lock",
+                "--etcd",
+                "http://127.0.0.1:1",
+                "--consul",
+                "127.0.0.1:1",
+                "jobs/a",
+                "--",
+                "touch",
+                "MARKER",
+            ],
+            64,
+            "cannot be used with",
+        ),
+        (
+            &[
+                "status",
+                "-n",
+                "2",
+                "--etcd",
+                "http://127.0.0.1:1",
+                "jobs/a",
+            ],
+            64,
+            "-n on etcd",
+        ),
+        (
+            &[
+                "check",
+                "--etcd",
+                "http://127.0.0.1:1",
+                "etcd:5:694d:jobs/a",
+            ],
+            2,
+            "cannot reach etcd at http://127.0.0.1:1",
+        ),
+        (
+            &["check", "--consul", "127.0.0.1:1", "etcd:5:694d:jobs/a"],
+            2,
+            "checked with etcd: drop --consul",
+        ),
         (&["status", "jobs/a"], 2, "cannot reach Consul"),
         (
             &["check", "consul:1:abc:jobs/a/.lock"],
@@ -127,6 +181,9 @@ async fn help_documents_examples_exit_codes_and_the_single_dash_flags() {
         "LEASE_SEQUENCER",
         "SIGKILL after --grace",
         "-try 5s",
+        "--etcd <URL>",
+        "LEASE_ETCD_ENDPOINTS",
+        "etcdctl lock",
     ] {
         assert!(
             help.contains(needle),

@@ -20,6 +20,9 @@ pub fn lease(consul_addr: &str) -> Command {
         .env_remove("CONSUL_HTTP_TOKEN")
         .env_remove("CONSUL_HTTP_TOKEN_FILE")
         .env_remove("AMQP_URL")
+        // Neither may move a test onto etcd, or onto an etcd it did not start.
+        .env_remove("LEASE_ETCD_ENDPOINTS")
+        .env_remove("ETCD_ENDPOINTS")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd

@@ -1,0 +1,323 @@
+//! `lease lock --etcd` against a real etcd and real processes: interoperation with
+//! `etcdctl lock` both ways (judged from the timestamps the commands write), `status`/`check` on
+//! the etcd lease, and an unreachable etcd.
+
+// A test that unwraps is a test that fails loudly.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use lease_core::{BackendKind, Sequencer};
+use lease_tests::etcd::Server;
+use lease_tests::overlap::Timeline;
+use lease_tests::proxy::{Mode, Proxy};
+use lease_tests::within;
+use lease_tests::workers::wait_for_async;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+use support::*;
+
+/// A shell command for either tool: writes `env` (shell words expanded) to its env file, stamps
+/// its start, waits for its go file (at most 30 s, then exits 3), and appends `start end` (its own
+/// wall-clock ns) to its stamps file.
+struct Gated {
+    script: String,
+    env: PathBuf,
+    go: PathBuf,
+    stamps: PathBuf,
+}
+
+impl Gated {
+    fn new(scratch: &Scratch, name: &str, env: &str) -> Gated {
+        let (env_file, go, stamps) = (
+            scratch.path(&format!("{name}-env")),
+            scratch.path(&format!("{name}-go")),
+            scratch.path(&format!("{name}-stamps")),
+        );
+        let script = format!(
+            "echo \"{env}\" > {e}; s=$(date +%s%N); n=0; \
+             until [ -e {g} ]; do n=$((n+1)); [ $n -gt 600 ] && exit 3; sleep 0.05; done; \
+             e=$(date +%s%N); echo \"$s $e\" >> {st}",
+            e = env_file.display(),
+            g = go.display(),
+            st = stamps.display()
+        );
+        Gated {
+            script,
+            env: env_file,
+            go,
+            stamps,
+        }
+    }
+
+    /// One that runs through as soon as it starts.
+    fn ungated(scratch: &Scratch, name: &str, env: &str) -> Gated {
+        let gated = Gated::new(scratch, name, env);
+        gated.open();
+        gated
+    }
+
+    fn open(&self) {
+        std::fs::write(&self.go, "").unwrap();
+    }
+
+    /// Its one `(start, end)`.
+    fn interval(&self) -> (u128, u128) {
+        let text = std::fs::read_to_string(&self.stamps).unwrap();
+        let mut words = text.split_whitespace().map(|w| w.parse::<u128>().unwrap());
+        (words.next().unwrap(), words.next().unwrap())
+    }
+}
+
+/// `lease ARGS…` with no Consul, RabbitMQ or etcd configured (the flags say which).
+fn lease_cmd() -> tokio::process::Command {
+    lease("127.0.0.1:1")
+}
+
+/// `lease ARGS…` run to completion (bounded).
+async fn run(args: &[&str]) -> std::process::Output {
+    let mut cmd = lease_cmd();
+    cmd.args(args);
+    output(cmd, &format!("lease {args:?}")).await
+}
+
+/// The keys under `prefix/` once there are `n`, oldest first, with their values.
+async fn queue_of(server: &Server, prefix: &str, n: usize, what: &str) -> Vec<(String, String)> {
+    let under = format!("{prefix}/");
+    wait_for_async(
+        T,
+        || format!("{what} ({n} keys under {under})"),
+        || async {
+            let keys = server.keys(&under).await;
+            (keys.len() == n).then_some(keys)
+        },
+    )
+    .await
+}
+
+/// Asserts that `first` ended before `second` started (both ran, one at a time).
+fn assert_in_turn(first: (&str, &Gated), second: (&str, &Gated)) {
+    let ((a, first), (b, second)) = (first, second);
+    let timeline = Timeline::new();
+    timeline.record_file(a, &first.stamps);
+    timeline.record_file(b, &second.stamps);
+    assert_eq!(timeline.len(), 2, "each command ran once");
+    timeline.assert_at_most(1);
+    let (first_end, second_start) = (first.interval().1, second.interval().0);
+    assert!(
+        first_end <= second_start,
+        "{b} started at {second_start}, before {a} ended at {first_end}"
+    );
+    eprintln!(
+        "{a} → {b}: hand-over in {:.1} ms",
+        (second_start - first_end) as f64 / 1e6
+    );
+}
+
+/// While `lease lock --etcd` runs its command, `etcdctl lock KEY -- CMD` queues behind it and
+/// runs only after it finished; and the other way round (`lease lock` chosen by
+/// LEASE_ETCD_ENDPOINTS). Both use `KEY/<lease ID in hex>`, the oldest create revision holding.
+#[tokio::test]
+async fn excludes_etcdctl_lock_both_ways() {
+    let server = Server::start().await;
+    let scratch = Scratch::new("etcd-interop");
+    let url = server.url();
+
+    // Ours holds; etcdctl lock waits.
+    let ours = Gated::new(
+        &scratch,
+        "ours-a",
+        "$LEASE_SEQUENCER $LEASE_KEY $LEASE_HOLDER",
+    );
+    let lease_a = lease_cmd()
+        .args(["lock", "--etcd", &url, "--value", "ours-a", "interop/a"])
+        .args(["--", "sh", "-c", &ours.script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let env = file_appears(&ours.env).await;
+    let words: Vec<&str> = env.split_whitespace().collect();
+    let sequencer: Sequencer = words[0].parse().unwrap();
+    let holder = words[2].to_owned();
+    assert_eq!(sequencer.backend(), BackendKind::Etcd);
+    assert_eq!(sequencer.key(), "interop/a");
+    assert_eq!(words[1], "interop/a", "LEASE_KEY");
+    assert_eq!(sequencer.holder(), holder, "LEASE_HOLDER");
+
+    let theirs = Gated::ungated(&scratch, "theirs-a", "$ETCD_LOCK_KEY");
+    let mut etcdctl_a = server
+        .etcdctl()
+        .args(["lock", "interop/a", "--", "sh", "-c", &theirs.script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The queue: our key first (our lease, our value), then etcdctl's (empty value).
+    let queue = queue_of(&server, "interop/a", 2, "etcdctl lock to queue behind us").await;
+    assert_eq!(
+        queue[0],
+        (format!("interop/a/{holder}"), "ours-a".to_owned()),
+        "{queue:?}"
+    );
+    assert!(queue[1].1.is_empty(), "{queue:?}");
+    assert_eq!(
+        sequencer.index(),
+        server_revision_of(&server, &queue[0].0).await
+    );
+
+    // `status` and `check` see our lease while we hold.
+    let out = run(&["status", "--etcd", &url, "--json", "interop/a"]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["session"], holder.as_str());
+    assert_eq!(json["value"], "ours-a");
+    assert_eq!(json["sequencer"], sequencer.to_string());
+    let out = run(&["check", "--etcd", &url, &sequencer.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    ours.open();
+    let out = within(T, "lease lock to exit", lease_a.wait_with_output())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status = within(T, "etcdctl lock to run and exit", etcdctl_a.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "etcdctl lock: {status}");
+    assert_in_turn(("lease lock", &ours), ("etcdctl lock", &theirs));
+    assert_eq!(
+        std::fs::read_to_string(&theirs.env).unwrap().trim(),
+        queue[1].0,
+        "etcdctl's ETCD_LOCK_KEY is the key it queued"
+    );
+    let out = run(&["check", "--etcd", &url, &sequencer.to_string()]).await;
+    assert_eq!(out.status.code(), Some(1), "stale once released: {out:?}");
+
+    // etcdctl lock holds; ours waits, naming it.
+    let theirs = Gated::new(&scratch, "theirs-b", "$ETCD_LOCK_KEY");
+    let mut etcdctl_b = server
+        .etcdctl()
+        .args(["lock", "interop/b", "--", "sh", "-c", &theirs.script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let their_key = file_appears(&theirs.env).await.trim().to_owned();
+    let their_lease = their_key.strip_prefix("interop/b/").unwrap().to_owned();
+    let ours = Gated::ungated(&scratch, "ours-b", "$LEASE_HOLDER");
+    let mut lease_b = lease_cmd()
+        .env("LEASE_ETCD_ENDPOINTS", &url)
+        .args(["lock", "interop/b", "--", "sh", "-c", &ours.script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(lease_b.stderr.take().unwrap());
+    let mut waiting = String::new();
+    within(T, "lease lock to say whom it waits for", async {
+        while !waiting.contains("lease: waiting for interop/b:") {
+            stderr.read_line(&mut waiting).await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        waiting.contains(&format!("held by an unnamed holder (session {their_lease}")),
+        "{waiting}"
+    );
+    let queue = queue_of(
+        &server,
+        "interop/b",
+        2,
+        "lease lock to queue behind etcdctl",
+    )
+    .await;
+    assert_eq!(queue[0].0, their_key, "{queue:?}");
+
+    theirs.open();
+    let status = within(T, "etcdctl lock to exit", etcdctl_b.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "etcdctl lock: {status}");
+    let code = within(T, "lease lock to run and exit", lease_b.wait())
+        .await
+        .unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).await.unwrap();
+    assert_eq!(code.code(), Some(0), "{waiting}{rest}");
+    assert_in_turn(("etcdctl lock", &theirs), ("lease lock", &ours));
+    let ours_b = std::fs::read_to_string(&ours.env)
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_eq!(queue[1].0, format!("interop/b/{ours_b}"), "{queue:?}");
+
+    // Nothing left: no key, and neither of our etcd leases (etcdctl's exec form deletes its key
+    // but leaves its own lease to expire).
+    assert_eq!(server.keys("interop/").await, Vec::new());
+    let leases = server.leases().await;
+    assert!(
+        !leases.contains(&holder) && !leases.contains(&ours_b),
+        "our leases {holder}, {ours_b} are still in {leases:?}"
+    );
+}
+
+/// The create revision of `key`, which a leader's sequencer carries as its index.
+async fn server_revision_of(server: &Server, key: &str) -> u64 {
+    let out = server
+        .etcdctl()
+        .args(["get", key, "-w", "json"])
+        .output()
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["kvs"][0]["create_revision"].as_u64().unwrap()
+}
+
+/// An etcd that refuses connections, and one behind a partition (every byte held): `lease lock`
+/// exits 125 with a message naming the URL and what to do, starts nothing, and does not hang.
+#[tokio::test]
+async fn an_unreachable_etcd_is_a_clear_error_within_a_bounded_time() {
+    let server = Server::start().await;
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    proxy.set_mode(Mode::Blackhole);
+    let partitioned = format!("http://{}", proxy.addr());
+    let scratch = Scratch::new("etcd-unreachable");
+    let cases = [
+        (
+            "http://127.0.0.1:1",
+            "is it running? Start etcd, or point --etcd at it",
+            Duration::from_secs(2),
+        ),
+        // One request's timeout (5 s), with room for a loaded machine.
+        (
+            partitioned.as_str(),
+            "no answer in time",
+            Duration::from_secs(10),
+        ),
+    ];
+    for (i, (url, hint, bound)) in cases.into_iter().enumerate() {
+        let marker = scratch.path(&format!("started-{i}"));
+        let mut cmd = lease_cmd();
+        cmd.args(["lock", "--etcd", url, "jobs/a", "--", "touch"])
+            .arg(&marker);
+        let started = Instant::now();
+        let out = output(cmd, &format!("lease lock --etcd {url}")).await;
+        let took = started.elapsed();
+        let (code, stderr) = code_and_stderr(&out);
+        eprintln!("--etcd {url}: exit {code:?} after {took:.1?}");
+        assert_eq!(code, Some(125), "{stderr}");
+        for needle in [
+            &format!("lease: cannot reach etcd at {url}"),
+            hint,
+            "the command was not started",
+        ] {
+            assert!(
+                stderr.contains(needle),
+                "{needle:?} missing from:\n{stderr}"
+            );
+        }
+        assert!(took < bound, "--etcd {url} took {took:?} (bound {bound:?})");
+        assert!(!marker.exists(), "the command ran");
+    }
+}
