@@ -410,3 +410,120 @@ async fn a_pooled_backend_reuses_sessions_and_still_changes_the_sequencer() {
     third.check().await.unwrap();
     third.release().await.unwrap();
 }
+
+/// A name is used by one kind of lock at a time, and the keys say which, held or not: a released
+/// leader key refuses a semaphore, a semaphore's `.lock` refuses a leader lock, both at once. Other
+/// data at the name, or `lease lock`'s leader on `<name>/.lock`, refuses neither. Asked for at the
+/// same moment on a fresh name, the two kinds are never both granted.
+#[tokio::test]
+async fn a_name_is_used_by_one_kind_of_lock_and_its_keys_say_which() {
+    init_tracing();
+    let agent = Agent::start().await;
+    let consul = agent.backend();
+    let leader = |key: &str| {
+        LeaseSpec::leader(key)
+            .ttl(Duration::from_secs(10))
+            .lock_delay(Duration::ZERO)
+    };
+    let patient = Wait::UpTo(Duration::from_secs(30));
+    let conflict = |error: &Error, at: &str, found: u64, expected: u64| {
+        matches!(error, Error::FlagsConflict { key, found: f, expected: e }
+            if key == at && *f == found && *e == expected)
+    };
+    let (leader_flags, semaphore_flags) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
+
+    let held = consul.acquire(&leader("name")).await.unwrap();
+    held.release().await.unwrap();
+    let started = Instant::now();
+    let err = consul
+        .acquire(&spec("name", 2).wait(patient))
+        .await
+        .unwrap_err();
+    assert!(
+        conflict(&err, "name", leader_flags, semaphore_flags),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "waited");
+    assert!(
+        agent.keys("name/").await.is_empty(),
+        "a refused semaphore wrote"
+    );
+    assert!(consul.remove_unheld_key("name").await.unwrap());
+
+    let slot = consul.acquire(&spec("name", 2)).await.unwrap();
+    let started = Instant::now();
+    let err = consul
+        .acquire(&leader("name").wait(patient))
+        .await
+        .unwrap_err();
+    assert!(
+        conflict(&err, "name/.lock", semaphore_flags, leader_flags),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "waited");
+    slot.release().await.unwrap();
+    let err = consul
+        .acquire(&leader("name").wait(Wait::Never))
+        .await
+        .unwrap_err();
+    assert!(
+        conflict(&err, "name/.lock", semaphore_flags, leader_flags),
+        "{err}"
+    );
+    assert!(agent.key("name").await.is_null(), "a refused leader wrote");
+    nothing_left(&agent, "name").await;
+
+    // Plain data where a leader key would be is no leader lock.
+    agent.put_key("data", b"x", 0).await;
+    let slot = consul.acquire(&spec("data", 1)).await.unwrap();
+    slot.release().await.unwrap();
+    assert_eq!(agent.key("data").await["Value"], "eA==");
+    // `lease lock cli` holds `cli/.lock` as a leader: no semaphore of `cli`, so a leader on `cli`
+    // is not refused, and a semaphore on `cli` still is (the two share `cli/.lock`).
+    let cli = consul.acquire(&leader("cli/.lock")).await.unwrap();
+    let other = consul
+        .acquire(&leader("cli").wait(Wait::Never))
+        .await
+        .unwrap();
+    let err = consul
+        .acquire(&spec("cli", 2).wait(Wait::Never))
+        .await
+        .unwrap_err();
+    assert!(
+        conflict(&err, "cli/.lock", leader_flags, semaphore_flags),
+        "{err}"
+    );
+    other.release().await.unwrap();
+    cli.release().await.unwrap();
+
+    // Two clients, both kinds at the same moment on fresh names: exactly one is granted.
+    let (a, b) = (agent.backend(), agent.backend());
+    for i in 0..20 {
+        let name = format!("race/{i}");
+        let (leader_spec, semaphore_spec) = (
+            leader(&name).wait(Wait::Never),
+            spec(&name, 2).wait(Wait::Never),
+        );
+        let (as_leader, as_semaphore) =
+            tokio::join!(a.acquire(&leader_spec), b.acquire(&semaphore_spec));
+        match (as_leader, as_semaphore) {
+            (Ok(lease), Err(err)) => {
+                assert!(
+                    conflict(&err, &name, leader_flags, semaphore_flags),
+                    "{err}"
+                );
+                lease.release().await.unwrap();
+            }
+            (Err(err), Ok(lease)) => {
+                let lock = format!("{name}/.lock");
+                assert!(
+                    conflict(&err, &lock, semaphore_flags, leader_flags),
+                    "{err}"
+                );
+                lease.release().await.unwrap();
+            }
+            (leader, semaphore) => panic!("{name}: {leader:?} and {semaphore:?}"),
+        }
+    }
+    assert!(agent.sessions().await.is_empty(), "sessions left behind");
+}

@@ -4,7 +4,9 @@
 //! `PUT ?acquire=` the key with `consul lock`'s flags and the advertised value. A held key is
 //! waited for through the client's shared prefix watches (`watch`). A free key that refuses the acquire is under
 //! lock-delay (its last holder's session was invalidated); we retry after a short, growing pause
-//! rather than `consul lock`'s fixed 5 s.
+//! rather than `consul lock`'s fixed 5 s. The acquire transaction also asserts that no semaphore
+//! uses the name (`<key>/.lock`), so a leader lock is never granted where one is (`kind`): an
+//! operation more in the same request, and a read of `<key>/.lock` only when that check fails.
 //!
 //! Hold: the key, through the client's shared prefix watches. The lease is lost when the key is deleted, held by
 //! another (LockIndex, Session), or no longer held (then one read of our session tells an
@@ -16,10 +18,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, ConsulHttp, KvEntry, TxnOp};
+use super::http::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
+use super::kind::{self, OtherKind, Verdict};
 use super::retry::retry_transient;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watches};
+use crate::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
@@ -104,6 +108,9 @@ async fn contend(
         waited: started.elapsed(),
     };
     let mut watched = Watches::watch(http, Interest::Key(key.to_owned()), false, None);
+    // Where a semaphore on this name would be, and what the acquire asserts of it (see `kind`).
+    let semaphore_lock = lock_key(key);
+    let mut semaphore = OtherKind::Absent;
     // The index of the last state judged; `None`: read the key afresh.
     let mut index: Option<u64> = None;
     // A state already read (after a refused acquire), to judge before waiting for the next.
@@ -197,33 +204,57 @@ async fn contend(
             // Wait for the next state or the settle's end, whichever comes first.
             continue;
         }
-        // `?acquire=` as a one-operation transaction: its answer carries the LockIndex, so no
-        // read follows (none that could hang after the lock is ours).
+        // `?acquire=` as a transaction: its answer carries the LockIndex, so no read follows
+        // (none that could hang after the lock is ours). Its first operation asserts that no
+        // semaphore uses the name (see `kind`): no request of its own.
+        let check = semaphore.check(&semaphore_lock);
+        let lock_op = usize::from(check.is_some());
         let lock = TxnOp::Lock {
             key,
             session,
             value: spec.advertised_value(),
             flags: LEADER_FLAGS,
         };
+        let ops: Vec<TxnOp<'_>> = check.into_iter().chain([lock]).collect();
         let locked = http
-            .txn(&[lock])
+            .txn(&ops)
             .await
             .map_err(|e| e.into_error(http, format_args!("acquire {key:?}")))?;
-        if let Ok(entries) = locked {
-            let ours = entries.iter().find(|e| e.key == key);
-            return ours
-                .map(|e| {
-                    Contended::Acquired(Acquired {
-                        lock_index: e.lock_index,
-                        modify_index: e.modify_index,
+        let failed = match locked {
+            Ok(entries) => {
+                let ours = entries.iter().find(|e| e.key == key);
+                return ours
+                    .map(|e| {
+                        Contended::Acquired(Acquired {
+                            lock_index: e.lock_index,
+                            modify_index: e.modify_index,
+                        })
                     })
-                })
-                .ok_or_else(|| Error::Backend {
-                    backend: "Consul",
-                    operation: format!("acquire {key:?}"),
-                    message: "the transaction's answer does not name the key".into(),
-                    transient: false,
-                });
+                    .ok_or_else(|| Error::Backend {
+                        backend: "Consul",
+                        operation: format!("acquire {key:?}"),
+                        message: "the transaction's answer does not name the key".into(),
+                        transient: false,
+                    });
+            }
+            Err(failed) => failed,
+        };
+        if lock_op == 1 && failed.contains(&0) {
+            // `<key>/.lock` exists, or changed since we read it: one read tells a semaphore
+            // (refused for good) from anything else (asserted from now on).
+            let lock_read = read_raw(http, &semaphore_lock, deadline).await;
+            let verdict =
+                OtherKind::after_failed_check(lock_read.map(|(entry, _)| entry), SEMAPHORE_FLAGS)
+                    .map_err(|e| e.into_error(http, format_args!("read {semaphore_lock:?}")))?;
+            match verdict {
+                Verdict::Refuse => return Err(kind::semaphore_in_the_way(&semaphore_lock)),
+                Verdict::Assert(next) => semaphore = next,
+            }
+            if !failed.contains(&lock_op) {
+                // The key itself was ours to take: try again on the same state.
+                read = Some(last.clone());
+                continue;
+            }
         }
         // Refused. Either someone else won the race (the next read shows them), or the key is
         // free but under lock-delay, or our session is gone: then pause briefly, growing, never
@@ -257,10 +288,19 @@ async fn read_retrying(
     key: &str,
     deadline: Option<Instant>,
 ) -> Result<(Option<KvEntry>, u64), Error> {
-    let give_up = deadline.map(|d| d.max(Instant::now() + READ_GRACE));
-    retry_transient(give_up, || http.kv_get(key))
+    read_raw(http, key, deadline)
         .await
         .map_err(|e| e.into_error(http, format_args!("read {key:?}")))
+}
+
+/// [`read_retrying`], with Consul's error as it came.
+async fn read_raw(
+    http: &ConsulHttp,
+    key: &str,
+    deadline: Option<Instant>,
+) -> Result<(Option<KvEntry>, u64), ApiError> {
+    let give_up = deadline.map(|d| d.max(Instant::now() + READ_GRACE));
+    retry_transient(give_up, || http.kv_get(key)).await
 }
 
 /// Turns a successful contention into a lease and starts its holder task.

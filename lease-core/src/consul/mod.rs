@@ -41,6 +41,7 @@
 mod config;
 mod http;
 mod keepalive;
+mod kind;
 mod leader;
 mod observe;
 mod retry;

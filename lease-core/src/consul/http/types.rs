@@ -77,10 +77,15 @@ pub(crate) enum TxnOp<'a> {
     },
     /// Delete `key`.
     Delete { key: &'a str },
+    /// Fail the transaction if `key` exists (the `check-not-exists` verb).
+    CheckNotExists { key: &'a str },
+    /// Fail the transaction unless `key` exists with ModifyIndex `index` (the `check-index`
+    /// verb).
+    CheckIndex { key: &'a str, index: u64 },
 }
 
 impl TxnOp<'_> {
-    pub(super) fn to_json(self) -> serde_json::Value {
+    pub(crate) fn to_json(self) -> serde_json::Value {
         let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
         let kv = match self {
             TxnOp::Lock {
@@ -107,6 +112,12 @@ impl TxnOp<'_> {
                 serde_json::json!({"Verb": "cas", "Key": key, "Value": b64(value), "Flags": flags, "Index": index})
             }
             TxnOp::Delete { key } => serde_json::json!({"Verb": "delete", "Key": key}),
+            TxnOp::CheckNotExists { key } => {
+                serde_json::json!({"Verb": "check-not-exists", "Key": key})
+            }
+            TxnOp::CheckIndex { key, index } => {
+                serde_json::json!({"Verb": "check-index", "Key": key, "Index": index})
+            }
         };
         serde_json::json!({ "KV": kv })
     }

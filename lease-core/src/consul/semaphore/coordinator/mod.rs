@@ -10,7 +10,10 @@
 //! - delete the contender keys of those leaving;
 //! - lock the contender keys of those admitted (unlock first for a pooled session, so the
 //!   LockIndex rises);
-//! - CAS the new holder set.
+//! - CAS the new holder set;
+//! - when that CAS creates `.lock`, assert that no leader lock has the prefix as its key
+//!   (`consul::kind`): an operation more, no request more; a failed assertion costs one read of
+//!   the prefix's key, and a leader lock's there refuses every take with `FlagsConflict`.
 //!
 //! A give-back and a waiting take of the same process thus hand a slot over in one write. Other
 //! processes (`consul lock -n`, other instances) still race, and CAS keeps that correct: a stale

@@ -15,6 +15,8 @@ use super::{GiveReply, Request, TakeReply};
 use crate::Error;
 use crate::backoff::Backoff;
 use crate::consul::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
+use crate::consul::kind::{self, OtherKind, Verdict};
+use crate::consul::leader::LEADER_FLAGS;
 use crate::consul::retry::backoff;
 use crate::consul::watch::{Interest, Watched, Watches};
 use crate::semaphore::{
@@ -42,6 +44,9 @@ struct Coordinator {
     /// The snapshot was read from Consul, not derived from our own writes.
     fresh: bool,
     backoff: Backoff,
+    /// What the transaction that creates `.lock` asserts of the key `prefix`, where a leader
+    /// lock on the name would be (see `consul::kind`).
+    leader: OtherKind,
 }
 
 pub(super) async fn run(
@@ -57,6 +62,7 @@ pub(super) async fn run(
         snapshot: None,
         fresh: false,
         backoff: backoff(),
+        leader: OtherKind::Absent,
     };
     let directory = super::super::directory(&coordinator.prefix);
     let mut watched = Watches::watch(
@@ -271,6 +277,12 @@ impl Coordinator {
             .collect();
         let mut ops = Vec::new();
         let mut owners = Vec::new();
+        let creating = write.lock.as_ref().is_some_and(|lock| lock.cas_index == 0);
+        // Creating `.lock` makes the name a semaphore's: not if a leader lock has it.
+        if let Some(check) = self.leader.check(&self.prefix).filter(|_| creating) {
+            ops.push(check);
+            owners.push(Owner::LeaderKey);
+        }
         for ((give, _), key) in write.gives.iter().zip(&give_keys) {
             if give.delete_contender {
                 ops.push(TxnOp::Delete { key });
@@ -341,25 +353,25 @@ impl Coordinator {
                 // Someone else wrote the lock key (a stale CAS), or a session is gone (its lock op
                 // failed). Answer the latter; everyone else is planned again on a fresh read.
                 let mut gone = HashSet::new();
+                let mut leader_key_changed = false;
                 for op in failed {
                     match owners.get(op) {
                         Some(Owner::Lock) => self.http.count_cas_conflict(),
                         Some(Owner::Take(i)) => {
                             gone.insert(*i);
                         }
+                        Some(Owner::LeaderKey) => leader_key_changed = true,
                         Some(Owner::Give) | None => {}
                     }
                 }
-                let mut kept = Vec::new();
-                for (i, admit) in write.admits.into_iter().enumerate() {
-                    if gone.contains(&i) {
-                        let _ = admit.reply.answer.send(Ok(Taken::SessionGone));
-                    } else {
-                        kept.push((admit.take, admit.reply));
+                if leader_key_changed {
+                    if let Err(write) = self.judge_leader_key(write).await {
+                        self.snapshot = None;
+                        self.requeue(write, &gone);
                     }
+                    return;
                 }
-                self.queue
-                    .put_back(kept.into_iter(), write.gives.into_iter());
+                self.requeue(write, &gone);
                 self.snapshot = None;
             }
             Err(error) => {
@@ -376,6 +388,54 @@ impl Coordinator {
                 self.trouble(error).await;
             }
         }
+    }
+
+    /// Puts the requests of a write that did not go through back in the queue, but for the
+    /// takes whose sessions are `gone`, which are answered so.
+    fn requeue(&mut self, write: Write<TakeReply, GiveReply>, gone: &HashSet<usize>) {
+        let mut kept = Vec::new();
+        for (i, admit) in write.admits.into_iter().enumerate() {
+            if gone.contains(&i) {
+                let _ = admit.reply.answer.send(Ok(Taken::SessionGone));
+            } else {
+                kept.push((admit.take, admit.reply));
+            }
+        }
+        self.queue
+            .put_back(kept.into_iter(), write.gives.into_iter());
+    }
+
+    /// After the check of the key `prefix` failed in a write that creates `.lock`: one read of
+    /// it. A leader lock's key refuses every take, this write's and the queued ones, with
+    /// `FlagsConflict`; anything else is asserted unchanged from now on, and the write is handed
+    /// back to be planned again (as it is when the read fails, after the trouble is handled).
+    async fn judge_leader_key(
+        &mut self,
+        write: Write<TakeReply, GiveReply>,
+    ) -> Result<(), Write<TakeReply, GiveReply>> {
+        let read = self.http.kv_get(&self.prefix).await;
+        match OtherKind::after_failed_check(read.map(|(entry, _)| entry), LEADER_FLAGS) {
+            Ok(Verdict::Assert(next)) => {
+                self.leader = next;
+                return Err(write);
+            }
+            Ok(Verdict::Refuse) => {}
+            Err(error) => {
+                let Write { gives, admits, .. } = write;
+                let takes = admits.into_iter().map(|a| (a.take, a.reply));
+                self.queue.put_back(takes, gives.into_iter());
+                self.trouble(error).await;
+                return Ok(());
+            }
+        }
+        let Write { gives, admits, .. } = write;
+        let takes = admits.into_iter().map(|a| (a.take, a.reply));
+        for (take, reply) in takes.chain(self.queue.drain_takes()) {
+            self.answer_take(take, reply, Err(kind::leader_in_the_way(&self.prefix)));
+        }
+        self.queue.put_back(std::iter::empty(), gives.into_iter());
+        self.snapshot = None;
+        Ok(())
     }
 
     /// Answers a take; if it was admitted and its caller has gone, gives the slot back in a
@@ -403,6 +463,8 @@ enum Owner {
     Give,
     Take(usize),
     Lock,
+    /// The check that no leader lock has the name.
+    LeaderKey,
 }
 
 #[cfg(test)]
