@@ -292,10 +292,20 @@ impl Watchers {
             }
         }
         // The first listing at or past the index a watcher waits for wakes it, changed or not.
+        // Every other watcher's view moves on to this listing without a wake-up, so none pins an
+        // older one: watchers last woken at different times once kept hundreds of listings of
+        // a 10,000-key directory alive.
         for (_, watcher) in self.all() {
             let wants = watcher.wants.load(Ordering::Acquire);
             if previous.index < wants && wants <= listing.index {
                 watcher.sender.send_replace(view());
+            } else {
+                watcher.sender.send_if_modified(|current| {
+                    if let View::Read(_) = current {
+                        *current = view();
+                    }
+                    false
+                });
             }
         }
     }
