@@ -73,7 +73,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             let mut failure = Failure::from_error(&error);
             if let (Error::Busy { waited, .. }, Some(holder)) = (&error, holder.borrow().as_ref()) {
                 failure.message = format!(
-                    "{} is {holder}; gave up after {waited:?} (-try); the command was not started",
+                    "{}: {holder}; gave up after {waited:?} (-try); the command was not started",
                     spec.key()
                 );
             } else if failure.code == exit::BACKEND {

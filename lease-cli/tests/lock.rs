@@ -365,8 +365,8 @@ async fn exit_paths_pass_codes_forward_signals_and_leave_nothing() {
     let (code, stderr) = code_and_stderr(&busy);
     assert_eq!(code, Some(75), "{stderr}");
     assert!(
-        stderr.contains("the-holder"),
-        "the holder is named: {stderr}"
+        stderr.contains("exits/busy/.lock: held by the-holder (session "),
+        "the key and its holder are named: {stderr}"
     );
     assert!(!ran.exists(), "no child may run while busy");
     send(holder.id().unwrap(), Signal::SIGTERM);

@@ -205,7 +205,7 @@ impl LeaseSpec {
     /// `lead` at least that long, the work is gone before the backend could give the lease to
     /// someone else. [`validate`](Self::validate) refuses a lead that leaves no time at all.
     ///
-    /// Applies to TTL-backed leases (Consul, memory); the AMQP backend fences on its heartbeat
+    /// Applies to TTL-backed leases (Consul, etcd, memory); the AMQP backend fences on its heartbeat
     /// and does not read it.
     #[must_use]
     pub fn fence_lead(mut self, lead: Duration) -> Self {
