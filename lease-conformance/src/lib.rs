@@ -90,6 +90,7 @@
 //! (feature `amqp`).
 //!
 //! [`Backend`]: lease_core::Backend
+#![cfg_attr(docsrs, feature(doc_cfg))] // On docs.rs, each feature-gated item names its feature.
 
 mod harness;
 mod operator;
