@@ -153,6 +153,37 @@ async fn we_wait_while_etcdctl_elect_leads_and_take_over_when_it_resigns() {
     assert_only_etcdctls_lease_is_left(&server, "interop/theirs-first", &elected).await;
 }
 
+/// `etcdctl elect` leads, its proposal JSON but not our semaphore's format: a semaphore of ours
+/// on the name is refused at once (a leader contender is no semaphore's, however its value
+/// looks), while a leader of ours only waits for its turn, as ever.
+#[tokio::test]
+async fn a_semaphore_is_refused_at_once_where_etcdctl_elect_leads() {
+    lease_tests::init_tracing();
+    let server = Server::start().await;
+    let etcd = server.backend();
+    let name = "interop/kinds";
+    let (child, mut lines) = etcdctl_elect(&server, name, r#"{"limit":2}"#).await;
+    let elected = within(EVENT, "etcdctl elect to be elected", lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    let started = Instant::now();
+    let patient = Wait::UpTo(Duration::from_secs(30));
+    let err = etcd
+        .acquire(&LeaseSpec::semaphore(name, 2).wait(patient))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::FlagsConflict { key, found: Error::LEADER_FLAGS, expected: Error::SEMAPHORE_FLAGS } if key == name),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "waited");
+    let busy = etcd.acquire(&leader(name).wait(Wait::Never)).await;
+    assert!(busy.unwrap_err().is_busy());
+    interrupt(child).await;
+    assert_only_etcdctls_lease_is_left(&server, name, &elected).await;
+}
+
 #[tokio::test]
 async fn twenty_waiters_acquire_in_the_order_they_arrived() {
     lease_tests::init_tracing();

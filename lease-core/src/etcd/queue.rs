@@ -13,6 +13,20 @@
 //!   `{"limit": N, "value": <base64>}`: every contender must ask for the limit of the oldest, or
 //!   gets [`Error::LimitMismatch`].
 //!
+//! **One kind of lock per name.** Both kinds queue under `<key>/`, so the values tell them apart:
+//! a key whose value is exactly our semaphore format is a semaphore contender, any other a leader
+//! contender (ours, `etcdctl elect`'s proposal, `etcdctl lock`'s empty value). Judging its turn,
+//! a leader contender whose predecessor is a semaphore contender, and a semaphore contender whose
+//! oldest key is a leader contender, are refused at once with [`Error::FlagsConflict`] (the
+//! flags constants naming the kinds), however long they may wait; a semaphore contender with a
+//! leader contender between the oldest and itself waits for it to go (that leader contender is
+//! refused by its own judgment). The check reads nothing more than the judgment already reads,
+//! and a refused contender's key goes with its lease. A leader holds only as the oldest key and a
+//! semaphore contender only with no leader contender older than itself, so the two kinds never
+//! hold together, not even when both first arrive at once; such a race can at worst refuse a
+//! contender for a leader contender that is itself being refused. The name is another kind's
+//! only while that kind's contenders are queued: nothing of it outlives its last lease.
+//!
 //! **Waiters settle after a removal nobody announced.** A holder that releases first *touches*
 //! its key (a put that keeps value and lease, so the key's version becomes 2), then revokes its
 //! lease. Waiters watch with `prev_kv`, so the deletion they see carries the key as it was: a
@@ -96,24 +110,39 @@ impl Rule {
         }
     }
 
+    /// Whose turn it is, given the keys [`ahead`](Rule::ahead) of ours; refuses a name used by
+    /// the other kind of lock (see the module docs).
     fn judge(self, key: &str, own: &str, ahead: &[KeyValue]) -> Result<Turn, Error> {
         match self {
-            Rule::Leader => Ok(match ahead.first() {
-                None => Turn::Mine,
-                Some(previous) => Turn::WaitFor(RangeRequest::key(&previous.key_str())),
-            }),
+            Rule::Leader => match ahead.first() {
+                None => Ok(Turn::Mine),
+                Some(previous) if SemaphoreValue::parse(previous).is_some() => {
+                    Err(other_kind(key, Error::SEMAPHORE_FLAGS, Error::LEADER_FLAGS))
+                }
+                Some(previous) => Ok(Turn::WaitFor(RangeRequest::key(&previous.key_str()))),
+            },
             Rule::Semaphore { limit } => {
                 if let Some(oldest) = ahead.first() {
-                    let stored = SemaphoreValue::limit_of(key, oldest)?;
-                    if stored != limit {
+                    let Some(stored) = SemaphoreValue::parse(oldest) else {
+                        return Err(other_kind(key, Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS));
+                    };
+                    if stored.limit != limit {
                         return Err(Error::LimitMismatch {
                             key: key.to_owned(),
-                            stored: u64::from(stored),
+                            stored: u64::from(stored.limit),
                             requested: u64::from(limit),
                         });
                     }
                 }
-                if ahead.iter().any(|kv| kv.key == own.as_bytes()) {
+                let Some(at) = ahead.iter().position(|kv| kv.key == own.as_bytes()) else {
+                    return Ok(Turn::WaitFor(RangeRequest::under(key)));
+                };
+                // A leader contender that joined behind a semaphore holder is refused by its
+                // own judgment and goes; until it has, it is not let in beside us.
+                if ahead[..at]
+                    .iter()
+                    .all(|kv| SemaphoreValue::parse(kv).is_some())
+                {
                     Ok(Turn::Mine)
                 } else {
                     Ok(Turn::WaitFor(RangeRequest::under(key)))
@@ -123,8 +152,23 @@ impl Rule {
     }
 }
 
-/// The value of a semaphore contender's key.
+/// The refusal of a lock on `key` that found contenders of another kind (`found`) under it.
+fn other_kind(key: &str, found: u64, expected: u64) -> Error {
+    Error::FlagsConflict {
+        key: key.to_owned(),
+        found,
+        expected,
+    }
+}
+
+/// The value of a semaphore contender's key: `{"limit":N,"value":"<base64>"}`, exactly.
+///
+/// It is also what tells a semaphore contender from a leader contender, whose value is its
+/// advertised value (`etcdctl elect`'s proposal, or empty for `etcdctl lock`): only a value of
+/// exactly this form, a limit of at least 1 and valid base64, is a semaphore's. A leader whose
+/// value is such a document would be taken for one.
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SemaphoreValue {
     limit: u32,
     /// The advertised value, base64.
@@ -140,12 +184,19 @@ impl SemaphoreValue {
         serde_json::to_vec(&value).unwrap_or_default()
     }
 
+    /// The semaphore contender's value in `kv`; `None` if `kv` is a leader contender's.
+    fn parse(kv: &KeyValue) -> Option<SemaphoreValue> {
+        let parsed = serde_json::from_slice::<SemaphoreValue>(&kv.value).ok()?;
+        let valid = parsed.limit >= 1 && BASE64.decode(&parsed.value).is_ok();
+        valid.then_some(parsed)
+    }
+
     fn limit_of(prefix: &str, kv: &KeyValue) -> Result<u32, Error> {
-        serde_json::from_slice::<SemaphoreValue>(&kv.value)
+        Self::parse(kv)
             .map(|v| v.limit)
-            .map_err(|e| Error::CorruptLockValue {
+            .ok_or_else(|| Error::CorruptLockValue {
                 key: kv.key_str(),
-                reason: format!("not a semaphore contender of {prefix:?} ({e})"),
+                reason: format!("not a semaphore contender of {prefix:?}"),
             })
     }
 }
@@ -469,6 +520,104 @@ pub(crate) async fn check_sequencer(http: &EtcdHttp, sequencer: &Sequencer) -> R
 mod tests {
     use super::*;
     use lease_tests::etcd::Server;
+
+    /// A contender key under `q/` as a range returns it.
+    fn contender(name: &str, value: &[u8]) -> KeyValue {
+        KeyValue {
+            key: format!("q/{name}").into_bytes(),
+            value: value.to_vec(),
+            ..KeyValue::default()
+        }
+    }
+
+    fn semaphore_contender(name: &str, limit: u32) -> KeyValue {
+        contender(name, &SemaphoreValue::encode(limit, b"10.0.0.7"))
+    }
+
+    fn refused(turn: Result<Turn, Error>, found: u64, expected: u64) -> bool {
+        matches!(turn, Err(Error::FlagsConflict { key, found: f, expected: e })
+            if key == "q" && f == found && e == expected)
+    }
+
+    /// Only our semaphore format is a semaphore contender: `etcdctl lock`'s empty value and any
+    /// `etcdctl elect` proposal (text, other JSON, a near miss of ours) are leader contenders.
+    #[test]
+    fn only_our_exact_format_is_a_semaphore_contender() {
+        assert!(SemaphoreValue::parse(&semaphore_contender("a", 3)).is_some());
+        assert!(SemaphoreValue::parse(&contender("a", br#"{"limit":1,"value":""}"#)).is_some());
+        for proposal in [
+            &b""[..],
+            b"10.0.0.7:8080",
+            br#"{"limit":2}"#,
+            br#"{"limit":0,"value":""}"#,
+            br#"{"limit":2,"value":"not base64!"}"#,
+            br#"{"limit":2,"value":"","node":"a"}"#,
+            br#"{"limit":-1,"value":""}"#,
+            b"[2]",
+        ] {
+            let kv = contender("a", proposal);
+            let text = String::from_utf8_lossy(proposal);
+            assert!(SemaphoreValue::parse(&kv).is_none(), "{text}");
+        }
+    }
+
+    #[test]
+    fn each_kind_refuses_a_name_the_other_kind_holds() {
+        let (leader_flags, semaphore_flags) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
+        let semaphore = Rule::Semaphore { limit: 2 };
+        // A leader (ours, `etcdctl elect`'s, `etcdctl lock`'s) holds: a semaphore is refused,
+        // whether or not it is among the `limit` oldest.
+        for value in [&b"node-1"[..], b""] {
+            let ahead = [contender("leader", value), contender("own", b"")];
+            let turn = semaphore.judge("q", "q/own", &ahead);
+            assert!(refused(turn, leader_flags, semaphore_flags));
+            let turn = semaphore.judge("q", "q/own", &ahead[..1]);
+            assert!(refused(turn, leader_flags, semaphore_flags));
+        }
+        // A semaphore holds: a leader behind it is refused; behind a leader, it waits.
+        let holder = semaphore_contender("holder", 2);
+        let turn = Rule::Leader.judge("q", "q/own", std::slice::from_ref(&holder));
+        assert!(refused(turn, semaphore_flags, leader_flags));
+        let turn = Rule::Leader.judge("q", "q/own", &[contender("leader", b"")]);
+        assert!(matches!(turn, Ok(Turn::WaitFor(_))));
+        assert!(matches!(
+            Rule::Leader.judge("q", "q/own", &[]),
+            Ok(Turn::Mine)
+        ));
+        // Semaphore contenders only: the limit decides.
+        let ahead = [holder.clone(), semaphore_contender("own", 2)];
+        assert!(matches!(
+            semaphore.judge("q", "q/own", &ahead),
+            Ok(Turn::Mine)
+        ));
+        let turn = semaphore.judge("q", "q/own", &[holder.clone(), semaphore_contender("b", 2)]);
+        assert!(matches!(turn, Ok(Turn::WaitFor(_))));
+        let turn = Rule::Semaphore { limit: 3 }.judge("q", "q/own", &ahead);
+        assert!(matches!(
+            turn,
+            Err(Error::LimitMismatch {
+                stored: 2,
+                requested: 3,
+                ..
+            })
+        ));
+    }
+
+    /// A leader contender that joined behind a semaphore holder (and is about to be refused)
+    /// is never let in beside a semaphore contender behind it: that one waits for it to go.
+    #[test]
+    fn a_semaphore_contender_waits_for_a_leader_contender_ahead_of_it_to_go() {
+        let semaphore = Rule::Semaphore { limit: 3 };
+        let ahead = [
+            semaphore_contender("holder", 3),
+            contender("leader", b"node-1"),
+            semaphore_contender("own", 3),
+        ];
+        let turn = semaphore.judge("q", "q/own", &ahead);
+        assert!(matches!(turn, Ok(Turn::WaitFor(_))));
+        let turn = semaphore.judge("q", "q/own", &[ahead[0].clone(), ahead[2].clone()]);
+        assert!(matches!(turn, Ok(Turn::Mine)));
+    }
 
     /// Writes `key` (touched once more if `touched`, as a release does) and returns its create
     /// revision.
