@@ -370,6 +370,14 @@ async fn asking_for_another_limit_than_the_semaphores_slot_count_is_an_error() {
             other => panic!("asking for {requested} of 2 slots gave {other:?}"),
         }
     }
+    // A leader lock is a one-slot semaphore, so on two slots it finds another kind of lock.
+    let leader = amqp
+        .acquire(&LeaseSpec::leader(&name).wait(Wait::Never))
+        .await;
+    assert!(
+        matches!(&leader, Err(Error::FlagsConflict { key, found: Error::SEMAPHORE_FLAGS, expected: Error::LEADER_FLAGS }) if *key == name),
+        "{leader:?}"
+    );
     let message = amqp
         .acquire(&LeaseSpec::semaphore(&name, 3))
         .await

@@ -51,7 +51,8 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     let mut backoff = Backoff::new(SCAN_BACKOFF.0, SCAN_BACKOFF.1);
     let mut unsettled_scans = 0;
     loop {
-        match try_acquire(amqp, &names, limit, spec.settle_time()).await? {
+        let scan = try_acquire(amqp, &names, limit, spec.settle_time()).await;
+        match scan.map_err(|error| leader_on_a_semaphore(spec, error))? {
             Scan::Acquired(lease) => return Ok(lease),
             // Slots were changing hands while we looked: "busy" would not be the truth yet, so
             // look again soon, even when told not to wait (a bounded number of times).
@@ -74,6 +75,29 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
             sleep = sleep.min(deadline - now);
         }
         tokio::time::sleep(sleep).await;
+    }
+}
+
+/// A leader lock is the one-slot semaphore of its key, so a leader lock asked for on a name whose
+/// semaphore has more slots finds a semaphore there, and is refused as on the other backends:
+/// with [`Error::FlagsConflict`], not [`Error::LimitMismatch`].
+///
+/// The other way round cannot be told: a leader lock's queues are a one-slot semaphore's, declared
+/// with the same arguments (seed 004's, which every client of the semaphore must use, or the broker
+/// refuses the redeclare). A semaphore asked for on a leader lock's name keeps
+/// [`Error::LimitMismatch`] (`stored: 1`), refused at once and for good all the same; asking for one
+/// slot, it shares the leader lock's. Marking the kind would take a queue, or an argument, that
+/// other clients of the seed do not write and existing leader locks do not have.
+fn leader_on_a_semaphore(spec: &LeaseSpec, error: Error) -> Error {
+    match (spec.target(), error) {
+        (Target::Leader { .. }, Error::LimitMismatch { key, stored, .. }) if stored > 1 => {
+            Error::FlagsConflict {
+                key,
+                found: Error::SEMAPHORE_FLAGS,
+                expected: Error::LEADER_FLAGS,
+            }
+        }
+        (_, error) => error,
     }
 }
 
@@ -502,5 +526,35 @@ pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Resul
             operation: "checking a sequencer issued by another process while its slot is held",
         }),
         None => Err(Error::Lost(LostReason::Released)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mismatch(stored: u64, requested: u64) -> Error {
+        Error::LimitMismatch {
+            key: "jobs".to_owned(),
+            stored,
+            requested,
+        }
+    }
+
+    #[test]
+    fn a_leader_on_a_semaphore_of_more_slots_is_another_kind_of_lock() {
+        let leader = LeaseSpec::leader("jobs");
+        let refused = leader_on_a_semaphore(&leader, mismatch(3, 1));
+        assert!(
+            matches!(&refused, Error::FlagsConflict { key, found: Error::SEMAPHORE_FLAGS, expected: Error::LEADER_FLAGS } if key == "jobs"),
+            "{refused:?}"
+        );
+        // A semaphore on a one-slot queue set may be on a leader lock or on a one-slot
+        // semaphore: the queues do not say, so the limits do.
+        let semaphore = LeaseSpec::semaphore("jobs", 2);
+        let refused = leader_on_a_semaphore(&semaphore, mismatch(1, 2));
+        assert!(matches!(refused, Error::LimitMismatch { stored: 1, .. }));
+        let other = leader_on_a_semaphore(&leader, Error::Config("x".into()));
+        assert!(matches!(other, Error::Config(_)));
     }
 }

@@ -14,6 +14,11 @@
 //!   3-slot one) fails with [`Error::LimitMismatch`], read from the run of slot queues (`A[limit]`
 //!   exists, `A[limit + 1]` does not). Change the count with [`Admin`], then the contenders'
 //!   limit.
+//! - **Kinds of lock are told apart only by their slot counts**: a leader lock asked for on a
+//!   semaphore of more slots is refused with [`Error::FlagsConflict`], as on the other backends;
+//!   but a leader lock's queues are a one-slot semaphore's, so a semaphore asked for on a leader
+//!   lock's name gets [`Error::LimitMismatch`] (`stored: 1`) instead, and one asking for one slot
+//!   shares the leader lock's slot (see `client`).
 //! - **Waiting** (`Wait::UpTo`/`Wait::Forever`): RabbitMQ has no blocking query on a queue's
 //!   existence, so a busy semaphore is re-scanned with jittered exponential backoff from 20 ms up
 //!   to 1 s between scans. A scan of a full semaphore costs C + 2 confirmed publishes, so waiters
