@@ -18,8 +18,9 @@ use crate::{Operator, OperatorError, Outcome};
 /// contract defines one, and the scenario answers [`Outcome::NotApplicable`].
 ///
 /// Some capabilities only sharpen assertions ([`RisingIndex`](Capability::RisingIndex),
-/// [`ContenderKeys`](Capability::ContenderKeys), [`LimitAgreement`](Capability::LimitAgreement)):
-/// without them the scenarios still run, and skip the assertions that need them.
+/// [`ContenderKeys`](Capability::ContenderKeys), [`LimitAgreement`](Capability::LimitAgreement),
+/// [`LockKinds`](Capability::LockKinds)): without them the scenarios still run, and skip or
+/// loosen the assertions that need them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Capability {
@@ -40,6 +41,12 @@ pub enum Capability {
     /// Contenders agree on a semaphore's limit: one that asks for another gets
     /// `Error::LimitMismatch` (rather than the limit being set by an administrator).
     LimitAgreement,
+    /// The backend tells a leader lock from a one-slot semaphore on the same name, so a semaphore
+    /// asked for where a leader lock is gets `Error::FlagsConflict`. Without it (RabbitMQ, where
+    /// a leader lock is a one-slot semaphore) that semaphore may get `Error::LimitMismatch`
+    /// instead, still at once and for good; a leader lock on a semaphore of more slots is
+    /// `FlagsConflict` either way.
+    LockKinds,
     /// [`Operator::destroy_session`]. An operator without it answers `Unsupported` (checked).
     DestroySession,
     /// [`Operator::delete_key`]. An operator without it answers `Unsupported` (checked).
@@ -57,6 +64,7 @@ impl fmt::Display for Capability {
             Capability::RisingIndex => "a rising sequencer index",
             Capability::ContenderKeys => "semaphore contender keys",
             Capability::LimitAgreement => "limits agreed by contenders",
+            Capability::LockKinds => "telling a leader lock from a one-slot semaphore",
             Capability::DestroySession => "destroying a session",
             Capability::DeleteKey => "deleting a key",
             Capability::ReleaseKey => "releasing a key",
@@ -234,7 +242,8 @@ impl Harness {
             Capability::LockDelay
             | Capability::RisingIndex
             | Capability::ContenderKeys
-            | Capability::LimitAgreement => None,
+            | Capability::LimitAgreement
+            | Capability::LockKinds => None,
         }
     }
 

@@ -65,8 +65,8 @@
 //! a lacking [`Capability`] does not run, and instead asserts that the backend or operator
 //! refuses it (`Error::Unsupported` from `acquire` of a semaphore or from `observe_leader`,
 //! `OperatorError::Unsupported` from the operator), then answers [`Outcome::NotApplicable`].
-//! [`Capability::RisingIndex`], [`Capability::ContenderKeys`] and
-//! [`Capability::LimitAgreement`] only sharpen assertions.
+//! [`Capability::RisingIndex`], [`Capability::ContenderKeys`], [`Capability::LimitAgreement`]
+//! and [`Capability::LockKinds`] only sharpen assertions.
 //!
 //! # The scenarios
 //!

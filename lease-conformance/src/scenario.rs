@@ -77,6 +77,7 @@ macro_rules! __for_each_scenario {
             zero_lock_delay_means_zero,
             observers_follow_the_leader,
             semaphore_admits_up_to_its_limit,
+            another_kind_of_lock_is_refused_at_once,
             semaphore_holder_loses_on_session_destroy,
             semaphore_dead_holder_keeps_its_slot_for_the_lock_delay,
             shutdown_releases_every_lease,

@@ -412,6 +412,71 @@ pub async fn semaphore_admits_up_to_its_limit(h: &Harness) -> Outcome {
     Outcome::Passed
 }
 
+/// A name held as one kind of lock refuses the other kind at once, both ways, with the same
+/// permanent error ([`Error::FlagsConflict`], its `found` the kind in the way and its `expected`
+/// the kind asked for, as [`Error::LEADER_FLAGS`] and [`Error::SEMAPHORE_FLAGS`]), not `Busy`
+/// after the whole wait: no holder of the other kind will ever make room for it. The holder keeps
+/// its lease.
+///
+/// Needs [`Semaphores`](Capability::Semaphores). Without
+/// [`LockKinds`](Capability::LockKinds), a semaphore on a leader lock's name may be refused with
+/// [`Error::LimitMismatch`] instead (where a leader lock is a one-slot semaphore): at once and for
+/// good all the same.
+pub async fn another_kind_of_lock_is_refused_at_once(h: &Harness) -> Outcome {
+    if let Some(outcome) = h.not_applicable(&[Capability::Semaphores]).await {
+        return outcome;
+    }
+    // Longer than the bound on the answer: an answer within it did not wait the wait out.
+    let patient = Wait::UpTo(EVENT * 3);
+    let refused = |what: &str, answer: Result<lease_core::Lease, Error>, found, expected| {
+        let error = match answer {
+            Err(Error::FlagsConflict {
+                key,
+                found: f,
+                expected: e,
+            }) => {
+                assert_eq!((f, e), (found, expected), "{what}: the kinds, as flags");
+                Error::FlagsConflict {
+                    key,
+                    found: f,
+                    expected: e,
+                }
+            }
+            Err(error @ Error::LimitMismatch { .. }) if !h.has(Capability::LockKinds) => error,
+            other => panic!("{what}: expected FlagsConflict, got {other:?}"),
+        };
+        assert!(!error.is_transient() && !error.is_busy(), "{what}: {error}");
+    };
+    let (leader_flags, semaphore_flags) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
+
+    let key = h.key("kinds-leader-first");
+    let leader_lease = h.backend().acquire(&leader(&key)).await.unwrap();
+    let answer = within(
+        EVENT,
+        "a semaphore on a leader lock's key to be refused",
+        h.backend().acquire(&semaphore(&key, 2).wait(patient)),
+    )
+    .await;
+    let what = "a semaphore on a held leader key";
+    refused(what, answer, leader_flags, semaphore_flags);
+    leader_lease.check().await.unwrap();
+    leader_lease.release().await.unwrap();
+
+    let prefix = h.key("kinds-semaphore-first");
+    let slot = h.backend().acquire(&semaphore(&prefix, 2)).await.unwrap();
+    let answer = within(
+        EVENT,
+        "a leader lock on a semaphore's prefix to be refused",
+        h.backend().acquire(&leader(&prefix).wait(patient)),
+    )
+    .await;
+    let what = "a leader lock on a held semaphore prefix";
+    refused(what, answer, semaphore_flags, leader_flags);
+    slot.check().await.unwrap();
+    slot.release().await.unwrap();
+    Outcome::Passed
+}
+
 /// Destroying a semaphore holder's session loses its slot, and with lock-delay 0 the next contender
 /// gets it.
 ///

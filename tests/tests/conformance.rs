@@ -119,6 +119,8 @@ async fn amqp() -> Harness {
         // The index is the slot number; the key is the semaphore's name.
         .lacks(Capability::RisingIndex)
         .lacks(Capability::ContenderKeys)
+        // A leader lock is a one-slot semaphore: a semaphore on its name gets LimitMismatch.
+        .lacks(Capability::LockKinds)
         .lacks(Capability::DestroySession)
         .lacks(Capability::DeleteKey)
         .lacks(Capability::ReleaseKey)
