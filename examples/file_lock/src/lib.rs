@@ -29,6 +29,17 @@
 //! Key parts may not start with `.`, so a key never names one of these files, or leaves the
 //! directory.
 //!
+//! # One kind of lock per name
+//!
+//! A leader key `k` and a semaphore `k` would use different files (`k.lock`, `k/.slot-*.lock`),
+//! so each looks for the other: a leader lock is refused while the semaphore `k` has a slot file,
+//! a semaphore while `k.lock` exists, with [`Error::FlagsConflict`] at once, whatever the spec's
+//! [`Wait`](lease_core::Wait). It looks before taking its file (one directory listing for a
+//! leader lock, one read for a semaphore) and again after, giving the file back if the other kind
+//! turned up meanwhile: of two first acquisitions of both kinds at the same moment, one or both
+//! are refused, never both granted. A name is the other kind's only while that kind holds a lock
+//! file: a semaphore's `.limit` stays, but is no lock.
+//!
 //! # What it does not do
 //!
 //! - **Sessions, TTLs, lock-delay.** A lease lives as long as its file. A holder that dies
@@ -155,16 +166,29 @@ impl FileLock {
     }
 
     /// One attempt: the lease, or `None` while it is held elsewhere.
+    ///
+    /// A lock of the other kind on the name is refused (see "One kind of lock per name"), looked
+    /// for before taking a file, so a plain refusal leaves nothing behind, and again after, so two
+    /// first acquisitions of both kinds never both hold.
     fn try_take(&self, spec: &LeaseSpec, holder: &str) -> Result<Option<Lease>, Error> {
         let value = spec.advertised_value();
         match spec.target() {
             Target::Leader { key } => {
+                self.refuse_if_a_semaphore_holds(key)?;
                 let path = self.leader_file(key);
                 let taken = lock_file::take(&path, &path.with_extension("index"), holder, value)
                     .map_err(|error| io_error("create", &path, &error))?;
-                Ok(taken.map(|record| self.start(key.clone(), path, record)))
+                let Some(record) = taken else {
+                    return Ok(None);
+                };
+                if let Err(refused) = self.refuse_if_a_semaphore_holds(key) {
+                    give_back(&path, &record);
+                    return Err(refused);
+                }
+                Ok(Some(self.start(key.clone(), path, record)))
             }
             Target::Semaphore { prefix, limit } => {
+                self.refuse_if_a_leader_holds(prefix)?;
                 if !self.agree_on_limit(prefix, *limit)? {
                     return Ok(None);
                 }
@@ -174,6 +198,10 @@ impl FileLock {
                         lock_file::take(&path, &path.with_extension("index"), holder, value)
                             .map_err(|error| io_error("create", &path, &error))?;
                     if let Some(record) = taken {
+                        if let Err(refused) = self.refuse_if_a_leader_holds(prefix) {
+                            give_back(&path, &record);
+                            return Err(refused);
+                        }
                         return Ok(Some(self.start(format!("{prefix}/{holder}"), path, record)));
                     }
                 }
@@ -199,6 +227,36 @@ impl FileLock {
         let fence = Fence::unbounded();
         self.keepers
             .start(sequencer, fence, Arc::new(self.clone()), hold)
+    }
+
+    /// Refuses a leader lock on `key` while the semaphore `key` has a slot file (held, or being
+    /// taken): one directory listing. Its `.limit`, which outlives the holders, is no lock.
+    fn refuse_if_a_semaphore_holds(&self, key: &str) -> Result<(), Error> {
+        let dir = self.dir.join(key);
+        match lock_file::any_slot_file(&dir) {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(another_kind(
+                key,
+                Error::SEMAPHORE_FLAGS,
+                Error::LEADER_FLAGS,
+            )),
+            Err(error) => Err(io_error("list", &dir, &error)),
+        }
+    }
+
+    /// Refuses a semaphore on `prefix` while the leader key `prefix` has its lock file (held, or
+    /// being taken): one read.
+    fn refuse_if_a_leader_holds(&self, prefix: &str) -> Result<(), Error> {
+        let path = self.leader_file(prefix);
+        match lock_file::look(&path) {
+            Ok(Lock::Free) => Ok(()),
+            Ok(Lock::Held(_) | Lock::BeingWritten) => Err(another_kind(
+                prefix,
+                Error::LEADER_FLAGS,
+                Error::SEMAPHORE_FLAGS,
+            )),
+            Err(error) => Err(io_error("read", &path, &error)),
+        }
     }
 
     /// Creates the semaphore's `.limit`, or checks that it says `limit`. `false` while another
@@ -344,6 +402,23 @@ fn check_key(key: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The refusal of a lock on `key`, which a lock of another kind holds: the contract's
+/// [`Error::FlagsConflict`], whose flags name the kinds ([`Error::LEADER_FLAGS`],
+/// [`Error::SEMAPHORE_FLAGS`]) on a backend without flags of its own.
+fn another_kind(key: &str, found: u64, expected: u64) -> Error {
+    Error::FlagsConflict {
+        key: key.to_owned(),
+        found,
+        expected,
+    }
+}
+
+/// Gives back a lock file just taken, for a lock of another kind that turned out to hold the name.
+/// A failure leaves the file for an operator, as a crash would: the refusal stands either way.
+fn give_back(path: &Path, record: &Record) {
+    let _ = lock_file::remove_if_held_by(path, &record.encode());
+}
+
 /// A name for one acquisition, unique across processes and runs: process id, start time, count.
 fn new_holder() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -384,6 +459,102 @@ mod tests {
             assert!(check_key(key).is_err(), "{key}");
         }
         assert!(check_key("service/leader").is_ok());
+    }
+
+    fn scratch(what: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("lease-file-lock-{what}-{}", new_holder()))
+    }
+
+    fn refused_for(
+        answer: Result<Lease, Error>,
+        at: &str,
+        found: u64,
+        expected: u64,
+    ) -> Result<(), String> {
+        match answer {
+            Err(Error::FlagsConflict {
+                key,
+                found: f,
+                expected: e,
+            }) if key == at && f == found && e == expected => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_held_as_one_kind_of_lock_refuses_the_other_at_once() {
+        let dir = scratch("kinds");
+        let files = FileLock::new(&dir).poll_every(Duration::from_millis(10));
+        let patient = lease_core::Wait::UpTo(Duration::from_secs(30));
+        let (leader_flags, semaphore_flags) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
+
+        let leader = files.acquire(&LeaseSpec::leader("k")).await.unwrap();
+        let started = Instant::now();
+        let answer = files
+            .acquire(&LeaseSpec::semaphore("k", 2).wait(patient))
+            .await;
+        refused_for(answer, "k", leader_flags, semaphore_flags).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1), "waited");
+        assert!(!dir.join("k").exists(), "a refused semaphore wrote");
+        leader.release().await.unwrap();
+
+        let slot = files.acquire(&LeaseSpec::semaphore("k", 2)).await.unwrap();
+        let answer = files.acquire(&LeaseSpec::leader("k").wait(patient)).await;
+        refused_for(answer, "k", semaphore_flags, leader_flags).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1), "waited");
+        assert!(
+            !dir.join("k.lock").exists(),
+            "a refused leader lock kept its file"
+        );
+        slot.release().await.unwrap();
+        // The semaphore's `.limit` stays, but no slot is held: the name is free again.
+        let leader = files
+            .acquire(&LeaseSpec::leader("k").wait(lease_core::Wait::Never))
+            .await
+            .unwrap();
+        leader.release().await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Both kinds asked for at the same moment on fresh names, from two threads, each holding
+    /// what it got until both have answers: never both granted.
+    #[test]
+    fn both_kinds_at_once_are_never_both_granted() {
+        let dir = scratch("kinds-race");
+        let files = FileLock::new(&dir);
+        for i in 0..50 {
+            let name = format!("race/{i}");
+            let (start, answered) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+            let granted = std::thread::scope(|scope| {
+                let attempts =
+                    [LeaseSpec::leader(&name), LeaseSpec::semaphore(&name, 2)].map(|spec| {
+                        let (files, start, answered) = (&files, &start, &answered);
+                        scope.spawn(move || {
+                            let runtime = tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .unwrap();
+                            runtime.block_on(async {
+                                start.wait();
+                                let spec = spec.wait(lease_core::Wait::Never);
+                                let answer = files.acquire(&spec).await;
+                                answered.wait();
+                                match answer {
+                                    Ok(lease) => {
+                                        lease.release().await.unwrap();
+                                        true
+                                    }
+                                    Err(Error::FlagsConflict { .. }) => false,
+                                    Err(other) => panic!("{other:?}"),
+                                }
+                            })
+                        })
+                    });
+                attempts.map(|attempt| attempt.join().unwrap())
+            });
+            assert_ne!(granted, [true, true], "{name}: both kinds held it");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -143,6 +143,24 @@ fn next_index(counter: &Path, holder: &str) -> io::Result<u64> {
     Ok(next)
 }
 
+/// Whether the directory `dir` (a semaphore's) has a slot's lock file, `.slot-<n>.lock`; `false`
+/// if there is no such directory.
+pub(crate) fn any_slot_file(dir: &Path) -> io::Result<bool> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".slot-") && name.ends_with(".lock") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Creates the file at `path` with `contents`; `false` if it exists.
 pub(crate) fn create_with(path: &Path, contents: &str) -> io::Result<bool> {
     if let Some(dir) = path.parent() {
