@@ -12,7 +12,7 @@
 //!   arrival order (FIFO), each time a key ahead of them is deleted.
 //! - **One kind per name**: a key's value says whether it is a semaphore contender (our format)
 //!   or a leader contender, and a contender that finds the other kind ahead of it is refused at
-//!   once with [`Error::FlagsConflict`](crate::Error::FlagsConflict), at no extra request.
+//!   once with [`Error::FlagsConflict`], at no extra request.
 //! - **Sequencer**: `etcd:<create revision>:<lease ID hex>:<key>` (the election name for a leader,
 //!   the holder's own key for a semaphore). The create revision rises with every write anywhere
 //!   in the cluster, so a downstream system can refuse any token older than the newest it has
