@@ -63,6 +63,13 @@ side_checks() {
   CARGO_TARGET_DIR=target/publish cargo publish --workspace --dry-run --quiet \
     ${LEASE_DIRTY_CHECKOUT:+"--allow-dirty"}
 
+  # The README's first command: the demo as `cargo run -p lease-demo` builds it (the in-process
+  # backend alone), lint-clean, its own tests passing (the workspace tests build it with every
+  # feature).
+  step "the demo as the first command builds it"
+  cargo clippy --quiet -p lease-demo --all-targets -- -D warnings
+  cargo test --quiet -p lease-demo --bins
+
   # Each backend is a feature: a user who enables only one must get a clean build and clean docs.
   step "lease-core and lease-tower feature by feature"
   # Docs for each backend alone; lints also for the combinations with cfg-gated code of their own.

@@ -9,11 +9,13 @@
 //! run, and how often two leaders (or more than two job holders) were active at once.
 //!
 //! ```text
-//! cargo run -p lease-demo             # in-process memory backend
-//! cargo run -p lease-demo -- --help   # the other backends
+//! cargo run -p lease-demo                                   # in-process memory backend
+//! cargo run -p lease-demo --features consul -- --consul     # a Consul agent (also: etcd, amqp)
+//! cargo run -p lease-demo -- --help
 //! ```
 
 use std::fmt;
+use std::io::IsTerminal;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -39,10 +41,11 @@ const HELP: &str = "\
 lease-demo: leader failover and a shared job semaphore, measured.
 
 USAGE:
-    cargo run -p lease-demo [-- OPTIONS]
+    cargo run -p lease-demo [--features consul|etcd|amqp] [-- OPTIONS]
 
 OPTIONS:
     (none)          Run on the in-process memory backend: nothing to install.
+                    Each server backend below needs the demo built with its feature.
     --consul [URL]  Run against a Consul agent (URL defaults to CONSUL_HTTP_ADDR, then
                     http://127.0.0.1:8500). The leader is killed with PUT /v1/session/destroy.
     --etcd [URL]    Run against etcd (URLs default to ETCD_ENDPOINTS, then
@@ -110,6 +113,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(memory),
             })
         }
+        #[cfg(feature = "consul")]
         Choice::Consul(url) => {
             let mut builder = lease_core::consul::ConsulBuilder::from_env();
             if let Some(url) = url {
@@ -122,6 +126,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(consul),
             })
         }
+        #[cfg(feature = "etcd")]
         Choice::Etcd(urls) => {
             let mut builder = lease_core::etcd::EtcdBuilder::from_env();
             if let Some(urls) = urls {
@@ -134,6 +139,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(etcd),
             })
         }
+        #[cfg(feature = "amqp")]
         Choice::Amqp(url) => {
             let amqp = lease_core::amqp::Amqp::new(url).map_err(|e| e.to_string())?;
             Ok(Setup {
@@ -142,7 +148,28 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(amqp),
             })
         }
+        #[cfg(not(all(feature = "consul", feature = "etcd", feature = "amqp")))]
+        other => Err(not_built(&other)),
     }
+}
+
+/// Why a backend the flags asked for is not in this build, and the command that has it.
+#[cfg(not(all(feature = "consul", feature = "etcd", feature = "amqp")))]
+fn not_built(choice: &Choice) -> String {
+    let with_url = |flag: &str, url: Option<&String>| match url {
+        Some(url) => format!("{flag} {url}"),
+        None => flag.to_owned(),
+    };
+    let (feature, flags) = match choice {
+        Choice::Consul(url) => ("consul", with_url("--consul", url.as_ref())),
+        Choice::Etcd(urls) => ("etcd", with_url("--etcd", urls.as_ref())),
+        Choice::Amqp(url) => ("amqp", with_url("--amqp", Some(url))),
+        Choice::Memory | Choice::Help => ("", String::new()),
+    };
+    format!(
+        "this demo was built without the {feature} backend (so that the first build stays \
+         small); run it with: cargo run -p lease-demo --features {feature} -- {flags}"
+    )
 }
 
 /// What the demo measures. Every figure of the summary comes from here, recorded as it happened.
@@ -683,6 +710,8 @@ async fn main() -> std::process::ExitCode {
         )
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())
+        // Colour for a person at a terminal, plain text for a pipe, a file or CI.
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
 
     let summary = run_demo(setup).await;
@@ -723,5 +752,18 @@ mod tests {
         assert!(parse(&["--consul", "--amqp", "amqp://x"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
         assert_eq!(parse(&["--help"]), Ok(Choice::Help));
+    }
+
+    /// A backend left out of the build says which feature brings it, with the exact command.
+    #[cfg(not(feature = "consul"))]
+    #[test]
+    fn a_backend_not_built_names_the_feature_that_brings_it() {
+        let Err(error) = connect(Choice::Consul(Some("http://c:8500".into()))) else {
+            panic!("built without Consul, yet connected");
+        };
+        assert!(
+            error.ends_with("cargo run -p lease-demo --features consul -- --consul http://c:8500"),
+            "{error}"
+        );
     }
 }
