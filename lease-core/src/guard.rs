@@ -296,6 +296,15 @@ pub fn current_lease() -> Option<LeaseWatcher> {
 pub mod __private {
     use std::future::Future;
 
+    /// The attribute macros' compile-time check of a literal key: a key that breaks the key rule
+    /// ([`crate::key_rule_broken`]) fails the constant the macro puts beside the function, with
+    /// the rule's own words.
+    pub const fn assert_key(key: &str) {
+        if let Some(reason) = crate::key_rule_broken(key) {
+            panic!("{}", reason);
+        }
+    }
+
     /// Returns the guarded body unchanged, pinning its output to the function's declared type so
     /// that `?` and `return` inside it infer as they did before the attribute was added.
     pub fn body<T, F: Future<Output = T>>(body: F) -> F {

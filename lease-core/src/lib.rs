@@ -122,7 +122,9 @@ pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_b
 pub use lease::{BoxFuture, Lease, LeaseWatcher};
 pub use sequencer::{BackendKind, ParseSequencerError, Sequencer};
 pub use shutdown::{StopSignal, shutdown_signal};
-pub use spec::{LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait};
+pub use spec::{
+    LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait, key_rule_broken, validate_key,
+};
 /// The token that stops a [`Campaign`](leader::Campaign) ([`run_until`](leader::Campaign::run_until),
 /// [`hold_until`](leader::Campaign::hold_until)): tokio-util's, re-exported so that using this
 /// crate needs no dependency of its own on tokio-util. Cancel it (from a signal handler, or

@@ -383,30 +383,91 @@ impl LeaseSpec {
     }
 }
 
-/// The key rule of [`LeaseSpec::validate`].
-pub(crate) fn validate_key(key: &str) -> Result<(), Error> {
-    let reason = if key.is_empty() {
-        "the key is empty"
-    } else if key.starts_with('/') {
-        "keys are relative: remove the leading '/'"
-    } else if key.ends_with('/') {
-        "remove the trailing '/'"
-    } else if key.contains("//") {
-        "the key contains an empty segment ('//')"
-    } else if key.chars().any(char::is_control) {
-        "the key contains a control character"
-    } else {
-        return Ok(());
+/// Checks `key` (a leader key, or a semaphore's name or prefix) against the lease-key rule: not
+/// empty, relative (no leading `/`), no trailing `/`, no empty segment (`//`), no control
+/// character. [`LeaseSpec::validate`] applies it, and every backend before it sends a key
+/// anywhere; a backend written outside this crate should too, so its users meet the same rule.
+///
+/// ```
+/// use lease_core::{Error, validate_key};
+///
+/// assert!(validate_key("jobs/nightly").is_ok());
+/// let Err(Error::InvalidKey { reason, .. }) = validate_key("/jobs/nightly") else { panic!() };
+/// assert_eq!(reason, "keys are relative: remove the leading '/'");
+/// ```
+///
+/// # Errors
+///
+/// [`Error::InvalidKey`] with the reason [`key_rule_broken`] gives.
+pub fn validate_key(key: &str) -> Result<(), Error> {
+    match key_rule_broken(key) {
+        None => Ok(()),
+        Some(reason) => Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason,
+        }),
+    }
+}
+
+/// Why `key` breaks the lease-key rule (see [`validate_key`]), if it does. The one statement of
+/// the rule: a `const fn`, so the attribute macros check literal keys with it at compile time.
+pub const fn key_rule_broken(key: &str) -> Option<&'static str> {
+    let bytes = key.as_bytes();
+    let Some((&first, _)) = bytes.split_first() else {
+        return Some("the key is empty");
     };
-    Err(Error::InvalidKey {
-        key: key.to_owned(),
-        reason,
-    })
+    if first == b'/' {
+        return Some("keys are relative: remove the leading '/'");
+    }
+    if bytes[bytes.len() - 1] == b'/' {
+        return Some("remove the trailing '/'");
+    }
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        if bytes[i] == b'/' && bytes[i + 1] == b'/' {
+            return Some("the key contains an empty segment ('//')");
+        }
+        i += 1;
+    }
+    // `char::is_control`: U+0000-U+001F and U+007F-U+009F (in UTF-8, C2 80 to C2 9F).
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let c1 = b == 0xc2 && i + 1 < bytes.len() && bytes[i + 1] >= 0x80 && bytes[i + 1] <= 0x9f;
+        if b < 0x20 || b == 0x7f || c1 {
+            return Some("the key contains a control character");
+        }
+        i += 1;
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The byte-wise rule (a `const fn`) says what a rule over chars would, control characters
+    /// included, for every one-char key and a sample of longer ones.
+    #[test]
+    fn the_key_rule_reads_utf8_as_chars_do() {
+        let by_chars = |key: &str| key.chars().any(char::is_control);
+        for c in (0..0x3000).filter_map(char::from_u32) {
+            let key = format!("a{c}b");
+            let control = key_rule_broken(&key) == Some("the key contains a control character");
+            assert_eq!(control, by_chars(&key), "{c:?}");
+        }
+        assert_eq!(key_rule_broken(""), Some("the key is empty"));
+        assert_eq!(
+            key_rule_broken("a//b"),
+            Some("the key contains an empty segment ('//')")
+        );
+        assert_eq!(key_rule_broken("a/"), Some("remove the trailing '/'"));
+        assert_eq!(
+            key_rule_broken("/"),
+            Some("keys are relative: remove the leading '/'")
+        );
+        assert_eq!(key_rule_broken("jobs/é/ü"), None);
+    }
 
     #[test]
     fn defaults_are_valid() {
