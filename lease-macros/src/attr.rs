@@ -13,7 +13,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{
-    Attribute, Block, Expr, ExprLit, Ident, Lit, LitInt, LitStr, Signature, Token, Visibility,
+    Attribute, Block, Expr, ExprLit, Ident, Lit, LitInt, LitStr, Path, Signature, Token, Visibility,
 };
 
 /// Which attribute is being expanded.
@@ -42,6 +42,7 @@ impl Kind {
                 "min_hold",
                 "max_run",
                 "backend",
+                "crate",
             ],
             Kind::Semaphore => &[
                 "name",
@@ -52,6 +53,7 @@ impl Kind {
                 "min_hold",
                 "max_run",
                 "backend",
+                "crate",
             ],
         }
     }
@@ -121,6 +123,13 @@ pub(crate) enum TargetArg {
     Semaphore { name: Expr, limit: Expr },
 }
 
+/// `crate = "…"`: the path the generated code names lease-core by, with the literal it was read
+/// from (for errors about it).
+pub(crate) struct CratePath {
+    pub(crate) path: Path,
+    pub(crate) lit: LitStr,
+}
+
 /// The checked arguments.
 pub(crate) struct LeaseArgs {
     pub(crate) target: TargetArg,
@@ -130,6 +139,7 @@ pub(crate) struct LeaseArgs {
     pub(crate) min_hold: Option<Millis>,
     pub(crate) max_run: Option<Millis>,
     pub(crate) backend: Option<Expr>,
+    pub(crate) krate: Option<CratePath>,
 }
 
 /// Every error found, so the user fixes them in one round.
@@ -200,6 +210,7 @@ impl LeaseArgs {
         let mut min_hold = Once::new("min_hold");
         let mut max_run = Once::new("max_run");
         let mut backend = Once::new("backend");
+        let mut krate = Once::new("crate");
 
         // The known arguments that unknown ones look like misspellings of.
         let mut misspelt: Vec<&'static str> = Vec::new();
@@ -242,6 +253,7 @@ impl LeaseArgs {
                 "min_hold" => min_hold.set(at, parse_schedule("min_hold", &value), &mut errors),
                 "max_run" => max_run.set(at, parse_schedule("max_run", &value), &mut errors),
                 "backend" => backend.set(at, Ok(value), &mut errors),
+                "crate" => krate.set(at, parse_crate(&value), &mut errors),
                 _ => {
                     let close = closest(&name, kind.accepted());
                     misspelt.extend(close);
@@ -286,6 +298,7 @@ impl LeaseArgs {
             min_hold: min_hold.value,
             max_run: max_run.value,
             backend: backend.value,
+            krate: krate.value,
         })
     }
 }
@@ -454,6 +467,29 @@ fn parse_limit(value: Expr) -> syn::Result<Expr> {
     }
 }
 
+/// `crate = "…"`: a path without generic arguments (`my_facade::lease`, `::lease_core`,
+/// `crate::lease`), in a string as tokio's and serde's `crate` arguments take it. Whether it
+/// leads to lease-core is the compiler's to say, at the literal.
+fn parse_crate(value: &Expr) -> syn::Result<CratePath> {
+    let expected = |span| {
+        syn::Error::new(
+            span,
+            "`crate` must be the path to lease-core, or to a module that re-exports it, in a \
+             string: e.g. `crate = \"my_facade::lease\"`",
+        )
+    };
+    match lit(value) {
+        Some(Lit::Str(lit)) => match lit.parse_with(Path::parse_mod_style) {
+            Ok(path) => Ok(CratePath {
+                path,
+                lit: lit.clone(),
+            }),
+            Err(_) => Err(expected(lit.span())),
+        },
+        _ => Err(expected(value.span())),
+    }
+}
+
 fn duration_literal(name: &str, value: &Expr) -> syn::Result<LitStr> {
     match lit(value) {
         Some(Lit::Str(s)) => Ok(s.clone()),
@@ -607,6 +643,8 @@ impl Parse for GuardedFn {
 
 #[cfg(test)]
 mod tests {
+    use quote::ToTokens;
+
     use super::*;
 
     /// The messages of the errors `args` gives on `kind`, in order.
@@ -618,10 +656,10 @@ mod tests {
         }
     }
 
-    const LEADER_ARGS: &str =
-        "expected one of `key`, `wait`, `ttl`, `lock_delay`, `min_hold`, `max_run`, `backend`";
+    const LEADER_ARGS: &str = "expected one of `key`, `wait`, `ttl`, `lock_delay`, `min_hold`, \
+                               `max_run`, `backend`, `crate`";
     const SEMAPHORE_ARGS: &str = "expected one of `name`, `limit`, `wait`, `ttl`, `lock_delay`, \
-                                  `min_hold`, `max_run`, `backend`";
+                                  `min_hold`, `max_run`, `backend`, `crate`";
 
     #[test]
     fn a_misspelt_key_is_one_error_that_names_the_key() {
@@ -686,6 +724,78 @@ mod tests {
         );
     }
 
+    /// The path `crate = …` gives, as written, or the errors.
+    fn crate_path(kind: Kind, args: &str) -> Result<Option<String>, Vec<String>> {
+        let raw: RawArgs = syn::parse_str(args).expect("the arguments parse as syntax");
+        match LeaseArgs::from_raw(kind, raw) {
+            Ok(args) => Ok(args
+                .krate
+                .map(|krate| krate.path.to_token_stream().to_string())),
+            Err(error) => Err(error.into_iter().map(|e| e.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn crate_takes_a_path_in_a_string() {
+        for (args, expected) in [
+            (r#"key = "jobs/a""#, None),
+            (
+                r#"key = "jobs/a", crate = "my_facade::lease""#,
+                Some("my_facade :: lease"),
+            ),
+            (
+                r#"crate = "::lease_core", key = "jobs/a""#,
+                Some(":: lease_core"),
+            ),
+            (
+                r#""jobs/a", crate = "crate::lease""#,
+                Some("crate :: lease"),
+            ),
+            (
+                r#""jobs/a", crate = "self::facade""#,
+                Some("self :: facade"),
+            ),
+            (r#""jobs/a", crate = " renamed ""#, Some("renamed")),
+        ] {
+            assert_eq!(
+                crate_path(Kind::Leader, args),
+                Ok(expected.map(str::to_owned)),
+                "{args}"
+            );
+        }
+        assert_eq!(
+            crate_path(Kind::Semaphore, r#""reports", 3, crate = "facade""#),
+            Ok(Some("facade".to_owned()))
+        );
+    }
+
+    #[test]
+    fn crate_that_is_not_a_path_in_a_string_is_one_error() {
+        const EXPECTED: &str = "`crate` must be the path to lease-core, or to a module that \
+                                re-exports it, in a string: e.g. `crate = \"my_facade::lease\"`";
+        for value in [
+            r#""not a path!""#,
+            r#""""#,
+            r#""lease_core::""#,
+            r#""lease_core::Wait<u8>""#,
+            r#""lease_core::Wait::<u8>""#,
+            r#""$crate""#,
+            "lease_core",
+            "::lease_core",
+            "3",
+        ] {
+            assert_eq!(
+                crate_path(Kind::Leader, &format!(r#"key = "jobs/a", crate = {value}"#)),
+                Err(vec![EXPECTED.to_owned()]),
+                "{value}"
+            );
+        }
+        assert_eq!(
+            crate_path(Kind::Leader, r#"key = "jobs/a", crate = "a", crate = "b""#),
+            Err(vec!["`crate` specified more than once".to_owned()])
+        );
+    }
+
     #[test]
     fn closest_picks_the_argument_a_name_looks_like() {
         let leader = Kind::Leader.accepted();
@@ -704,6 +814,9 @@ mod tests {
             ("backedn", leader, Some("backend")),
             ("limt", semaphore, Some("limit")),
             ("nmae", semaphore, Some("name")),
+            ("krate", leader, Some("crate")),
+            ("create", semaphore, Some("crate")),
+            ("Crate", leader, Some("crate")),
             // Too far from every argument to be a misspelling of one.
             ("timeout", leader, None),
             ("type", leader, None),

@@ -5,15 +5,19 @@
 //! The signature is rewritten in place, so rustdoc and rust-analyzer show the real one; the body
 //! moves unchanged into an `async move` block that `lease_core::guarded` runs under the lease, so
 //! `return` and `?` inside it keep their meaning. Every path in the output is absolute
-//! (`::lease_core::…`, `::core::…`), so names in the user's crate cannot capture them.
+//! (`::lease_core::…`, `::core::…`), so names in the user's crate cannot capture them; a crate
+//! that re-exports lease-core gives its own path to it with `crate = "…"`, which then stands for
+//! `::lease_core` everywhere in the output (see [`Krate`]).
 
-use proc_macro2::{Delimiter, Group, Ident, Punct, Spacing, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Ident, Punct, Spacing, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{AttrStyle, Attribute, Expr, LitInt, Meta, ReturnType, Type};
 
-use crate::attr::{Errors, GuardedFn, Kind, LeaseArgs, Millis, RawArgs, TargetArg, WaitArg};
+use crate::attr::{
+    CratePath, Errors, GuardedFn, Kind, LeaseArgs, Millis, RawArgs, TargetArg, WaitArg,
+};
 
 /// The whole attribute: parse, check, generate. On any error the function is emitted unchanged
 /// next to the errors, so the rest of the crate (and the IDE) still sees it.
@@ -48,8 +52,15 @@ pub(crate) fn lease_attribute(kind: Kind, args: TokenStream, item: TokenStream) 
             ),
         ));
     }
+    let krate = match Krate::of(&layers) {
+        Ok(krate) => krate,
+        Err(error) => {
+            errors.push(error);
+            Krate(None)
+        }
+    };
     match errors.into_result() {
-        Ok(()) => guarded_fn(&layers, func),
+        Ok(()) => guarded_fn(&layers, &krate, func),
         Err(error) => {
             let error = error.into_compile_error();
             quote!(#item #error)
@@ -57,8 +68,73 @@ pub(crate) fn lease_attribute(kind: Kind, args: TokenStream, item: TokenStream) 
     }
 }
 
+/// The path the output names lease-core by: `::lease_core`, or the `crate = "…"` given.
+pub(crate) struct Krate<'a>(Option<&'a CratePath>);
+
+impl<'a> Krate<'a> {
+    /// The one path for the whole function: stacked attributes expand into one function (one
+    /// `Result<T, GuardError>`), so a `crate` given on any of them applies to all, and two
+    /// different ones are an error at the second.
+    fn of(layers: &'a [LeaseArgs]) -> syn::Result<Krate<'a>> {
+        let mut given: Option<&CratePath> = None;
+        for krate in layers.iter().filter_map(|layer| layer.krate.as_ref()) {
+            match given {
+                None => given = Some(krate),
+                Some(first) => {
+                    let (first_path, path) =
+                        (first.path.to_token_stream(), krate.path.to_token_stream());
+                    if first_path.to_string() != path.to_string() {
+                        return Err(syn::Error::new(
+                            krate.lit.span(),
+                            format!(
+                                "stacked attributes take one path to lease-core, and this is not \
+                                 the {:?} given above: give `crate` once, on any of them",
+                                first.lit.value()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(Krate(given))
+    }
+
+    /// `<lease-core>::rest` (`GuardError`, `__private::body`). The default `::lease_core::rest`
+    /// takes `span`, as the tokens around it do. A path given is spanned, with `rest`, at its
+    /// literal, so a path that does not lead to lease-core is an error there ("cannot find
+    /// `GuardError` in `collections`"); the span only says where, the tokens resolve as the
+    /// attribute's own do.
+    fn path(&self, span: Span, rest: TokenStream) -> TokenStream {
+        match self.0 {
+            None => respan(quote!(::lease_core::#rest), span),
+            Some(krate) => {
+                let path = &krate.path;
+                respan(quote!(#path::#rest), krate.lit.span())
+            }
+        }
+    }
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut respanned = Group::new(group.delimiter(), respan(group.stream(), span));
+                respanned.set_span(span);
+                token = TokenTree::Group(respanned);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
+}
+
 /// Removes the `#[leader_only]` and `#[semaphore]` attributes (by the last segment of their
-/// path, so `#[lease_core::semaphore]` too) from `attrs` and reads their arguments, in order.
+/// path, so `#[lease_core::semaphore]` and `#[my_facade::lease::semaphore]` too) from `attrs`
+/// and reads their arguments, in order.
 fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<syn::Result<LeaseArgs>> {
     let mut stacked = Vec::new();
     attrs.retain(|attr| {
@@ -88,7 +164,7 @@ fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<syn::Result<LeaseArgs>> {
     stacked
 }
 
-fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
+fn guarded_fn(layers: &[LeaseArgs], krate: &Krate<'_>, func: GuardedFn) -> TokenStream {
     let GuardedFn {
         attrs,
         vis,
@@ -113,8 +189,9 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
             ty.into_token_stream()
         }
     };
+    let guard_error = krate.path(output_span, quote!(GuardError));
     sig.output = syn::parse_quote_spanned! {output_span=>
-        -> ::core::result::Result<#output, ::lease_core::GuardError>
+        -> ::core::result::Result<#output, #guard_error>
     };
 
     // Each layer's spec and backend are evaluated first, in order, before the body takes its
@@ -122,16 +199,17 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
     let mut locals = TokenStream::new();
     let lease_backend = Ident::new("__LeaseBackend", Span::mixed_site());
     if layers.iter().any(|layer| layer.backend.is_some()) {
-        locals.extend(lease_backend_trait(&lease_backend));
+        locals.extend(lease_backend_trait(&lease_backend, krate));
     }
     let mut guarded_calls = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
-        let spec = spec(layer);
+        let spec = spec(layer, krate);
         let spec_var = Ident::new(&format!("__lease_spec_{i}"), Span::mixed_site());
         locals.extend(quote!(let #spec_var = #spec;));
         let guarded: Box<dyn Fn(TokenStream) -> TokenStream> = match &layer.backend {
             None => {
-                Box::new(move |work| quote!(::lease_core::guarded_by_default(&#spec_var, #work)))
+                let guarded = krate.path(Span::call_site(), quote!(guarded_by_default));
+                Box::new(move |work| quote!(#guarded(&#spec_var, #work)))
             }
             Some(backend) => {
                 let backend_var = Ident::new(&format!("__lease_backend_{i}"), Span::mixed_site());
@@ -141,18 +219,19 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
                     // a temporary (`self.backend.clone()`); the coercion checks its type.
                     let #backend_var: &dyn #lease_backend<_> = #borrowed;
                 });
-                Box::new(move |work| {
-                    quote! {
-                        ::lease_core::guarded(#backend_var.__lease_backend(), &#spec_var, #work)
-                    }
-                })
+                let guarded = krate.path(Span::call_site(), quote!(guarded));
+                Box::new(
+                    move |work| quote!(#guarded(#backend_var.__lease_backend(), &#spec_var, #work)),
+                )
             }
         };
         guarded_calls.push(guarded);
     }
+    let body_fn = krate.path(block.span(), quote!(__private::body));
     let body = quote_spanned! {block.span()=>
-        ::lease_core::__private::body::<#body_output, _>(async move #block)
+        #body_fn::<#body_output, _>(async move #block)
     };
+    let flatten = krate.path(Span::call_site(), quote!(__private::flatten));
     // The innermost lease runs the body; each outer one runs the next, and their outcomes fold
     // into one `Result<T, GuardError>`.
     let mut run = body;
@@ -161,7 +240,7 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
         run = if depth + 1 == guarded_calls.len() {
             call
         } else {
-            quote!(async { ::lease_core::__private::flatten(#call.await) })
+            quote!(async { #flatten(#call.await) })
         };
     }
     quote! {
@@ -184,7 +263,8 @@ fn guarded_fn(layers: &[LeaseArgs], func: GuardedFn) -> TokenStream {
 /// and a helper in `lease_core` resolved through method-call auto-deref (as the generated code
 /// once called) fails with an E0599 about the helper's method instead.
 /// `do_not_recommend` keeps the compiler from explaining the error through these impls.
-fn lease_backend_trait(name: &Ident) -> TokenStream {
+fn lease_backend_trait(name: &Ident, krate: &Krate<'_>) -> TokenStream {
+    let backend = krate.path(Span::call_site(), quote!(Backend));
     quote! {
         #[diagnostic::on_unimplemented(
             message = "`backend = …` must be a lease backend or a reference to one, and `{Self}` is neither",
@@ -197,23 +277,23 @@ fn lease_backend_trait(name: &Ident) -> TokenStream {
                     reference to the backend itself: `backend = &*BACKEND`"
         )]
         trait #name<Depth> {
-            fn __lease_backend(&self) -> &dyn ::lease_core::Backend;
+            fn __lease_backend(&self) -> &dyn #backend;
         }
         #[diagnostic::do_not_recommend]
-        impl<B: ::lease_core::Backend> #name<()> for B {
-            fn __lease_backend(&self) -> &dyn ::lease_core::Backend {
+        impl<B: #backend> #name<()> for B {
+            fn __lease_backend(&self) -> &dyn #backend {
                 self
             }
         }
         #[diagnostic::do_not_recommend]
-        impl #name<()> for dyn ::lease_core::Backend {
-            fn __lease_backend(&self) -> &dyn ::lease_core::Backend {
+        impl #name<()> for dyn #backend {
+            fn __lease_backend(&self) -> &dyn #backend {
                 self
             }
         }
         #[diagnostic::do_not_recommend]
         impl<B: ?::core::marker::Sized + #name<Depth>, Depth> #name<(Depth,)> for &B {
-            fn __lease_backend(&self) -> &dyn ::lease_core::Backend {
+            fn __lease_backend(&self) -> &dyn #backend {
                 (**self).__lease_backend()
             }
         }
@@ -262,24 +342,27 @@ fn borrow_at(backend: &Expr) -> TokenStream {
     }
 }
 
-/// `::lease_core::LeaseSpec::…(…)` with a setter per option given; each part spanned at the
+/// `<lease-core>::LeaseSpec::…(…)` with a setter per option given; each part spanned at the
 /// user's token, so a type error points there.
-fn spec(args: &LeaseArgs) -> TokenStream {
+fn spec(args: &LeaseArgs, krate: &Krate<'_>) -> TokenStream {
     let mut spec = match &args.target {
-        TargetArg::Leader { key } => quote_spanned! {key.span()=>
-            ::lease_core::LeaseSpec::leader(#key)
-        },
-        TargetArg::Semaphore { name, limit } => quote_spanned! {name.span()=>
-            ::lease_core::LeaseSpec::semaphore(#name, #limit)
-        },
+        TargetArg::Leader { key } => {
+            let leader = krate.path(key.span(), quote!(LeaseSpec::leader));
+            quote_spanned!(key.span()=> #leader(#key))
+        }
+        TargetArg::Semaphore { name, limit } => {
+            let semaphore = krate.path(name.span(), quote!(LeaseSpec::semaphore));
+            quote_spanned!(name.span()=> #semaphore(#name, #limit))
+        }
     };
     if let Some(wait) = &args.wait {
         let wait = match wait {
-            WaitArg::Forever => quote!(::lease_core::Wait::Forever),
-            WaitArg::Never => quote!(::lease_core::Wait::Never),
+            WaitArg::Forever => krate.path(Span::call_site(), quote!(Wait::Forever)),
+            WaitArg::Never => krate.path(Span::call_site(), quote!(Wait::Never)),
             WaitArg::UpTo(up_to) => {
                 let up_to = duration(up_to);
-                quote_spanned!(up_to.span()=> ::lease_core::Wait::UpTo(#up_to))
+                let wait = krate.path(up_to.span(), quote!(Wait::UpTo));
+                quote_spanned!(up_to.span()=> #wait(#up_to))
             }
         };
         spec.extend(quote!(.wait(#wait)));
@@ -319,5 +402,102 @@ impl VisitMut for EraseImplTrait {
             return;
         }
         syn::visit_mut::visit_type_mut(self, ty);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every identifier in `tokens`, at any depth.
+    fn idents(tokens: TokenStream, into: &mut Vec<String>) {
+        for token in tokens {
+            match token {
+                TokenTree::Ident(ident) => into.push(ident.to_string()),
+                TokenTree::Group(group) => idents(group.stream(), into),
+                TokenTree::Punct(_) | TokenTree::Literal(_) => {}
+            }
+        }
+    }
+
+    fn expand(kind: Kind, args: TokenStream, item: TokenStream) -> Vec<String> {
+        let mut all = Vec::new();
+        idents(lease_attribute(kind, args, item), &mut all);
+        all
+    }
+
+    /// A function using every part of the expansion: a backend, a stacked attribute (with
+    /// `stacked` among its arguments), and a body with an `impl Trait` output.
+    fn stacked_fn(stacked: &TokenStream) -> TokenStream {
+        quote! {
+            #[semaphore("jobs/slots", 2, backend = backend, wait = "5s" #stacked)]
+            async fn job(backend: &Memory) -> impl Display {
+                1
+            }
+        }
+    }
+
+    #[test]
+    fn without_crate_the_paths_are_lease_core() {
+        let all = expand(
+            Kind::Leader,
+            quote!(key = "jobs/a", backend = backend, wait = "never"),
+            stacked_fn(&TokenStream::new()),
+        );
+        assert!(all.iter().any(|ident| ident == "lease_core"), "{all:?}");
+    }
+
+    #[test]
+    fn with_crate_no_path_is_lease_core() {
+        for (top, stacked) in [
+            (quote!(, crate = "facade::lease"), TokenStream::new()),
+            (TokenStream::new(), quote!(, crate = "facade::lease")),
+            (
+                quote!(, crate = "facade::lease"),
+                quote!(, crate = "facade::lease"),
+            ),
+        ] {
+            let args = quote!(key = "jobs/a", backend = backend, wait = "never", ttl = "20s",
+                lock_delay = "0s", min_hold = "1s", max_run = "1m" #top);
+            let all = expand(Kind::Leader, args, stacked_fn(&stacked));
+            assert!(
+                !all.iter().any(|ident| ident == "lease_core"),
+                "{top} / {stacked}: {all:?}"
+            );
+            assert!(all.iter().any(|ident| ident == "facade"), "{all:?}");
+            // The stacked attribute was taken in, not left to expand on its own.
+            assert_eq!(
+                all.iter().filter(|ident| *ident == "flatten").count(),
+                1,
+                "{all:?}"
+            );
+        }
+        let all = expand(
+            Kind::Semaphore,
+            quote!("reports", 3, crate = "renamed"),
+            quote!(
+                async fn report() {}
+            ),
+        );
+        assert!(!all.iter().any(|ident| ident == "lease_core"), "{all:?}");
+        assert!(all.iter().any(|ident| ident == "renamed"), "{all:?}");
+    }
+
+    #[test]
+    fn stacked_attributes_with_two_paths_are_an_error() {
+        let out = lease_attribute(
+            Kind::Leader,
+            quote!(key = "jobs/a", crate = "a::lease"),
+            quote! {
+                #[semaphore("jobs/slots", 2, crate = "b::lease")]
+                async fn job() {}
+            },
+        )
+        .to_string();
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(
+            out.contains("stacked attributes take one path to lease-core"),
+            "{out}"
+        );
     }
 }

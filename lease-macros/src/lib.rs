@@ -53,6 +53,7 @@
 //! | `min_hold = "30s"` | keep the lease at least this long after the body started (ShedLock's `lockAtLeastFor`), released in the background | `"0s"` |
 //! | `max_run = "5m"` | cancel the body if it runs longer (ShedLock's `lockAtMostFor`): `Err(GuardError::TimedOut { .. })` | no bound |
 //! | `backend = <expr>` | the backend to acquire from: a backend or a reference to one | the default backend (scoped, else process-wide) |
+//! | `crate = "my_facade::lease"` | the path the generated code names lease-core by, for a crate that re-exports it: a path in a string | `"::lease_core"` |
 //!
 //! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations,
 //! literal keys (the key rule of `LeaseSpec::validate`) and literal limits are checked at compile
@@ -78,6 +79,15 @@
 //! takes `self`. Without `backend`, the lease comes from the backend set with
 //! `lease_core::set_default_backend` at start-up; if none was set, the call returns
 //! `Err(GuardError::Backend(Error::NoDefaultBackend))` and the body does not run.
+//!
+//! `crate` is for code that reaches lease-core through another crate, or under another name
+//! (`pub use lease_core as lease;`), as tokio's and serde's `crate` arguments are: every path the
+//! function's expansion names (`GuardError`, `LeaseSpec`, `Backend`, …) then starts with it
+//! instead of `::lease_core`. It is a path without generic arguments, resolved where the
+//! function is (`crate::…`, `self::…`, or a dependency's name); one that does not parse is an
+//! error at the literal, and one that does not lead to lease-core is the compiler's error there.
+//! Stacked attributes take one path for the function: `crate` given on any of them applies to
+//! all, and two different ones are an error.
 //!
 //! # Examples
 //!
@@ -156,6 +166,27 @@
 //! let rendered: Result<String, std::fmt::Error> = reports.render(7).await?;
 //! assert_eq!(rendered.as_deref(), Ok("report 7"));
 //! # Ok(())
+//! # }
+//! ```
+//!
+//! Through a crate that re-exports lease-core, with `crate` saying where it is:
+//!
+//! ```
+//! // In the facade crate, or the application itself.
+//! mod platform {
+//!     pub use lease_core as lease;
+//! }
+//!
+//! #[platform::lease::leader_only(key = "jobs/compact", crate = "crate::platform::lease")]
+//! async fn compact() -> u32 {
+//!     3
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! platform::lease::set_default_backend(platform::lease::memory::Memory::new());
+//! let compacted: Result<u32, platform::lease::GuardError> = compact().await;
+//! assert_eq!(compacted.ok(), Some(3));
 //! # }
 //! ```
 //!

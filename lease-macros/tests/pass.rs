@@ -3,6 +3,9 @@
 //! trybuild `pass` case, so it is built with the rest of the workspace's tests.
 
 // The cases declare items only to put attributes on them, as trybuild's `pass` binaries did.
+#[allow(unreachable_pub)]
+#[path = "pass/crate_path.rs"]
+mod crate_path;
 #[allow(dead_code, unreachable_pub, clippy::let_underscore_future)]
 #[path = "pass/forms.rs"]
 mod forms;
@@ -13,4 +16,9 @@ mod shadowing;
 #[test]
 fn the_attribute_forms_compile() {
     forms::compiles();
+}
+
+#[tokio::test]
+async fn the_crate_path_is_used() {
+    crate_path::runs().await;
 }
