@@ -49,3 +49,15 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// The Rust examples of the workspace README, compiled as doctests of this crate (which has every
+/// backend feature, lease-tower and axum): `cargo test -p lease-tests --doc` runs those that need
+/// no server and compiles the `no_run` ones.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+/// The Rust examples of ARCHITECTURE.md, compiled (and run where they need no server) the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../ARCHITECTURE.md")]
+pub struct ArchitectureDoctests;
