@@ -3,7 +3,7 @@
 //!
 //! A backend passes when every scenario either passes or is not applicable because the backend
 //! declares it lacks something the scenario needs. The in-tree backends (memory, Consul,
-//! RabbitMQ) run it in `tests/tests/conformance.rs`; a backend written elsewhere runs it from its
+//! etcd, RabbitMQ) run it in `tests/tests/conformance.rs`; a backend written elsewhere runs it from its
 //! own tests with the same call (`examples/file_lock` in this workspace does, built only on
 //! `lease_core::backend`).
 //!

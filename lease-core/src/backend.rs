@@ -1,4 +1,4 @@
-//! The backend contract: the [`Backend`] trait every lease backend (Consul, AMQP, memory)
+//! The backend contract: the [`Backend`] trait every lease backend (Consul, etcd, AMQP, memory)
 //! implements, and the parts a backend builds its [`Lease`]s from.
 //!
 //! A backend author writes two things:

@@ -2,7 +2,7 @@
 //! client is built ([`ClientConfig`]), the one retry loop for brief trouble, why a request got no
 //! answer, and an error's chain as text.
 //!
-//! DESIGN rule 3: a 5xx or a leader election inside the server is not loss. Reads, releases and
+//! Brief server trouble is not loss: a 5xx or a leader election inside the server is not loss. Reads, releases and
 //! revocations are retried with the crate's [`Backoff`]; whether the trouble has lasted too long
 //! is decided by the caller's deadline (for a held lease, by its self-fencing deadline).
 

@@ -10,8 +10,8 @@
 //! cargo run -p lease-axum-cluster -- 3002
 //! ```
 //!
-//! See the README section "axum: leader-only routes and a cluster-wide limit" for what `curl`
-//! answers on each.
+//! See the section "axum: leader-only routes and a cluster-wide limit" of the workspace's
+//! ARCHITECTURE.md for what `curl` answers on each.
 //!
 //! One campaign per process serves the leader-only routes and runs a leader-only worker (a
 //! heartbeat in the log); the fenced route follows the same key through the campaign's watch.

@@ -1,4 +1,4 @@
-//! Lock administration (seed 004): create, destroy, add and remove slots, wait for a holder to go.
+//! Lock administration (amqp-locks'): create, destroy, add and remove slots, wait for a holder to go.
 //!
 //! Every operation runs under the semaphore's administration mutex, the exclusive queue
 //! `N-admin`, so two administrators never interleave their changes and the slot queues always
@@ -307,7 +307,7 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Overshoot (seed 004): deletes slot queues found within T above the last slot, top down.
+    /// Overshoot (as amqp-locks defines it): deletes slot queues found within T above the last slot, top down.
     async fn overshoot(&self, count: u32) -> Result<(), Error> {
         let t = self.amqp.config().overshoot;
         let top = count.saturating_add(t);

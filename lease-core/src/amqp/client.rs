@@ -1,4 +1,4 @@
-//! Lock clients (seed 004): acquire a slot, verify it, give it back (the holder is in `hold`).
+//! Lock clients (amqp-locks'): acquire a slot, verify it, give it back (the holder is in `hold`).
 //!
 //! Acquire first checks that `A[limit]` exists and `A[limit + 1]` does not (another count is
 //! [`Error::LimitMismatch`], as on Consul), then scans L = 1, 2, … up to `limit`: `B[L]` present
@@ -83,11 +83,11 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
 /// with [`Error::FlagsConflict`], not [`Error::LimitMismatch`].
 ///
 /// The other way round cannot be told: a leader lock's queues are a one-slot semaphore's, declared
-/// with the same arguments (seed 004's, which every client of the semaphore must use, or the broker
+/// with the same arguments (amqp-locks', which every client of the semaphore must use, or the broker
 /// refuses the redeclare). A semaphore asked for on a leader lock's name keeps
 /// [`Error::LimitMismatch`] (`stored: 1`), refused at once and for good all the same; asking for one
 /// slot, it shares the leader lock's. Marking the kind would take a queue, or an argument, that
-/// other clients of the seed do not write and existing leader locks do not have.
+/// other clients of amqp-locks do not write and existing leader locks do not have.
 fn leader_on_a_semaphore(spec: &LeaseSpec, error: Error) -> Error {
     match (spec.target(), error) {
         (Target::Leader { .. }, Error::LimitMismatch { key, stored, .. }) if stored > 1 => {

@@ -206,7 +206,7 @@ impl AmqpBuilder {
         self
     }
 
-    /// Overshoot T (seed 004): administration also deletes slot queues up to T above the
+    /// Overshoot T (as amqp-locks defines it): administration also deletes slot queues up to T above the
     /// semaphore's last slot, to clean up after other tools. Default 0.
     pub fn overshoot(mut self, overshoot: u32) -> Self {
         self.overshoot = overshoot;

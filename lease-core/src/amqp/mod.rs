@@ -1,4 +1,5 @@
-//! RabbitMQ leases: the persistent semaphore of seed 004 (amqp-locks), over lapin on tokio.
+//! RabbitMQ leases: the persistent semaphore of
+//! [amqp-locks](https://github.com/zbentley/amqp-locks), over lapin on tokio.
 //!
 //! A semaphore `N` with C slots is the durable queues `N-1-A` … `N-C-A` (`A[L]`); whoever holds slot
 //! L owns the exclusive queue `N-L-B` (`B[L]`), which RabbitMQ deletes the moment the owner's
@@ -49,11 +50,11 @@
 //! with no setting to expect them, so a library cannot mute them for its own channels. Add
 //! [`QUIET_PROBE_RETURNS`] to your filter (`lapin::returned_messages=off`).
 //!
-//! The alternatives keep the seed's queues but are worse: a passive declare of a missing (or
+//! The alternatives keep amqp-locks' queues but are worse: a passive declare of a missing (or
 //! another connection's exclusive) queue closes the channel, which lapin logs at ERROR and which
 //! costs a new channel per probe; a probe without `mandatory` is confirmed the same whether or
 //! not a queue took it; and a queue argument that makes a full queue refuse the probe
-//! (`x-overflow`) changes the declaration every seed client must agree on (PRECONDITION_FAILED).
+//! (`x-overflow`) changes the declaration every amqp-locks client must agree on (PRECONDITION_FAILED).
 //!
 //! # Connections, channels and scale
 //!

@@ -1,8 +1,8 @@
-//! The queue names of a persistent semaphore (seed 004), and the rules a semaphore name obeys.
+//! The queue names of a persistent semaphore (amqp-locks'), and the rules a semaphore name obeys.
 //!
 //! A semaphore `N` is the set of durable slot queues `N-1-A` … `N-C-A` (`A[L]`), the exclusive holder
 //! queues `N-L-B` (`B[L]`) of whoever holds slot L, the settle queues `N-L-C` (`C[L]`, ours, not
-//! the seed's: see `client`) and the administration mutex `N-admin`. The mutex ends in none of
+//! amqp-locks': see `client`) and the administration mutex `N-admin`. The mutex ends in none of
 //! `-A`, `-B` or `-C`, so it can never collide with a slot's queue of `N`.
 
 use crate::Error;

@@ -3,7 +3,7 @@
 //! Every operation is bounded by the configured operation timeout. Existence probes are mandatory
 //! publishes with publisher confirms: a missing queue returns the message (no channel-closing
 //! NOT_FOUND), and every queue we declare has `x-max-length = 0`, so a probe that does reach a
-//! queue is dropped at once and nothing accumulates (seed 004, "probing leaves nothing behind").
+//! queue is dropped at once and nothing accumulates (amqp-locks: "probing leaves nothing behind").
 
 use std::future::Future;
 use std::time::Duration;

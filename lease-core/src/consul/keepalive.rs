@@ -8,7 +8,7 @@
 //! TTL/2: one request per TTL/2 keeps any number of sessions alive, and each lease still has its
 //! own session, so destroying one session loses exactly one lease.
 //!
-//! Self-fencing (DESIGN rule 2) works as with renewals: the agent turns the check critical no
+//! Self-fencing works as with renewals: the agent turns the check critical no
 //! earlier than TTL after the last pass it received, so a pass *sent* at T that succeeded keeps
 //! every session tied to the check valid until at least T + TTL. Each session's fence is confirmed
 //! by the heartbeat's passes, and a session is given up at the fence deadline if none succeeds.

@@ -1,6 +1,6 @@
 //! The leader lock: one holder of a key, interoperating with `consul lock`.
 //!
-//! Acquire (seed 002): create a session (behaviour release, as `consul lock` does), then
+//! Acquire (Consul's leader election recipe): create a session (behaviour release, as `consul lock` does), then
 //! `PUT ?acquire=` the key with `consul lock`'s flags and the advertised value. A held key is
 //! waited for through the client's shared prefix watches (`watch`). A free key that refuses the acquire is under
 //! lock-delay (its last holder's session was invalidated); we retry after a short, growing pause

@@ -20,7 +20,7 @@
 //!   failed read (one plain listing: milliseconds); a held lease that no read covers stops
 //!   counting its heartbeat from that moment, so it self-fences rather than run unwatched. The
 //!   price: an answer carries every key under its prefix, so a loss among many keys in one
-//!   directory is read as one large listing (see the README's measured figures).
+//!   directory is read as one large listing (the workspace's BENCHMARKS.md has the figures).
 //! - **One heartbeat keeps every session alive.** Sessions are tied to one agent TTL check per
 //!   process (a service `lease`), passed every TTL/2: idle traffic does not grow with the number
 //!   of leases, and each lease keeps its own session, so destroying one session loses one lease.

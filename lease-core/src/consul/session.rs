@@ -2,7 +2,7 @@
 //!
 //! A session is kept alive by the process's heartbeat check (`keepalive`, the default) or by
 //! renewing its own TTL (`KeepAlive::SessionTtl`). Either way, the loop that keeps it alive is
-//! where this crate keeps DESIGN rule 2 (self-fencing). For renewals: Consul promises
+//! where this crate self-fences. For renewals: Consul promises
 //! not to invalidate a session before its TTL has passed since the last renewal the servers
 //! processed. A renewal we *sent* at time T and saw succeed was processed after T, so the session
 //! is safe until at least T + TTL. If no renewal succeeds, the loop gives the session up at

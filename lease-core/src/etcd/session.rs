@@ -4,12 +4,12 @@
 //! revoking the lease (a release, an operator's `etcdctl lease revoke`, expiry) deletes the key in
 //! the same step. While the lease lives, one keep-alive is sent every TTL/3 (as etcd's own client
 //! does); each answered one confirms the lease's [`Fence`] with its send time, so the holder
-//! self-fences (DESIGN rule 2) when no keep-alive has been answered for TTL − margin
+//! self-fences when no keep-alive has been answered for TTL − margin
 //! ([`LeaseSpec::fence_after`]), before etcd could expire the lease and let another contender in.
 //!
 //! The holder watches its own key: its deletion (an operator's `etcdctl del`, the lease revoked)
 //! is loss. A failed keep-alive or a broken watch is retried; only the fence decides that trouble
-//! has lasted too long (rule 3).
+//! has lasted too long: brief server trouble is not loss.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use crate::LostReason;
 use crate::metrics::Tally;
 
-/// The self-fencing deadline of a lease (DESIGN rule 2): the instant past which this process must
-/// treat the lease as lost because the backend may already have given it to someone else.
+/// The self-fencing deadline of a lease: the instant past which this process must treat the
+/// lease as lost because the backend may already have given it to someone else.
 ///
 /// A backend creates one per lease with the time a confirmation stays good for (Consul: the
 /// session TTL less a margin; AMQP: part of the heartbeat), and calls [`confirm`](Fence::confirm)

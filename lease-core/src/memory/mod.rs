@@ -2,7 +2,7 @@
 //!
 //! [`Memory`] keeps a small model of Consul's state in one process (`store`): sessions (TTL,
 //! lock-delay, release or delete behaviour), KV entries with `LockIndex`/`ModifyIndex`, leader
-//! keys, and semaphores built exactly like Consul's (seed 000, `slots`): a contender key
+//! keys, and semaphores built exactly like Consul's (`slots`): a contender key
 //! `<prefix>/<session>` per holder and a `<prefix>/.lock` entry holding the limit and the holder
 //! set, admitted and pruned by the same planner as the Consul coordinator. Clones share one
 //! store, like several clients of one Consul, so "nodes" of a test or demo are tasks holding

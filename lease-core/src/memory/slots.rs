@@ -1,4 +1,4 @@
-//! Semaphores in the store, built exactly like Consul's (seed 000) and decided by the same
+//! Semaphores in the store, built exactly like Consul's and decided by the same
 //! planner as the Consul coordinator (`crate::semaphore`).
 //!
 //! A contender key `<prefix>/<session>` per holder, and `<prefix>/.lock` holding a
@@ -21,7 +21,7 @@ use crate::semaphore::{
 use crate::{BackendKind, Error, LeaseSpec, Sequencer};
 
 impl State {
-    /// Seed 000: join the semaphore at `prefix` if the planner finds room.
+    /// Joins the semaphore at `prefix` if the planner finds room.
     pub(super) fn try_acquire_slot(
         &mut self,
         prefix: &str,

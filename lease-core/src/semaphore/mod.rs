@@ -1,4 +1,4 @@
-//! The semaphore of seed 000 as Consul and the in-process store both keep it, and the one place
+//! The semaphore of Consul's semaphore guide as Consul and the in-process store both keep it, and the one place
 //! that decides who holds a slot.
 //!
 //! A semaphore under `<prefix>` is a contender key `<prefix>/<session>` per holder, held by the

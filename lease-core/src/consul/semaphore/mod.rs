@@ -1,10 +1,10 @@
-//! The Consul semaphore (seed 000): at most `limit` holders under a prefix, interoperating with
+//! The Consul semaphore (Consul's semaphore guide): at most `limit` holders under a prefix, interoperating with
 //! `consul lock -n`.
 //!
 //! Layout, as Consul's CLI and Go client write it: a contender key `<prefix>/<session>` held by
 //! each holder's session (behaviour delete, so a dead holder's key vanishes), and the coordinating
 //! key `<prefix>/.lock` = `{"Limit":N,"Holders":{"<session>":true}}`, both with flags
-//! [`SEMAPHORE_FLAGS`]. The seed's list form of `Holders` is read too ([`value`]).
+//! [`SEMAPHORE_FLAGS`]. The guide's list form of `Holders` is read too ([`value`]).
 //!
 //! Admission: one transaction locks our contender key and CASes us into `Holders` on the lock
 //! key's ModifyIndex (0 when creating), pruning holders whose session no longer holds a key. The

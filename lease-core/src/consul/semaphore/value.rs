@@ -8,7 +8,7 @@ use crate::consul::http::KvEntry;
 use crate::semaphore::{LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key};
 
 impl LockValue {
-    /// Reads Consul's map form and the seed's list form; anything else is refused, never guessed.
+    /// Reads Consul's map form and the list form of Consul's semaphore guide; anything else is refused, never guessed.
     pub(crate) fn parse(bytes: &[u8]) -> Result<LockValue, String> {
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;

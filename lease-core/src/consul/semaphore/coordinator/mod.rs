@@ -18,7 +18,7 @@
 //! A give-back and a waiting take of the same process thus hand a slot over in one write. Other
 //! processes (`consul lock -n`, other instances) still race, and CAS keeps that correct: a stale
 //! index means someone else wrote, so the coordinator re-reads and plans again. When the
-//! semaphore is full it blocks on the prefix, as seed 000 says, and still takes requests.
+//! semaphore is full it blocks on the prefix, as Consul's semaphore guide says, and still takes requests.
 //!
 //! This module is how requests reach a coordinator; the task itself (`task`) only executes
 //! plans: reads, the transaction, answers, and trouble.
