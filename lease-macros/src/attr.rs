@@ -391,17 +391,12 @@ fn lit(value: &Expr) -> Option<&Lit> {
     }
 }
 
-/// A key or name: a string literal, checked here against the key rule of
-/// `LeaseSpec::validate`, or any other expression (a constant, `format!(…)`), left to run time.
+/// A key or name: a string, or any expression of type `&str` or `String`. A string literal is
+/// checked against lease-core's key rule at compile time by the expansion (see `expand::spec`),
+/// anything else by `LeaseSpec::validate` at run time.
 fn parse_key(name: &str, value: Expr) -> syn::Result<Expr> {
     match lit(&value) {
-        Some(Lit::Str(s)) => match key_rule_broken(&s.value()) {
-            Some(reason) => Err(syn::Error::new(
-                s.span(),
-                format!("`{name}` {reason}, e.g. \"jobs/compact\""),
-            )),
-            None => Ok(value),
-        },
+        Some(Lit::Str(_)) | None => Ok(value),
         Some(_) => Err(syn::Error::new(
             value.span(),
             format!(
@@ -409,24 +404,6 @@ fn parse_key(name: &str, value: Expr) -> syn::Result<Expr> {
                  (`{name} = KEYS::COMPACT`) or an expression (`{name} = format!(\"tenant/{{id}}\")`)"
             ),
         )),
-        None => Ok(value),
-    }
-}
-
-/// The key rule of `LeaseSpec::validate` (lease_core's `validate_key`), for literals.
-fn key_rule_broken(key: &str) -> Option<&'static str> {
-    if key.is_empty() {
-        Some("is empty; name the lease")
-    } else if key.starts_with('/') {
-        Some("must be relative: remove the leading '/'")
-    } else if key.ends_with('/') {
-        Some("must not end with '/'")
-    } else if key.contains("//") {
-        Some("contains an empty segment ('//')")
-    } else if key.chars().any(char::is_control) {
-        Some("contains a control character")
-    } else {
-        None
     }
 }
 

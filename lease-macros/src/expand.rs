@@ -13,7 +13,7 @@ use proc_macro2::{Delimiter, Group, Ident, Punct, Spacing, Span, TokenStream, To
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{AttrStyle, Attribute, Expr, LitInt, Meta, ReturnType, Type};
+use syn::{AttrStyle, Attribute, Expr, ExprLit, Lit, LitInt, Meta, ReturnType, Type};
 
 use crate::attr::{
     CratePath, Errors, GuardedFn, Kind, LeaseArgs, Millis, RawArgs, TargetArg, WaitArg,
@@ -345,6 +345,22 @@ fn borrow_at(backend: &Expr) -> TokenStream {
 /// `<lease-core>::LeaseSpec::…(…)` with a setter per option given; each part spanned at the
 /// user's token, so a type error points there.
 fn spec(args: &LeaseArgs, krate: &Krate<'_>) -> TokenStream {
+    let key = match &args.target {
+        TargetArg::Leader { key } => key,
+        TargetArg::Semaphore { name, .. } => name,
+    };
+    // A literal key is checked at compile time by lease-core's own key rule (a const fn), so the
+    // rule is written once: a broken one fails the build at the literal, in the rule's words.
+    let checked = match key {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(literal),
+            ..
+        }) => {
+            let assert_key = krate.path(literal.span(), quote!(__private::assert_key));
+            quote_spanned!(literal.span()=> { const _: () = #assert_key(#literal); })
+        }
+        _ => TokenStream::new(),
+    };
     let mut spec = match &args.target {
         TargetArg::Leader { key } => {
             let leader = krate.path(key.span(), quote!(LeaseSpec::leader));
@@ -355,6 +371,9 @@ fn spec(args: &LeaseArgs, krate: &Krate<'_>) -> TokenStream {
             quote_spanned!(name.span()=> #semaphore(#name, #limit))
         }
     };
+    if !checked.is_empty() {
+        spec = quote!({ #checked #spec });
+    }
     if let Some(wait) = &args.wait {
         let wait = match wait {
             WaitArg::Forever => krate.path(Span::call_site(), quote!(Wait::Forever)),

@@ -56,9 +56,11 @@
 //! | `crate = "my_facade::lease"` | the path the generated code names lease-core by, for a crate that re-exports it: a path in a string | `"::lease_core"` |
 //!
 //! Durations are a number and a unit (`ms`, `s`, `m`, `h`), repeatable: `"1m30s"`. Durations,
-//! literal keys (the key rule of `LeaseSpec::validate`) and literal limits are checked at compile
-//! time, with the error at your token; the function is still emitted, so the rest of your crate
-//! keeps compiling against it. So are the names: an argument the attribute does not take is one
+//! literal keys and literal limits are checked at compile time, with the error at your token; the
+//! function is still emitted, so the rest of your crate keeps compiling against it. A literal key
+//! is checked by lease-core's own key rule (`lease_core::key_rule_broken`, a `const fn`): the one
+//! rule `LeaseSpec::validate` applies at run time, so the two never disagree (`key = "/jobs/a"`
+//! fails the build with "evaluation panicked: keys are relative: remove the leading '/'"). So are the names: an argument the attribute does not take is one
 //! error at its name, listing the ones it does, and asking "did you mean" the nearest one when
 //! it looks like a misspelling of it (`kye` for `key`).
 //!
