@@ -1,4 +1,4 @@
-//! AMQP leases (the RabbitMQ persistent semaphore of seed 004) against the real broker.
+//! AMQP leases (the RabbitMQ persistent semaphore, as amqp-locks defines it) against the real broker.
 //!
 //! Needs RabbitMQ at `LEASE_TEST_AMQP_URL` (default amqp://guest:guest@127.0.0.1:5672/%2f) and
 //! `rabbitmqctl` (run as root). Every test uses its own semaphore name and destroys it at the end.

@@ -1,6 +1,7 @@
 //! A 3-member etcd cluster loses its raft leader (`kill -9`): holders keep their leases. Brief
-//! trouble is not loss (DESIGN rule 3): a keep-alive or a watch that fails during the election is
-//! retried on another member, well within the self-fence.
+//! trouble is not loss (a lease is lost only when the server says so, or by its own fence): a
+//! keep-alive or a watch that fails during the election is retried on another member, well
+//! within the self-fence.
 //!
 //! Run: `cargo test -p lease-tests --all-features --test etcd_cluster` (about 15 s: the holders
 //! are watched for a whole TTL after the election, so keep-alives had to pass through the new

@@ -32,7 +32,7 @@ pub(super) fn into_lease(
     confirmed_at: Instant,
 ) -> Lease {
     // The queue name alone would repeat when the slot is taken again; the nonce makes every
-    // acquisition's sequencer unique (DESIGN rule 4) so a stale holder is detectable.
+    // acquisition's sequencer its own, so a stale holder is detectable.
     let sequencer = Sequencer::new(
         BackendKind::Amqp,
         names.name(),

@@ -231,10 +231,10 @@ fn limit_mismatch_is_refused_and_the_rest_planned() {
 #[cfg(feature = "consul")]
 #[test]
 fn the_list_form_holders_are_planned_on_and_written_back_as_a_map() {
-    // Seed 000 writes `Holders` as a list; Consul's CLI and Go client read and write a map.
-    let seed = LockValue::parse(br#"{"Limit":2,"Holders":["a","b"]}"#).expect("the seed's form");
+    // Some semaphore recipes write `Holders` as a list; Consul's CLI and Go client read and write a map.
+    let value = LockValue::parse(br#"{"Limit":2,"Holders":["a","b"]}"#).expect("the list form");
     let mut listed = snapshot(None, &["b"]);
-    listed.lock = Ok(Some((7, seed)));
+    listed.lock = Ok(Some((7, value)));
     let mut rig = Rig::new(vec![take("c", 2, Duration::ZERO)], Vec::new());
     let write = planned_write(rig.fresh(&listed, Duration::ZERO));
     let lock = write.lock.expect("a is pruned, c admitted");
