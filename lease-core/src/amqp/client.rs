@@ -112,43 +112,95 @@ enum Scan {
 }
 
 /// One scan of the semaphore. A slot whose last holder has not settled yet counts as taken.
+///
+/// The scan runs on one channel (reopened when the broker closes it on a lost race); a won
+/// slot's lease takes the channel over, and every other ending closes it, here and only here.
 async fn try_acquire(
     amqp: &Amqp,
     names: &SemaphoreNames,
     limit: u32,
     settle: Duration,
 ) -> Result<Scan, Error> {
-    let config = amqp.config();
-    let timeout = config.operation_timeout;
     // The channel every scan of this acquire runs on, and the lease's channel if it wins a slot.
     let reservation = amqp.reserve_channel(Use::Lease).await?;
     let pooled = Arc::clone(reservation.pooled());
     let mut channel = open(amqp, &pooled).await?;
+    let scanned = scan(amqp, names, limit, settle, &pooled, &mut channel).await;
+    let ended = match scanned {
+        Ok(Scanned::Won(won)) => {
+            let won = *won;
+            return Ok(Scan::Acquired(into_lease(
+                amqp,
+                names,
+                won.slot,
+                reservation,
+                channel,
+                won.consumer,
+                won.settle_consumer,
+                won.holder,
+                won.confirmed_at,
+            )));
+        }
+        Ok(Scanned::Full) => Ok(Scan::Full),
+        Ok(Scanned::Unsettled) => Ok(Scan::Unsettled),
+        Err(error) => Err(error),
+    };
+    wire::close_channel(&channel, amqp.config().operation_timeout).await;
+    ended
+}
+
+/// How a scan ended, before its channel is handed to the lease or closed.
+enum Scanned {
+    /// Boxed: a won slot is the rare, large ending.
+    Won(Box<Won>),
+    /// Every slot is held.
+    Full,
+    /// See [`Scan::Unsettled`].
+    Unsettled,
+}
+
+/// A won slot: everything its lease needs but the channel.
+struct Won {
+    slot: u32,
+    consumer: Option<Consumer>,
+    settle_consumer: Option<Consumer>,
+    holder: HolderQueue,
+    confirmed_at: Instant,
+}
+
+/// The scan of [`try_acquire`], on `channel`.
+async fn scan(
+    amqp: &Amqp,
+    names: &SemaphoreNames,
+    limit: u32,
+    settle: Duration,
+    pooled: &Arc<PooledConnection>,
+    channel: &mut Channel,
+) -> Result<Scanned, Error> {
+    let config = amqp.config();
+    let timeout = config.operation_timeout;
     let mut races = 0;
     let mut unsettled = false;
     let mut created = false;
     'scan: loop {
         // Every contender must ask for the semaphore's slot count, as on Consul: `A[limit]`
         // exists and `A[limit + 1]` does not.
-        if !probe(amqp, &channel, &names.slot_queue(limit)).await? {
+        if !probe(amqp, channel, &names.slot_queue(limit)).await? {
             if created {
                 // Destroyed by an administrator right after it was created.
-                wire::close_channel(&channel, timeout).await;
-                return Ok(Scan::Full);
+                return Ok(Scanned::Full);
             }
             // Missing, fewer slots, or being created by another acquirer right now: counted
             // under the administration mutex, and created if it does not exist.
             let stored = admin::create_if_missing(amqp, names, limit).await?;
             if stored != limit {
-                wire::close_channel(&channel, timeout).await;
                 return Err(limit_mismatch(names, stored, limit));
             }
             created = true;
             continue 'scan;
         }
-        let stored = count_from(amqp, &channel, names, limit).await?;
+        let stored = count_from(amqp, channel, names, limit).await?;
         if stored != limit {
-            wire::close_channel(&channel, timeout).await;
             return Err(limit_mismatch(names, stored, limit));
         }
         // Slot queues are a contiguous run (administrators remove them from the top down), so
@@ -158,11 +210,10 @@ async fn try_acquire(
         loop {
             let slot_queue = names.slot_queue(slot);
             if slot > limit {
-                wire::close_channel(&channel, timeout).await;
                 return Ok(if unsettled || races > 0 {
-                    Scan::Unsettled
+                    Scanned::Unsettled
                 } else {
-                    Scan::Full
+                    Scanned::Full
                 });
             }
             match amqp.claim_state(names, slot) {
@@ -177,7 +228,7 @@ async fn try_acquire(
                 }
                 None => {}
             }
-            if probe(amqp, &channel, &names.holder_queue(slot)).await? {
+            if probe(amqp, channel, &names.holder_queue(slot)).await? {
                 slot += 1;
                 continue;
             }
@@ -187,7 +238,7 @@ async fn try_acquire(
                 continue;
             };
             let holder_queue = names.holder_queue(slot);
-            match wire::declare_exclusive(&channel, &holder_queue, timeout).await {
+            match wire::declare_exclusive(channel, &holder_queue, timeout).await {
                 Ok(()) => {}
                 Err(Failure::ResourceLocked) => {
                     drop(claim);
@@ -207,63 +258,56 @@ async fn try_acquire(
                     // Randomly skewed, so racers that collided do not collide again.
                     tokio::time::sleep(jitter(Duration::from_millis(u64::from(races.min(10)) * 5)))
                         .await;
-                    channel = open(amqp, &pooled).await?;
+                    *channel = open(amqp, pooled).await?;
                     continue 'scan;
                 }
                 Err(failure) => {
-                    wire::close_channel(&channel, timeout).await;
                     return Err(amqp.unreachable("declare the holder queue", failure));
                 }
             }
             let mut holder = HolderQueue {
                 amqp: amqp.clone(),
-                pooled: Arc::clone(&pooled),
+                pooled: Arc::clone(pooled),
                 queue: holder_queue,
                 settle_queue: None,
                 armed: true,
                 claim,
             };
             let settle_consumer =
-                match settle_in(amqp, &mut channel, names, slot, settle, &mut holder).await {
+                match settle_in(amqp, channel, names, slot, settle, &mut holder).await {
                     Ok(Settle::Ready(settle_consumer)) => settle_consumer,
                     Ok(Settle::Settling) => {
                         // Not ours to take yet; free once `C[L]` expires.
-                        holder.give_back(Some(&channel)).await?;
+                        holder.give_back(Some(channel)).await?;
                         unsettled = true;
                         slot += 1;
                         continue;
                     }
                     Err(failure) => {
-                        let _ = holder.give_back(Some(&channel)).await;
-                        wire::close_channel(&channel, timeout).await;
+                        let _ = holder.give_back(Some(channel)).await;
                         return Err(amqp.unreachable("settle the slot", failure));
                     }
                 };
             // The fence starts when the request that proves the channel alive was sent.
             let confirmed_at = Instant::now();
-            match watch_slot(amqp, &channel, &slot_queue).await {
+            match watch_slot(amqp, channel, &slot_queue).await {
                 Ok(consumer) => {
-                    return Ok(Scan::Acquired(into_lease(
-                        amqp,
-                        names,
+                    return Ok(Scanned::Won(Box::new(Won {
                         slot,
-                        reservation,
-                        channel,
                         consumer,
                         settle_consumer,
                         holder,
                         confirmed_at,
-                    )));
+                    })));
                 }
                 Err(Failure::NotFound) => {
                     // A[L] was removed after the scan saw it: the slot is not ours to take.
                     let _ = holder.give_back(None).await;
-                    channel = open(amqp, &pooled).await?;
+                    *channel = open(amqp, pooled).await?;
                     continue 'scan;
                 }
                 Err(failure) => {
-                    let _ = holder.give_back(Some(&channel)).await;
-                    wire::close_channel(&channel, timeout).await;
+                    let _ = holder.give_back(Some(channel)).await;
                     return Err(amqp.unreachable("watch the slot queue", failure));
                 }
             }
