@@ -318,17 +318,17 @@ impl Campaign {
             });
             let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> =
                 AbortOnDrop(tokio::spawn(work.in_current_span()));
-            let outcome = tokio::select! {
+            let (outcome, worker_ended) = tokio::select! {
                 biased;
-                () = shutdown.cancelled() => TermEnd::Shutdown,
-                reason = lease.lost() => TermEnd::Lost(reason),
-                joined = &mut task => TermEnd::Exited(joined),
+                () = shutdown.cancelled() => (TermEnd::Shutdown, false),
+                reason = lease.lost() => (TermEnd::Lost(reason), false),
+                joined = &mut task => (TermEnd::of_worker(joined), true),
             };
             if let TermEnd::Lost(reason) = &outcome {
                 // Recorded at the loss, before the worker has stopped: readiness reads it.
                 *lock(&self.shared.last_loss) = Some((reason.clone(), Instant::now()));
             }
-            if !matches!(outcome, TermEnd::Exited(_)) {
+            if !worker_ended {
                 task.0.abort();
                 // Wait until the worker's future is really dropped before anyone else may lead.
                 if let Err(join_error) = (&mut task).await {
@@ -346,8 +346,7 @@ impl Campaign {
                     self.emit(LeaderEvent::Released { sequencer });
                     return Ok(CampaignEnd::Shutdown);
                 }
-                TermEnd::Lost(reason) | TermEnd::Exited(Ok(Err(reason))) => {
-                    lock(&self.shared.last_loss).get_or_insert((reason.clone(), Instant::now()));
+                TermEnd::Lost(reason) => {
                     drop(lease);
                     tracing::warn!(%sequencer, %reason, "campaign: lost the lease; worker cancelled");
                     self.end_term();
@@ -361,7 +360,7 @@ impl Campaign {
                     }
                     continue;
                 }
-                TermEnd::Exited(Ok(Ok(Ok(())))) => {
+                TermEnd::Finished => {
                     self.step_down(&term, lease).await;
                     tracing::info!(%sequencer, "campaign: worker finished; lease released");
                     self.end_term();
@@ -379,7 +378,7 @@ impl Campaign {
                         }
                     }
                 }
-                TermEnd::Exited(Ok(Ok(Err(error)))) => {
+                TermEnd::Failed(error) => {
                     self.step_down(&term, lease).await;
                     tracing::warn!(%sequencer, %error, "campaign: worker failed; stepped down");
                     LeaderEvent::WorkerFailed {
@@ -387,7 +386,7 @@ impl Campaign {
                         error: Arc::from(error),
                     }
                 }
-                TermEnd::Exited(Err(join_error)) => {
+                TermEnd::Panicked(join_error) => {
                     self.step_down(&term, lease).await;
                     let message = if join_error.is_panic() {
                         panic_message(join_error.into_panic())
@@ -489,10 +488,33 @@ impl Drop for RunGuard {
     }
 }
 
+/// How a term ended.
 enum TermEnd {
+    /// The campaign was told to shut down.
     Shutdown,
+    /// The lease was lost: seen by the campaign, or by the worker's run, which then returned.
     Lost(LostReason),
-    Exited(Result<Result<Result<(), BoxError>, LostReason>, tokio::task::JoinError>),
+    /// The worker returned `Ok`.
+    Finished,
+    /// The worker returned an error.
+    Failed(BoxError),
+    /// The worker's task panicked, or was cancelled with its runtime.
+    Panicked(tokio::task::JoinError),
+}
+
+impl TermEnd {
+    /// What the worker's task ended with: its result, inside the run that drops it on a loss,
+    /// inside the task.
+    fn of_worker(
+        joined: Result<Result<Result<(), BoxError>, LostReason>, tokio::task::JoinError>,
+    ) -> TermEnd {
+        match joined {
+            Ok(Ok(Ok(()))) => TermEnd::Finished,
+            Ok(Ok(Err(error))) => TermEnd::Failed(error),
+            Ok(Err(reason)) => TermEnd::Lost(reason),
+            Err(join_error) => TermEnd::Panicked(join_error),
+        }
+    }
 }
 
 /// A task that is aborted when its handle is dropped; awaiting it awaits the task.
