@@ -322,6 +322,27 @@ impl Error {
     /// them; in [`Error::FlagsConflict`], a semaphore on every backend.
     pub const SEMAPHORE_FLAGS: u64 = 0xe0f6_9a2b_aa41_4de0;
 
+    /// The refusal of a semaphore on a name a leader lock uses ([`Error::FlagsConflict`], found
+    /// [`Error::LEADER_FLAGS`]); `key` is the key that shows the leader lock, or the name. What
+    /// every backend answers, and a backend of your own should too.
+    pub fn leader_lock_in_the_way(key: impl Into<String>) -> Error {
+        Error::FlagsConflict {
+            key: key.into(),
+            found: Error::LEADER_FLAGS,
+            expected: Error::SEMAPHORE_FLAGS,
+        }
+    }
+
+    /// The refusal of a leader lock on a name a semaphore uses ([`Error::FlagsConflict`], found
+    /// [`Error::SEMAPHORE_FLAGS`]); `key` is the key that shows the semaphore, or the name.
+    pub fn semaphore_in_the_way(key: impl Into<String>) -> Error {
+        Error::FlagsConflict {
+            key: key.into(),
+            found: Error::SEMAPHORE_FLAGS,
+            expected: Error::LEADER_FLAGS,
+        }
+    }
+
     /// True for [`Error::Busy`]: the lease is held elsewhere.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
@@ -452,6 +473,20 @@ mod tests {
         assert_eq!(
             denied.to_string(),
             "permission denied to use queue \"q\": ACCESS_REFUSED; give the user permissions"
+        );
+    }
+
+    #[test]
+    fn the_refusals_name_the_key_that_shows_the_other_kind() {
+        let (leader, semaphore) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
+        let refused = Error::semaphore_in_the_way("k/.lock");
+        assert!(
+            matches!(&refused, Error::FlagsConflict { key, found, expected } if key == "k/.lock" && *found == semaphore && *expected == leader)
+        );
+        assert!(!refused.is_transient());
+        let refused = Error::leader_lock_in_the_way("k");
+        assert!(
+            matches!(&refused, Error::FlagsConflict { key, found, expected } if key == "k" && *found == leader && *expected == semaphore)
         );
     }
 

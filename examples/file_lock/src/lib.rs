@@ -235,11 +235,7 @@ impl FileLock {
         let dir = self.dir.join(key);
         match lock_file::any_slot_file(&dir) {
             Ok(false) => Ok(()),
-            Ok(true) => Err(another_kind(
-                key,
-                Error::SEMAPHORE_FLAGS,
-                Error::LEADER_FLAGS,
-            )),
+            Ok(true) => Err(Error::semaphore_in_the_way(key)),
             Err(error) => Err(io_error("list", &dir, &error)),
         }
     }
@@ -250,11 +246,7 @@ impl FileLock {
         let path = self.leader_file(prefix);
         match lock_file::look(&path) {
             Ok(Lock::Free) => Ok(()),
-            Ok(Lock::Held(_) | Lock::BeingWritten) => Err(another_kind(
-                prefix,
-                Error::LEADER_FLAGS,
-                Error::SEMAPHORE_FLAGS,
-            )),
+            Ok(Lock::Held(_) | Lock::BeingWritten) => Err(Error::leader_lock_in_the_way(prefix)),
             Err(error) => Err(io_error("read", &path, &error)),
         }
     }
@@ -400,17 +392,6 @@ fn check_key(key: &str) -> Result<(), Error> {
         });
     }
     Ok(())
-}
-
-/// The refusal of a lock on `key`, which a lock of another kind holds: the contract's
-/// [`Error::FlagsConflict`], whose flags name the kinds ([`Error::LEADER_FLAGS`],
-/// [`Error::SEMAPHORE_FLAGS`]) on a backend without flags of its own.
-fn another_kind(key: &str, found: u64, expected: u64) -> Error {
-    Error::FlagsConflict {
-        key: key.to_owned(),
-        found,
-        expected,
-    }
 }
 
 /// Gives back a lock file just taken, for a lock of another kind that turned out to hold the name.

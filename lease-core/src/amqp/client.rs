@@ -91,11 +91,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
 fn leader_on_a_semaphore(spec: &LeaseSpec, error: Error) -> Error {
     match (spec.target(), error) {
         (Target::Leader { .. }, Error::LimitMismatch { key, stored, .. }) if stored > 1 => {
-            Error::FlagsConflict {
-                key,
-                found: Error::SEMAPHORE_FLAGS,
-                expected: Error::LEADER_FLAGS,
-            }
+            Error::semaphore_in_the_way(key)
         }
         (_, error) => error,
     }

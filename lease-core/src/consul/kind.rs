@@ -1,10 +1,11 @@
 //! One kind of lock per name: a leader lock and a semaphore never share a name.
 //!
-//! A leader lock on `k` is the key `k` with [`LEADER_FLAGS`]; a semaphore on `k` is `k/.lock` and
-//! `k/<session>` with [`SEMAPHORE_FLAGS`]. The two never touch each other's keys, so the flags
-//! alone cannot keep them apart (they do when both use one key, as `consul lock K` and
-//! `consul lock -n K` both use `K/.lock`). Each therefore checks the key where the other kind
-//! would be recorded: a leader the semaphore's `k/.lock`, a semaphore the leader key `k`.
+//! A leader lock on `k` is the key `k` with [`Error::LEADER_FLAGS`]; a semaphore on `k` is
+//! `k/.lock` and `k/<session>` with [`Error::SEMAPHORE_FLAGS`]. The two never touch each other's
+//! keys, so the flags alone cannot keep them apart (they do when both use one key, as
+//! `consul lock K` and `consul lock -n K` both use `K/.lock`). Each therefore checks the key where
+//! the other kind would be recorded: a leader the semaphore's `k/.lock`, a semaphore the leader
+//! key `k`.
 //!
 //! The check rides on a transaction the acquisition makes anyway, as one more operation: the
 //! leader's `?acquire=` of its key, and the semaphore coordinator's transaction that creates
@@ -28,9 +29,8 @@
 use reqwest::StatusCode;
 
 use super::http::{ApiError, KvEntry, TxnOp};
-use super::leader::LEADER_FLAGS;
+#[cfg(doc)]
 use crate::Error;
-use crate::semaphore::SEMAPHORE_FLAGS;
 
 /// What an acquisition's transaction asserts about the key where the other kind of lock would be
 /// recorded.
@@ -84,27 +84,11 @@ impl OtherKind {
     }
 }
 
-/// The refusal of a leader lock on `prefix`, whose `.lock` key `lock_key` is a semaphore's.
-pub(crate) fn semaphore_in_the_way(lock_key: &str) -> Error {
-    Error::FlagsConflict {
-        key: lock_key.to_owned(),
-        found: SEMAPHORE_FLAGS,
-        expected: LEADER_FLAGS,
-    }
-}
-
-/// The refusal of a semaphore on `prefix`, which is a leader lock's key.
-pub(crate) fn leader_in_the_way(prefix: &str) -> Error {
-    Error::FlagsConflict {
-        key: prefix.to_owned(),
-        found: LEADER_FLAGS,
-        expected: SEMAPHORE_FLAGS,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consul::leader::LEADER_FLAGS;
+    use crate::semaphore::SEMAPHORE_FLAGS;
 
     fn entry(flags: u64, modify_index: u64) -> KvEntry {
         KvEntry {
@@ -163,18 +147,5 @@ mod tests {
         );
         let trouble = ApiError::Status(StatusCode::INTERNAL_SERVER_ERROR, "no leader".into());
         assert!(judge(Err(trouble), LEADER_FLAGS).is_none());
-    }
-
-    #[test]
-    fn the_refusals_name_the_key_that_shows_the_other_kind() {
-        let refused = semaphore_in_the_way("k/.lock");
-        assert!(
-            matches!(&refused, Error::FlagsConflict { key, found: SEMAPHORE_FLAGS, expected: LEADER_FLAGS } if key == "k/.lock")
-        );
-        assert!(!refused.is_transient());
-        let refused = leader_in_the_way("k");
-        assert!(
-            matches!(&refused, Error::FlagsConflict { key, found: LEADER_FLAGS, expected: SEMAPHORE_FLAGS } if key == "k")
-        );
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::http::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
-use super::kind::{self, OtherKind, Verdict};
+use super::kind::{OtherKind, Verdict};
 use super::retry::retry_transient;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watches};
@@ -247,7 +247,7 @@ async fn contend(
                 OtherKind::after_failed_check(lock_read.map(|(entry, _)| entry), SEMAPHORE_FLAGS)
                     .map_err(|e| e.into_error(http, format_args!("read {semaphore_lock:?}")))?;
             match verdict {
-                Verdict::Refuse => return Err(kind::semaphore_in_the_way(&semaphore_lock)),
+                Verdict::Refuse => return Err(Error::semaphore_in_the_way(&*semaphore_lock)),
                 Verdict::Assert(next) => semaphore = next,
             }
             if !failed.contains(&lock_op) {

@@ -117,14 +117,14 @@ impl Rule {
             Rule::Leader => match ahead.first() {
                 None => Ok(Turn::Mine),
                 Some(previous) if SemaphoreValue::parse(previous).is_some() => {
-                    Err(other_kind(key, Error::SEMAPHORE_FLAGS, Error::LEADER_FLAGS))
+                    Err(Error::semaphore_in_the_way(key))
                 }
                 Some(previous) => Ok(Turn::WaitFor(RangeRequest::key(&previous.key_str()))),
             },
             Rule::Semaphore { limit } => {
                 if let Some(oldest) = ahead.first() {
                     let Some(stored) = SemaphoreValue::parse(oldest) else {
-                        return Err(other_kind(key, Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS));
+                        return Err(Error::leader_lock_in_the_way(key));
                     };
                     if stored.limit != limit {
                         return Err(Error::LimitMismatch {
@@ -149,15 +149,6 @@ impl Rule {
                 }
             }
         }
-    }
-}
-
-/// The refusal of a lock on `key` that found contenders of another kind (`found`) under it.
-fn other_kind(key: &str, found: u64, expected: u64) -> Error {
-    Error::FlagsConflict {
-        key: key.to_owned(),
-        found,
-        expected,
     }
 }
 

@@ -15,7 +15,7 @@ use super::{GiveReply, Request, TakeReply};
 use crate::Error;
 use crate::backoff::Backoff;
 use crate::consul::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
-use crate::consul::kind::{self, OtherKind, Verdict};
+use crate::consul::kind::{OtherKind, Verdict};
 use crate::consul::leader::LEADER_FLAGS;
 use crate::consul::retry::backoff;
 use crate::consul::watch::{Interest, Watched, Watches};
@@ -364,15 +364,30 @@ impl Coordinator {
                         Some(Owner::Give) | None => {}
                     }
                 }
-                if leader_key_changed {
-                    if let Err(write) = self.judge_leader_key(write).await {
-                        self.snapshot = None;
-                        self.requeue(write, &gone);
-                    }
-                    return;
-                }
-                self.requeue(write, &gone);
                 self.snapshot = None;
+                let judged = if leader_key_changed {
+                    self.judge_leader_key().await
+                } else {
+                    Ok(Verdict::Assert(self.leader))
+                };
+                match judged {
+                    Ok(Verdict::Assert(_)) => self.requeue(write, &gone),
+                    // A leader lock's key: every take, this write's and the queued ones, is
+                    // refused; the give-backs are written again.
+                    Ok(Verdict::Refuse) => {
+                        let Write { gives, admits, .. } = write;
+                        let takes = admits.into_iter().map(|a| (a.take, a.reply));
+                        for (take, reply) in takes.chain(self.queue.drain_takes()) {
+                            let refusal = Error::leader_lock_in_the_way(&*self.prefix);
+                            self.answer_take(take, reply, Err(refusal));
+                        }
+                        self.queue.put_back(std::iter::empty(), gives.into_iter());
+                    }
+                    Err(error) => {
+                        self.requeue(write, &gone);
+                        self.trouble(error).await;
+                    }
+                }
             }
             Err(error) => {
                 // The write may or may not have gone through. A take whose caller has left can
@@ -406,36 +421,14 @@ impl Coordinator {
     }
 
     /// After the check of the key `prefix` failed in a write that creates `.lock`: one read of
-    /// it. A leader lock's key refuses every take, this write's and the queued ones, with
-    /// `FlagsConflict`; anything else is asserted unchanged from now on, and the write is handed
-    /// back to be planned again (as it is when the read fails, after the trouble is handled).
-    async fn judge_leader_key(
-        &mut self,
-        write: Write<TakeReply, GiveReply>,
-    ) -> Result<(), Write<TakeReply, GiveReply>> {
+    /// it. A leader lock's key is refused; anything else is asserted unchanged from now on.
+    async fn judge_leader_key(&mut self) -> Result<Verdict, ApiError> {
         let read = self.http.kv_get(&self.prefix).await;
-        match OtherKind::after_failed_check(read.map(|(entry, _)| entry), LEADER_FLAGS) {
-            Ok(Verdict::Assert(next)) => {
-                self.leader = next;
-                return Err(write);
-            }
-            Ok(Verdict::Refuse) => {}
-            Err(error) => {
-                let Write { gives, admits, .. } = write;
-                let takes = admits.into_iter().map(|a| (a.take, a.reply));
-                self.queue.put_back(takes, gives.into_iter());
-                self.trouble(error).await;
-                return Ok(());
-            }
+        let verdict = OtherKind::after_failed_check(read.map(|(entry, _)| entry), LEADER_FLAGS)?;
+        if let Verdict::Assert(next) = verdict {
+            self.leader = next;
         }
-        let Write { gives, admits, .. } = write;
-        let takes = admits.into_iter().map(|a| (a.take, a.reply));
-        for (take, reply) in takes.chain(self.queue.drain_takes()) {
-            self.answer_take(take, reply, Err(kind::leader_in_the_way(&self.prefix)));
-        }
-        self.queue.put_back(std::iter::empty(), gives.into_iter());
-        self.snapshot = None;
-        Ok(())
+        Ok(verdict)
     }
 
     /// Answers a take; if it was admitted and its caller has gone, gives the slot back in a
