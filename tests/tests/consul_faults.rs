@@ -196,28 +196,33 @@ async fn a_burst_of_500s_does_not_lose_the_lease() {
     lease.release().await.unwrap();
 }
 
+/// An agent with ACLs on (default deny), a token with these `rules`, and a client that uses it.
+async fn with_token(rules: &str) -> (Agent, String, Consul) {
+    let agent = Agent::start_with(AgentOptions {
+        acl_master_token: Some("root-token-for-tests".into()),
+        ..AgentOptions::default()
+    })
+    .await;
+    let token = agent.create_token(rules).await;
+    let backend = Consul::builder()
+        .address(agent.url())
+        .token(&token)
+        .build()
+        .unwrap();
+    (agent, token, backend)
+}
+
 /// A token that may not read where the other kind of lock would be (`<key>/.lock` for a leader,
 /// the prefix's own key for a semaphore) cannot have Consul check that key, and still acquires,
 /// unchecked, as before the check existed.
 #[tokio::test]
 async fn a_token_that_may_not_read_the_other_kinds_key_still_acquires() {
     init_tracing();
-    let agent = Agent::start_with(AgentOptions {
-        acl_master_token: Some("root-token-for-tests".into()),
-        ..AgentOptions::default()
-    })
+    let (agent, _, backend) = with_token(
+        r#"session_prefix "" { policy = "write" } key "exact/leader" { policy = "write" }
+           key_prefix "jobs/" { policy = "write" }"#,
+    )
     .await;
-    let token = agent
-        .create_token(
-            r#"session_prefix "" { policy = "write" } key "exact/leader" { policy = "write" }
-               key_prefix "jobs/" { policy = "write" }"#,
-        )
-        .await;
-    let backend = Consul::builder()
-        .address(agent.url())
-        .token(&token)
-        .build()
-        .unwrap();
     for _ in 0..2 {
         let lease = backend.acquire(&spec("exact/leader")).await.unwrap();
         lease.release().await.unwrap();
@@ -233,21 +238,10 @@ async fn a_token_that_may_not_read_the_other_kinds_key_still_acquires() {
 #[tokio::test]
 async fn a_token_without_write_on_the_key_gets_a_permission_error_naming_it() {
     init_tracing();
-    let agent = Agent::start_with(AgentOptions {
-        acl_master_token: Some("root-token-for-tests".into()),
-        ..AgentOptions::default()
-    })
+    let (agent, token, backend) = with_token(
+        r#"session_prefix "" { policy = "write" } key_prefix "open/" { policy = "write" }"#,
+    )
     .await;
-    let token = agent
-        .create_token(
-            r#"session_prefix "" { policy = "write" } key_prefix "open/" { policy = "write" }"#,
-        )
-        .await;
-    let backend = Consul::builder()
-        .address(agent.url())
-        .token(&token)
-        .build()
-        .unwrap();
 
     let lease = backend.acquire(&spec("open/leader")).await.unwrap();
     lease.release().await.unwrap();
