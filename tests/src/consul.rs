@@ -457,7 +457,12 @@ impl Api {
 }
 
 /// A child for `consul lock` that reports when it is signalled (and when it started).
-pub const SIGNAL_CHILD: &str = r#"python3 -u -c 'import signal,sys,time
+///
+/// It `exec`s, so the signal reaches Python whatever shell runs it: `consul lock` runs its command
+/// with `$SHELL -c` (`/bin/sh` when `SHELL` is unset, as under CI) and signals only that shell's
+/// pid, and dash, unlike bash, forks for a lone command; without the `exec` the shell dies and
+/// Python is never signalled.
+pub const SIGNAL_CHILD: &str = r#"exec python3 -u -c 'import signal,sys,time
 def h(*_):
     print("signal", time.time_ns(), flush=True); sys.exit(0)
 signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGINT, h)
@@ -469,8 +474,8 @@ while True: time.sleep(1)'"#;
 pub const GUARD_BOUND: Duration = Duration::from_secs(30);
 
 /// Loss → signal of `consul lock` (the reference the benchmarks compare with): see
-/// [`loss_to_signal`]. A trial whose child `consul lock` never signals is left out and said, not
-/// a failure: it is the reference's behaviour, not ours.
+/// [`loss_to_signal`]. A trial whose child `consul lock` never signals ends the series and is
+/// said, not a failure: it is the reference's behaviour, not ours.
 pub async fn consul_lock_loss_to_signal(agent: &Agent, trials: usize) -> Vec<f64> {
     let samples = loss_to_signal(agent, trials, "cl", |prefix| {
         let mut command = agent.command();
@@ -478,14 +483,14 @@ pub async fn consul_lock_loss_to_signal(agent: &Agent, trials: usize) -> Vec<f64
         command
     })
     .await;
-    let (signalled, missed): (Vec<_>, Vec<_>) = samples.into_iter().partition(Option::is_some);
-    if !missed.is_empty() {
+    if samples.last().is_some_and(Option::is_none) {
         eprintln!(
-            "consul lock did not signal its child within {GUARD_BOUND:?} of the loss in {} of {trials} trials",
-            missed.len()
+            "consul lock did not signal its child within {GUARD_BOUND:?} of the loss in trial {} \
+             of {trials}; its remaining trials were not run",
+            samples.len()
         );
     }
-    signalled.into_iter().flatten().collect()
+    samples.into_iter().flatten().collect()
 }
 
 /// Loss → signal of a process guard of ours (see [`loss_to_signal`]); panics if a child is not
@@ -497,12 +502,11 @@ pub async fn guard_loss_to_signal(
     guard: impl FnMut(&str) -> Command,
 ) -> Vec<f64> {
     let samples = loss_to_signal(agent, trials, tag, guard).await;
-    let missed: Vec<usize> = (samples.iter().enumerate())
-        .filter_map(|(trial, s)| s.is_none().then_some(trial))
-        .collect();
     assert!(
-        missed.is_empty(),
-        "the guard did not signal its child within {GUARD_BOUND:?} of the loss in trials {missed:?}"
+        samples.last().is_none_or(Option::is_some),
+        "the guard did not signal its child within {GUARD_BOUND:?} of the loss in trial {} of \
+         {trials}",
+        samples.len()
     );
     samples.into_iter().flatten().collect()
 }
@@ -510,8 +514,9 @@ pub async fn guard_loss_to_signal(
 /// Loss → signal of a process guard: `trials` times, `guard(prefix)` (a `consul lock`-style
 /// command running [`SIGNAL_CHILD`] while it holds `prefix/.lock`) is started, an operator
 /// destroys the session holding the key once the child is ready, and the time from the destroy
-/// to the child's signal is one sample (ms), `None` if the child was not signalled within
-/// [`GUARD_BOUND`]. `tag` keeps the prefixes of two guards apart. Panics if a guard does not start
+/// to the child's signal is one sample (ms). A child not signalled within [`GUARD_BOUND`] gives
+/// `None` and ends the series, so a guard that never signals costs one bound, not one per trial.
+/// `tag` keeps the prefixes of two guards apart. Panics if a guard does not start
 /// its child within [`GUARD_BOUND`].
 pub async fn loss_to_signal(
     agent: &Agent,
@@ -560,12 +565,11 @@ pub async fn loss_to_signal(
         })
         .await;
         let _ = child.kill().await;
-        samples.push(
-            signalled
-                .ok()
-                .flatten()
-                .map(|t1| t1.saturating_sub(t0) as f64 / 1e6),
-        );
+        let sample = (signalled.ok().flatten()).map(|t1| t1.saturating_sub(t0) as f64 / 1e6);
+        samples.push(sample);
+        if sample.is_none() {
+            break;
+        }
     }
     samples
 }
