@@ -70,19 +70,25 @@ side_checks() {
   cargo clippy --quiet -p lease-demo --all-targets -- -D warnings
   cargo test --quiet -p lease-demo --bins
 
-  # Each backend is a feature: a user who enables only one must get a clean build and clean docs.
-  step "lease-core and lease-tower feature by feature"
-  # Docs for each backend alone; lints also for the combinations with cfg-gated code of their own.
-  for features in "" "--no-default-features" "--no-default-features --features consul" \
-    "--no-default-features --features amqp" "--no-default-features --features etcd" \
-    "--no-default-features --features macros" "--no-default-features --features metrics"; do
+  # A user who enables one feature of lease-core, or one TLS choice of a backend crate, must get a
+  # clean build and clean docs.
+  step "lease-core, the backend crates and lease-tower feature by feature"
+  for features in "" "--no-default-features" "--no-default-features --features macros" \
+    "--no-default-features --features metrics" "--no-default-features --features memory,metrics"; do
     # shellcheck disable=SC2086
     cargo clippy --quiet -p lease-core $features -- -D warnings
     # shellcheck disable=SC2086
     RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
   done
-  for features in memory,metrics metrics,amqp metrics,etcd consul,native-tls; do
-    cargo clippy --quiet -p lease-core --no-default-features --features "$features" -- -D warnings
+  # Each backend crate with its default TLS (rustls), with none, and with the cfg-gated
+  # native-tls code of its own (lease-http's serves etcd's).
+  for args in "-p lease-http" "-p lease-http --no-default-features" \
+    "-p lease-http --no-default-features --features native-tls" \
+    "-p lease-consul" "-p lease-consul --no-default-features" \
+    "-p lease-consul --no-default-features --features native-tls" \
+    "-p lease-etcd --no-default-features" "-p lease-amqp --no-default-features"; do
+    # shellcheck disable=SC2086
+    cargo clippy --quiet $args -- -D warnings
   done
   cargo clippy --quiet -p lease-tower --no-default-features -- -D warnings
   RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-tower --no-deps --no-default-features
@@ -97,7 +103,8 @@ side_checks() {
     # Read into a variable: `grep -q` on a pipe could kill rustup with SIGPIPE under pipefail.
     toolchains=$(rustup toolchain list)
     if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal; then
-      CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower --all-features
+      CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower \
+        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp --all-features
     else
       echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)"
     fi

@@ -7,13 +7,13 @@
 //! amqp://guest:guest@127.0.0.1:5672/%2f) and `rabbitmqctl` (as root); ends with a `RESULT` line.
 //!
 //! ```text
-//! cargo bench -p lease-core --bench amqp_semaphore --features amqp
+//! cargo bench -p lease-amqp --bench amqp_semaphore
 //! ```
 //!
 //! The quick mode CI runs (20 acquires, 3 connection closes, 5 and 3 slot deletes; a few seconds):
 //!
 //! ```text
-//! LEASE_BENCH_QUICK=1 cargo test -p lease-core --all-features --bench amqp_semaphore
+//! LEASE_BENCH_QUICK=1 cargo test -p lease-amqp --bench amqp_semaphore
 //! ```
 //!
 //! In every mode the run fails if a lease is lost while it is held (before the broker or the
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use lapin::options::QueueDeleteOptions;
 use lapin::{Connection, ConnectionProperties};
-use lease_core::amqp::{Amqp, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, LossDetection};
+use lease_amqp::{Amqp, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, LossDetection};
 use lease_core::{Backend, LeaseSpec, LostReason, Wait};
 use lease_tests::stats::{percentile, scaled};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -18,13 +18,13 @@ use super::naming::SemaphoreNames;
 use super::pool::{Reservation, Use};
 use super::wire::{self, Failure};
 use super::{AdminLock, Amqp};
-use crate::Error;
-use crate::backoff::Backoff;
+use lease_core::Error;
+use lease_core::backoff::Backoff;
 
 /// Administration of the persistent semaphores on one broker. From [`Amqp::admin`].
 ///
 /// Removing a slot does not take it from its holder at once: the holder's lease is lost
-/// ([`LostReason::SlotRemoved`](crate::LostReason::SlotRemoved)), its work cancelled, and it
+/// ([`LostReason::SlotRemoved`](lease_core::LostReason::SlotRemoved)), its work cancelled, and it
 /// deletes its holder queue; [`wait_for_holder`](Admin::wait_for_holder) waits for that.
 #[derive(Clone)]
 pub struct Admin {

@@ -33,8 +33,8 @@ use super::naming::SemaphoreNames;
 use super::pool::{PooledConnection, Use};
 use super::wire::{self, Failure};
 use super::{Amqp, Claim, LossDetection, admin};
-use crate::backoff::{Backoff, jitter};
-use crate::{Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+use lease_core::backoff::{Backoff, jitter};
+use lease_core::{Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// The first and longest pause between scans of a full semaphore.
 const SCAN_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
@@ -44,6 +44,7 @@ pub(crate) async fn acquire(amqp: &Amqp, spec: &LeaseSpec) -> Result<Lease, Erro
     let (name, limit) = match spec.target() {
         Target::Leader { key } => (key.as_str(), 1),
         Target::Semaphore { prefix, limit } => (prefix.as_str(), *limit),
+        other => return Err(other.unsupported("Amqp")),
     };
     let names = SemaphoreNames::new(name, limit)?;
     let started = Instant::now();
@@ -533,7 +534,7 @@ pub(crate) async fn delete_queue(
     }
 }
 
-/// [`Backend::check_sequencer`](crate::Backend::check_sequencer) on AMQP; see there.
+/// [`Backend::check_sequencer`](lease_core::Backend::check_sequencer) on AMQP; see there.
 pub(crate) async fn check_sequencer(amqp: &Amqp, sequencer: &Sequencer) -> Result<(), Error> {
     let names = SemaphoreNames::new(sequencer.key(), u32::MAX)?;
     let slot =

@@ -9,7 +9,7 @@ use std::time::Duration;
 use lapin::uri::AMQPUri;
 
 use super::{Amqp, LossDetection};
-use crate::Error;
+use lease_core::Error;
 
 /// The environment variable [`Amqp::from_env`] reads the broker's URL from.
 pub const AMQP_URL_ENV: &str = "AMQP_URL";
@@ -103,7 +103,7 @@ impl fmt::Debug for AmqpConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease_core::amqp::Amqp;
+/// use lease_amqp::Amqp;
 ///
 /// let amqp = Amqp::builder("amqp://app:secret@rabbit.internal:5672/%2f")
 ///     .heartbeat(Duration::from_secs(5))
@@ -164,7 +164,7 @@ impl AmqpBuilder {
     /// [`DEFAULT_HEARTBEAT`] (10 s); the broker may negotiate it lower.
     ///
     /// A holder confirms its channel with the broker every quarter heartbeat and self-fences
-    /// (loses the lease with [`LostReason::SelfFenced`](crate::LostReason::SelfFenced)) when it
+    /// (loses the lease with [`LostReason::SelfFenced`](lease_core::LostReason::SelfFenced)) when it
     /// has had no answer for three quarters of one, before the broker could decide the
     /// connection is dead and hand the slot to someone else.
     pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
@@ -265,7 +265,7 @@ impl AmqpBuilder {
                 "AMQP connect and operation timeouts must be above zero".to_owned(),
             ));
         }
-        let port_given = crate::address::has_port(&self.url);
+        let port_given = lease_core::address::has_port(&self.url);
         Ok(Amqp::with_config(AmqpConfig {
             port_given,
             uri,

@@ -15,9 +15,9 @@ use super::naming::SemaphoreNames;
 use super::pool::Reservation;
 use super::wire::{self, Failure};
 use super::{Amqp, LossDetection};
-use crate::backend::{Fence, Hold};
-use crate::backoff::random_below;
-use crate::{BackendKind, Error, Lease, LostReason, Sequencer};
+use lease_core::backend::{Fence, Hold};
+use lease_core::backoff::random_below;
+use lease_core::{BackendKind, Error, Lease, LostReason, Sequencer};
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn into_lease(

@@ -95,9 +95,9 @@
 //! lost with it, those on the backend's other connections are not, and later acquires go on the
 //! other connections or a fresh one.
 //!
-//! [`LostReason::ConnectionClosed`]: crate::LostReason::ConnectionClosed
-//! [`LostReason::SlotRemoved`]: crate::LostReason::SlotRemoved
-//! [`LostReason::SelfFenced`]: crate::LostReason::SelfFenced
+//! [`LostReason::ConnectionClosed`]: lease_core::LostReason::ConnectionClosed
+//! [`LostReason::SlotRemoved`]: lease_core::LostReason::SlotRemoved
+//! [`LostReason::SelfFenced`]: lease_core::LostReason::SelfFenced
 
 mod admin;
 mod client;
@@ -123,16 +123,16 @@ pub use admin::Admin;
 /// publishes' included. With `tracing-subscriber`:
 ///
 /// ```ignore
-/// let filter = EnvFilter::new(format!("info,{}", lease_core::amqp::QUIET_PROBE_RETURNS));
+/// let filter = EnvFilter::new(format!("info,{}", lease_amqp::QUIET_PROBE_RETURNS));
 /// ```
 pub const QUIET_PROBE_RETURNS: &str = "lapin::returned_messages=off";
 pub use config::{
     AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
 };
 
-use crate::backend::{Keepers, Reachability};
-use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use config::AmqpConfig;
+use lease_core::backend::{Keepers, Reachability};
+use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use naming::SemaphoreNames;
 use pool::{ConnectionPool, PooledConnection, Reservation, Use};
 use wire::Failure;
@@ -161,7 +161,7 @@ pub enum LossDetection {
 /// ```no_run
 /// # async fn example() -> Result<(), lease_core::Error> {
 /// use lease_core::{Backend, LeaseSpec};
-/// use lease_core::amqp::Amqp;
+/// use lease_amqp::Amqp;
 ///
 /// let amqp = Amqp::from_env()?;
 /// let lease = amqp.acquire(&LeaseSpec::semaphore("reports", 3)).await?;
@@ -414,7 +414,11 @@ impl Drop for Claim {
 
 impl Backend for Amqp {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        crate::lease::acquire(BackendKind::Amqp, spec, client::acquire(self, spec))
+        lease_core::backend::instrument_acquire(
+            BackendKind::Amqp,
+            spec,
+            client::acquire(self, spec),
+        )
     }
 
     /// Verifies a sequencer this handle issued: its lease still holds the slot, and the slot

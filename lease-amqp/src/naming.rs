@@ -5,8 +5,8 @@
 //! amqp-locks': see `client`) and the administration mutex `N-admin`. The mutex ends in none of
 //! `-A`, `-B` or `-C`, so it can never collide with a slot's queue of `N`.
 
-use crate::Error;
-use crate::spec::validate_key;
+use lease_core::Error;
+use lease_core::validate_key;
 
 /// RabbitMQ's limit on a queue name, in bytes.
 pub(crate) const MAX_QUEUE_NAME: usize = 255;

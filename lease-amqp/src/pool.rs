@@ -41,8 +41,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Amqp;
-use crate::Error;
-use crate::backend::{Reachability, ReachabilityTracker};
+use lease_core::Error;
+use lease_core::backend::{Reachability, ReachabilityTracker};
 
 /// Channels of every connection that leases never take; see the module docs.
 pub(crate) const HEADROOM: u32 = 8;
@@ -326,7 +326,7 @@ mod tests {
     use lease_tests::amqp::{require_broker, url_with_channel_max};
 
     use super::*;
-    use crate::amqp::wire::{self, Failure};
+    use crate::wire::{self, Failure};
 
     const T: Duration = Duration::from_secs(10);
 

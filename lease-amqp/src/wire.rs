@@ -20,9 +20,9 @@ use lapin::{BasicProperties, Channel, ErrorKind};
 use super::config::AmqpConfig;
 use super::naming::MAX_QUEUE_NAME;
 use super::pool::PooledConnection;
-use crate::backoff::Backoff;
-use crate::metrics::RequestError;
-use crate::{BackendKind, Error, LostReason};
+use lease_core::backoff::Backoff;
+use lease_core::metrics::RequestError;
+use lease_core::{BackendKind, Error, LostReason};
 
 pub(crate) const BACKEND: &str = "RabbitMQ";
 
@@ -144,7 +144,7 @@ pub(crate) async fn bounded<T>(
     queue: &str,
     operation: impl Future<Output = Result<T, lapin::Error>>,
 ) -> Result<T, Failure> {
-    crate::metrics::backend_request(BackendKind::Amqp, false);
+    lease_core::metrics::backend_request(BackendKind::Amqp, false);
     let result = match tokio::time::timeout(timeout, operation).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(classify(error, queue)),
@@ -157,7 +157,7 @@ pub(crate) async fn bounded<T>(
             Failure::NotFound | Failure::ResourceLocked => RequestError::Status,
             Failure::Other(_) => RequestError::Other,
         };
-        crate::metrics::backend_error(BackendKind::Amqp, kind);
+        lease_core::metrics::backend_error(BackendKind::Amqp, kind);
     }
     result
 }
@@ -165,7 +165,7 @@ pub(crate) async fn bounded<T>(
 /// Counts a broker operation that changes the broker's state (a declaration, a deletion); it is
 /// counted as a request by [`bounded`].
 fn count_write() {
-    crate::metrics::backend_request_is_write(BackendKind::Amqp);
+    lease_core::metrics::backend_request_is_write(BackendKind::Amqp);
 }
 
 /// The arguments every queue of a semaphore is declared with. All clients must agree on them

@@ -1,7 +1,7 @@
 //! `lease amqp …`: administration of RabbitMQ persistent semaphores, through the library's
-//! [`Admin`](lease_core::amqp::Admin).
+//! [`Admin`](lease_amqp::Admin).
 
-use lease_core::amqp::{AMQP_URL_ENV, Amqp};
+use lease_amqp::{AMQP_URL_ENV, Amqp};
 
 use crate::cli::{AmqpCommand, AmqpUrl};
 use crate::exit::Failure;

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::amqp::{Amqp, DEFAULT_HEARTBEAT};
-use lease_core::consul::{Consul, ConsulBuilder};
-use lease_core::etcd::{Etcd, EtcdBuilder};
+use lease_amqp::{Amqp, DEFAULT_HEARTBEAT};
+use lease_consul::{Consul, ConsulBuilder};
 use lease_core::{Backend, LeaseSpec};
+use lease_etcd::{Etcd, EtcdBuilder};
 
 use crate::cli::BackendArgs;
 use crate::exit::{Failure, in_cli_terms};

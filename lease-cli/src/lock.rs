@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use lease_core::consul::Consul;
+use lease_consul::Consul;
 use lease_core::{Backend, Error, LeaseSpec, Target, Wait};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};

@@ -1,6 +1,6 @@
 //! `lease status` (who holds a lock or semaphore) and `lease check` (is a sequencer current).
 
-use lease_core::amqp::Amqp;
+use lease_amqp::Amqp;
 use lease_core::{Backend, BackendKind, Error, Sequencer};
 use serde_json::{Value, json};
 
@@ -52,7 +52,7 @@ async fn leader(backend: &dyn Backend, key: &str) -> Result<Value, Error> {
 }
 
 async fn consul_semaphore(
-    consul: &lease_core::consul::Consul,
+    consul: &lease_consul::Consul,
     prefix: &str,
     limit: u32,
 ) -> Result<Value, Error> {

@@ -86,7 +86,7 @@
 //!
 //! [`Operator`] is also how the demo (`cargo run -p lease-demo`) kills its leader, on every
 //! backend: it is implemented here for `lease_core::memory::Memory` (feature `memory`, on by
-//! default), `lease_core::consul::Consul` (feature `consul`) and `lease_core::amqp::Amqp`
+//! default), `lease_consul::Consul` (feature `consul`) and `lease_amqp::Amqp`
 //! (feature `amqp`).
 //!
 //! [`Backend`]: lease_core::Backend

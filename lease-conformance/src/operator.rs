@@ -188,11 +188,9 @@ fn found_or(found: bool, what: &'static str, name: &str) -> Result<(), OperatorE
 /// What the Consul client offers an operator: `PUT /v1/session/destroy/<id>`. Deleting and
 /// releasing keys take raw KV access, which the client does not expose.
 #[cfg(feature = "consul")]
-impl Operator for lease_core::consul::Consul {
+impl Operator for lease_consul::Consul {
     fn destroy_session<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
-        Box::pin(
-            async move { Ok(lease_core::consul::Consul::destroy_session(self, holder).await?) },
-        )
+        Box::pin(async move { Ok(lease_consul::Consul::destroy_session(self, holder).await?) })
     }
 
     // Other clients' sessions may share the agent, so a count would not be ours alone: the
@@ -203,10 +201,10 @@ impl Operator for lease_core::consul::Consul {
 /// etcd's sessions are, and deleting a key with the keys under it (`etcdctl del`). etcd has no
 /// release of a key apart from its lease.
 #[cfg(feature = "etcd")]
-impl Operator for lease_core::etcd::Etcd {
+impl Operator for lease_etcd::Etcd {
     fn destroy_session<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
         Box::pin(async move {
-            if lease_core::etcd::Etcd::revoke_lease(self, holder).await? {
+            if lease_etcd::Etcd::revoke_lease(self, holder).await? {
                 Ok(())
             } else {
                 Err(OperatorError::NotFound {
@@ -219,7 +217,7 @@ impl Operator for lease_core::etcd::Etcd {
 
     fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
         Box::pin(async move {
-            match lease_core::etcd::Etcd::delete_key(self, key).await? {
+            match lease_etcd::Etcd::delete_key(self, key).await? {
                 0 => Err(OperatorError::NotFound {
                     what: "key",
                     name: key.to_owned(),
@@ -233,7 +231,7 @@ impl Operator for lease_core::etcd::Etcd {
 /// RabbitMQ's operator removes slots: a holder loses its lease with
 /// [`LostReason::SlotRemoved`](lease_core::LostReason::SlotRemoved).
 #[cfg(feature = "amqp")]
-impl Operator for lease_core::amqp::Amqp {
+impl Operator for lease_amqp::Amqp {
     /// Removes the lease's slot and creates it again, so the holder loses it and another
     /// contender can take the new one. Slots are removed highest first, so only the semaphore's
     /// highest slot (every leader's only one) can be revoked alone.

@@ -1,8 +1,8 @@
 //! Consul leader lease vs `consul lock`, side by side on one dev agent.
 //!
-//! `cargo bench -p lease-core --bench consul_leader --features consul`; the quick mode CI runs
-//! (5 losses, one round of 4 contenders): `LEASE_BENCH_QUICK=1 cargo test -p lease-core
-//! --all-features --bench consul_leader`. In every mode the run fails if a loss is noticed later
+//! `cargo bench -p lease-consul --bench consul_leader`; the quick mode CI runs
+//! (5 losses, one round of 4 contenders): `LEASE_BENCH_QUICK=1 cargo test -p lease-consul
+//! --bench consul_leader`. In every mode the run fails if a loss is noticed later
 //! than the lease's fence interval or two of our holders overlap.
 //!
 //! - loss → cancel: an operator destroys the holder's session; we time until the guarded future is
@@ -20,7 +20,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::consul::Consul;
+use lease_consul::Consul;
 use lease_core::{Backend, LeaseSpec};
 use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
 use lease_tests::overlap::now_ns;

@@ -1,9 +1,9 @@
 //! Consul at scale: N leases held by one process on a bounded connection budget.
 //!
-//! `cargo bench -p lease-core --features consul --bench consul_scale` (`SCALE_NS=100,1000` to
+//! `cargo bench -p lease-consul --bench consul_scale` (`SCALE_NS=100,1000` to
 //! choose the sizes; default 100, 1,000 and 10,000; `SCALE_HOLD_S=300` to hold them five minutes
 //! before counting them, instead of [`HOLD`]). The quick mode CI runs, N = 100 held 2 s with 11
-//! losses: `LEASE_BENCH_QUICK=1 cargo test -p lease-core --all-features --bench consul_scale`.
+//! losses: `LEASE_BENCH_QUICK=1 cargo test -p lease-consul --bench consul_scale`.
 //! In every mode the run fails if a lease is not acquired or is lost while held, or if a
 //! destroyed session's loss is not noticed within the lease's fence interval.
 //!
@@ -30,7 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::consul::{Consul, KeepAlive};
+use lease_consul::{Consul, KeepAlive};
 use lease_core::{Backend, Lease, LeaseSpec, Wait};
 use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
 use lease_tests::proxy::Proxy;

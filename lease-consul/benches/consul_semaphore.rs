@@ -1,8 +1,8 @@
 //! Consul semaphore vs `consul lock -n`, side by side on one dev agent.
 //!
-//! `cargo bench -p lease-core --bench consul_semaphore --features consul`; the quick mode CI runs
-//! (one round of 8 jobs each way, a few seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-core
-//! --all-features --bench consul_semaphore`. In every mode the run fails if more than the limit
+//! `cargo bench -p lease-consul --bench consul_semaphore`; the quick mode CI runs
+//! (one round of 8 jobs each way, a few seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-consul
+//! --bench consul_semaphore`. In every mode the run fails if more than the limit
 //! of our holders overlap, if one of our leases is lost while held, if an acquisition does not
 //! complete (within [`STALL`]), or if a `consul lock -n` process fails.
 //!
@@ -15,8 +15,8 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lease_consul::Consul;
 use lease_core::LeaseSpec;
-use lease_core::consul::Consul;
 use lease_tests::consul::Agent;
 use lease_tests::overlap::semaphore_jobs;
 use lease_tests::stats::{percentile, scaled};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::Error;
+use lease_core::Error;
 
 use super::Consul;
 use super::http::{self, ConsulHttp};
@@ -88,7 +88,7 @@ enum TokenSource {
 /// # Examples
 ///
 /// ```
-/// use lease_core::consul::Consul;
+/// use lease_consul::Consul;
 ///
 /// let consul = Consul::builder()
 ///     .address("https://consul.internal:8501")
@@ -148,7 +148,7 @@ fn env_false(value: &str) -> bool {
 /// A client for a token without `service:write`, with a larger connection budget:
 ///
 /// ```
-/// use lease_core::consul::{Consul, KeepAlive};
+/// use lease_consul::{Consul, KeepAlive};
 ///
 /// let consul = Consul::builder()
 ///     .max_connections(16)
@@ -448,15 +448,13 @@ impl ConsulBuilder {
             }
             None => {
                 let config = self.client_config(&base, max_connections)?;
-                if (https || config.wants_tls()) && !crate::transport::TLS {
-                    return Err(crate::transport::tls_missing(
-                        "the Consul agent's https address",
-                    ));
+                if (https || config.wants_tls()) && !lease_http::TLS {
+                    return Err(lease_http::tls_missing("the Consul agent's https address"));
                 }
                 http::HttpClient::build(config).map_err(|e| {
                     Error::Config(format!(
                         "cannot build the HTTP client for Consul: {}",
-                        crate::transport::DisplayChain(&*e)
+                        lease_http::DisplayChain(&*e)
                     ))
                 })?
             }
@@ -482,7 +480,7 @@ impl ConsulBuilder {
         &self,
         base: &reqwest::Url,
         max_connections: usize,
-    ) -> Result<crate::transport::ClientConfig, Error> {
+    ) -> Result<lease_http::ClientConfig, Error> {
         let read = |path: &std::path::Path, what: &str| {
             std::fs::read(path).map_err(|e| {
                 Error::Config(format!("cannot read the {what} {}: {e}", path.display()))
@@ -515,10 +513,11 @@ impl ConsulBuilder {
             }
         };
         let connect_to = self.tls_server_name.as_ref().map(|_| {
-            let host = crate::address::bare_host(base.host_str().unwrap_or_default()).to_owned();
+            let host =
+                lease_core::address::bare_host(base.host_str().unwrap_or_default()).to_owned();
             (host, base.port_or_known_default().unwrap_or(443))
         });
-        Ok(crate::transport::ClientConfig {
+        Ok(lease_http::ClientConfig {
             https: base.scheme() == "https",
             ca_pem,
             identity_pem,
@@ -572,7 +571,7 @@ fn base_url(
              {token}"
         )));
     }
-    Ok((url, crate::address::has_port(address)))
+    Ok((url, lease_core::address::has_port(address)))
 }
 
 #[cfg(test)]
@@ -693,7 +692,7 @@ mod tests {
     /// The hints of a failed connection name `CONSUL_HTTP_ADDR` only for an address read from it.
     #[tokio::test]
     async fn unreachable_hints_name_where_the_address_came_from() {
-        use crate::consul::http::ApiError;
+        use crate::http::ApiError;
         // Nothing listens on port 1: refused at once, no server needed.
         let refused = reqwest::get("http://127.0.0.1:1/").await.unwrap_err();
         let error = ApiError::Transport(std::sync::Arc::new(refused));

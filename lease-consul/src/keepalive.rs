@@ -30,8 +30,8 @@ use tokio::time::Instant;
 use super::config::KeepAlive;
 use super::http::ConsulHttp;
 use super::session::SessionEnd;
-use crate::Error;
-use crate::backend::Fence;
+use lease_core::Error;
+use lease_core::backend::Fence;
 
 /// The service name under which heartbeat checks are registered.
 const SERVICE_NAME: &str = "lease";
@@ -140,8 +140,8 @@ impl Heartbeat {
     ) -> Result<Heartbeat, Error> {
         let check = format!(
             "{SERVICE_NAME}-{:016x}{:016x}-{}s",
-            crate::backoff::random_below(u64::MAX),
-            crate::backoff::random_below(u64::MAX),
+            lease_core::backoff::random_below(u64::MAX),
+            lease_core::backoff::random_below(u64::MAX),
             ttl.as_secs()
         );
         let sent = Instant::now();

@@ -30,7 +30,7 @@ use reqwest::StatusCode;
 
 use super::http::{ApiError, KvEntry, TxnOp};
 #[cfg(doc)]
-use crate::Error;
+use lease_core::Error;
 
 /// What an acquisition's transaction asserts about the key where the other kind of lock would be
 /// recorded.
@@ -87,8 +87,8 @@ impl OtherKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consul::leader::LEADER_FLAGS;
-    use crate::semaphore::SEMAPHORE_FLAGS;
+    use crate::leader::LEADER_FLAGS;
+    use lease_core::semaphore::SEMAPHORE_FLAGS;
 
     fn entry(flags: u64, modify_index: u64) -> KvEntry {
         KvEntry {

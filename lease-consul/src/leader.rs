@@ -23,8 +23,8 @@ use super::kind::{OtherKind, Verdict};
 use super::retry::retry_transient;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watches};
-use crate::semaphore::{SEMAPHORE_FLAGS, lock_key};
-use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
+use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
 pub(crate) const LEADER_FLAGS: u64 = Error::LEADER_FLAGS;

@@ -55,10 +55,10 @@ use std::time::Duration;
 
 pub use config::{ConsulBuilder, KeepAlive};
 
-use crate::backend::Reachability;
-use crate::leader::LeaderObserver;
-use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
 use http::ConsulHttp;
+use lease_core::backend::Reachability;
+use lease_core::leader::LeaderObserver;
+use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
 
 /// Leases on Consul. Cloning is cheap and clones share one connection pool.
 ///
@@ -67,7 +67,7 @@ use http::ConsulHttp;
 /// ```no_run
 /// # async fn example() -> Result<(), lease_core::Error> {
 /// use lease_core::{Backend, LeaseSpec};
-/// use lease_core::consul::Consul;
+/// use lease_consul::Consul;
 ///
 /// let consul = Consul::from_env()?; // CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, ...
 /// let lease = consul.acquire(&LeaseSpec::leader("service/api/leader").value("10.0.0.7:8080")).await?;
@@ -167,7 +167,7 @@ impl Consul {
     /// A contender waiting for the key is not delayed by the deletion: the key was released
     /// first, and a release is not a loss.
     pub async fn remove_unheld_key(&self, key: &str) -> Result<bool, Error> {
-        crate::spec::validate_key(key)?;
+        lease_core::validate_key(key)?;
         leader::remove_unheld(&self.http, key).await
     }
 
@@ -175,14 +175,14 @@ impl Consul {
     /// as `lease status -n`: its stored limit and its live holders. A semaphore nobody has used
     /// has no limit and no holders.
     pub async fn semaphore_state(&self, prefix: &str) -> Result<SemaphoreState, Error> {
-        crate::spec::validate_key(prefix)?;
+        lease_core::validate_key(prefix)?;
         semaphore::state(&self.http, prefix).await
     }
 
     /// Removes the semaphore at `prefix` (its `.lock` key) if no live holder remains; refuses
     /// with [`Error::SemaphoreInUse`] while holders remain.
     pub async fn destroy_semaphore(&self, prefix: &str) -> Result<(), Error> {
-        crate::spec::validate_key(prefix)?;
+        lease_core::validate_key(prefix)?;
         semaphore::destroy(&self.http, prefix).await
     }
 }
@@ -211,7 +211,7 @@ pub struct SemaphoreHolder {
 
 impl Backend for Consul {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        crate::lease::acquire(BackendKind::Consul, spec, async move {
+        lease_core::backend::instrument_acquire(BackendKind::Consul, spec, async move {
             spec.validate()?;
             let backend: Arc<dyn Backend> = Arc::new(self.clone());
             match spec.target() {
@@ -219,6 +219,7 @@ impl Backend for Consul {
                 Target::Semaphore { .. } => {
                     semaphore::acquire(&self.http, &self.semaphores, spec, backend).await
                 }
+                other => Err(other.unsupported("Consul")),
             }
         })
     }

@@ -15,13 +15,13 @@ use tokio::sync::watch;
 
 use super::http::{ConsulHttp, KvEntry};
 use super::watch::{Interest, Watched, Watches};
-use crate::leader::{Leader, LeaderObserver};
-use crate::{BackendKind, Error, Sequencer};
+use lease_core::leader::{Leader, LeaderObserver};
+use lease_core::{BackendKind, Error, Sequencer};
 
 /// Starts observing `key`; the first read happens before this returns, so errors (a bad token, an
 /// unreachable agent) are reported here rather than swallowed by the task.
 pub(crate) async fn observe(http: &Arc<ConsulHttp>, key: &str) -> Result<LeaderObserver, Error> {
-    crate::spec::validate_key(key)?;
+    lease_core::validate_key(key)?;
     let watched = Watches::watch(http, Interest::Key(key.to_owned()), true, None);
     let (entry, index) = http
         .kv_get(key)

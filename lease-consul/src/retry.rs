@@ -1,11 +1,11 @@
 //! Retrying brief trouble in Consul calls: the crate's one retry loop
-//! ([`crate::transport::retry_transient`]), taught what a Consul error is.
+//! ([`lease_http::retry_transient`]), taught what a Consul error is.
 
-pub(crate) use crate::transport::{backoff, retry_transient, within};
+pub(crate) use lease_http::{backoff, retry_transient, within};
 
 use super::http::ApiError;
 
-impl crate::transport::Retryable for ApiError {
+impl lease_http::Retryable for ApiError {
     fn is_transient(&self) -> bool {
         ApiError::is_transient(self)
     }

@@ -21,8 +21,8 @@ use super::keepalive::Heartbeat;
 use super::leader::LEADER_FLAGS;
 use super::retry::{retry_transient, within};
 use super::watch::{Interest, Listing, Watches};
-use crate::backend::{Fence, Hold, RELEASE_BOUND};
-use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
+use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// How a session's life ended, as seen by its renew loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -300,7 +300,7 @@ async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
     Ok(())
 }
 
-pub(crate) use crate::transport::retry_pause;
+pub(crate) use lease_http::retry_pause;
 
 /// Renews `id` every TTL/2, confirming `fence` with each renewal's send time, until Consul says
 /// the session is gone or the fence's deadline passes (then it returns `Fenced`, at that

@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::http::{ApiError, Blocking, ConsulHttp, KvEntry, WatchSlot};
 use super::retry::backoff;
-use crate::backend::Fence;
+use lease_core::backend::Fence;
 
 /// How long one blocking query waits before Consul answers unchanged.
 ///
@@ -1042,7 +1042,7 @@ mod tests {
         for (key, value) in [("m/a/1", "x"), ("n/y", "y"), ("p/q/r", "z")] {
             agent.put_key(key, value.as_bytes(), 0).await;
         }
-        let consul = crate::consul::Consul::builder()
+        let consul = crate::Consul::builder()
             .address(agent.url())
             .max_connections(super::super::http::MIN_CONNECTIONS)
             .build()

@@ -1,10 +1,10 @@
-//! What the backends' address parsing shares: whether an address names its port, and a host
-//! without the brackets of an IPv6 literal.
+//! What backends' address parsing shares: whether an address names its port, and a host without
+//! the brackets of an IPv6 literal.
 
 /// Whether `address` (`host:port`, `[v6]:port`, or a URL `scheme://user:password@host:port/path`)
 /// gives a port. URL parsers fill in the scheme's default port and then forget it was not
 /// given, so a message about an address without one would not say which port was assumed.
-pub(crate) fn has_port(address: &str) -> bool {
+pub fn has_port(address: &str) -> bool {
     let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
@@ -17,8 +17,7 @@ pub(crate) fn has_port(address: &str) -> bool {
 
 /// A URL's host as a name to connect to or to check a certificate against: an IPv6 literal
 /// without the brackets a URL writes it in.
-#[cfg(feature = "consul")]
-pub(crate) fn bare_host(host: &str) -> &str {
+pub fn bare_host(host: &str) -> &str {
     (host.strip_prefix('[').and_then(|h| h.strip_suffix(']'))).unwrap_or(host)
 }
 
@@ -51,7 +50,6 @@ mod tests {
         }
     }
 
-    #[cfg(feature = "consul")]
     #[test]
     fn an_ipv6_host_loses_its_brackets_and_others_stay() {
         use super::bare_host;

@@ -3,21 +3,25 @@
 //!
 //! A backend author writes two things:
 //!
-//! - an implementation of [`Backend`]: `acquire` does the backend's protocol and ends with
-//!   [`Keepers::start`]; `check_sequencer` verifies any sequencer the backend issues;
-//!   `shutdown` calls [`Keepers::shutdown`];
+//! - an implementation of [`Backend`]: `acquire` wraps the backend's protocol in
+//!   [`instrument_acquire`] (its span and metrics) and ends with [`Keepers::start`];
+//!   `check_sequencer` verifies any sequencer the backend issues; `reachability` reads a
+//!   [`ReachabilityTracker`] fed where the backend sends its requests; `shutdown` calls
+//!   [`Keepers::shutdown`];
 //! - a [`Hold`] for one held lease: watch it until it is lost, release it, clean up after a
 //!   loss, and (optionally) give it back without a runtime when the process ends.
 //!
 //! The holder task that drives a [`Hold`] is the crate's, so every backend orders loss before
 //! clean-up, turns `is_held()` false before releasing, bounds releases by [`RELEASE_BOUND`], and
-//! self-fences on its [`Fence`] the same way. The in-tree backends use only this module.
+//! self-fences on its [`Fence`] the same way. The backend crates of this repository (lease-consul,
+//! lease-etcd, lease-amqp) are built on this module and the other public parts of lease-core,
+//! and nothing else.
 
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-pub use crate::lease::{Fence, Hold, Keepers, RELEASE_BOUND};
+pub use crate::lease::{Fence, Hold, Keepers, RELEASE_BOUND, instrument_acquire};
 
 use crate::leader::LeaderObserver;
 use crate::{BoxFuture, Error, Lease, LeaseSpec, Sequencer};
@@ -211,19 +215,16 @@ impl Reachability {
 /// hung request, and readiness lagged the self-fence by as much.)
 ///
 /// [`Backend::reachability`]: crate::Backend::reachability
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
 #[derive(Debug, Default)]
-pub(crate) struct ReachabilityTracker(std::sync::Mutex<Tracked>);
+pub struct ReachabilityTracker(std::sync::Mutex<Tracked>);
 
 /// How long a request that answers at once may go unanswered before the server counts as
 /// hanging: far above a healthy answer (milliseconds; tens of them for a large listing), far
 /// below any request timeout.
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
-pub(crate) const HANG_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+pub const HANG_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
 #[derive(Debug)]
-pub(crate) struct Tracked {
+struct Tracked {
     /// What the answers and failures said.
     seen: Reachability,
     /// When the last answer came.
@@ -232,7 +233,6 @@ pub(crate) struct Tracked {
     in_flight: std::collections::BTreeMap<tokio::time::Instant, usize>,
 }
 
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
 impl Default for Tracked {
     fn default() -> Self {
         Tracked {
@@ -247,14 +247,12 @@ impl Default for Tracked {
 /// that one dropped unanswered after hanging (its caller gave up on it: a timeout, or a lease
 /// that ended meanwhile) leaves the outage it showed on record, dated from its send time, until
 /// something answers. (RabbitMQ tracks its connections, not its requests.)
-#[cfg(any(feature = "consul", feature = "etcd"))]
 #[derive(Debug)]
-pub(crate) struct InFlight<'a> {
+pub struct InFlight<'a> {
     tracker: &'a ReachabilityTracker,
     sent: tokio::time::Instant,
 }
 
-#[cfg(any(feature = "consul", feature = "etcd"))]
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let mut tracked = self.tracker.lock();
@@ -276,7 +274,6 @@ impl Drop for InFlight<'_> {
     }
 }
 
-#[cfg(any(feature = "consul", feature = "etcd", feature = "amqp"))]
 impl ReachabilityTracker {
     fn lock(&self) -> std::sync::MutexGuard<'_, Tracked> {
         self.0
@@ -286,8 +283,7 @@ impl ReachabilityTracker {
 
     /// A request that should answer at once is being sent: until the returned guard is
     /// dropped, it counts towards a hang.
-    #[cfg(any(feature = "consul", feature = "etcd"))]
-    pub(crate) fn sending(&self) -> InFlight<'_> {
+    pub fn sending(&self) -> InFlight<'_> {
         let sent = tokio::time::Instant::now();
         *self.lock().in_flight.entry(sent).or_default() += 1;
         InFlight {
@@ -297,7 +293,7 @@ impl ReachabilityTracker {
     }
 
     /// A request was `answered` (any answer), or went unanswered.
-    pub(crate) fn answered(&self, answered: bool) {
+    pub fn answered(&self, answered: bool) {
         let mut tracked = self.lock();
         let now = tokio::time::Instant::now();
         if answered {
@@ -311,7 +307,8 @@ impl ReachabilityTracker {
         };
     }
 
-    pub(crate) fn get(&self) -> Reachability {
+    /// What the tracked requests say now: what [`Backend::reachability`] reports.
+    pub fn get(&self) -> Reachability {
         let tracked = self.lock();
         let hung_since = tracked
             .in_flight
@@ -330,7 +327,7 @@ impl ReachabilityTracker {
     }
 }
 
-#[cfg(all(test, any(feature = "consul", feature = "etcd")))]
+#[cfg(test)]
 mod tests {
     use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The one backoff of the crate, and its jitter.
+//! The one backoff of lease-core and its backends, and its jitter.
 //!
 //! A pause that doubles from `first` up to `max`, each one drawn from `[pause / 2, pause]` so
 //! that clients that failed together do not retry together (a retry storm against an agent that
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// A growing, jittered pause between attempts.
 #[derive(Clone, Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     first: Duration,
     max: Duration,
     next: Duration,
@@ -16,7 +16,7 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// Pauses from `first` (at least a millisecond) doubling up to `max` (at least `first`).
-    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+    pub fn new(first: Duration, max: Duration) -> Self {
         let first = first.max(Duration::from_millis(1));
         let max = max.max(first);
         Backoff {
@@ -27,25 +27,25 @@ impl Backoff {
     }
 
     /// Back to the first pause, after a success.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.next = self.first;
     }
 
     /// The next pause, jittered; the one after is up to twice as long.
-    pub(crate) fn next_pause(&mut self) -> Duration {
+    pub fn next_pause(&mut self) -> Duration {
         let pause = self.next;
         self.next = self.next.saturating_mul(2).min(self.max);
         jitter(pause)
     }
 
     /// Sleeps for the next pause.
-    pub(crate) async fn wait(&mut self) {
+    pub async fn wait(&mut self) {
         tokio::time::sleep(self.next_pause()).await;
     }
 }
 
 /// A random duration in `[d / 2, d]`.
-pub(crate) fn jitter(d: Duration) -> Duration {
+pub fn jitter(d: Duration) -> Duration {
     let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     if nanos < 2 {
         return d;
@@ -55,7 +55,7 @@ pub(crate) fn jitter(d: Duration) -> Duration {
 
 /// A cheap, non-cryptographic random number below `bound` (0 for a bound of 0): jitter and
 /// nonces need spread, not secrecy.
-pub(crate) fn random_below(bound: u64) -> u64 {
+pub fn random_below(bound: u64) -> u64 {
     use std::collections::hash_map::RandomState;
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,18 +4,13 @@
 //! in a [`Lease`]: acquired before the work starts, watched while it runs, and the work is
 //! cancelled — its future dropped at its next await point — the moment the lease is known lost.
 //!
-//! Backends, one cargo feature each, all behind the same [`Backend`] trait:
+//! Backends, all behind the same [`Backend`] trait: this crate's in-process [`memory::Memory`]
+//! (feature `memory`, on by default: no server, the same semantics), and one crate per server:
 //!
-//! - `consul`: Consul sessions + KV (`consul::Consul`), interoperating with `consul lock` and
-//!   `consul lock -n`.
-//! - `amqp`: the RabbitMQ persistent semaphore (`amqp::Amqp`); a leader is one slot.
-//! - `etcd`: etcd leases, revisions and watches (`etcd::Etcd`), interoperating with
-//!   `etcdctl elect`; its sequencer's index is a cluster-wide, ever-rising revision.
-//! - `memory` (default): in-process, no server, the same semantics (`memory::Memory`).
-//!
-//! TLS for the network backends: `rustls` (default; rustls with the platform's certificate
-//! verifier, as reqwest and lapin use by default), or `native-tls` (the platform's library).
-//! Neither adds anything to a build without a network backend.
+//! - `lease-consul`: Consul sessions + KV, interoperating with `consul lock` and `consul lock -n`;
+//! - `lease-etcd`: etcd leases, revisions and watches, interoperating with `etcdctl elect`; its
+//!   sequencer's index is a cluster-wide, ever-rising revision;
+//! - `lease-amqp`: the RabbitMQ persistent semaphore; a leader is one slot.
 //!
 //! Ways to use a lease:
 //!
@@ -37,8 +32,10 @@
 //! [`Sequencer`] they are handed.
 //!
 //! To add a backend, implement [`Backend`] and build leases with the parts in [`backend`]
-//! ([`backend::Keepers`], [`backend::Hold`], [`backend::Fence`]); the in-tree backends use only
-//! those.
+//! ([`backend::Keepers`], [`backend::Hold`], [`backend::Fence`], [`backend::instrument_acquire`],
+//! [`backend::ReachabilityTracker`]), with [`backoff`], [`address`], [`metrics`] and, for a
+//! semaphore kept in a key-value store, [`mod@semaphore`]. The backend crates of this repository use
+//! nothing else of this crate: they are separate crates, so the compiler holds them to it.
 //!
 //! # Example
 //!
@@ -49,7 +46,7 @@
 //! use lease_core::memory::Memory;
 //! use lease_core::{Backend, LeaseSpec, LostReason, Wait};
 //!
-//! let backend = Memory::new(); // or consul::Consul::from_env()?, amqp::Amqp::from_env()?
+//! let backend = Memory::new(); // or lease_consul::Consul::from_env()?, ...
 //! let lease = backend.acquire(&LeaseSpec::leader("service/billing/leader")).await?;
 //! // The fencing token to hand to downstream systems: memory:1:<session>:service/billing/leader
 //! let token = lease.sequencer().to_string();
@@ -73,45 +70,22 @@
 
 // On docs.rs (`--cfg docsrs`), a feature-gated item shows the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Built without any backend (as lease-tower builds it on its own), the half of the lease model
-// that backends call has no caller; that is expected, not dead code.
-#![cfg_attr(
-    not(any(
-        feature = "memory",
-        feature = "consul",
-        feature = "amqp",
-        feature = "etcd"
-    )),
-    allow(dead_code)
-)]
 
-#[cfg(any(feature = "consul", feature = "amqp"))]
-mod address;
+pub mod address;
 pub mod backend;
-mod backoff;
+pub mod backoff;
 mod default_backend;
 mod error;
 mod guard;
+pub mod leader;
 mod lease;
+#[cfg(feature = "memory")]
+pub mod memory;
 pub mod metrics;
-#[cfg(any(feature = "memory", feature = "consul"))]
-mod semaphore;
+pub mod semaphore;
 mod sequencer;
 mod shutdown;
 mod spec;
-#[cfg(any(feature = "consul", feature = "etcd"))]
-mod transport;
-
-#[cfg(feature = "consul")]
-pub mod consul;
-#[cfg(feature = "etcd")]
-pub mod etcd;
-pub mod leader;
-#[cfg(feature = "memory")]
-pub mod memory;
-
-#[cfg(feature = "amqp")]
-pub mod amqp;
 
 pub use backend::Backend;
 pub use default_backend::{default_backend, set_default_backend, with_default_backend};

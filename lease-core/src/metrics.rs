@@ -110,26 +110,25 @@ pub mod labels {
     pub const ERROR: &str = "error";
 }
 
-/// How a backend request failed, for the `error` label.
-#[allow(dead_code)] // Each backend feature uses some of the kinds.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum RequestError {
+/// How a backend request failed: the `error` label of `lease_backend_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// No answer: connection refused, reset or not established (`unreachable`).
     Unreachable,
+    /// No answer in time (`timeout`).
     TimedOut,
+    /// An answer with an error status (`status`).
     Status,
+    /// An answer that could not be read (`malformed`).
     Malformed,
+    /// Anything else (`other`).
     Other,
 }
 
 impl RequestError {
-    #[cfg_attr(
-        not(all(
-            feature = "metrics",
-            any(feature = "consul", feature = "etcd", feature = "amqp")
-        )),
-        allow(dead_code)
-    )]
-    fn as_str(self) -> &'static str {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
         match self {
             RequestError::Unreachable => "unreachable",
             RequestError::TimedOut => "timeout",
@@ -181,7 +180,7 @@ pub(crate) async fn acquire(
 
 /// Records one request to the backend's server; `write` if it changes state there.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn backend_request(backend: BackendKind, write: bool) {
+pub fn backend_request(backend: BackendKind, write: bool) {
     #[cfg(feature = "metrics")]
     {
         ::metrics::counter!(BACKEND_REQUESTS, labels::BACKEND => backend.as_str()).increment(1);
@@ -194,19 +193,14 @@ pub(crate) fn backend_request(backend: BackendKind, write: bool) {
 /// Records that a request already counted by [`backend_request`] changes state on the server, for
 /// a backend that learns it only after counting the request.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[cfg_attr(not(feature = "amqp"), allow(dead_code))]
-pub(crate) fn backend_request_is_write(backend: BackendKind) {
+pub fn backend_request_is_write(backend: BackendKind) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(BACKEND_WRITES, labels::BACKEND => backend.as_str()).increment(1);
 }
 
 /// Records a failed request to the backend's server (the in-process store has none).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[cfg_attr(
-    not(any(feature = "consul", feature = "etcd", feature = "amqp")),
-    allow(dead_code)
-)]
-pub(crate) fn backend_error(backend: BackendKind, error: RequestError) {
+pub fn backend_error(backend: BackendKind, error: RequestError) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(
         BACKEND_ERRORS,
@@ -225,8 +219,7 @@ pub(crate) fn is_leader(key: &str, leader: bool) {
 
 /// Records how many holders the semaphore `key` has, as this process just read them.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[cfg_attr(not(any(feature = "memory", feature = "consul")), allow(dead_code))]
-pub(crate) fn semaphore_slots_in_use(backend: BackendKind, key: &str, holders: usize) {
+pub fn semaphore_slots_in_use(backend: BackendKind, key: &str, holders: usize) {
     #[cfg(feature = "metrics")]
     ::metrics::gauge!(
         SEMAPHORE_SLOTS_IN_USE,

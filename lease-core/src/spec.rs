@@ -37,6 +37,15 @@ pub enum Target {
 }
 
 impl Target {
+    /// What a backend answers a target it does not know: one a later version of lease-core added
+    /// (the enum is `#[non_exhaustive]`, so every backend has this arm).
+    pub fn unsupported(&self, backend: &'static str) -> crate::Error {
+        crate::Error::Unsupported {
+            backend,
+            operation: "this kind of lease (a target newer than the backend crate)",
+        }
+    }
+
     /// The key or prefix this target names.
     pub fn key(&self) -> &str {
         match self {

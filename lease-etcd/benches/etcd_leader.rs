@@ -1,8 +1,8 @@
 //! etcd leader lease vs `etcdctl lock`, and the FIFO semaphore, on one real etcd.
 //!
-//! `cargo bench -p lease-core --features etcd --bench etcd_leader`; the quick mode CI runs (5
+//! `cargo bench -p lease-etcd --bench etcd_leader`; the quick mode CI runs (5
 //! revokes of ours, 2 of `etcdctl lock`, one round of 4 contenders, 8 semaphore jobs; a few
-//! seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-core --all-features --bench etcd_leader`.
+//! seconds): `LEASE_BENCH_QUICK=1 cargo test -p lease-etcd --bench etcd_leader`.
 //! In every mode the run fails if a revoke is not noticed within the lease's fence interval
 //! ([`LeaseSpec::fence_after`]), if two of our leader holders or more than the limit of our
 //! semaphore holders overlap, if one of our leases is lost while held, or if an acquisition does
@@ -24,8 +24,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::etcd::Etcd;
 use lease_core::{Backend, LeaseSpec};
+use lease_etcd::Etcd;
 use lease_tests::etcd::Server;
 use lease_tests::overlap::{now_ns, semaphore_jobs};
 use lease_tests::stats::{percentile, scaled};

@@ -5,15 +5,15 @@ use std::path::PathBuf;
 
 use super::Etcd;
 use super::http::{Credentials, EtcdHttp};
-use crate::Error;
-use crate::transport::ClientConfig;
+use lease_core::Error;
+use lease_http::ClientConfig;
 
 /// Builds an [`Etcd`] backend.
 ///
 /// # Examples
 ///
 /// ```
-/// use lease_core::etcd::Etcd;
+/// use lease_etcd::Etcd;
 ///
 /// let etcd = Etcd::builder()
 ///     .endpoints(["http://10.0.0.1:2379", "http://10.0.0.2:2379"])
@@ -147,14 +147,14 @@ impl EtcdBuilder {
             .iter()
             .map(|e| endpoint_url(e, secure))
             .collect::<Result<Vec<_>, _>>()?;
-        if endpoints.iter().any(|e| e.scheme() == "https") && !crate::transport::TLS {
-            return Err(crate::transport::tls_missing("an https etcd endpoint"));
+        if endpoints.iter().any(|e| e.scheme() == "https") && !lease_http::TLS {
+            return Err(lease_http::tls_missing("an https etcd endpoint"));
         }
         tls.https = endpoints.iter().any(|e| e.scheme() == "https");
         let client = tls.build().map_err(|e| {
             Error::Config(format!(
                 "cannot build the HTTP client for etcd (TLS): {}",
-                crate::transport::DisplayChain(&e)
+                lease_http::DisplayChain(&e)
             ))
         })?;
         let credentials = self

@@ -19,11 +19,11 @@ use super::wire::{
     B64, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, RangeRequest,
     RangeResponse, Status, Streamed, TxnRequest, TxnResponse, WatchResponse,
 };
-use crate::backend::ReachabilityTracker;
-use crate::backend::{Keepers, Reachability};
-use crate::metrics::RequestError;
-use crate::transport::{Cause, ClientConfig, DisplayChain, Retryable};
-use crate::{BackendKind, Error};
+use lease_core::backend::ReachabilityTracker;
+use lease_core::backend::{Keepers, Reachability};
+use lease_core::metrics::RequestError;
+use lease_core::{BackendKind, Error};
+use lease_http::{Cause, ClientConfig, DisplayChain, Retryable};
 
 /// Timeout of every request but a watch.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,7 +131,7 @@ impl ApiError {
                 backend: "etcd",
                 address: http.address(),
                 hint: ApiError::Transport(Arc::clone(&source)).hint(),
-                source: crate::transport::unreachable_source(&*source),
+                source: lease_http::unreachable_source(&*source),
             },
             ApiError::Status(_, _, message) if permission => Error::PermissionDenied {
                 operation: operation.to_string(),
@@ -333,7 +333,7 @@ impl EtcdHttp {
             let mut url = base.clone();
             url.set_path(path);
             self.requests.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::backend_request(BackendKind::Etcd, is_write(path));
+            lease_core::metrics::backend_request(BackendKind::Etcd, is_write(path));
             let mut request = self.client.post(url).body(body.to_vec());
             if let Some(timeout) = timeout {
                 request = request.timeout(timeout);
@@ -351,7 +351,7 @@ impl EtcdHttp {
                     self.move_on(i);
                     self.reachability.answered(false);
                     let error = ApiError::transport(error);
-                    crate::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
+                    lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
                     return Err(error);
                 }
             };
@@ -360,7 +360,7 @@ impl EtcdHttp {
                 return Ok(response);
             }
             let error = status_error(response).await;
-            crate::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
+            lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
             if matches!(error, ApiError::Status(_, code::UNAUTHENTICATED, _))
                 && self.credentials.is_some()
                 && !renewed_token

@@ -46,10 +46,10 @@ use std::sync::Arc;
 
 pub use config::EtcdBuilder;
 
-use crate::backend::Reachability;
-use crate::leader::LeaderObserver;
-use crate::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 use http::EtcdHttp;
+use lease_core::backend::Reachability;
+use lease_core::leader::LeaderObserver;
+use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 
 /// Leases on etcd. Cloning is cheap and clones share one connection pool.
 ///
@@ -58,7 +58,7 @@ use http::EtcdHttp;
 /// ```no_run
 /// # async fn example() -> Result<(), lease_core::Error> {
 /// use lease_core::{Backend, LeaseSpec};
-/// use lease_core::etcd::Etcd;
+/// use lease_etcd::Etcd;
 ///
 /// let etcd = Etcd::from_env()?; // ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CACERT, ...
 /// let lease = etcd.acquire(&LeaseSpec::leader("service/api/leader").value("10.0.0.7:8080")).await?;
@@ -131,9 +131,9 @@ impl Etcd {
 
     /// Operator action: deletes `key` and every key under `key/` (an election's or a
     /// semaphore's contenders), as `etcdctl del` would. Their holders lose their leases with
-    /// [`LostReason::KeyDeleted`](crate::LostReason::KeyDeleted). Returns how many keys went.
+    /// [`LostReason::KeyDeleted`](lease_core::LostReason::KeyDeleted). Returns how many keys went.
     pub async fn delete_key(&self, key: &str) -> Result<u64, Error> {
-        crate::spec::validate_key(key)?;
+        lease_core::validate_key(key)?;
         let deleted = self
             .http
             .delete(key, true)
@@ -145,7 +145,7 @@ impl Etcd {
 
 impl Backend for Etcd {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        crate::lease::acquire(BackendKind::Etcd, spec, async move {
+        lease_core::backend::instrument_acquire(BackendKind::Etcd, spec, async move {
             spec.validate()?;
             let backend: Arc<dyn Backend> = Arc::new(self.clone());
             queue::acquire(&self.http, spec, backend).await

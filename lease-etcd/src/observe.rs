@@ -13,13 +13,13 @@ use tokio::sync::watch;
 use super::http::{ApiError, EtcdHttp};
 use super::session::holder_of;
 use super::wire::RangeRequest;
-use crate::leader::{Leader, LeaderObserver};
-use crate::{BackendKind, Error, Sequencer};
+use lease_core::leader::{Leader, LeaderObserver};
+use lease_core::{BackendKind, Error, Sequencer};
 
 /// Starts observing `key`; the first read happens before this returns, so errors (bad
 /// credentials, an unreachable cluster) are reported here rather than swallowed by the task.
 pub(crate) async fn observe(http: &Arc<EtcdHttp>, key: &str) -> Result<LeaderObserver, Error> {
-    crate::spec::validate_key(key)?;
+    lease_core::validate_key(key)?;
     let (leader, revision) = leader_of(http, key)
         .await
         .map_err(|e| e.into_error(http, format_args!("read the election {key:?}")))?;

@@ -58,8 +58,8 @@ use tokio::time::Instant;
 use super::http::{ApiError, EtcdHttp};
 use super::session::{self, LeaseEnd, Session, Won, holder_of, lease_of, retrying};
 use super::wire::{B64, Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
-use crate::backoff::Backoff;
-use crate::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+use lease_core::backoff::Backoff;
+use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// How long the replay of a deletion from etcd's history may take before it counts as missed.
 const HISTORY_REPLAY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -81,10 +81,11 @@ enum Turn {
 }
 
 impl Rule {
-    fn of(spec: &LeaseSpec) -> Rule {
+    fn of(spec: &LeaseSpec) -> Result<Rule, Error> {
         match spec.target() {
-            Target::Leader { .. } => Rule::Leader,
-            Target::Semaphore { limit, .. } => Rule::Semaphore { limit: *limit },
+            Target::Leader { .. } => Ok(Rule::Leader),
+            Target::Semaphore { limit, .. } => Ok(Rule::Semaphore { limit: *limit }),
+            other => Err(other.unsupported("Etcd")),
         }
     }
 
@@ -201,7 +202,7 @@ pub(crate) async fn acquire(
 ) -> Result<Lease, Error> {
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
-    let rule = Rule::of(spec);
+    let rule = Rule::of(spec)?;
     loop {
         let (mut session, mut keep_alive) = Session::grant(http, spec).await?;
         let own = format!("{}/{}", spec.key(), session.holder());
@@ -261,7 +262,7 @@ async fn contend(
     let mut created = join(http, own, &value, lease, deadline)
         .await
         .map_err(failed)?;
-    let mut pause = crate::transport::backoff();
+    let mut pause = lease_http::backoff();
     let mut first_judgment = true;
     loop {
         let mut ops = vec![
@@ -644,7 +645,7 @@ mod tests {
     #[tokio::test]
     async fn a_holder_removed_between_a_join_and_the_first_read_is_judged_from_history() {
         let server = Server::start().await;
-        let etcd = crate::etcd::Etcd::builder()
+        let etcd = crate::Etcd::builder()
             .endpoints([server.url()])
             .build()
             .unwrap();
@@ -661,7 +662,7 @@ mod tests {
             let then = ahead_at(http, rule, joined).await;
             assert_eq!(then.len(), 1, "{rule:?}: the holder was ahead at the join");
             http.delete(holder, false).await.unwrap();
-            let mut pause = crate::transport::backoff();
+            let mut pause = lease_http::backoff();
             let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
             let expected = if released {
                 Removal::Released

@@ -20,9 +20,9 @@ use tokio::time::Instant;
 
 use super::http::{ApiError, EtcdHttp};
 use super::wire::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
-use crate::backend::{Fence, Hold, RELEASE_BOUND};
-use crate::transport::{backoff, retry_pause, retry_transient, within};
-use crate::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
+use lease_core::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use lease_http::{backoff, retry_pause, retry_transient, within};
 
 /// Why a lease's keep-alive stopped.
 #[derive(Debug)]

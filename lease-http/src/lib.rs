@@ -1,6 +1,10 @@
-//! What the HTTP backends (Consul, etcd) share about talking to a server over reqwest: how the
-//! client is built ([`ClientConfig`]), the one retry loop for brief trouble, why a request got no
-//! answer, and an error's chain as text.
+//! HTTP plumbing shared by the Consul (`lease-consul`) and etcd (`lease-etcd`) backends of
+//! [lease-core](https://docs.rs/lease-core): how a client is built ([`ClientConfig`]), the one
+//! retry loop for brief trouble ([`retry_transient`]), why a request got no answer ([`Cause`]),
+//! and an error's chain as text ([`DisplayChain`]).
+//!
+//! It is a support crate: an application uses the backend crates, which re-export what it needs.
+//! A third-party HTTP backend may use it too; it follows lease-core's versions.
 //!
 //! Brief server trouble is not loss: a 5xx or a leader election inside the server is not loss. Reads, releases and
 //! revocations are retried with the crate's [`Backoff`]; whether the trouble has lasted too long
@@ -12,11 +16,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
-use crate::metrics::RequestError;
+use lease_core::backoff::Backoff;
+use lease_core::metrics::RequestError;
 
 /// A backend call's error, as far as the retry loop needs to know it.
-pub(crate) trait Retryable: fmt::Display {
+pub trait Retryable: fmt::Display {
     /// Worth retrying: the server or the network may answer differently in a moment.
     fn is_transient(&self) -> bool;
     /// The error of an attempt that did not answer before the caller's deadline.
@@ -24,7 +28,7 @@ pub(crate) trait Retryable: fmt::Display {
 }
 
 /// The backoff of HTTP backend calls: 50 ms doubling up to 1 s, jittered.
-pub(crate) fn backoff() -> Backoff {
+pub fn backoff() -> Backoff {
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
 }
 
@@ -37,10 +41,7 @@ const ATTEMPT_SLACK: Duration = Duration::from_millis(500);
 /// start after `give_up` (never, if `None`). Each attempt is bounded too: one that has not
 /// answered shortly after `give_up` ends with [`Retryable::timed_out`], so the total is bounded
 /// whatever the request timeout.
-pub(crate) async fn retry_transient<T, E, F, Fut>(
-    give_up: Option<Instant>,
-    mut op: F,
-) -> Result<T, E>
+pub async fn retry_transient<T, E, F, Fut>(give_up: Option<Instant>, mut op: F) -> Result<T, E>
 where
     E: Retryable,
     F: FnMut() -> Fut,
@@ -70,17 +71,18 @@ where
 
 /// How soon a failed renewal of something that lives `ttl` (a Consul session or heartbeat pass,
 /// an etcd keep-alive) is tried again: TTL/20, between 100 ms and 1 s.
-pub(crate) fn retry_pause(ttl: Duration) -> Duration {
+pub fn retry_pause(ttl: Duration) -> Duration {
     (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 /// A deadline `after` from now, for clean-up calls that must not hang forever.
-pub(crate) fn within(after: Duration) -> Option<Instant> {
+pub fn within(after: Duration) -> Option<Instant> {
     Some(Instant::now() + after)
 }
 
 /// Why a request did not get an answer, as far as the transport error tells.
-pub(crate) enum Cause {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
     /// Nothing listens at the address.
     Refused,
     /// The host name did not resolve.
@@ -91,20 +93,24 @@ pub(crate) enum Cause {
     /// The TLS handshake failed: a certificate not trusted or not for this name, or a client
     /// certificate missing or refused.
     Tls,
+    /// The request or its connection timed out.
     TimedOut,
+    /// Anything else.
     Other,
 }
 
 impl Cause {
     /// The `error` label in the metrics of a request that got no answer because of `error`.
-    pub(crate) fn metric_kind(error: &(dyn std::error::Error + 'static)) -> RequestError {
+    pub fn metric_kind(error: &(dyn std::error::Error + 'static)) -> RequestError {
         match Cause::of(error) {
             Cause::TimedOut => RequestError::TimedOut,
             _ => RequestError::Unreachable,
         }
     }
 
-    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Cause {
+    /// Reads `error` and its sources: a reqwest timeout, an I/O error's kind, or the words of a
+    /// DNS, TLS or dropped-connection failure.
+    pub fn of(error: &(dyn std::error::Error + 'static)) -> Cause {
         if error
             .downcast_ref::<reqwest::Error>()
             .is_some_and(reqwest::Error::is_timeout)
@@ -147,14 +153,13 @@ impl Cause {
 
 /// A transport error as the source of a public error: its whole chain as one message (what went
 /// wrong in a TLS handshake is three sources down), with no further source.
-pub(crate) fn unreachable_source(
-    error: &(dyn std::error::Error + 'static),
-) -> crate::error::BoxError {
+pub fn unreachable_source(error: &(dyn std::error::Error + 'static)) -> lease_core::BoxError {
     DisplayChain(error).to_string().into()
 }
 
 /// An error and its sources, `: `-separated.
-pub(crate) struct DisplayChain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+#[derive(Debug)]
+pub struct DisplayChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for DisplayChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -169,27 +174,27 @@ impl fmt::Display for DisplayChain<'_> {
 }
 
 /// The default time to establish a connection (TCP and TLS) to the server.
-pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a backend's HTTP client is built from, kept to build it again for another runtime.
 #[derive(Clone, Default)]
-pub(crate) struct ClientConfig {
+pub struct ClientConfig {
     /// Whether the server's address is `https`.
-    pub(crate) https: bool,
+    pub https: bool,
     /// PEM CA certificates to trust beside the system's roots.
-    pub(crate) ca_pem: Option<Vec<u8>>,
+    pub ca_pem: Option<Vec<u8>>,
     /// A client certificate and its key, both PEM.
-    pub(crate) identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
     /// Accept any server certificate (`CONSUL_HTTP_SSL_VERIFY=false`).
-    pub(crate) skip_verify: bool,
+    pub skip_verify: bool,
     /// Connect every request here (host, port), whatever host its URL names: the URL then names
     /// the server's TLS name (`CONSUL_TLS_SERVER_NAME`).
-    pub(crate) connect_to: Option<(String, u16)>,
+    pub connect_to: Option<(String, u16)>,
     /// `None`: [`DEFAULT_CONNECT_TIMEOUT`].
-    pub(crate) connect_timeout: Option<Duration>,
+    pub connect_timeout: Option<Duration>,
     /// The most connections kept open: Consul's pool never opens more; etcd's keeps no more
     /// idle.
-    pub(crate) max_connections: usize,
+    pub max_connections: usize,
 }
 
 impl fmt::Debug for ClientConfig {
@@ -205,28 +210,27 @@ impl fmt::Debug for ClientConfig {
     }
 }
 
-/// Whether this build can speak TLS: lease-core's `rustls` feature (the default) or `native-tls`.
-pub(crate) const TLS: bool = cfg!(any(feature = "rustls", feature = "native-tls"));
+/// Whether this build can speak TLS: this crate's `rustls` feature (the default) or `native-tls`.
+pub const TLS: bool = cfg!(any(feature = "rustls", feature = "native-tls"));
 
 /// What to do when this build cannot speak TLS and `what` needs it.
-pub(crate) fn tls_missing(what: &str) -> crate::Error {
-    crate::Error::Config(format!(
-        "{what} needs TLS, which this build of lease-core left out: enable its `rustls` feature \
-         (on by default) or `native-tls`"
+pub fn tls_missing(what: &str) -> lease_core::Error {
+    lease_core::Error::Config(format!(
+        "{what} needs TLS, which this build left out: enable the backend crate's `rustls` \
+         feature (on by default) or `native-tls`"
     ))
 }
 
 impl ClientConfig {
     /// Whether anything here needs TLS.
-    pub(crate) fn wants_tls(&self) -> bool {
+    pub fn wants_tls(&self) -> bool {
         self.ca_pem.is_some() || self.identity_pem.is_some() || self.skip_verify
     }
 
-    /// Builds etcd's client: rustls (with the platform's verifier) if lease-core's `rustls`
-    /// feature is on, else native-tls if `native-tls` is, else plain HTTP only. (Consul's is
+    /// Builds a reqwest client (etcd's): rustls (with the platform's verifier) if this crate's
+    /// `rustls` feature is on, else native-tls if `native-tls` is, else plain HTTP only. (Consul's is
     /// built by its own connection pool, which counts connections.)
-    #[cfg(feature = "etcd")]
-    pub(crate) fn build(&self) -> Result<reqwest::Client, reqwest::Error> {
+    pub fn build(&self) -> Result<reqwest::Client, reqwest::Error> {
         let mut client = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT))
             .tcp_nodelay(true)
@@ -271,7 +275,7 @@ impl ClientConfig {
 
 /// A client certificate and its key (PEM) as reqwest takes them: any key rustls reads (PKCS #8,
 /// PKCS #1, SEC1).
-#[cfg(all(feature = "etcd", feature = "rustls"))]
+#[cfg(feature = "rustls")]
 fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
     let mut pem = cert.to_vec();
     pem.push(b'\n');
@@ -280,20 +284,18 @@ fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error
 }
 
 /// A client certificate and its key (PEM) as reqwest takes them: native-tls needs a PKCS #8 key.
-#[cfg(all(feature = "etcd", feature = "native-tls", not(feature = "rustls")))]
+#[cfg(all(feature = "native-tls", not(feature = "rustls")))]
 fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
     reqwest::Identity::from_pkcs8_pem(cert, key)
 }
 
 /// Resolves every name to one host, so a URL can name the server's TLS name while the connection
 /// goes to its address.
-#[cfg(feature = "etcd")]
 struct ConnectTo {
     host: String,
     port: u16,
 }
 
-#[cfg(feature = "etcd")]
 impl reqwest::dns::Resolve for ConnectTo {
     fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let target = (self.host.clone(), self.port);

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease_core::amqp::{Amqp, AmqpBuilder};
+use lease_amqp::{Amqp, AmqpBuilder};
 
 /// The environment variable naming the broker for the tests.
 pub const URL_ENV: &str = "LEASE_TEST_AMQP_URL";

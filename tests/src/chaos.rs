@@ -576,7 +576,7 @@ enum Restore {
 struct Services {
     agent: Option<Agent>,
     cluster: Option<Cluster>,
-    amqp: Option<lease_core::amqp::Amqp>,
+    amqp: Option<lease_amqp::Amqp>,
     amqp_url: String,
     etcd: Option<EtcdServer>,
     key: String,

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use lease_core::consul::Consul;
+use lease_consul::Consul;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};

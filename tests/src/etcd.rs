@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use lease_core::etcd::Etcd;
+use lease_etcd::Etcd;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease_core::amqp::Amqp;
+use lease_amqp::Amqp;
 use lease_core::backend::Reachability;
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::amqp::{self as broker, backend, require_broker, unique};

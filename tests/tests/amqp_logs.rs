@@ -2,7 +2,7 @@
 //! the documented directive that mutes exactly those. In a binary of its own: lapin logs from its
 //! I/O thread, so the capture is the process's global subscriber.
 
-use lease_core::amqp::QUIET_PROBE_RETURNS;
+use lease_amqp::QUIET_PROBE_RETURNS;
 use lease_core::{Backend, LeaseSpec, Wait};
 use lease_tests::amqp::{backend, require_broker, unique};
 use lease_tests::capture::{Capture, EventRecord};
@@ -50,7 +50,7 @@ async fn acquire_and_release_log_no_no_route_warning_under_the_documented_direct
     assert!(
         quiet_events
             .iter()
-            .any(|e| e.target.starts_with("lease_core::amqp") && e.text.contains("slot acquired")),
+            .any(|e| e.target.starts_with("lease_amqp") && e.text.contains("slot acquired")),
         "the directive must not mute the library's own events"
     );
     // The holder tasks' spans follow from the acquires, as on every backend.

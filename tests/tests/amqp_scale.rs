@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_core::amqp::Amqp;
+use lease_amqp::Amqp;
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::amqp::{self as broker, require_broker, unique};
 use lease_tests::{init_tracing, release_lost, within};

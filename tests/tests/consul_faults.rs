@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lease_core::consul::Consul;
+use lease_consul::Consul;
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Wait};
 use lease_tests::consul::{Agent, AgentOptions};
 use lease_tests::proxy::Proxy;

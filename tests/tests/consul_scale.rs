@@ -7,7 +7,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use lease_core::consul::Consul;
+use lease_consul::Consul;
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::consul::{Agent, AgentOptions};
 use lease_tests::proxy::{Mode, Proxy};

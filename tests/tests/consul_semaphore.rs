@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease_core::consul::Consul;
+use lease_consul::Consul;
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Wait};
 use lease_tests::consul::Agent;
 use lease_tests::overlap::{Rng, Timeline};

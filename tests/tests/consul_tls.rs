@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lease_core::consul::{Consul, ConsulBuilder};
+use lease_consul::{Consul, ConsulBuilder};
 use lease_core::{Backend, Error, LeaseSpec, Wait};
 use lease_tests::capture::Capture;
 use lease_tests::consul::{Agent, AgentOptions, AgentTls};

@@ -8,8 +8,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use lease_core::etcd::Etcd;
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Sequencer, Wait};
+use lease_etcd::Etcd;
 use lease_tests::etcd::Server;
 use lease_tests::proxy::Proxy;
 use lease_tests::{assert_refined, within};

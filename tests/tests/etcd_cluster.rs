@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use lease_core::etcd::Etcd;
 use lease_core::{Backend, LeaseSpec};
+use lease_etcd::Etcd;
 use lease_tests::etcd::{Cluster, READY_WITHIN};
 use lease_tests::within;
 

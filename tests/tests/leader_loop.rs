@@ -500,7 +500,7 @@ async fn a_leader_never_reports_nobody_leading_through_a_backend_outage() {
         .await
         .unwrap();
     let backend = Arc::new(
-        lease_core::consul::Consul::builder()
+        lease_consul::Consul::builder()
             .address(proxy.url())
             .build()
             .unwrap(),

@@ -226,7 +226,7 @@ async fn behind_a_proxy(agent: &Agent) -> (lease_tests::proxy::Proxy, Arc<dyn Ba
         .await
         .unwrap();
     let receiver: Arc<dyn Backend> = Arc::new(
-        lease_core::consul::Consul::builder()
+        lease_consul::Consul::builder()
             .address(proxy.url())
             .build()
             .unwrap(),

@@ -693,7 +693,7 @@ async fn a_follower_s_answer_names_no_internals_and_no_stale_error() {
     let proxy = Proxy::start(agent.addr()).await.unwrap();
     let address = proxy.url();
     proxy.set_mode(Mode::Refuse);
-    let backend = lease_core::consul::Consul::builder()
+    let backend = lease_consul::Consul::builder()
         .address(address.clone())
         .build()
         .unwrap();

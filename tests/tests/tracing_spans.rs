@@ -156,7 +156,7 @@ async fn acquire_failures_log_at_the_level_of_leader_watch_retries() {
         .unwrap();
     proxy.set_http_500(true);
     let backend = Arc::new(
-        lease_core::consul::Consul::builder()
+        lease_consul::Consul::builder()
             .address(proxy.url())
             .build()
             .unwrap(),

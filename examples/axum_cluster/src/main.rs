@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
+use lease_consul::Consul;
 use lease_core::CancellationToken;
-use lease_core::consul::Consul;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{BoxError, LeaseSpec, LeaseWatcher};
 use lease_tower::extract::LeaseSequencer;

@@ -115,7 +115,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
         }
         #[cfg(feature = "consul")]
         Choice::Consul(url) => {
-            let mut builder = lease_core::consul::ConsulBuilder::from_env();
+            let mut builder = lease_consul::ConsulBuilder::from_env();
             if let Some(url) = url {
                 builder = builder.address(url);
             }
@@ -128,7 +128,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
         }
         #[cfg(feature = "etcd")]
         Choice::Etcd(urls) => {
-            let mut builder = lease_core::etcd::EtcdBuilder::from_env();
+            let mut builder = lease_etcd::EtcdBuilder::from_env();
             if let Some(urls) = urls {
                 builder = builder.endpoints(urls.split(','));
             }
@@ -141,7 +141,7 @@ fn connect(choice: Choice) -> Result<Setup, String> {
         }
         #[cfg(feature = "amqp")]
         Choice::Amqp(url) => {
-            let amqp = lease_core::amqp::Amqp::new(url).map_err(|e| e.to_string())?;
+            let amqp = lease_amqp::Amqp::new(url).map_err(|e| e.to_string())?;
             Ok(Setup {
                 name: "RabbitMQ",
                 backend: Arc::new(amqp.clone()),

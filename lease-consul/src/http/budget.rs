@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
+use lease_core::backoff::Backoff;
 
 /// The default number of connections one client may open to the agent.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 8;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use reqwest::StatusCode;
 
 use super::ConsulHttp;
-use crate::Error;
-use crate::consul::config::AddressOrigin;
-use crate::metrics::RequestError;
-use crate::transport::{Cause, DisplayChain};
+use crate::config::AddressOrigin;
+use lease_core::Error;
+use lease_core::metrics::RequestError;
+use lease_http::{Cause, DisplayChain};
 
 /// Why a call failed, before it is given the context of what the caller was doing.
 #[derive(Clone, Debug)]
@@ -29,7 +29,7 @@ impl ApiError {
     }
 
     /// A failure of the counted pool, whose errors carry no URL.
-    pub(super) fn pool(error: crate::error::BoxError) -> Self {
+    pub(super) fn pool(error: lease_core::BoxError) -> Self {
         ApiError::Transport(Arc::from(error))
     }
 
@@ -114,7 +114,7 @@ impl ApiError {
                 backend: "Consul",
                 address: http.address(),
                 hint: ApiError::Transport(Arc::clone(&source)).hint(http.origin(), http.https()),
-                source: crate::transport::unreachable_source(&*source),
+                source: lease_http::unreachable_source(&*source),
             },
             ApiError::Status(StatusCode::FORBIDDEN, message) => Error::PermissionDenied {
                 operation: operation.to_string(),

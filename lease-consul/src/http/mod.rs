@@ -28,12 +28,12 @@ use super::config::{AddressOrigin, KeepAlive, Token};
 use super::keepalive::KeepAlives;
 use super::session::ReleasedSessions;
 use super::watch::Watches;
-use crate::BackendKind;
-use crate::backend::ReachabilityTracker;
-use crate::backend::{Keepers, Reachability};
-use crate::error::BoxError;
-use crate::metrics::RequestError;
-use crate::transport::ClientConfig;
+use lease_core::BackendKind;
+use lease_core::BoxError;
+use lease_core::backend::ReachabilityTracker;
+use lease_core::backend::{Keepers, Reachability};
+use lease_core::metrics::RequestError;
+use lease_http::ClientConfig;
 
 /// The node check every session is tied to unless configured otherwise (Consul's default).
 const SERF_HEALTH: &str = "serfHealth";
@@ -391,7 +391,7 @@ impl ConsulHttp {
         if write {
             self.writes.fetch_add(1, Ordering::Relaxed);
         }
-        crate::metrics::backend_request(BackendKind::Consul, write);
+        lease_core::metrics::backend_request(BackendKind::Consul, write);
         let token = self.settings.token.as_ref().map(Token::expose);
         // A watch's read may rightly go unanswered for its whole wait: only the others tell a
         // hanging agent.
@@ -401,10 +401,10 @@ impl ConsulHttp {
         self.reachability
             .answered(!matches!(answer, Err(ApiError::Transport(_))));
         if let Err(error) = &answer {
-            crate::metrics::backend_error(BackendKind::Consul, error.metric_kind());
+            lease_core::metrics::backend_error(BackendKind::Consul, error.metric_kind());
         } else if let Ok((status, _, _)) = &answer {
             if !status.is_success() && *status != StatusCode::NOT_FOUND {
-                crate::metrics::backend_error(BackendKind::Consul, RequestError::Status);
+                lease_core::metrics::backend_error(BackendKind::Consul, RequestError::Status);
             }
         }
         let refused = match &answer {

@@ -27,8 +27,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::tls::{Stream, Tls};
-use crate::error::BoxError;
-use crate::transport::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
+use lease_core::BoxError;
+use lease_http::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
 
 /// An HTTP client whose connections never exceed its budget.
 #[derive(Clone, Debug)]
@@ -125,7 +125,7 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 .map_err(|_| io::Error::other("the connection pool was closed"))?;
             // The URL's host is the TLS server name; `connect_to` may send the connection
             // elsewhere. A pool has TLS exactly when its address is `https`.
-            let name = crate::address::bare_host(uri.host().unwrap_or_default());
+            let name = lease_core::address::bare_host(uri.host().unwrap_or_default());
             let (host, port) = match &connector.connect_to {
                 Some(target) => (target.0.as_str(), target.1),
                 None => {
@@ -321,8 +321,8 @@ mod tests {
             .await
             .expect_err("nothing listens");
         assert!(matches!(
-            crate::transport::Cause::of(&*error),
-            crate::transport::Cause::Refused
+            lease_http::Cause::of(&*error),
+            lease_http::Cause::Refused
         ));
     }
 }

@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::error::BoxError;
-use crate::transport::ClientConfig;
+use lease_core::BoxError;
+use lease_http::ClientConfig;
 
 /// What makes a TLS connection of a TCP one.
 #[derive(Clone)]
@@ -98,7 +98,7 @@ mod rustls {
     use tokio_rustls::rustls::{self as tls, DigitallySignedStruct, SignatureScheme};
 
     use super::ClientConfig;
-    use crate::error::BoxError;
+    use lease_core::BoxError;
 
     pub(super) fn connector(config: &ClientConfig) -> Result<tokio_rustls::TlsConnector, BoxError> {
         let provider = Arc::new(crypto::aws_lc_rs::default_provider());
@@ -191,7 +191,7 @@ mod native {
     use tokio_native_tls::native_tls;
 
     use super::ClientConfig;
-    use crate::error::BoxError;
+    use lease_core::BoxError;
 
     pub(super) fn connector(
         config: &ClientConfig,

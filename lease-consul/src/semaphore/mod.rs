@@ -11,7 +11,7 @@
 //! process's takes and give-backs of one prefix are batched into such transactions by one
 //! [`coordinator`] task, so they never race each other; a full semaphore is waited for with a
 //! watch of the prefix. Who is admitted, kept or pruned is decided by the planner shared
-//! with the memory backend (`crate::semaphore`); the coordinator only executes its plans.
+//! with the memory backend (`lease_core::semaphore`); the coordinator only executes its plans.
 //!
 //! A holder whose session is gone keeps its slot for the settle time before it is pruned, so a
 //! holder invalidated behind its back has that long to notice and stop its work before anyone
@@ -34,13 +34,14 @@ use tokio::time::Instant;
 
 use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
+use self::value::read_snapshot;
 use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
 use super::retry::{retry_transient, within};
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing};
-pub(crate) use crate::semaphore::{SEMAPHORE_FLAGS, prefix_of};
-use crate::semaphore::{Snapshot, Taken, contender_key, lock_key};
-use crate::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+pub(crate) use lease_core::semaphore::{SEMAPHORE_FLAGS, prefix_of};
+use lease_core::semaphore::{Taken, contender_key, lock_key};
+use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ pub(crate) async fn acquire(
     let limit = u64::from(*limit);
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
-    let once = spec.wait_policy() == crate::Wait::Never;
+    let once = spec.wait_policy() == lease_core::Wait::Never;
     let busy = || Error::Busy {
         key: prefix.clone(),
         waited: started.elapsed(),
@@ -193,7 +194,7 @@ fn verdict(
         Some(_) => {}
     }
     // An unreadable lock key means our slot is no longer provable: that is loss too.
-    if Snapshot::read(prefix, entries, 0).records_holder(session) {
+    if read_snapshot(prefix, entries, 0).records_holder(session) {
         None
     } else {
         Some(LostReason::HolderPruned)
@@ -281,7 +282,7 @@ pub(crate) async fn state(http: &ConsulHttp, prefix: &str) -> Result<super::Sema
         .kv_list(&directory(prefix))
         .await
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
-    let snapshot = Snapshot::read(prefix, &entries, index);
+    let snapshot = read_snapshot(prefix, &entries, index);
     if let Err(unreadable) = &snapshot.lock {
         return Err(unreadable.to_error(prefix));
     }
@@ -293,7 +294,7 @@ pub(crate) async fn state(http: &ConsulHttp, prefix: &str) -> Result<super::Sema
             let entry = entries.iter().find(|e| e.key == key);
             super::SemaphoreHolder {
                 sequencer: Sequencer::new(
-                    crate::BackendKind::Consul,
+                    lease_core::BackendKind::Consul,
                     key.as_str(),
                     entry.map_or(0, |e| e.lock_index),
                     session.as_str(),
@@ -325,7 +326,7 @@ pub(crate) async fn destroy(http: &ConsulHttp, prefix: &str) -> Result<(), Error
             retry_transient(within(Duration::from_secs(5)), || http.kv_list(&directory))
                 .await
                 .map_err(fail)?;
-        let snapshot = Snapshot::read(prefix, &entries, index);
+        let snapshot = read_snapshot(prefix, &entries, index);
         let modify_index = match &snapshot.lock {
             Err(unreadable) => return Err(unreadable.to_error(prefix)),
             Ok(None) => return Ok(()),

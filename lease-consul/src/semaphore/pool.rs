@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::consul::session::{Renewals, Session};
+use crate::session::{Renewals, Session};
 
 /// A session that holds its contender key but no slot.
 pub(super) struct Pooled {

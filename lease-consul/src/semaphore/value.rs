@@ -1,115 +1,114 @@
 //! The semaphore's state as Consul stores it: the JSON form of `<prefix>/.lock`, and a
-//! [`Snapshot`] from one read of the prefix. The shapes themselves are shared with the memory
-//! store (`crate::semaphore`).
+//! [`Snapshot`] from one read of the prefix. The shapes themselves are lease-core's
+//! (`lease_core::semaphore`), shared with its memory store.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::consul::http::KvEntry;
-use crate::semaphore::{LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key};
+use crate::http::KvEntry;
+use lease_core::semaphore::{
+    LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key,
+};
 
-impl LockValue {
-    /// Reads Consul's map form and the list form of Consul's semaphore guide; anything else is refused, never guessed.
-    pub(crate) fn parse(bytes: &[u8]) -> Result<LockValue, String> {
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-        let object = value.as_object().ok_or("not a JSON object")?;
-        let limit = match object.get("Limit") {
-            None => return Err("no \"Limit\"".into()),
-            Some(l) if l.as_i64().is_some_and(|l| l < 0) => {
-                return Err(format!("negative \"Limit\" {l}"));
-            }
-            Some(l) => l
-                .as_u64()
-                .ok_or_else(|| format!("\"Limit\" {l} is not a whole number"))?,
-        };
-        if limit == 0 {
-            return Err("\"Limit\" is 0".into());
+/// Reads `.lock` in Consul's map form or the list form of Consul's semaphore guide; anything else
+/// is refused, never guessed.
+pub(crate) fn parse_lock(bytes: &[u8]) -> Result<LockValue, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let object = value.as_object().ok_or("not a JSON object")?;
+    let limit = match object.get("Limit") {
+        None => return Err("no \"Limit\"".into()),
+        Some(l) if l.as_i64().is_some_and(|l| l < 0) => {
+            return Err(format!("negative \"Limit\" {l}"));
         }
-        let holders = match object.get("Holders") {
-            None | Some(serde_json::Value::Null) => BTreeSet::new(),
-            Some(serde_json::Value::Object(map)) => {
-                let mut holders = BTreeSet::new();
-                for (session, held) in map {
-                    match held.as_bool() {
-                        Some(true) => {
-                            holders.insert(session.clone());
-                        }
-                        Some(false) => {}
-                        None => {
-                            return Err(format!(
-                                "\"Holders\" maps {session:?} to {held}, not a boolean"
-                            ));
-                        }
+        Some(l) => l
+            .as_u64()
+            .ok_or_else(|| format!("\"Limit\" {l} is not a whole number"))?,
+    };
+    if limit == 0 {
+        return Err("\"Limit\" is 0".into());
+    }
+    let holders = match object.get("Holders") {
+        None | Some(serde_json::Value::Null) => BTreeSet::new(),
+        Some(serde_json::Value::Object(map)) => {
+            let mut holders = BTreeSet::new();
+            for (session, held) in map {
+                match held.as_bool() {
+                    Some(true) => {
+                        holders.insert(session.clone());
+                    }
+                    Some(false) => {}
+                    None => {
+                        return Err(format!(
+                            "\"Holders\" maps {session:?} to {held}, not a boolean"
+                        ));
                     }
                 }
-                holders
             }
-            Some(serde_json::Value::Array(list)) => list
-                .iter()
-                .map(|s| {
-                    s.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("\"Holders\" lists {s}, not a session ID"))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(other) => {
-                return Err(format!("\"Holders\" is {other}, neither a map nor a list"));
-            }
-        };
-        Ok(LockValue { limit, holders })
-    }
-
-    /// Consul's own format, so `consul lock -n` reads what we write.
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let holders: serde_json::Map<String, serde_json::Value> = self
-            .holders
+            holders
+        }
+        Some(serde_json::Value::Array(list)) => list
             .iter()
-            .map(|s| (s.clone(), serde_json::Value::Bool(true)))
-            .collect();
-        serde_json::json!({"Limit": self.limit, "Holders": holders})
-            .to_string()
-            .into_bytes()
-    }
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("\"Holders\" lists {s}, not a session ID"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(format!("\"Holders\" is {other}, neither a map nor a list"));
+        }
+    };
+    Ok(LockValue { limit, holders })
 }
 
-impl Snapshot {
-    /// What one consistent read of the prefix (`entries`, answered at `index`) says. Only the
-    /// keys in the semaphore's directory count: a read of `jobs/a` also lists `jobs/ab/…`, whose
-    /// holders are another semaphore's (they once made `jobs/a` look like a `.lock` deleted under
-    /// live holders, and settle).
-    pub(super) fn read(prefix: &str, entries: &[KvEntry], index: u64) -> Snapshot {
-        let lock_key = lock_key(prefix);
-        let directory = super::directory(prefix);
-        let mut lock = Ok(None);
-        let mut lock_created = None;
-        let mut live = HashSet::new();
-        let mut contenders = HashMap::new();
-        for entry in entries.iter().filter(|e| e.key.starts_with(&directory)) {
-            if entry.key == lock_key {
-                lock = read_lock(entry).map(Some);
-                lock_created = Some(entry.create_index);
-            } else if let Some(holder) = entry.holder() {
-                live.insert(holder.to_owned());
-                if entry.key == contender_key(prefix, holder) {
-                    contenders.insert(holder.to_owned(), entry.lock_index);
-                }
+/// `.lock` in Consul's own format, so `consul lock -n` reads what we write.
+pub(crate) fn encode_lock(value: &LockValue) -> Vec<u8> {
+    let holders: serde_json::Map<String, serde_json::Value> = value
+        .holders
+        .iter()
+        .map(|s| (s.clone(), serde_json::Value::Bool(true)))
+        .collect();
+    serde_json::json!({"Limit": value.limit, "Holders": holders})
+        .to_string()
+        .into_bytes()
+}
+
+/// What one consistent read of the prefix (`entries`, answered at `index`) says. Only the
+/// keys in the semaphore's directory count: a read of `jobs/a` also lists `jobs/ab/…`, whose
+/// holders are another semaphore's (they once made `jobs/a` look like a `.lock` deleted under
+/// live holders, and settle).
+pub(super) fn read_snapshot(prefix: &str, entries: &[KvEntry], index: u64) -> Snapshot {
+    let lock_key = lock_key(prefix);
+    let directory = super::directory(prefix);
+    let mut lock = Ok(None);
+    let mut lock_created = None;
+    let mut live = HashSet::new();
+    let mut contenders = HashMap::new();
+    for entry in entries.iter().filter(|e| e.key.starts_with(&directory)) {
+        if entry.key == lock_key {
+            lock = read_lock(entry).map(Some);
+            lock_created = Some(entry.create_index);
+        } else if let Some(holder) = entry.holder() {
+            live.insert(holder.to_owned());
+            if entry.key == contender_key(prefix, holder) {
+                contenders.insert(holder.to_owned(), entry.lock_index);
             }
         }
-        let snapshot = Snapshot {
-            lock,
-            live,
-            contenders,
-            index,
-            lock_created,
-        };
-        // Every look this process takes at the holder set passes here.
-        crate::metrics::semaphore_slots_in_use(
-            crate::BackendKind::Consul,
-            prefix,
-            snapshot.live_holders().len(),
-        );
-        snapshot
     }
+    let snapshot = Snapshot {
+        lock,
+        live,
+        contenders,
+        index,
+        lock_created,
+    };
+    // Every look this process takes at the holder set passes here.
+    lease_core::metrics::semaphore_slots_in_use(
+        lease_core::BackendKind::Consul,
+        prefix,
+        snapshot.live_holders().len(),
+    );
+    snapshot
 }
 
 fn read_lock(entry: &KvEntry) -> Result<(u64, LockValue), Unreadable> {
@@ -117,7 +116,7 @@ fn read_lock(entry: &KvEntry) -> Result<(u64, LockValue), Unreadable> {
         return Err(Unreadable::Flags(entry.flags));
     }
     let bytes = entry.decoded_value().map_err(Unreadable::Corrupt)?;
-    let value = LockValue::parse(&bytes).map_err(Unreadable::Corrupt)?;
+    let value = parse_lock(&bytes).map_err(Unreadable::Corrupt)?;
     Ok((entry.modify_index, value))
 }
 
@@ -127,16 +126,16 @@ mod tests {
 
     #[test]
     fn reads_both_holder_forms_and_writes_consuls() {
-        let map = LockValue::parse(br#"{"Limit":3,"Holders":{"a":true,"b":true}}"#).unwrap();
-        let list = LockValue::parse(br#"{"Limit":3,"Holders":["a","b"]}"#).unwrap();
+        let map = parse_lock(br#"{"Limit":3,"Holders":{"a":true,"b":true}}"#).unwrap();
+        let list = parse_lock(br#"{"Limit":3,"Holders":["a","b"]}"#).unwrap();
         assert_eq!(map, list);
         assert_eq!(
-            map.encode(),
+            encode_lock(&map),
             br#"{"Holders":{"a":true,"b":true},"Limit":3}"#.to_vec()
         );
-        assert_eq!(LockValue::parse(&map.encode()).unwrap(), map);
+        assert_eq!(parse_lock(&encode_lock(&map)).unwrap(), map);
         assert!(
-            LockValue::parse(br#"{"Limit":1,"Holders":null}"#)
+            parse_lock(br#"{"Limit":1,"Holders":null}"#)
                 .unwrap()
                 .holders
                 .is_empty()
@@ -160,7 +159,7 @@ mod tests {
             held("jobs/a/s2", "s2"),
             held("jobs/abc", "s3"),
         ];
-        let snapshot = Snapshot::read("jobs/a", &entries, 9);
+        let snapshot = read_snapshot("jobs/a", &entries, 9);
         assert_eq!(snapshot.live, HashSet::from(["s2".to_owned()]));
         assert_eq!(snapshot.contenders.keys().collect::<Vec<_>>(), ["s2"]);
         assert!(matches!(snapshot.lock, Ok(None)));
@@ -180,11 +179,7 @@ mod tests {
             br#"{"Limit":3,"Holders":[1]}"#,
             br#"{"Limit":3,"Holders":{"a":"yes"}}"#,
         ] {
-            assert!(
-                LockValue::parse(bad).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
+            assert!(parse_lock(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
     }
 
@@ -243,17 +238,17 @@ mod tests {
 
             #[test]
             fn parsing_any_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-                let _ = LockValue::parse(&bytes);
+                let _ = parse_lock(&bytes);
             }
 
             #[test]
             fn parsing_any_json_never_panics(value in json()) {
-                let _ = LockValue::parse(value.to_string().as_bytes());
+                let _ = parse_lock(value.to_string().as_bytes());
             }
 
             #[test]
             fn parsing_near_misses_never_panics(text in near_miss()) {
-                if let Ok(value) = LockValue::parse(text.as_bytes()) {
+                if let Ok(value) = parse_lock(text.as_bytes()) {
                     prop_assert!(value.limit > 0);
                 }
             }
@@ -265,13 +260,13 @@ mod tests {
                 } else {
                     r#"{"Limit":"#.repeat(depth)
                 };
-                let _ = LockValue::parse(text.as_bytes());
+                let _ = parse_lock(text.as_bytes());
             }
 
             #[test]
             fn the_map_form_round_trips(limit in 1..=u64::MAX, holders in holders()) {
                 let value = LockValue { limit, holders };
-                prop_assert_eq!(LockValue::parse(&value.encode()), Ok(value));
+                prop_assert_eq!(parse_lock(&encode_lock(&value)), Ok(value));
             }
 
             #[test]
@@ -289,7 +284,7 @@ mod tests {
                 }
                 let bytes = json!({"Limit": limit, "Holders": map}).to_string();
                 prop_assert_eq!(
-                    LockValue::parse(bytes.as_bytes()),
+                    parse_lock(bytes.as_bytes()),
                     Ok(LockValue { limit, holders: held })
                 );
             }
@@ -300,12 +295,12 @@ mod tests {
                 list in prop::collection::vec(holder(), 0..8),
             ) {
                 let bytes = json!({"Limit": limit, "Holders": list}).to_string();
-                let value = LockValue::parse(bytes.as_bytes());
+                let value = parse_lock(bytes.as_bytes());
                 let holders = list.into_iter().collect::<BTreeSet<_>>();
                 prop_assert_eq!(value.as_ref(), Ok(&LockValue { limit, holders }));
                 // Written back, it is Consul's map form, which reads the same.
                 let value = value.expect("checked above");
-                prop_assert_eq!(LockValue::parse(&value.encode()), Ok(value));
+                prop_assert_eq!(parse_lock(&encode_lock(&value)), Ok(value));
             }
 
             #[test]
@@ -330,7 +325,7 @@ mod tests {
                     modify_index: 2,
                     create_index: 2,
                 };
-                let snapshot = Snapshot::read("p", &[entry], 3);
+                let snapshot = read_snapshot("p", &[entry], 3);
                 let _ = (snapshot.limit(), snapshot.live_holders(), snapshot.records_holder("a"));
             }
         }

@@ -306,19 +306,23 @@ async fn keep<H: Hold>(
     }
 }
 
-/// How every backend's `acquire` runs: in a `lease.acquire` span, a child of the caller's (the
-/// lease's `lease.hold` span follows from it, see [`Keepers::start`]), recording the
-/// acquisition's metrics.
-#[cfg_attr(
-    not(any(
-        feature = "memory",
-        feature = "consul",
-        feature = "etcd",
-        feature = "amqp"
-    )),
-    allow(dead_code)
-)]
-pub(crate) fn acquire<'a>(
+/// How every backend's [`Backend::acquire`](crate::Backend::acquire) runs: `acquire` (the
+/// backend's protocol, ending in [`Keepers::start`]) in a `lease.acquire` span, a child of the
+/// caller's (the lease's `lease.hold` span follows from it), recording the acquisition's
+/// metrics (the `metrics` module) under `backend`'s label.
+///
+/// ```
+/// use lease_core::backend::instrument_acquire;
+/// use lease_core::{BackendKind, BoxFuture, Error, Lease, LeaseSpec};
+///
+/// fn acquire<'a>(spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
+///     instrument_acquire(BackendKind::Memory, spec, async move {
+///         // The backend's protocol, ending in `Keepers::start`.
+///         Err(Error::Config("not a real backend".into()))
+///     })
+/// }
+/// ```
+pub fn instrument_acquire<'a>(
     backend: BackendKind,
     spec: &'a LeaseSpec,
     acquire: impl Future<Output = Result<Lease, Error>> + Send + 'a,

@@ -17,17 +17,7 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
-#[cfg_attr(
-    not(any(
-        feature = "memory",
-        feature = "consul",
-        feature = "etcd",
-        feature = "amqp"
-    )),
-    allow(unused_imports)
-)]
-pub(crate) use keeper::acquire;
-pub use keeper::{Hold, Keepers, RELEASE_BOUND};
+pub use keeper::{Hold, Keepers, RELEASE_BOUND, instrument_acquire};
 pub use state::Fence;
 use state::LeaseState;
 pub(crate) use state::far_future;

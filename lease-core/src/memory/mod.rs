@@ -235,7 +235,7 @@ impl Memory {
 
 impl crate::Backend for Memory {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        crate::lease::acquire(BackendKind::Memory, spec, self.acquire_inner(spec))
+        crate::backend::instrument_acquire(BackendKind::Memory, spec, self.acquire_inner(spec))
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {

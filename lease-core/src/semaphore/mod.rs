@@ -3,23 +3,20 @@
 //!
 //! A semaphore under `<prefix>` is a contender key `<prefix>/<session>` per holder, held by the
 //! holder's session, and the coordinating key `<prefix>/.lock` recording the limit and the holder
-//! set. [`value`] holds those shapes and one consistent look at a prefix (a [`Snapshot`]);
-//! [`plan`] turns a snapshot and the queued takes and give-backs into the writes of one round.
+//! set. [`LockValue`] is that record and [`Snapshot`] one consistent look at a prefix; a
+//! [`Planner`] turns a snapshot and the [`Queue`] of takes and give-backs into the writes of one
+//! round ([`Plan`]).
 //!
-//! Neither does I/O. The Consul coordinator (`consul::semaphore`) reads the prefix, plans and
+//! Neither does I/O. The Consul coordinator (in `lease-consul`) reads the prefix, plans and
 //! writes the plan as one transaction; the memory store (`memory`) plans and applies the plan
 //! under its lock. Both backends thus admit, prune and refuse by the same code.
-
-// Each backend uses part of the shared surface (the coordinator's queue handling, the memory
-// store's planner bookkeeping); built with one of them, the other part has no caller.
-#![cfg_attr(not(all(feature = "memory", feature = "consul")), allow(dead_code))]
 
 mod plan;
 mod queue;
 mod value;
 
-pub(crate) use self::plan::{Next, Planner, Taken, Write};
-pub(crate) use self::queue::{Give, Queue, Take};
-pub(crate) use self::value::{
+pub use self::plan::{Admit, LockWrite, Next, Plan, Planner, Taken, Write};
+pub use self::queue::{Give, Queue, Take};
+pub use self::value::{
     LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key, prefix_of,
 };

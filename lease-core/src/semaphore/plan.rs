@@ -48,9 +48,14 @@ const MAX_GIVES: usize = 20;
 
 /// The answer to a take.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Taken {
+pub enum Taken {
     /// Admitted: the contender key's LockIndex, and an index from which to watch the prefix.
-    Admitted { lock_index: u64, index: u64 },
+    Admitted {
+        /// The contender key's LockIndex after this session locked it.
+        lock_index: u64,
+        /// The index of the read the admission was planned on.
+        index: u64,
+    },
     /// No slot is free, and the take asked not to wait.
     Full,
     /// The session cannot lock its contender key: the backend no longer has it.
@@ -59,17 +64,18 @@ pub(crate) enum Taken {
 
 /// What one round decided.
 #[derive(Debug)]
-pub(crate) struct Plan<T, G> {
+pub struct Plan<T, G> {
     /// Takes answered without a write: refused, found recorded, or told the semaphore is full.
-    pub(crate) answered: Vec<(Take, T, Result<Taken, Error>)>,
+    pub answered: Vec<(Take, T, Result<Taken, Error>)>,
     /// Give-backs done without a write: their session held no slot and they delete nothing.
-    pub(crate) given: Vec<(Give, G)>,
-    pub(crate) next: Next<T, G>,
+    pub given: Vec<(Give, G)>,
+    /// What to do next.
+    pub next: Next<T, G>,
 }
 
 /// What the caller does after answering a [`Plan`].
 #[derive(Debug)]
-pub(crate) enum Next<T, G> {
+pub enum Next<T, G> {
     /// Write this, as one atomic step, then plan again.
     Write(Write<T, G>),
     /// Read the prefix afresh, then plan again: a take that must not wait is refused only on
@@ -84,38 +90,41 @@ pub(crate) enum Next<T, G> {
 
 /// The writes of one round, all or nothing.
 #[derive(Debug)]
-pub(crate) struct Write<T, G> {
+pub struct Write<T, G> {
     /// Those leaving: delete the contender keys of those with `delete_contender`.
-    pub(crate) gives: Vec<(Give, G)>,
+    pub gives: Vec<(Give, G)>,
     /// Those admitted: lock their contender keys.
-    pub(crate) admits: Vec<Admit<T>>,
+    pub admits: Vec<Admit<T>>,
     /// The new value of the lock key, if it changes.
-    pub(crate) lock: Option<LockWrite>,
+    pub lock: Option<LockWrite>,
 }
 
 /// An admitted take.
 #[derive(Debug)]
-pub(crate) struct Admit<T> {
-    pub(crate) take: Take,
-    pub(crate) reply: T,
+pub struct Admit<T> {
+    /// The take admitted.
+    pub take: Take,
+    /// Its caller's reply.
+    pub reply: T,
     /// The session already holds its contender key (a pooled session): unlock it first, so the
     /// LockIndex, and with it the sequencer, changes on every admission.
-    pub(crate) relock: bool,
+    pub relock: bool,
 }
 
 /// A compare-and-set of the lock key.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct LockWrite {
+pub struct LockWrite {
     /// The ModifyIndex the lock key must still have; 0: it must not exist.
-    pub(crate) cas_index: u64,
-    pub(crate) value: LockValue,
+    pub cas_index: u64,
+    /// The value to write.
+    pub value: LockValue,
 }
 
 impl<T, G> Write<T, G> {
     /// The snapshot this write leads to once it went through at index `written`, given the lock
     /// key's new ModifyIndex and the LockIndex of each admitted contender key (in the order of
     /// `admits`): the next round can plan on it without reading.
-    pub(crate) fn applied_to(
+    pub fn applied_to(
         &self,
         snapshot: &Snapshot,
         written: u64,
@@ -146,7 +155,7 @@ impl<T, G> Write<T, G> {
 
 /// What a semaphore's planner remembers between rounds.
 #[derive(Debug, Default)]
-pub(crate) struct Planner {
+pub struct Planner {
     /// Recorded holders whose sessions are gone, and when they were first seen so.
     dead_since: HashMap<String, Instant>,
     /// Since when the lock key has been missing, first seen while sessions other than waiting
@@ -165,24 +174,19 @@ pub(crate) struct Planner {
 impl Planner {
     /// When the last round's answer changes with no change to the prefix: a dead holder's
     /// settle time ends, or a deleted lock key's.
-    pub(crate) fn next_wake(&self) -> Option<Instant> {
+    pub fn next_wake(&self) -> Option<Instant> {
         self.next_wake
     }
 
     /// Whether the planner remembers nothing a later round needs.
-    pub(crate) fn at_rest(&self) -> bool {
+    pub fn at_rest(&self) -> bool {
         self.dead_since.is_empty() && self.lock_gone_since.is_none()
     }
 
     /// Notes what `snapshot` shows at `now`: holders first seen dead, and a lock key missing
     /// under live contenders other than those `waiting` for a slot. Every round does this
     /// first; a backend that sees each change as it happens may do it then too.
-    pub(crate) fn observe(
-        &mut self,
-        snapshot: &Snapshot,
-        waiting: impl Fn(&str) -> bool,
-        now: Instant,
-    ) {
+    pub fn observe(&mut self, snapshot: &Snapshot, waiting: impl Fn(&str) -> bool, now: Instant) {
         let dead = |s: &String| !snapshot.live.contains(s);
         self.dead_since
             .retain(|s, _| snapshot.records_holder(s) && dead(s));
@@ -234,7 +238,7 @@ impl Planner {
     /// Plans one round for the semaphore at `prefix`: answers what needs no write, and takes
     /// the requests of the write (if any) out of `queue`. `fresh`: `snapshot` was read from the
     /// backend, not derived from our own writes.
-    pub(crate) fn plan<T, G>(
+    pub fn plan<T, G>(
         &mut self,
         prefix: &str,
         snapshot: &Snapshot,

@@ -7,16 +7,16 @@ use std::time::Duration;
 
 /// A request for a slot. It is queued with the caller's reply (how to answer it, what to
 /// write), which the planner hands back untouched.
-pub(crate) struct Take {
+pub struct Take {
     /// The session to admit.
-    pub(crate) session: String,
+    pub session: String,
     /// The limit the contender expects.
-    pub(crate) limit: u64,
+    pub limit: u64,
     /// How long a holder that lost its slot without a clean release keeps it before this take
     /// may have it: `LeaseSpec::settle_after_removal`.
-    pub(crate) settle: Duration,
+    pub settle: Duration,
     /// Answer [`Taken::Full`](super::Taken::Full) after one fresh read instead of waiting.
-    pub(crate) once: bool,
+    pub once: bool,
 }
 
 impl fmt::Debug for Take {
@@ -29,18 +29,19 @@ impl fmt::Debug for Take {
 
 /// A request to give a slot back (if the session has one), queued with the caller's reply.
 #[derive(Debug)]
-pub(crate) struct Give {
-    pub(crate) session: String,
+pub struct Give {
+    /// The session giving its slot back.
+    pub session: String,
     /// Delete the session's contender key too (a pooled session keeps it).
-    pub(crate) delete_contender: bool,
+    pub delete_contender: bool,
     /// The settle time of the lease given back (see [`Take::settle`]): a round that only gives
     /// back prunes other holders no sooner than its takes would.
-    pub(crate) settle: Duration,
+    pub settle: Duration,
 }
 
 /// The takes and give-backs waiting for a round, takes in arrival order.
 #[derive(Debug)]
-pub(crate) struct Queue<T, G> {
+pub struct Queue<T, G> {
     pub(super) takes: VecDeque<(Take, T)>,
     pub(super) gives: VecDeque<(Give, G)>,
 }
@@ -55,30 +56,33 @@ impl<T, G> Default for Queue<T, G> {
 }
 
 impl<T, G> Queue<T, G> {
-    pub(crate) fn push_take(&mut self, take: Take, reply: T) {
+    /// Queues a take, answered through `reply`.
+    pub fn push_take(&mut self, take: Take, reply: T) {
         self.takes.push_back((take, reply));
     }
 
-    pub(crate) fn push_give(&mut self, give: Give, reply: G) {
+    /// Queues a give-back, answered through `reply`.
+    pub fn push_give(&mut self, give: Give, reply: G) {
         self.gives.push_back((give, reply));
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether nothing waits for a round.
+    pub fn is_empty(&self) -> bool {
         self.takes.is_empty() && self.gives.is_empty()
     }
 
     /// Keeps the takes whose reply `keep` says is still wanted.
-    pub(crate) fn retain_takes(&mut self, mut keep: impl FnMut(&T) -> bool) {
+    pub fn retain_takes(&mut self, mut keep: impl FnMut(&T) -> bool) {
         self.takes.retain(|(_, reply)| keep(reply));
     }
 
     /// The replies of the queued takes.
-    pub(crate) fn take_replies_mut(&mut self) -> impl Iterator<Item = &mut T> {
+    pub fn take_replies_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.takes.iter_mut().map(|(_, reply)| reply)
     }
 
     /// Removes and returns the give-backs `pick` picks.
-    pub(crate) fn drain_gives(&mut self, mut pick: impl FnMut(&G) -> bool) -> Vec<(Give, G)> {
+    pub fn drain_gives(&mut self, mut pick: impl FnMut(&G) -> bool) -> Vec<(Give, G)> {
         let (picked, kept): (VecDeque<_>, VecDeque<_>) =
             self.gives.drain(..).partition(|(_, reply)| pick(reply));
         self.gives = kept;
@@ -86,13 +90,13 @@ impl<T, G> Queue<T, G> {
     }
 
     /// Removes and returns every take.
-    pub(crate) fn drain_takes(&mut self) -> Vec<(Take, T)> {
+    pub fn drain_takes(&mut self) -> Vec<(Take, T)> {
         self.takes.drain(..).collect()
     }
 
     /// Puts the requests of a write that did not go through back at the front, in their order:
     /// they keep their place.
-    pub(crate) fn put_back(
+    pub fn put_back(
         &mut self,
         takes: impl DoubleEndedIterator<Item = (Take, T)>,
         gives: impl DoubleEndedIterator<Item = (Give, G)>,

@@ -44,7 +44,8 @@
 //! use std::time::Duration;
 //! use axum::{Router, routing::post};
 //! use lease_core::leader::Campaign;
-//! use lease_core::{LeaseSpec, consul::Consul};
+//! use lease_consul::Consul;
+//! use lease_core::LeaseSpec;
 //! use lease_tower::leader::LeaderOnlyLayer;
 //! use lease_core::CancellationToken;
 //!

@@ -251,21 +251,21 @@ fn spec(args: &Args) -> LeaseSpec {
 fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
     if let Some(url) = &args.consul {
         return Ok(Arc::new(
-            lease_core::consul::Consul::builder()
+            lease_consul::Consul::builder()
                 .address(url.clone())
                 .build()?,
         ));
     }
     if let Some(urls) = &args.etcd {
         return Ok(Arc::new(
-            lease_core::etcd::Etcd::builder()
+            lease_etcd::Etcd::builder()
                 .endpoints(urls.split(','))
                 .build()?,
         ));
     }
     let url = args.amqp.clone().unwrap_or_default();
     Ok(Arc::new(
-        lease_core::amqp::Amqp::builder(url)
+        lease_amqp::Amqp::builder(url)
             .connection_name(format!("lease-worker-{}", std::process::id()))
             .build()?,
     ))

@@ -5,7 +5,7 @@
 //! and a re-read, and under load most writes are losers. Instead, each process runs one
 //! coordinator task per prefix. The process's tasks queue their takes and give-backs with it;
 //! each round it reads the prefix (or plans on what its own last write left), lets the planner
-//! (`crate::semaphore`) decide, and writes the plan as **one transaction**:
+//! (`lease_core::semaphore`) decide, and writes the plan as **one transaction**:
 //!
 //! - delete the contender keys of those leaving;
 //! - lock the contender keys of those admitted (unlock first for a pooled session, so the
@@ -47,9 +47,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::Error;
-use crate::consul::http::ConsulHttp;
-use crate::semaphore::{Give, Take, Taken};
+use crate::http::ConsulHttp;
+use lease_core::Error;
+use lease_core::semaphore::{Give, Take, Taken};
 
 /// How long a give-back is retried through trouble before it is reported failed.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
@@ -65,7 +65,7 @@ pub(super) struct TakeArgs<'a> {
     pub(super) limit: u64,
     /// The value to write into the contender key.
     pub(super) value: &'a [u8],
-    /// `LeaseSpec::settle_after_removal` (see `crate::semaphore::Take::settle`).
+    /// `LeaseSpec::settle_after_removal` (see `lease_core::semaphore::Take::settle`).
     pub(super) settle: Duration,
     /// Answer `Full` after one fresh read instead of waiting.
     pub(super) once: bool,

@@ -12,14 +12,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{GiveReply, Request, TakeReply};
-use crate::Error;
-use crate::backoff::Backoff;
-use crate::consul::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
-use crate::consul::kind::{OtherKind, Verdict};
-use crate::consul::leader::LEADER_FLAGS;
-use crate::consul::retry::backoff;
-use crate::consul::watch::{Interest, Watched, Watches};
-use crate::semaphore::{
+use crate::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
+use crate::kind::{OtherKind, Verdict};
+use crate::leader::LEADER_FLAGS;
+use crate::retry::backoff;
+use crate::semaphore::value::{encode_lock, read_snapshot};
+use crate::watch::{Interest, Watched, Watches};
+use lease_core::Error;
+use lease_core::backoff::Backoff;
+use lease_core::semaphore::{
     Give, Next, Planner, Queue, SEMAPHORE_FLAGS, Snapshot, Take, Taken, Write, contender_key,
     lock_key,
 };
@@ -187,7 +188,7 @@ impl Coordinator {
         match answer {
             Ok((entries, index)) => {
                 if self.snapshot.as_ref().is_none_or(|s| index >= s.index) {
-                    self.snapshot = Some(Snapshot::read(&self.prefix, &entries, index));
+                    self.snapshot = Some(read_snapshot(&self.prefix, &entries, index));
                     self.fresh = true;
                 }
                 self.backoff.reset();
@@ -228,7 +229,7 @@ impl Coordinator {
                 .await
             {
                 Ok((entries, index)) => {
-                    self.snapshot = Some(Snapshot::read(&self.prefix, &entries, index));
+                    self.snapshot = Some(read_snapshot(&self.prefix, &entries, index));
                     self.fresh = true;
                     self.backoff.reset();
                 }
@@ -268,7 +269,7 @@ impl Coordinator {
     /// Writes one round's plan as one transaction and answers its requests.
     async fn write(&mut self, snapshot: &Snapshot, write: Write<TakeReply, GiveReply>) {
         let lock_key = lock_key(&self.prefix);
-        let encoded = write.lock.as_ref().map(|lock| lock.value.encode());
+        let encoded = write.lock.as_ref().map(|lock| encode_lock(&lock.value));
         let give_keys: Vec<String> = (write.gives.iter())
             .map(|(g, _)| contender_key(&self.prefix, &g.session))
             .collect();

@@ -228,21 +228,6 @@ fn limit_mismatch_is_refused_and_the_rest_planned() {
     assert!(matches!(plan.next, Next::Idle));
 }
 
-#[cfg(feature = "consul")]
-#[test]
-fn the_list_form_holders_are_planned_on_and_written_back_as_a_map() {
-    // Some semaphore recipes write `Holders` as a list; Consul's CLI and Go client read and write a map.
-    let value = LockValue::parse(br#"{"Limit":2,"Holders":["a","b"]}"#).expect("the list form");
-    let mut listed = snapshot(None, &["b"]);
-    listed.lock = Ok(Some((7, value)));
-    let mut rig = Rig::new(vec![take("c", 2, Duration::ZERO)], Vec::new());
-    let write = planned_write(rig.fresh(&listed, Duration::ZERO));
-    let lock = write.lock.expect("a is pruned, c admitted");
-    assert_eq!(lock.cas_index, 7);
-    let json = String::from_utf8(lock.value.encode()).expect("JSON");
-    assert_eq!(json, r#"{"Holders":{"b":true,"c":true},"Limit":2}"#);
-}
-
 #[test]
 fn a_deleted_lock_with_live_contenders_admits_nobody_for_the_settle_time() {
     // `.lock` is gone, but a and b still hold their contender keys: they may still be running.
