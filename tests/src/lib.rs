@@ -39,12 +39,25 @@ pub mod workers;
 /// test here.
 pub use lease_conformance::support::{assert_refined, release_lost, within};
 
+/// An `EnvFilter` directive for the log of lease-core and every backend crate at `level`.
+pub fn log_filter(level: &str) -> String {
+    [
+        "lease_core",
+        "lease_consul",
+        "lease_etcd",
+        "lease_amqp",
+        "lease_http",
+    ]
+    .map(|target| format!("{target}={level}"))
+    .join(",")
+}
+
 /// Installs a tracing subscriber for test output (`RUST_LOG` filters it); safe to call repeatedly.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "lease_core=debug".into()),
+                .unwrap_or_else(|_| log_filter("debug").into()),
         )
         .with_test_writer()
         .try_init();

@@ -73,7 +73,7 @@ impl Run {
             .args(args)
             .arg("--history")
             .arg(self.history_path(name))
-            .env("RUST_LOG", "lease_core=info");
+            .env("RUST_LOG", crate::log_filter("info"));
         self.spawn_command(name, command)
     }
 
@@ -84,7 +84,7 @@ impl Run {
             .args(args)
             .arg("--history")
             .arg(self.history_path(name))
-            .env("RUST_LOG", "lease_core=debug");
+            .env("RUST_LOG", crate::log_filter("debug"));
         let i = self.start(name, command, Stdio::piped());
         let stdin = self.workers[i].child.stdin.take().expect("a piped stdin");
         (i, stdin)

@@ -57,7 +57,7 @@ OPTIONS:
 
 The demo ends by itself after about 8 seconds and prints a summary; its last line is
 `SUMMARY key=value ...` for scripts. The exit status is 1 if two leaders ever overlapped.
-RUST_LOG filters the output (default: lease_demo=info,lease_core=error).";
+RUST_LOG filters the output (default: lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error).";
 
 /// Which backend the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -706,7 +706,7 @@ async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "lease_demo=info,lease_core=error".into()),
+                .unwrap_or_else(|_| "lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error".into()),
         )
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())

@@ -16,7 +16,10 @@ const DEMO_LIMIT: Duration = Duration::from_secs(120);
 #[tokio::test]
 async fn the_demo_runs_to_completion_with_zero_leader_overlap() {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lease-demo"))
-        .env("RUST_LOG", "lease_demo=info,lease_core=error")
+        .env(
+            "RUST_LOG",
+            "lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error",
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

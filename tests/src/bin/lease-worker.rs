@@ -292,7 +292,7 @@ async fn main() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "lease_core=info".into()),
+                .unwrap_or_else(|_| lease_tests::log_filter("info").into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(false)
