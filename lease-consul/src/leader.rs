@@ -22,7 +22,7 @@ use super::http::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use super::kind::{OtherKind, Verdict};
 use super::retry::retry_transient;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
-use super::watch::{Interest, Listing, Watches};
+use super::watch::{Interest, Listing, Watched, Watches};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
@@ -102,34 +102,113 @@ async fn contend(
     started: Instant,
     deadline: Option<Instant>,
 ) -> Result<Contended, Error> {
-    let key = spec.key();
-    let busy = || Error::Busy {
-        key: key.to_owned(),
-        waited: started.elapsed(),
-    };
-    let mut watched = Watches::watch(http, Interest::Key(key.to_owned()), false, None);
-    // Where a semaphore on this name would be, and what the acquire asserts of it (see `kind`).
-    let semaphore_lock = lock_key(key);
-    let mut semaphore = OtherKind::Absent;
-    // The index of the last state judged; `None`: read the key afresh.
-    let mut index: Option<u64> = None;
-    // A state already read (after a refused acquire), to judge before waiting for the next.
-    let mut read: Option<Option<KvEntry>> = None;
-    // The last state judged: judged again when a settle ends with nothing new.
-    let mut last: Option<KvEntry> = None;
-    let mut lock_delay_pause = LOCK_DELAY_FIRST_PAUSE;
-    // The other session last seen holding the key, and its lock-delay once read.
-    let mut seen_holder: Option<(String, Option<Duration>)> = None;
-    let mut settle_until: Option<Instant> = None;
+    let mut contention = Contention::new(http, session, spec, started, deadline);
     loop {
-        let entry = match (read.take(), index) {
+        let entry = contention.next_state().await?;
+        if contention.held_by_another(entry.as_ref()).await? {
+            continue;
+        }
+        contention.settle_after_last_holder(entry.as_ref()).await;
+        if contention.settling()? {
+            // Wait for the next state or the settle's end, whichever comes first.
+            continue;
+        }
+        match contention.try_lock().await? {
+            Attempt::Acquired(acquired) => return Ok(Contended::Acquired(acquired)),
+            Attempt::Again => continue,
+            Attempt::Refused => {}
+        }
+        if contention.after_refusal().await? {
+            return Ok(Contended::SessionGone);
+        }
+    }
+}
+
+/// What one `?acquire=` transaction came to.
+enum Attempt {
+    Acquired(Acquired),
+    /// The key was ours to take, but the semaphore check failed on a state now understood: try
+    /// again on the same state.
+    Again,
+    /// Someone else won the race, the key is under lock-delay, or our session is gone.
+    Refused,
+}
+
+/// One contention for a leader key: what [`contend`] has learned so far.
+struct Contention<'a> {
+    http: &'a Arc<ConsulHttp>,
+    session: &'a str,
+    spec: &'a LeaseSpec,
+    key: &'a str,
+    started: Instant,
+    deadline: Option<Instant>,
+    watched: Watched,
+    /// Where a semaphore on this name would be, and what the acquire asserts of it (see `kind`).
+    semaphore_lock: String,
+    semaphore: OtherKind,
+    /// The index of the last state judged; `None`: read the key afresh.
+    index: Option<u64>,
+    /// A state already read (after a refused acquire), to judge before waiting for the next.
+    read: Option<Option<KvEntry>>,
+    /// The last state judged: judged again when a settle ends with nothing new.
+    last: Option<KvEntry>,
+    lock_delay_pause: Duration,
+    /// The other session last seen holding the key, and its lock-delay once read.
+    seen_holder: Option<(String, Option<Duration>)>,
+    settle_until: Option<Instant>,
+}
+
+impl<'a> Contention<'a> {
+    fn new(
+        http: &'a Arc<ConsulHttp>,
+        session: &'a str,
+        spec: &'a LeaseSpec,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Self {
+        let key = spec.key();
+        Contention {
+            http,
+            session,
+            spec,
+            key,
+            started,
+            deadline,
+            watched: Watches::watch(http, Interest::Key(key.to_owned()), false, None),
+            semaphore_lock: lock_key(key),
+            semaphore: OtherKind::Absent,
+            index: None,
+            read: None,
+            last: None,
+            lock_delay_pause: LOCK_DELAY_FIRST_PAUSE,
+            seen_holder: None,
+            settle_until: None,
+        }
+    }
+
+    fn busy(&self) -> Error {
+        Error::Busy {
+            key: self.key.to_owned(),
+            waited: self.started.elapsed(),
+        }
+    }
+
+    fn past_deadline(&self, at: Instant) -> bool {
+        self.deadline.is_some_and(|d| at >= d)
+    }
+
+    /// The next state of the key to judge: one already read, a fresh read, the watch's next
+    /// change, or (when a settle ends with nothing new) the last state again.
+    async fn next_state(&mut self) -> Result<Option<KvEntry>, Error> {
+        let entry = match (self.read.take(), self.index) {
             (Some(entry), _) => entry,
             (None, None) => {
-                let (entry, read_at) = read_retrying(http, key, deadline).await?;
-                index = Some(read_at);
+                let (entry, read_at) = read_retrying(self.http, self.key, self.deadline).await?;
+                self.index = Some(read_at);
                 entry
             }
             (None, Some(read_at)) => {
+                let watched = &mut self.watched;
                 let changed = async {
                     loop {
                         if let Ok(listing) = watched.next(read_at + 1).await {
@@ -138,81 +217,106 @@ async fn contend(
                     }
                 };
                 // While settling, wake when the settle ends too, to judge the last state again.
-                let settling = settle_until.filter(|until| *until > Instant::now());
-                let listing = match [settling, deadline].into_iter().flatten().min() {
+                let settling = self.settle_until.filter(|until| *until > Instant::now());
+                let listing = match [settling, self.deadline].into_iter().flatten().min() {
                     None => Some(changed.await),
                     Some(wake) => tokio::time::timeout_at(wake, changed).await.ok(),
                 };
                 match listing {
                     Some(listing) => {
-                        index = Some(listing.index);
-                        listing.get(key).cloned()
+                        self.index = Some(listing.index);
+                        listing.get(self.key).cloned()
                     }
-                    None if deadline.is_some_and(|d| Instant::now() >= d) => return Err(busy()),
-                    None => last.clone(),
+                    None if self.past_deadline(Instant::now()) => return Err(self.busy()),
+                    None => self.last.clone(),
                 }
             }
         };
-        last.clone_from(&entry);
-        if let Some(entry) = &entry {
-            if entry.flags != LEADER_FLAGS {
-                return Err(Error::FlagsConflict {
-                    key: key.to_owned(),
-                    found: entry.flags,
-                    expected: LEADER_FLAGS,
-                });
-            }
-            if let Some(holder) = entry.holder().filter(|h| *h != session) {
-                if seen_holder.as_ref().is_none_or(|(seen, _)| seen != holder) {
-                    tracing::debug!(%key, %holder, "the key is held by another session; waiting");
-                    let lock_delay = http.session_lock_delay(holder).await.ok().flatten();
-                    seen_holder = Some((holder.to_owned(), lock_delay));
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(busy());
-                }
-                continue;
-            }
+        self.last.clone_from(&entry);
+        Ok(entry)
+    }
+
+    /// Whether another session holds the key (then wait for the next state); refuses a key of
+    /// another kind.
+    async fn held_by_another(&mut self, entry: Option<&KvEntry>) -> Result<bool, Error> {
+        let Some(entry) = entry else {
+            return Ok(false);
+        };
+        if entry.flags != LEADER_FLAGS {
+            return Err(Error::FlagsConflict {
+                key: self.key.to_owned(),
+                found: entry.flags,
+                expected: LEADER_FLAGS,
+            });
         }
-        if let Some((previous, lock_delay)) = seen_holder.take() {
-            let settle = match &entry {
-                // Deleted under its holder: no lock-delay applies.
-                None => Some(spec.settle_after_removal()),
-                // Released. Cleanly (its session still exists, or its lock-delay protects the
-                // key, and Consul refuses us while it runs), or by an invalidation Consul does
-                // not delay.
-                Some(_) if lock_delay.is_some_and(|d| d >= spec.settle_time()) => None,
-                // Released cleanly by this very client.
-                Some(_) if http.released().contains(&previous) => None,
-                Some(_) => match http.session_exists(&previous).await {
-                    Ok(true) => None,
-                    Ok(false) | Err(_) => Some(spec.settle_time()),
-                },
-            };
-            if let Some(settle) = settle {
-                settle_until = Some(Instant::now() + settle);
-            }
+        let Some(holder) = entry.holder().filter(|h| *h != self.session) else {
+            return Ok(false);
+        };
+        if self
+            .seen_holder
+            .as_ref()
+            .is_none_or(|(seen, _)| seen != holder)
+        {
+            let key = self.key;
+            tracing::debug!(%key, %holder, "the key is held by another session; waiting");
+            let lock_delay = self.http.session_lock_delay(holder).await.ok().flatten();
+            self.seen_holder = Some((holder.to_owned(), lock_delay));
         }
-        if let Some(until) = settle_until.filter(|until| *until > Instant::now()) {
-            if deadline.is_some_and(|d| until >= d) {
-                return Err(busy());
-            }
-            tracing::debug!(
-                ?until,
-                "the last holder lost the key without a release; settling"
-            );
-            // Wait for the next state or the settle's end, whichever comes first.
-            continue;
+        if self.past_deadline(Instant::now()) {
+            return Err(self.busy());
         }
-        // `?acquire=` as a transaction: its answer carries the LockIndex, so no read follows
-        // (none that could hang after the lock is ours). Its first operation asserts that no
-        // semaphore uses the name (see `kind`): no request of its own.
-        let check = semaphore.check(&semaphore_lock);
+        Ok(true)
+    }
+
+    /// After the holder last seen let go: settle if it may still be stopping its work.
+    async fn settle_after_last_holder(&mut self, entry: Option<&KvEntry>) {
+        let Some((previous, lock_delay)) = self.seen_holder.take() else {
+            return;
+        };
+        let settle = match entry {
+            // Deleted under its holder: no lock-delay applies.
+            None => Some(self.spec.settle_after_removal()),
+            // Released. Cleanly (its session still exists, or its lock-delay protects the key,
+            // and Consul refuses us while it runs), or by an invalidation Consul does not delay.
+            Some(_) if lock_delay.is_some_and(|d| d >= self.spec.settle_time()) => None,
+            // Released cleanly by this very client.
+            Some(_) if self.http.released().contains(&previous) => None,
+            Some(_) => match self.http.session_exists(&previous).await {
+                Ok(true) => None,
+                Ok(false) | Err(_) => Some(self.spec.settle_time()),
+            },
+        };
+        if let Some(settle) = settle {
+            self.settle_until = Some(Instant::now() + settle);
+        }
+    }
+
+    /// Whether a settle is still running (busy if it would outlast the deadline).
+    fn settling(&self) -> Result<bool, Error> {
+        let Some(until) = self.settle_until.filter(|until| *until > Instant::now()) else {
+            return Ok(false);
+        };
+        if self.past_deadline(until) {
+            return Err(self.busy());
+        }
+        tracing::debug!(
+            ?until,
+            "the last holder lost the key without a release; settling"
+        );
+        Ok(true)
+    }
+
+    /// `?acquire=` as a transaction: its answer carries the LockIndex, so no read follows (none
+    /// that could hang after the lock is ours). Its first operation asserts that no semaphore
+    /// uses the name (see `kind`): no request of its own.
+    async fn try_lock(&mut self) -> Result<Attempt, Error> {
+        let (http, key) = (self.http, self.key);
+        let check = self.semaphore.check(&self.semaphore_lock);
         let lock_op = usize::from(check.is_some());
         let lock = TxnOp::Lock {
             key,
-            session,
-            value: spec.advertised_value(),
+            session: self.session,
+            value: self.spec.advertised_value(),
             flags: LEADER_FLAGS,
         };
         let ops: Vec<TxnOp<'_>> = check.into_iter().chain([lock]).collect();
@@ -225,7 +329,7 @@ async fn contend(
                 let ours = entries.iter().find(|e| e.key == key);
                 return ours
                     .map(|e| {
-                        Contended::Acquired(Acquired {
+                        Attempt::Acquired(Acquired {
                             lock_index: e.lock_index,
                             modify_index: e.modify_index,
                         })
@@ -242,41 +346,47 @@ async fn contend(
         if lock_op == 1 && failed.contains(&0) {
             // `<key>/.lock` exists, or changed since we read it: one read tells a semaphore
             // (refused for good) from anything else (asserted from now on).
-            let lock_read = read_raw(http, &semaphore_lock, deadline).await;
+            let semaphore_lock = &self.semaphore_lock;
+            let lock_read = read_raw(http, semaphore_lock, self.deadline).await;
             let verdict =
                 OtherKind::after_failed_check(lock_read.map(|(entry, _)| entry), SEMAPHORE_FLAGS)
                     .map_err(|e| e.into_error(http, format_args!("read {semaphore_lock:?}")))?;
             match verdict {
-                Verdict::Refuse => return Err(Error::semaphore_in_the_way(&*semaphore_lock)),
-                Verdict::Assert(next) => semaphore = next,
+                Verdict::Refuse => return Err(Error::semaphore_in_the_way(&**semaphore_lock)),
+                Verdict::Assert(next) => self.semaphore = next,
             }
             if !failed.contains(&lock_op) {
                 // The key itself was ours to take: try again on the same state.
-                read = Some(last.clone());
-                continue;
+                self.read = Some(self.last.clone());
+                return Ok(Attempt::Again);
             }
         }
-        // Refused. Either someone else won the race (the next read shows them), or the key is
-        // free but under lock-delay, or our session is gone: then pause briefly, growing, never
-        // past the deadline.
-        let (entry, read_at) = read_retrying(http, key, deadline).await?;
-        index = Some(read_at);
+        Ok(Attempt::Refused)
+    }
+
+    /// After a refused acquire: either someone else won the race (the next read shows them), or
+    /// the key is free but under lock-delay, or our session is gone (`true`): then pause
+    /// briefly, growing, never past the deadline.
+    async fn after_refusal(&mut self) -> Result<bool, Error> {
+        let (entry, read_at) = read_retrying(self.http, self.key, self.deadline).await?;
+        self.index = Some(read_at);
         if entry.as_ref().is_some_and(|e| e.holder().is_some()) {
             // Judged like any other state: its holder is seen, so a deletion under it settles.
-            read = Some(entry);
-            continue;
+            self.read = Some(entry);
+            return Ok(false);
         }
-        if let Ok(false) = http.session_exists(session).await {
-            return Ok(Contended::SessionGone);
+        if let Ok(false) = self.http.session_exists(self.session).await {
+            return Ok(true);
         }
-        let pause_until = Instant::now() + lock_delay_pause;
-        if deadline.is_some_and(|d| pause_until >= d) {
-            return Err(busy());
+        let pause_until = Instant::now() + self.lock_delay_pause;
+        if self.past_deadline(pause_until) {
+            return Err(self.busy());
         }
-        tracing::debug!(pause = ?lock_delay_pause, "key is free but under lock-delay");
+        tracing::debug!(pause = ?self.lock_delay_pause, "key is free but under lock-delay");
         tokio::time::sleep_until(pause_until).await;
-        lock_delay_pause = (lock_delay_pause * 2).min(LOCK_DELAY_MAX_PAUSE);
-        index = None;
+        self.lock_delay_pause = (self.lock_delay_pause * 2).min(LOCK_DELAY_MAX_PAUSE);
+        self.index = None;
+        Ok(false)
     }
 }
 
