@@ -94,7 +94,7 @@ pub use error::{BoxError, Error, LostReason};
 pub use guard::__private;
 pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_by_default};
 pub use lease::{BoxFuture, Lease, LeaseWatcher};
-pub use sequencer::{BackendKind, ParseSequencerError, Sequencer};
+pub use sequencer::{BackendKind, CustomKind, ParseSequencerError, Sequencer};
 pub use shutdown::{StopSignal, shutdown_signal};
 pub use spec::{
     LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait, key_rule_broken, validate_key,

@@ -23,7 +23,7 @@
 //!
 //! Label values:
 //!
-//! - `backend`: `consul`, `etcd`, `amqp`, `memory` ([`BackendKind::as_str`]);
+//! - `backend`: `consul`, `etcd`, `amqp`, `memory` or a custom kind's name ([`BackendKind::as_str`]);
 //! - `kind`: `leader` or `semaphore`;
 //! - `key`: the leader key or the semaphore's prefix (name), exactly as in the [`LeaseSpec`];
 //! - `reason`: `session_invalidated`, `key_deleted`, `key_released`, `key_taken`,
@@ -98,7 +98,7 @@ pub const SEMAPHORE_SLOTS_IN_USE: &str = "lease_semaphore_slots_in_use";
 
 /// The label names.
 pub mod labels {
-    /// The backend: `consul`, `etcd`, `amqp`, `memory`.
+    /// The backend: `consul`, `etcd`, `amqp`, `memory`, or a custom kind's name.
     pub const BACKEND: &str = "backend";
     /// `leader` or `semaphore`.
     pub const KIND: &str = "kind";

@@ -34,9 +34,74 @@ pub enum BackendKind {
     /// cluster, whatever the key), `holder` the etcd lease ID in hex, as `etcdctl elect` names
     /// its keys.
     Etcd,
+    /// A backend outside this repository: see [`BackendKind::custom`].
+    Custom(CustomKind),
 }
 
+/// The name of a backend outside this repository, from [`BackendKind::custom`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CustomKind(&'static str);
+
+impl CustomKind {
+    /// The name, as in the text form of its sequencers and in the metrics' `backend` label.
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+/// The custom names this process knows, so that their sequencers parse back.
+static CUSTOM: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
 impl BackendKind {
+    const BUILT_IN: [BackendKind; 4] = [
+        BackendKind::Consul,
+        BackendKind::Amqp,
+        BackendKind::Memory,
+        BackendKind::Etcd,
+    ];
+
+    /// The kind of a backend of your own, named `name`: what its sequencers and metrics say.
+    /// It also makes the name known to this process, so that [`Sequencer`]s of this kind parse
+    /// back from their text (a process that only checks them, with the backend, knows the name
+    /// once the backend is built). Call it where the backend is built, or keep it in a `static`
+    /// initialized once.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is empty, longer than 32 bytes, has a byte outside `a`–`z`, `0`–`9`, `-` and
+    /// `_`, or is the name of a built-in kind (`consul`, `amqp`, `memory`, `etcd`): a programming
+    /// error, found the first time the code runs.
+    ///
+    /// ```
+    /// use lease_core::{BackendKind, Sequencer};
+    ///
+    /// let kind = BackendKind::custom("file");
+    /// let seq = Sequencer::new(kind, "jobs/nightly", 3, "host-a:4242");
+    /// assert_eq!(seq.to_string(), "file:3:host-a%3A4242:jobs/nightly");
+    /// assert_eq!(seq.to_string().parse::<Sequencer>().unwrap().backend(), kind);
+    /// ```
+    pub fn custom(name: &'static str) -> BackendKind {
+        let valid = (1..=32).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        assert!(
+            valid,
+            "BackendKind::custom({name:?}): a name is 1 to 32 of a-z, 0-9, '-' and '_'"
+        );
+        assert!(
+            !Self::BUILT_IN.iter().any(|kind| kind.as_str() == name),
+            "BackendKind::custom({name:?}): that is a built-in kind; use BackendKind's variant"
+        );
+        let mut known = CUSTOM
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !known.contains(&name) {
+            known.push(name);
+        }
+        BackendKind::Custom(CustomKind(name))
+    }
+
     /// The name used in the text form.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -44,17 +109,18 @@ impl BackendKind {
             BackendKind::Amqp => "amqp",
             BackendKind::Memory => "memory",
             BackendKind::Etcd => "etcd",
+            BackendKind::Custom(custom) => custom.name(),
         }
     }
 
     fn parse(s: &str) -> Option<Self> {
-        match s {
-            "consul" => Some(BackendKind::Consul),
-            "amqp" => Some(BackendKind::Amqp),
-            "memory" => Some(BackendKind::Memory),
-            "etcd" => Some(BackendKind::Etcd),
-            _ => None,
+        if let Some(kind) = Self::BUILT_IN.into_iter().find(|kind| kind.as_str() == s) {
+            return Some(kind);
         }
+        let known = CUSTOM
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (known.iter().find(|name| **name == s)).map(|name| BackendKind::Custom(CustomKind(name)))
     }
 }
 
@@ -148,7 +214,8 @@ impl FromStr for Sequencer {
             ));
         };
         let backend = BackendKind::parse(backend).ok_or(err(
-            "unknown backend; expected consul, amqp, memory or etcd",
+            "unknown backend; expected consul, amqp, memory, etcd or a name this process made known \
+             with BackendKind::custom",
         ))?;
         if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err("the index is not a decimal number"));
@@ -258,6 +325,42 @@ fn decode(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_custom_kind_parses_back_once_this_process_knows_it() {
+        let text = "tests-unknown:1:h:k";
+        let unknown = text.parse::<Sequencer>().unwrap_err();
+        assert!(
+            unknown.to_string().contains("BackendKind::custom"),
+            "{unknown}"
+        );
+        let kind = BackendKind::custom("tests-unknown");
+        assert_eq!(kind.as_str(), "tests-unknown");
+        assert_eq!(
+            BackendKind::custom("tests-unknown"),
+            kind,
+            "naming it twice is the same kind"
+        );
+        let parsed: Sequencer = text.parse().expect("known now");
+        assert_eq!(parsed, Sequencer::new(kind, "k", 1, "h"));
+    }
+
+    #[test]
+    fn a_custom_kind_is_a_plain_name_and_not_a_built_in_one() {
+        for bad in [
+            "",
+            "Upper",
+            "has:colon",
+            "sp ace",
+            "consul",
+            "memory",
+            &"x".repeat(33),
+        ] {
+            let name: &'static str = Box::leak(bad.to_owned().into_boxed_str());
+            let panicked = std::panic::catch_unwind(|| BackendKind::custom(name));
+            assert!(panicked.is_err(), "{bad:?} was accepted");
+        }
+    }
 
     #[test]
     fn round_trips_awkward_keys() {

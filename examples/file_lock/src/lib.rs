@@ -40,6 +40,14 @@
 //! are refused, never both granted. A name is the other kind's only while that kind holds a lock
 //! file: a semaphore's `.limit` stays, but is no lock.
 //!
+//! # Built as the backend crates are
+//!
+//! It uses only lease-core's public backend contract, exactly as lease-consul, lease-etcd and
+//! lease-amqp do: [`Keepers`] and a [`Hold`](lease_core::backend::Hold) for each lease,
+//! [`instrument_acquire`] around `acquire` (the `lease.acquire` span and the acquisition metrics),
+//! and a kind of its own, `file` ([`BackendKind::custom`]), which its sequencers and metric labels
+//! carry: `file:3:<holder>:reports/leader`.
+//!
 //! # What it does not do
 //!
 //! - **Sessions, TTLs, lock-delay.** A lease lives as long as its file. A holder that dies
@@ -48,8 +56,6 @@
 //!   gives its leases back, even at the end of `main`.
 //! - **More than one host.** Lock files on a network file system are only as exclusive as its
 //!   `O_EXCL`.
-//! - **Its own sequencer kind.** `lease_core::BackendKind` has no variant for a backend outside
-//!   `lease-core`, so its sequencers say `memory`, the in-tree single-host backend.
 //!
 //! # Example
 //!
@@ -78,11 +84,11 @@ mod hold;
 mod lock_file;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease_core::backend::{Fence, Keepers};
+use lease_core::backend::{Fence, Keepers, instrument_acquire};
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{
     Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
@@ -92,6 +98,9 @@ use tokio::time::Instant;
 
 use hold::FileHold;
 use lock_file::{Lock, Record};
+
+/// The kind its sequencers and metrics name: `file`.
+static KIND: LazyLock<BackendKind> = LazyLock::new(|| BackendKind::custom("file"));
 
 /// Leases kept as lock files under one directory. Clones share their holder tasks.
 #[derive(Clone, Debug)]
@@ -107,6 +116,8 @@ impl FileLock {
 
     /// Leases under `dir` (created when first needed).
     pub fn new(dir: impl Into<PathBuf>) -> FileLock {
+        // Known from here on, so that this process parses `file:` sequencers back.
+        LazyLock::force(&KIND);
         FileLock {
             dir: dir.into().into(),
             poll_every: Self::DEFAULT_POLL_INTERVAL,
@@ -216,7 +227,7 @@ impl FileLock {
 
     /// Hands a taken lock file to a holder task: the only way to build a [`Lease`].
     fn start(&self, key: String, path: PathBuf, record: Record) -> Lease {
-        let sequencer = Sequencer::new(BackendKind::Memory, key, record.index, &record.holder);
+        let sequencer = Sequencer::new(*KIND, key, record.index, &record.holder);
         let hold = FileHold {
             path,
             record: record.encode(),
@@ -335,7 +346,7 @@ impl FileLock {
         let leader_of = move |key: &str| match lock_file::look(&path) {
             Ok(Lock::Free) => Some(None),
             Ok(Lock::Held(record)) => Some(Some(Leader::new(
-                Sequencer::new(BackendKind::Memory, key, record.index, record.holder),
+                Sequencer::new(*KIND, key, record.index, record.holder),
                 record.value,
             ))),
             // Being written, or unreadable for now: no news.
@@ -364,7 +375,7 @@ impl FileLock {
 
 impl Backend for FileLock {
     fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        Box::pin(self.acquire_inner(spec))
+        instrument_acquire(*KIND, spec, self.acquire_inner(spec))
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
