@@ -4,7 +4,7 @@
 //! in a [`Lease`]: acquired before the work starts, watched while it runs, and the work is
 //! cancelled — its future dropped at its next await point — the moment the lease is known lost.
 //!
-//! Backends, all behind the same [`Backend`] trait: this crate's in-process [`memory::Memory`]
+//! Backends, all behind the same [`Backend`] trait: this crate's in-process `memory::Memory`
 //! (feature `memory`, on by default: no server, the same semantics), and one crate per server:
 //!
 //! - `lease-consul`: Consul sessions + KV, interoperating with `consul lock` and `consul lock -n`;
