@@ -692,7 +692,7 @@ mod tests {
     /// The hints of a failed connection name `CONSUL_HTTP_ADDR` only for an address read from it.
     #[tokio::test]
     async fn unreachable_hints_name_where_the_address_came_from() {
-        use crate::http::ApiError;
+        use crate::http::{ApiError, hint};
         // Nothing listens on port 1: refused at once, no server needed.
         let refused = reqwest::get("http://127.0.0.1:1/").await.unwrap_err();
         let error = ApiError::Transport(std::sync::Arc::new(refused));
@@ -700,7 +700,7 @@ mod tests {
             AddressOrigin::Builder,
             AddressOrigin::Default { from_env: false },
         ] {
-            let hint = error.hint(origin, false);
+            let hint = hint(&error, origin, false);
             assert!(!hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
             assert!(
                 hint.contains("ConsulBuilder::address"),
@@ -711,7 +711,7 @@ mod tests {
             AddressOrigin::Env,
             AddressOrigin::Default { from_env: true },
         ] {
-            let hint = error.hint(origin, false);
+            let hint = hint(&error, origin, false);
             assert!(hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
         }
     }

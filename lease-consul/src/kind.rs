@@ -76,9 +76,10 @@ impl OtherKind {
             Ok(None) => Verdict::Assert(OtherKind::Absent),
             Ok(Some(entry)) if entry.flags == other => Verdict::Refuse,
             Ok(Some(entry)) => Verdict::Assert(OtherKind::Unchanged(entry.modify_index)),
-            Err(ApiError::Status(StatusCode::FORBIDDEN, _)) => {
-                Verdict::Assert(OtherKind::Unreadable)
-            }
+            Err(ApiError::Status {
+                status: StatusCode::FORBIDDEN,
+                ..
+            }) => Verdict::Assert(OtherKind::Unreadable),
             Err(error) => return Err(error),
         })
     }
@@ -140,12 +141,20 @@ mod tests {
             Some(Verdict::Assert(OtherKind::Unchanged(9)))
         );
         // A token that may not read the key: no check from now on. Other failures are errors.
-        let denied = ApiError::Status(StatusCode::FORBIDDEN, "Permission denied".into());
+        let denied = ApiError::Status {
+            status: StatusCode::FORBIDDEN,
+            grpc_code: None,
+            message: "Permission denied".into(),
+        };
         assert_eq!(
             judge(Err(denied), LEADER_FLAGS),
             Some(Verdict::Assert(OtherKind::Unreadable))
         );
-        let trouble = ApiError::Status(StatusCode::INTERNAL_SERVER_ERROR, "no leader".into());
+        let trouble = ApiError::Status {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            grpc_code: None,
+            message: "no leader".into(),
+        };
         assert!(judge(Err(trouble), LEADER_FLAGS).is_none());
     }
 }

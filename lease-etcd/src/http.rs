@@ -2,7 +2,7 @@
 //!
 //! Every call is a `POST /v3/...` with a JSON body (see `wire`). Requests go to one endpoint at a
 //! time; a transport failure moves the client on to the next of its endpoints, so the retry that
-//! follows (`transport::retry_transient`) reaches another member. With a user and password the
+//! follows ([`lease_http::retry_transient`]) reaches another member. With a user and password the
 //! client authenticates first and sends etcd's token in `Authorization`; a token etcd no longer
 //! knows (they expire after five idle minutes by default) is replaced once, transparently.
 
@@ -21,134 +21,94 @@ use super::wire::{
 };
 use lease_core::backend::ReachabilityTracker;
 use lease_core::backend::{Keepers, Reachability};
-use lease_core::metrics::RequestError;
 use lease_core::{BackendKind, Error};
-use lease_http::{Cause, ClientConfig, DisplayChain, Retryable};
+pub(crate) use lease_http::ApiError;
+use lease_http::{Cause, ClientConfig, ErrorContext, grpc};
 
 /// Timeout of every request but a watch.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// gRPC status codes etcd answers with (in the error body's `code`).
-mod code {
-    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
-    pub(super) const NOT_FOUND: i32 = 5;
-    pub(super) const PERMISSION_DENIED: i32 = 7;
-    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
-    pub(super) const ABORTED: i32 = 10;
-    pub(super) const UNAVAILABLE: i32 = 14;
-    pub(super) const UNAUTHENTICATED: i32 = 16;
-}
-
-/// Why a call failed, before it is given the context of what the caller was doing.
-#[derive(Clone, Debug)]
-pub(crate) enum ApiError {
-    /// Shared, so one failure can be the source of every error it causes.
-    Transport(Arc<reqwest::Error>),
-    /// An error answer: the HTTP status, etcd's gRPC code and its message.
-    Status(StatusCode, i32, String),
-    Malformed(String),
-    /// No answer before the caller's deadline.
-    TimedOut,
-}
-
-impl ApiError {
-    fn transport(error: reqwest::Error) -> Self {
-        ApiError::Transport(Arc::new(error.without_url()))
+/// An error answer of etcd's: the HTTP status, the gRPC code (0 if the body carried none, which
+/// [`ApiError::is_transient`] reads as "judge by the status"), and etcd's message.
+fn error_answer(status: StatusCode, code: i32, message: String) -> ApiError {
+    ApiError::Status {
+        status,
+        grpc_code: Some(code),
+        message,
     }
+}
 
-    /// The `error` label of this failure in the metrics.
-    pub(crate) fn metric_kind(&self) -> RequestError {
-        match self {
-            ApiError::Transport(source) => Cause::metric_kind(&**source),
-            ApiError::Status(..) => RequestError::Status,
-            ApiError::Malformed(_) => RequestError::Malformed,
-            ApiError::TimedOut => RequestError::TimedOut,
+/// Whether etcd says the lease (or the thing asked about) does not exist.
+fn is_not_found(error: &ApiError) -> bool {
+    matches!(
+        error,
+        ApiError::Status {
+            grpc_code: Some(grpc::NOT_FOUND),
+            ..
         }
-    }
+    )
+}
 
-    /// Worth retrying: etcd electing a raft leader, an overloaded member, the network.
-    pub(crate) fn is_transient(&self) -> bool {
-        match self {
-            ApiError::Transport(_) | ApiError::TimedOut => true,
-            ApiError::Status(status, grpc, _) => {
-                matches!(
-                    *grpc,
-                    code::DEADLINE_EXCEEDED
-                        | code::RESOURCE_EXHAUSTED
-                        | code::ABORTED
-                        | code::UNAVAILABLE
-                ) || (*grpc == 0 && status.is_server_error())
+/// Whether etcd refused the call's permission or credentials.
+fn is_permission(error: &ApiError) -> bool {
+    match error {
+        ApiError::Status {
+            grpc_code: Some(grpc::PERMISSION_DENIED | grpc::UNAUTHENTICATED),
+            ..
+        } => true,
+        // A wrong user or password is InvalidArgument, and only its message says so.
+        ApiError::Status { message, .. } => message.contains("authentication failed"),
+        _ => false,
+    }
+}
+
+/// What the user should do about `error`, for errors and warnings.
+fn hint(error: &ApiError) -> &'static str {
+    match error {
+        ApiError::Transport(source) => match Cause::of(&**source) {
+            Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
+            Cause::Dns => {
+                "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
             }
-            ApiError::Malformed(_) => false,
-        }
+            Cause::Dropped => {
+                "etcd closed the connection: is it an etcd client URL (not a peer URL), with \
+                 https:// if it serves TLS?"
+            }
+            Cause::TimedOut => "no answer in time: etcd or the network is overloaded",
+            Cause::Tls => {
+                "the TLS handshake failed: trust the CA that signed etcd's certificate \
+                 (ETCD_CACERT), connect by a name the certificate carries, and give a client \
+                 certificate if etcd verifies clients (ETCD_CERT and ETCD_KEY)"
+            }
+            Cause::Other => "is it running? Check ETCD_ENDPOINTS",
+        },
+        ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
+        ApiError::Status { .. } | ApiError::Malformed(_) => "",
     }
+}
 
-    /// Whether etcd says the lease (or the thing asked about) does not exist.
-    pub(crate) fn is_not_found(&self) -> bool {
-        matches!(self, ApiError::Status(_, code::NOT_FOUND, _))
-    }
-
-    fn is_permission(&self) -> bool {
-        match self {
-            ApiError::Status(_, code::PERMISSION_DENIED | code::UNAUTHENTICATED, _) => true,
-            // A wrong user or password is InvalidArgument, and only its message says so.
-            ApiError::Status(_, _, message) => message.contains("authentication failed"),
-            _ => false,
-        }
-    }
-
-    /// What the user should do about this failure, for errors and warnings.
-    pub(crate) fn hint(&self) -> &'static str {
-        match self {
-            ApiError::Transport(source) => match Cause::of(&**source) {
-                Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
-                Cause::Dns => {
-                    "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
-                }
-                Cause::Dropped => {
-                    "etcd closed the connection: is it an etcd client URL (not a \
-                                   peer URL), with https:// if it serves TLS?"
-                }
-                Cause::TimedOut => "no answer in time: etcd or the network is overloaded",
-                Cause::Tls => {
-                    "the TLS handshake failed: trust the CA that signed etcd's certificate \
-                     (ETCD_CACERT), connect by a name the certificate carries, and give a client \
-                     certificate if etcd verifies clients (ETCD_CERT and ETCD_KEY)"
-                }
-                Cause::Other => "is it running? Check ETCD_ENDPOINTS",
-            },
-            ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
-            ApiError::Status(..) | ApiError::Malformed(_) => "",
-        }
-    }
-
-    /// The public error, saying what we were doing.
-    pub(crate) fn into_error(self, http: &EtcdHttp, operation: impl fmt::Display) -> Error {
-        let transient = self.is_transient();
-        let permission = self.is_permission();
-        match self {
+impl ErrorContext for EtcdHttp {
+    fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
+        let transient = error.is_transient();
+        let permission = is_permission(&error);
+        let hint = hint(&error);
+        match error {
             ApiError::Transport(source) => Error::Unreachable {
                 backend: "etcd",
-                address: http.address(),
-                hint: ApiError::Transport(Arc::clone(&source)).hint(),
+                address: self.address(),
+                hint,
                 source: lease_http::unreachable_source(&*source),
             },
-            ApiError::Status(_, _, message) if permission => Error::PermissionDenied {
+            ApiError::Status { message, .. } if permission => Error::PermissionDenied {
                 operation: operation.to_string(),
                 message,
                 hint: "use credentials (ETCD_USER and ETCD_PASSWORD, or EtcdBuilder::user) whose \
                        role allows it",
             },
-            ApiError::Status(status, grpc, message) => Error::Backend {
+            ApiError::Status { .. } | ApiError::Malformed(_) => Error::Backend {
                 backend: "etcd",
                 operation: operation.to_string(),
-                message: format!("{status} (gRPC code {grpc}): {message}"),
-                transient,
-            },
-            ApiError::Malformed(message) => Error::Backend {
-                backend: "etcd",
-                operation: operation.to_string(),
-                message: format!("unexpected answer: {message}"),
+                message: error.to_string(),
                 transient,
             },
             ApiError::TimedOut => Error::Backend {
@@ -158,29 +118,6 @@ impl ApiError {
                 transient,
             },
         }
-    }
-}
-
-impl fmt::Display for ApiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApiError::Transport(e) => write!(f, "{}", DisplayChain(&**e)),
-            ApiError::Status(status, grpc, message) => {
-                write!(f, "{status} (gRPC code {grpc}): {message}")
-            }
-            ApiError::Malformed(m) => write!(f, "unexpected answer: {m}"),
-            ApiError::TimedOut => f.write_str("no answer in the time left"),
-        }
-    }
-}
-
-impl Retryable for ApiError {
-    fn is_transient(&self) -> bool {
-        ApiError::is_transient(self)
-    }
-
-    fn timed_out() -> Self {
-        ApiError::TimedOut
     }
 }
 
@@ -361,8 +298,13 @@ impl EtcdHttp {
             }
             let error = status_error(response).await;
             lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
-            if matches!(error, ApiError::Status(_, code::UNAUTHENTICATED, _))
-                && self.credentials.is_some()
+            if matches!(
+                error,
+                ApiError::Status {
+                    grpc_code: Some(grpc::UNAUTHENTICATED),
+                    ..
+                }
+            ) && self.credentials.is_some()
                 && !renewed_token
             {
                 // The token expired (or the member restarted): authenticate again, once.
@@ -507,7 +449,7 @@ impl EtcdHttp {
             .await
         {
             Ok(_) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -634,9 +576,9 @@ impl WatchStream {
             match self.response.chunk().await {
                 Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
                 Ok(None) => {
-                    return Err(ApiError::Status(
+                    return Err(error_answer(
                         StatusCode::OK,
-                        code::UNAVAILABLE,
+                        grpc::UNAVAILABLE,
                         "the watch stream ended".into(),
                     ));
                 }
@@ -656,13 +598,13 @@ fn cancelled(message: &WatchResponse) -> ApiError {
         format!("etcd cancelled the watch: {}", message.cancel_reason)
     };
     // Compaction is "retry from a fresh read"; a cancellation for permission is not transient.
-    let grpc =
+    let code =
         if message.cancel_reason.contains("auth") || message.cancel_reason.contains("permission") {
-            code::PERMISSION_DENIED
+            grpc::PERMISSION_DENIED
         } else {
-            code::UNAVAILABLE
+            grpc::UNAVAILABLE
         };
-    ApiError::Status(StatusCode::OK, grpc, reason)
+    error_answer(StatusCode::OK, code, reason)
 }
 
 fn stream_error(error: Option<serde_json::Value>) -> ApiError {
@@ -673,7 +615,7 @@ fn stream_error(error: Option<serde_json::Value>) -> ApiError {
             } else {
                 status.message
             };
-            ApiError::Status(StatusCode::OK, status.code, message)
+            error_answer(StatusCode::OK, status.code, message)
         }
         _ => ApiError::Malformed("a stream message with neither result nor error".into()),
     }
@@ -714,9 +656,9 @@ async fn status_error(response: reqwest::Response) -> ApiError {
             } else {
                 s.message
             };
-            ApiError::Status(status, s.code, message)
+            error_answer(status, s.code, message)
         }
-        Err(_) => ApiError::Status(
+        Err(_) => error_answer(
             status,
             0,
             String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),

@@ -1,7 +1,8 @@
 //! HTTP plumbing shared by the Consul (`lease-consul`) and etcd (`lease-etcd`) backends of
 //! [lease-core](https://docs.rs/lease-core): how a client is built ([`ClientConfig`]), the one
-//! retry loop for brief trouble ([`retry_transient`]), why a request got no answer ([`Cause`]),
-//! and an error's chain as text ([`DisplayChain`]).
+//! retry loop for brief trouble ([`retry_transient`]), why a call failed ([`ApiError`], which
+//! each backend turns into the public error through its [`ErrorContext`]), why a request got no
+//! answer ([`Cause`]), and an error's chain as text ([`DisplayChain`]).
 //!
 //! It is a support crate: an application uses the backend crates, which re-export what it needs.
 //! A third-party HTTP backend may use it too; it follows lease-core's versions.
@@ -18,6 +19,10 @@ use tokio::time::Instant;
 
 use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
+
+mod error;
+
+pub use error::{ApiError, ErrorContext, grpc};
 
 /// A backend call's error, as far as the retry loop needs to know it.
 pub trait Retryable: fmt::Display {

@@ -20,7 +20,8 @@ mod types;
 
 use budget::Kind;
 pub(crate) use budget::{Budget, DEFAULT_MAX_CONNECTIONS, MIN_CONNECTIONS, WatchSlot};
-pub(crate) use error::ApiError;
+pub(crate) use error::hint;
+pub(crate) use lease_http::ApiError;
 use pool::Pool;
 pub(crate) use types::{Behavior, Blocking, KvEntry, TxnOp};
 
@@ -422,7 +423,7 @@ impl ConsulHttp {
             tracing::warn!(
                 agent = %self.address(),
                 %error,
-                hint = error.hint(self.settings.origin, self.https()),
+                hint = hint(&error, self.settings.origin, self.https()),
                 "a request to Consul got no answer; sending one request at a time until one does"
             );
         }
@@ -759,7 +760,11 @@ fn expect_ok(status: StatusCode, body: &[u8]) -> Result<(), ApiError> {
 fn status_error(status: StatusCode, body: &[u8]) -> ApiError {
     // Consul's error bodies are short plain text; keep at most a line of it.
     let text = String::from_utf8_lossy(body);
-    ApiError::Status(status, text.trim().chars().take(300).collect())
+    ApiError::Status {
+        status,
+        grpc_code: None,
+        message: text.trim().chars().take(300).collect(),
+    }
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
