@@ -241,10 +241,11 @@ async fn scan(
                     drop(claim);
                     races += 1;
                     if races > config.race_retries {
-                        return Err(Error::Contended {
+                        return Err(crate::AmqpError::Contended {
                             key: names.name().to_owned(),
                             attempts: races,
-                        });
+                        }
+                        .into());
                     }
                     tracing::debug!(
                         semaphore = names.name(),

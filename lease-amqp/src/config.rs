@@ -186,7 +186,7 @@ impl AmqpBuilder {
     }
 
     /// How many times in a row an acquirer may lose the race for a free slot (RESOURCE_LOCKED)
-    /// before acquire fails with [`Error::Contended`]. Default 16.
+    /// before acquire fails with [`AmqpError::Contended`](crate::AmqpError::Contended). Default 16.
     pub fn race_retries(mut self, retries: u32) -> Self {
         self.race_retries = retries;
         self
@@ -221,7 +221,7 @@ impl AmqpBuilder {
     /// in rabbitmq.conf; the URL's `?channel_max=` can only lower it) less a few channels kept
     /// for acquiring and releasing: 2,039 leases per connection at the defaults. Leases beyond that go on
     /// another connection; once `max_connections` connections are full, acquire fails with
-    /// [`Error::ChannelsExhausted`] and the leases already held are untouched.
+    /// [`AmqpError::ChannelsExhausted`](crate::AmqpError::ChannelsExhausted) and the leases already held are untouched.
     pub fn max_connections(mut self, connections: u32) -> Self {
         self.max_connections = connections;
         self

@@ -72,7 +72,7 @@
 //! `?channel_max=`. The leases of one [`Amqp`] fill its first connection up to `channel_max - 8`
 //! (2,039 by default; the 8 are kept for brief channels and for closes still in flight), then go
 //! on another, up to [`AmqpBuilder::max_connections`] connections ([`DEFAULT_MAX_CONNECTIONS`]: 8,
-//! so 16,312 leases). Past that, acquire fails at once with [`Error::ChannelsExhausted`], which
+//! so 16,312 leases). Past that, acquire fails at once with [`AmqpError::ChannelsExhausted`], which
 //! names both settings, and the leases already held are not touched. Checks and administration
 //! may use half of the 8, so a full process can still check and administer its leases.
 //!
@@ -102,6 +102,7 @@
 mod admin;
 mod client;
 mod config;
+mod error;
 mod hold;
 mod naming;
 mod pool;
@@ -115,6 +116,7 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 pub use admin::Admin;
+pub use error::AmqpError;
 
 /// The tracing filter directive that mutes lapin's WARN for every returned message, which each
 /// acquire's probes of missing queues cause (see [the module docs](self#lapins-no_route-warnings)).

@@ -10,7 +10,7 @@
 //!
 //! - a [`Use::Lease`] channel (an acquire's, kept by the lease it wins) may take a connection up
 //!   to `channel_max - HEADROOM`. When every connection allowed is that full, the reservation
-//!   fails at once with [`Error::ChannelsExhausted`], which names both settings to change;
+//!   fails at once with [`AmqpError::ChannelsExhausted`](crate::AmqpError::ChannelsExhausted), which names both settings to change;
 //! - a [`Use::Brief`] channel (an administration, a sequencer check: closed when done) may also
 //!   take half the headroom, so a full connection can still check and administer its leases;
 //!   when even that is taken it waits, up to the operation timeout, for one to be given back.
@@ -150,11 +150,12 @@ impl ConnectionPool {
                 return Ok(Ok(reservation));
             }
             let channel_max = connections.first().map_or(0, |p| p.channel_max());
-            return Ok(Err(Error::ChannelsExhausted {
+            return Ok(Err(crate::AmqpError::ChannelsExhausted {
                 connections: max_connections,
                 leases_per_connection: channel_max.saturating_sub(HEADROOM),
                 channel_max,
-            }));
+            }
+            .into()));
         }
         let connection = amqp.connect().await;
         self.reachability.answered(matches!(

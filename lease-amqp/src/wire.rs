@@ -119,12 +119,13 @@ pub(crate) fn classify(error: lapin::Error, queue: &str) -> Failure {
     match amqp.kind() {
         AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => Failure::NotFound,
         AMQPErrorKind::Soft(AMQPSoftError::RESOURCELOCKED) => Failure::ResourceLocked,
-        AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => {
-            Failure::Other(Error::QueueMismatch {
+        AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => Failure::Other(
+            crate::AmqpError::QueueMismatch {
                 queue: queue.to_owned(),
                 message,
-            })
-        }
+            }
+            .into(),
+        ),
         AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
         | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) => {
             Failure::Other(Error::PermissionDenied {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use lease_core::Error;
+use lease_core::{Error, ErrorKind};
 
 /// `lease lock`: bad usage (an unknown option, a missing `--`, an invalid key or duration).
 pub(crate) const USAGE: u8 = 64;
@@ -45,14 +45,9 @@ impl Failure {
     /// A library error: a spec the library refuses is bad usage, a held lease is busy, anything
     /// else is the backend's failure (its message says what to do).
     pub(crate) fn from_error(error: &Error) -> Failure {
-        let code = match error {
-            Error::Busy { .. } | Error::SemaphoreInUse { .. } => BUSY,
-            Error::InvalidKey { .. }
-            | Error::InvalidTtl { .. }
-            | Error::InvalidLockDelay { .. }
-            | Error::InvalidFenceLead { .. }
-            | Error::InvalidLimit { .. }
-            | Error::Config(_) => USAGE,
+        let code = match (error, error.kind()) {
+            (Error::SemaphoreInUse { .. }, _) | (_, ErrorKind::Busy) => BUSY,
+            (_, ErrorKind::InvalidInput) => USAGE,
             _ => BACKEND,
         };
         Failure::new(code, in_cli_terms(&error.to_string()))

@@ -205,51 +205,11 @@ pub enum Error {
         transient: bool,
     },
 
-    /// A queue exists with other arguments than this client declares it with (RabbitMQ's
-    /// PRECONDITION_FAILED names the argument that differs).
-    #[error(
-        "queue {queue:?} exists with different arguments: {message}; every client of the \
-         semaphore must declare its queues the same way: delete the queue or use another name"
-    )]
-    QueueMismatch {
-        /// The queue.
-        queue: String,
-        /// The broker's message, naming the argument that differs.
-        message: String,
-    },
-
-    /// Acquire lost the race for a free slot too many times in a row (AMQP: RESOURCE_LOCKED on
-    /// the holder queue); slots may be free, but others keep taking them first.
-    #[error(
-        "lost the race for a free slot of {key:?} {attempts} times in a row; retry, or allow more \
-         retries (AmqpBuilder::race_retries)"
-    )]
-    Contended {
-        /// The semaphore's name.
-        key: String,
-        /// How many races were lost.
-        attempts: u32,
-    },
-
-    /// Every connection an AMQP backend may open carries as many leases as its channels allow: a
-    /// held lease keeps one channel open, and a connection has at most the `channel_max`
-    /// negotiated with the broker. Nothing held was touched; the acquire was refused before it
-    /// opened a channel. Room comes back as leases are released.
-    #[error(
-        "all {connections} RabbitMQ connection(s) of this backend are full: each carries at most \
-         {leases_per_connection} leases (its negotiated channel_max of {channel_max}, less the \
-         channels kept for acquiring and releasing); release leases, allow more connections \
-         (AmqpBuilder::max_connections), or raise channel_max in rabbitmq.conf (and in the URL's \
-         ?channel_max= if it sets one)"
-    )]
-    ChannelsExhausted {
-        /// How many connections the backend may open (`AmqpBuilder::max_connections`).
-        connections: u32,
-        /// How many leases one connection carries.
-        leases_per_connection: u32,
-        /// The `channel_max` negotiated with the broker: the lower of the broker's and the URL's.
-        channel_max: u32,
-    },
+    /// A failure particular to one backend: [`BackendError::kind`] says what it means, and
+    /// [`BackendError::downcast_ref`] reaches the backend crate's own error type (for example
+    /// `lease_amqp::AmqpError`) with its details. Its message and source are the backend error's.
+    #[error(transparent)]
+    Other(BackendError),
 
     /// The client configuration (environment or builder) is invalid.
     #[error("invalid configuration: {0}")]
@@ -349,8 +309,9 @@ impl Error {
     }
 
     /// Whether retrying the same operation later can help: the lease is held elsewhere or was
-    /// lost, the backend is unreachable or briefly in trouble (a 5xx, a 429, a timeout), a
-    /// race was lost, or the AMQP connections are full (releases make room). False for everything a retry cannot fix: an invalid key or spec, a limit
+    /// lost, the backend is unreachable or briefly in trouble (a 5xx, a 429, a timeout), or a
+    /// backend's own failure says so (a race for a slot lost, connections full until leases are
+    /// released). False for everything a retry cannot fix: an invalid key or spec, a limit
     /// mismatch, a key used by another kind of lock, a permission denial, a configuration error,
     /// an answer the client cannot read.
     ///
@@ -360,12 +321,11 @@ impl Error {
             Error::Busy { .. }
             | Error::Lost(_)
             | Error::Unreachable { .. }
-            | Error::Contended { .. }
-            | Error::ChannelsExhausted { .. }
             | Error::ObserverClosed { .. }
             | Error::ReleaseTimedOut { .. }
             | Error::WorkTimedOut { .. } => true,
             Error::Backend { transient, .. } => *transient,
+            Error::Other(other) => other.transient,
             Error::InvalidKey { .. }
             | Error::InvalidTtl { .. }
             | Error::InvalidLockDelay { .. }
@@ -377,12 +337,152 @@ impl Error {
             | Error::SemaphoreInUse { .. }
             | Error::CorruptLockValue { .. }
             | Error::PermissionDenied { .. }
-            | Error::QueueMismatch { .. }
             | Error::Config(_)
             | Error::Unsupported { .. }
             | Error::AlreadyHeld { .. }
             | Error::NoDefaultBackend => false,
         }
+    }
+}
+
+impl Error {
+    /// What kind of failure this is, whichever backend it came from: what to match on to decide
+    /// what to do (the variants carry the details).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Busy { .. } => ErrorKind::Busy,
+            Error::Lost(_) => ErrorKind::Lost,
+            Error::InvalidKey { .. }
+            | Error::InvalidTtl { .. }
+            | Error::InvalidLockDelay { .. }
+            | Error::InvalidFenceLead { .. }
+            | Error::InvalidSchedule { .. }
+            | Error::InvalidLimit { .. }
+            | Error::Config(_) => ErrorKind::InvalidInput,
+            Error::FlagsConflict { .. }
+            | Error::LimitMismatch { .. }
+            | Error::SemaphoreInUse { .. }
+            | Error::CorruptLockValue { .. } => ErrorKind::Conflict,
+            Error::PermissionDenied { .. } => ErrorKind::PermissionDenied,
+            Error::Unreachable { .. } => ErrorKind::Unreachable,
+            Error::Backend { .. } => ErrorKind::Backend,
+            Error::Other(other) => other.kind,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::ObserverClosed { .. } => ErrorKind::Closed,
+            Error::ReleaseTimedOut { .. } | Error::WorkTimedOut { .. } => ErrorKind::TimedOut,
+            Error::AlreadyHeld { .. } | Error::NoDefaultBackend => ErrorKind::Usage,
+        }
+    }
+
+    /// The backend's own error, for [`Error::Other`].
+    pub fn backend_error(&self) -> Option<&BackendError> {
+        match self {
+            Error::Other(other) => Some(other),
+            _ => None,
+        }
+    }
+}
+
+/// What kind of failure an [`Error`] is ([`Error::kind`]), the same for every backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lease is held elsewhere (or the race for it was lost): retry later or wait longer.
+    Busy,
+    /// The lease was lost.
+    Lost,
+    /// The spec or the client's configuration is invalid: fix it.
+    InvalidInput,
+    /// The name is used in a way this request does not fit: another kind of lock, another
+    /// limit, queues declared otherwise, a record that cannot be read, holders still there.
+    Conflict,
+    /// The credentials do not allow the operation.
+    PermissionDenied,
+    /// The server did not answer.
+    Unreachable,
+    /// The server answered with a failure, or a resource of the client or server ran out.
+    Backend,
+    /// The backend does not offer the operation.
+    Unsupported,
+    /// An observation ended: observe again.
+    Closed,
+    /// A release or the guarded work did not finish in time.
+    TimedOut,
+    /// The library was used in a way it cannot serve (a nested guard on the same key, no
+    /// default backend).
+    Usage,
+}
+
+/// A failure particular to one backend ([`Error::Other`]): its kind, whether a retry can help,
+/// and the backend crate's own error, which gives the message and the source.
+///
+/// ```
+/// use lease_core::{BackendError, Error, ErrorKind};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("the lock directory is full")]
+/// struct Full;
+///
+/// let error = Error::Other(BackendError::new("file lock", ErrorKind::Backend, true, Full));
+/// assert_eq!(error.to_string(), "the lock directory is full");
+/// assert!(error.is_transient());
+/// assert!(error.backend_error().and_then(|e| e.downcast_ref::<Full>()).is_some());
+/// ```
+#[derive(Debug)]
+pub struct BackendError {
+    backend: &'static str,
+    kind: ErrorKind,
+    transient: bool,
+    error: BoxError,
+}
+
+impl BackendError {
+    /// `error`, from `backend` (its name in messages, as in [`Error::Unreachable`]), of `kind`;
+    /// `transient` if retrying the operation later can help.
+    pub fn new(
+        backend: &'static str,
+        kind: ErrorKind,
+        transient: bool,
+        error: impl Into<BoxError>,
+    ) -> BackendError {
+        BackendError {
+            backend,
+            kind,
+            transient,
+            error: error.into(),
+        }
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The backend's own error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// The backend's own error as `T`, if it is one.
+    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        self.error.downcast_ref()
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 
@@ -462,6 +562,38 @@ pub enum LostReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_agree_with_what_a_retry_can_do() {
+        let busy = Error::Busy {
+            key: "k".into(),
+            waited: Duration::ZERO,
+        };
+        assert_eq!((busy.kind(), busy.is_transient()), (ErrorKind::Busy, true));
+        let invalid = Error::Config("bad".into());
+        assert_eq!(
+            (invalid.kind(), invalid.is_transient()),
+            (ErrorKind::InvalidInput, false)
+        );
+        let conflict = Error::leader_lock_in_the_way("k");
+        assert_eq!(
+            (conflict.kind(), conflict.is_transient()),
+            (ErrorKind::Conflict, false)
+        );
+        #[derive(Debug, thiserror::Error)]
+        #[error("full")]
+        struct Full;
+        let other = Error::Other(BackendError::new("x", ErrorKind::Backend, true, Full));
+        assert_eq!(
+            (other.kind(), other.is_transient()),
+            (ErrorKind::Backend, true)
+        );
+        assert_eq!(other.to_string(), "full");
+        let backend = other.backend_error().expect("a backend error");
+        assert_eq!(backend.backend(), "x");
+        assert!(backend.downcast_ref::<Full>().is_some());
+        assert!(busy.backend_error().is_none());
+    }
 
     #[test]
     fn permission_denied_says_what_to_do_in_the_backends_terms() {

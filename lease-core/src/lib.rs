@@ -89,7 +89,7 @@ mod spec;
 
 pub use backend::Backend;
 pub use default_backend::{default_backend, set_default_backend, with_default_backend};
-pub use error::{BoxError, Error, LostReason};
+pub use error::{BackendError, BoxError, Error, ErrorKind, LostReason};
 #[doc(hidden)]
 pub use guard::__private;
 pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_by_default};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease_amqp::Amqp;
+use lease_amqp::{Amqp, AmqpError};
 use lease_core::backend::Reachability;
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::amqp::{self as broker, backend, require_broker, unique};
@@ -546,13 +546,17 @@ async fn a_queue_declared_with_other_arguments_is_a_typed_error() {
 
     let (amqp, _) = backend();
     let err = amqp.admin().create(&name, 2).await.unwrap_err();
-    match &err {
-        Error::QueueMismatch { queue, message } => {
+    match err
+        .backend_error()
+        .and_then(|e| e.downcast_ref::<AmqpError>())
+    {
+        Some(AmqpError::QueueMismatch { queue, message }) => {
             assert_eq!(queue, &stray);
             assert!(message.contains("x-max-length"), "{message}");
         }
-        other => panic!("expected QueueMismatch, got {other:?}"),
+        _ => panic!("expected QueueMismatch, got {err:?}"),
     }
+    assert_eq!(err.kind(), lease_core::ErrorKind::Conflict);
     for queue in [stray, format!("{name}-1-A")] {
         channel
             .queue_delete(queue.as_str().into(), Default::default())

@@ -13,8 +13,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_amqp::Amqp;
-use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
+use lease_amqp::{Amqp, AmqpError};
+use lease_core::{Backend, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::amqp::{self as broker, require_broker, unique};
 use lease_tests::{init_tracing, release_lost, within};
 
@@ -212,12 +212,14 @@ async fn leases_beyond_a_full_connection_go_on_another_and_a_full_pool_refuses_t
     let refused = amqp.acquire(&spec).await.unwrap_err();
     assert!(
         matches!(
-            refused,
-            Error::ChannelsExhausted {
+            refused
+                .backend_error()
+                .and_then(|e| e.downcast_ref::<AmqpError>()),
+            Some(AmqpError::ChannelsExhausted {
                 connections: 2,
                 leases_per_connection: 12,
                 channel_max: 20
-            }
+            })
         ),
         "{refused:?}"
     );
