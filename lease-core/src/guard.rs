@@ -127,6 +127,18 @@ impl GuardError {
     pub fn is_lost(&self) -> bool {
         matches!(self, GuardError::Lost(_))
     }
+
+    /// What kind of failure it is, as [`Error::kind`] says it of the same failure.
+    pub fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind;
+        match self {
+            GuardError::Busy { .. } => ErrorKind::Busy,
+            GuardError::Lost(_) => ErrorKind::Lost,
+            GuardError::TimedOut { .. } => ErrorKind::TimedOut,
+            GuardError::AlreadyHeld { .. } => ErrorKind::Usage,
+            GuardError::Backend(error) => error.kind(),
+        }
+    }
 }
 
 impl From<GuardError> for Error {
