@@ -55,7 +55,7 @@ pub async fn connect(url: &str) -> Client {
 
 /// `error` and its sources, `: `-separated (tokio-postgres keeps the cause, such as "connection
 /// refused", in the source).
-fn with_sources(error: &dyn std::error::Error) -> String {
+pub fn with_sources(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
