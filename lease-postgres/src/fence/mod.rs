@@ -77,7 +77,7 @@
 //! migration tools do, or `psql --single-transaction`), it is atomic and concurrent installs are
 //! serialised by an advisory lock. Its header comment says the same in SQL terms.
 
-use lease_core::{BackendKind, Sequencer};
+use lease_core::{BackendKind, BoxError, Sequencer};
 
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
@@ -102,9 +102,6 @@ pub const INDEX_REUSED_SQLSTATE: &str = "LF002";
 /// SQLSTATEs of a call to a fence that is not there: the schema (`invalid_schema_name`), the
 /// function with this signature (`undefined_function`) or the table (`undefined_table`).
 const NOT_INSTALLED_SQLSTATES: [&str; 3] = ["3F000", "42883", "42P01"];
-
-/// A boxed error from the database client, kept as the `source` of an [`Error`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The parameters of a fence call, taken from a [`Sequencer`] whose index rises with every
 /// acquisition of its key.
