@@ -6,7 +6,7 @@
 //! receives the write can refuse it, by remembering the highest fencing token it has seen. When
 //! the protected data lives in PostgreSQL, PostgreSQL can do that inside the transaction that
 //! writes it: [`fence`] installs a function that records each lease key's highest
-//! [`Sequencer`](lease_core::Sequencer) index and raises an error for an older one, so a stale
+//! [`lease_core::Sequencer`] index and raises an error for an older one, so a stale
 //! holder's transaction is rolled back with its writes.
 //!
 //! - [`fence::FENCE_SQL`]: the migration, plain SQL for any client (sqlx, tokio-postgres, diesel,

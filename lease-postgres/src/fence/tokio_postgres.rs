@@ -16,9 +16,8 @@
 //! ```
 //!
 //! The helpers take the client the application connected (tokio-postgres's `runtime` feature is
-//! not needed here). A pool's connection works through its `Deref` to a client
-//! (`install(&**conn)` for deadpool-postgres and bb8-postgres) and its transaction through its
-//! `Deref` to a [`Transaction`].
+//! not needed here). A pooled connection (deadpool-postgres, bb8-postgres) works through its
+//! `Deref`s: pass the [`tokio_postgres::Client`] or [`Transaction`] it dereferences to.
 
 use ::tokio_postgres::types::Type;
 use ::tokio_postgres::{GenericClient, Transaction};
@@ -28,7 +27,7 @@ use super::{Error, FENCE_CALL, FENCE_SQL, Token};
 
 /// Installs the fence: runs [`FENCE_SQL`] on `client`.
 ///
-/// On a [`Client`](::tokio_postgres::Client) the script runs as one implicit transaction (one
+/// On a [`tokio_postgres::Client`] the script runs as one implicit transaction (one
 /// simple-query message), so it is atomic and serialised with concurrent installs; in a
 /// [`Transaction`] it becomes part of it. Running it again is harmless.
 ///
