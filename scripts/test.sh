@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and every test, starting or installing what the tests need:
-# Consul and etcd (fetched into tools/ when missing) and RabbitMQ (started, or installed, when not running).
+# Consul and etcd (fetched into tools/ when missing), RabbitMQ and PostgreSQL (started, or installed,
+# when not running).
 #
 #   bash scripts/test.sh            # everything CI runs
 #   bash scripts/test.sh -- NAME    # extra arguments go to `cargo test` (after its own `--`)
@@ -14,6 +15,57 @@ if [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then
 fi
 
 step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*" >&2; }
+
+# PostgreSQL for lease-postgres's tests, as scripts/ensure-rabbitmq.sh does for RabbitMQ: nothing
+# if LEASE_TEST_POSTGRES_URL names a server; else 127.0.0.1:5432, its clusters started (Debian's
+# pg_ctlcluster), or postgresql installed with apt (as root) first. The tests connect as
+# postgres@127.0.0.1 without a password (trust); where the server asks for one (a fresh Debian
+# install does), a role lease_test that may create databases is made over the local socket and
+# LEASE_TEST_POSTGRES_URL names it.
+postgres_listening() { (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; }
+ensure_postgres() {
+  local url=postgres://postgres@127.0.0.1:5432/postgres
+  if [[ -n "${LEASE_TEST_POSTGRES_URL:-}" ]]; then
+    echo "using LEASE_TEST_POSTGRES_URL" >&2
+    return 0
+  fi
+  if ! postgres_listening; then
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+      if [[ $(id -u) -ne 0 ]]; then
+        echo "PostgreSQL is not installed; run: sudo apt-get install postgresql" >&2
+        return 1
+      fi
+      apt-get update -qq >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+    fi
+    local version cluster port status rest
+    while read -r version cluster port status rest; do
+      if [[ $status == down* ]]; then
+        echo "starting PostgreSQL $version/$cluster (port $port)" >&2
+        pg_ctlcluster "$version" "$cluster" start >&2 || true
+      fi
+    done < <(pg_lsclusters -h)
+    for _ in $(seq 1 120); do
+      if postgres_listening; then break; fi
+      sleep 0.5
+    done
+    if ! postgres_listening; then
+      echo "PostgreSQL did not start listening on 127.0.0.1:5432; see /var/log/postgresql/" >&2
+      return 1
+    fi
+  fi
+  if [[ $(id -u) -eq 0 ]] && command -v psql >/dev/null 2>&1 &&
+    ! PGCONNECT_TIMEOUT=5 psql -qAt "$url" -c 'SELECT 1' >/dev/null 2>&1; then
+    runuser -u postgres -- psql -qAt -c "DO \$\$ BEGIN
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_test') THEN
+        CREATE ROLE lease_test LOGIN CREATEDB PASSWORD 'lease_test';
+      END IF; END \$\$" >&2
+    export LEASE_TEST_POSTGRES_URL=postgres://lease_test:lease_test@127.0.0.1:5432/postgres
+  fi
+  if command -v psql >/dev/null 2>&1; then
+    PGCONNECT_TIMEOUT=5 psql -qAt "${LEASE_TEST_POSTGRES_URL:-$url}" -c 'SELECT version()' >&2 || true
+  fi
+}
 
 step "Consul"
 CONSUL_BIN=$(bash scripts/ensure-consul.sh)
@@ -33,6 +85,9 @@ printf '%s\n' "${etcd_version%%$'\n'*}" >&2
 
 step "RabbitMQ"
 bash scripts/ensure-rabbitmq.sh
+
+step "PostgreSQL"
+ensure_postgres
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -81,12 +136,14 @@ side_checks() {
     RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
   done
   # Each backend crate with its default TLS (rustls), with none, and with the cfg-gated
-  # native-tls code of its own (lease-http's serves etcd's).
+  # native-tls code of its own (lease-http's serves etcd's); lease-postgres with each client.
   for args in "-p lease-http" "-p lease-http --no-default-features" \
     "-p lease-http --no-default-features --features native-tls" \
     "-p lease-consul" "-p lease-consul --no-default-features" \
     "-p lease-consul --no-default-features --features native-tls" \
-    "-p lease-etcd --no-default-features" "-p lease-amqp --no-default-features"; do
+    "-p lease-etcd --no-default-features" "-p lease-amqp --no-default-features" \
+    "-p lease-postgres" "-p lease-postgres --features tokio-postgres" \
+    "-p lease-postgres --features sqlx"; do
     # shellcheck disable=SC2086
     cargo clippy --quiet $args -- -D warnings
   done
@@ -104,7 +161,7 @@ side_checks() {
     toolchains=$(rustup toolchain list)
     if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal; then
       CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower \
-        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp --all-features
+        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp -p lease-postgres --all-features
     else
       echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)"
     fi

@@ -24,12 +24,62 @@
 //! - [`History::stale_writes_shared`]: the same for the `limit` shared slots of a Consul
 //!   semaphore, whose holders have no slot number.
 //! - [`History::handoff_gaps`]: from one sequencer's last write to the next one's first.
+//!
+//! [`Recorder`] is the writing side, which the worker binaries append with.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use lease_core::{BackendKind, Sequencer};
+
+/// A worker's history file, appended to: one line per event, each written with one `write` on
+/// an `O_APPEND` file. Clones append to the same file.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    file: Arc<File>,
+    pid: u32,
+}
+
+impl Recorder {
+    /// Opens (creating it if needed) the history at `path`, for this process.
+    pub fn open(path: &Path) -> std::io::Result<Recorder> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Recorder {
+            file: Arc::new(file),
+            pid: std::process::id(),
+        })
+    }
+
+    /// Appends `<ns> <pid> <event> <seq> [detail]`; the time is taken just before the write.
+    /// Whitespace in `seq` becomes `_` and newlines in `detail` spaces, so the line parses back.
+    pub fn log(&self, event: &str, seq: &str, detail: &str) {
+        let seq = if seq.is_empty() { "-" } else { seq };
+        let seq: String = seq
+            .chars()
+            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .collect();
+        let detail: String = detail
+            .chars()
+            .map(|c| if c == '\n' { ' ' } else { c })
+            .collect();
+        let ns = crate::overlap::now_ns();
+        let mut line = format!("{ns} {} {event} {seq}", self.pid);
+        if !detail.is_empty() {
+            line.push(' ');
+            line.push_str(&detail);
+        }
+        line.push('\n');
+        // One write(2) per line: with O_APPEND the line lands whole, after every earlier one.
+        let written = (&*self.file)
+            .write(line.as_bytes())
+            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
+        assert_eq!(written, line.len(), "short write to the history");
+    }
+}
 
 /// What a history line records.
 #[derive(Clone, Debug, PartialEq, Eq)]

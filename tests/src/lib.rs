@@ -6,6 +6,7 @@
 //!   operator actions tests perform on it (destroy a session, delete a key, list sessions).
 //! - [`etcd`]: an `etcd` per test on free ports with a temporary data directory, a 3-member
 //!   cluster, and the operator actions tests perform on them (revoke a lease, delete keys).
+//! - [`postgres`]: the PostgreSQL the fence tests use, a database of its own per test.
 //! - [`capture`]: a tracing layer that records spans (parents, follows-from) and events, for tests
 //!   of what the library logs and how its spans nest.
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
@@ -31,6 +32,7 @@ pub mod consul;
 pub mod etcd;
 pub mod history;
 pub mod overlap;
+pub mod postgres;
 pub mod proxy;
 pub mod stats;
 pub mod workers;

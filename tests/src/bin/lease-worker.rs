@@ -39,15 +39,15 @@
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{Backend, BoxError, BoxFuture, Lease, LeaseSpec, LeaseWatcher, Wait};
+// The writing side of `lease_tests::history`, shared with the other worker binaries.
+use lease_tests::history::Recorder as History;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
@@ -162,51 +162,6 @@ fn parse_args() -> Result<Args, String> {
         count,
         preheld,
     })
-}
-
-/// The history file: one line per event, each written with one `write` on an `O_APPEND` file.
-#[derive(Clone, Debug)]
-struct History {
-    file: Arc<File>,
-    pid: u32,
-}
-
-impl History {
-    fn open(path: &PathBuf) -> std::io::Result<History> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(History {
-            file: Arc::new(file),
-            pid: std::process::id(),
-        })
-    }
-
-    /// Appends `<ns> <pid> <event> <seq> [detail]`; the time is taken just before the write.
-    fn log(&self, event: &str, seq: &str, detail: &str) {
-        let seq = if seq.is_empty() { "-" } else { seq };
-        let seq: String = seq
-            .chars()
-            .map(|c| if c.is_whitespace() { '_' } else { c })
-            .collect();
-        let detail: String = detail
-            .chars()
-            .map(|c| if c == '\n' { ' ' } else { c })
-            .collect();
-        let ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let mut line = format!("{ns} {} {event} {seq}", self.pid);
-        if !detail.is_empty() {
-            line.push(' ');
-            line.push_str(&detail);
-        }
-        line.push('\n');
-        // One write(2) per line: with O_APPEND the line lands whole, after every earlier one.
-        let written = (&*self.file)
-            .write(line.as_bytes())
-            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
-        assert_eq!(written, line.len(), "short write to the history");
-    }
 }
 
 /// The guarded work: a `write` line now and every `every` until `hold` has passed (or forever).

@@ -1,0 +1,70 @@
+//! PostgreSQL for the distributed leases of [`lease_core`].
+//!
+//! A lease cancels the work it guards once it is known lost, but nothing in the holder can close
+//! the window between its last check and its write: a process paused there (a GC pause, a frozen
+//! VM, SIGSTOP) writes after its lease has been given to the next holder. Only the system that
+//! receives the write can refuse it, by remembering the highest fencing token it has seen. When
+//! the protected data lives in PostgreSQL, PostgreSQL can do that inside the transaction that
+//! writes it: [`fence`] installs a function that records each lease key's highest
+//! [`lease_core::Sequencer`] index and raises an error for an older one, so a stale
+//! holder's transaction is rolled back with its writes.
+//!
+//! - [`fence::FENCE_SQL`]: the migration, plain SQL for any client (sqlx, tokio-postgres, diesel,
+//!   psql), idempotent; `sql/fence.sql` in this package.
+//! - [`fence::Token`]: the `(key, index, holder)` the SQL function takes, from a sequencer whose
+//!   index rises with every acquisition of its key (Consul, etcd, memory); RabbitMQ's slot
+//!   numbers and semaphores' sequencers are refused with an error that says why.
+//! - `fence::tokio_postgres` (feature `tokio-postgres`) and `fence::sqlx` (feature `sqlx`):
+//!   `install` and `fence` for each client, with an [`fence::Error`] that says what to do.
+//!
+//! # Example
+//!
+//! With the `tokio-postgres` feature, a lease guarding a job whose result is written to
+//! PostgreSQL:
+//!
+//! ```no_run
+//! # #[cfg(feature = "tokio-postgres")]
+//! # mod example {
+//! use lease_core::memory::Memory;
+//! use lease_core::{Backend, LeaseSpec};
+//! use lease_postgres::fence;
+//!
+//! # #[allow(dead_code)]
+//! async fn charge(invoice: i64) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//!     let (mut client, connection) =
+//!         tokio_postgres::connect("host=127.0.0.1 user=postgres", tokio_postgres::NoTls).await?;
+//!     tokio::spawn(connection);
+//!     // Once per database; or ship `sql/fence.sql` with your migrations.
+//!     fence::tokio_postgres::install(&client).await?;
+//!
+//!     let backend = Memory::new(); // Consul::from_env()? or Etcd::from_env()? across nodes
+//!     let lease = backend.acquire(&LeaseSpec::leader("jobs/billing")).await?;
+//!     let tx = client.transaction().await?;
+//!     // First in the transaction: if a newer holder of "jobs/billing" has committed a fenced
+//!     // transaction, this fails with `fence::Error::Stale` and nothing below is committed.
+//!     fence::tokio_postgres::fence(&tx, lease.sequencer()).await?;
+//!     tx.execute("UPDATE invoices SET charged = true WHERE id = $1", &[&invoice])
+//!         .await?;
+//!     tx.commit().await?;
+//!     lease.release().await?;
+//!     Ok(())
+//! }
+//! # }
+//! ```
+//!
+//! [`fence`] says exactly what the fence guarantees, for each interleaving of an older and a
+//! newer holder and each isolation level, and what it does not do.
+//!
+//! # Features
+//!
+//! None by default: the SQL and [`fence::Token`] work with any client.
+//!
+//! - `tokio-postgres`: `fence::tokio_postgres` (tokio-postgres 0.7, without its `runtime`
+//!   feature: the application connects).
+//! - `sqlx`: `fence::sqlx` (sqlx 0.8 with its `postgres` feature; the application picks sqlx's
+//!   runtime and TLS).
+
+// On docs.rs (`--cfg docsrs`), a feature-gated item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod fence;
