@@ -36,10 +36,6 @@ use tokio_postgres::Client;
 
 const WRITER: &str = env!("CARGO_BIN_EXE_lease-fenced-writer");
 
-/// The tests take turns: each starts a server and two processes on a machine that may have two
-/// cores, and their timings (a TTL running out) should not disturb each other.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 const KEY: &str = "fence/billing";
 /// The lease TTL (Consul's minimum). Consul invalidates a session within twice its TTL.
 const TTL_SECS: u64 = 10;
@@ -352,7 +348,6 @@ async fn paused_holder(test: &str, backend_args: &[String], case: Case) {
 }
 
 async fn consul_case(test: &str, case: Case) {
-    let _serial = SERIAL.lock().await;
     let agent = Agent::start().await;
     paused_holder(test, &["--consul".to_owned(), agent.url()], case).await;
 }
@@ -374,7 +369,6 @@ async fn consul_a_holder_paused_after_its_fence_is_ordered_before_the_next() {
 
 #[tokio::test]
 async fn etcd_a_holder_paused_before_its_fence_is_refused_after_the_next_commits() {
-    let _serial = SERIAL.lock().await;
     let server = lease_tests::etcd::Server::start().await;
     paused_holder(
         "etcd_before_fence",
