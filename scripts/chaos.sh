@@ -3,7 +3,10 @@
 # and semaphore, a 3-server cluster whose raft leader is killed with kill -9 and restarted, etcd
 # leader and semaphore (etcd-leader, etcd-sem2: one etcd server, each worker behind its own proxy;
 # the operator revokes holders' leases and deletes their keys), and `consul lock` /
-# `consul lock -n 2` as the reference) under seeded faults for about N minutes in
+# `consul lock -n 2` as the reference, and the Consul and etcd leaders with every write going
+# through the PostgreSQL fence without a lease check (consul-leader-fenced, etcd-leader-fenced;
+# judged from the table too: rows/stale rows/refused writes; no operator key delete on Consul,
+# whose LockIndex would restart)) under seeded faults for about N minutes in
 # all, then one table row per scenario: acquisitions, writes, faults by kind, most writers at
 # once / limit, stale writes, resumed writes (the one write a process stopped between its check
 # and its write makes; exempt), leaks, hangs, false losses (a `lost` where the only faults are
@@ -14,6 +17,7 @@
 #   CHAOS_PARALLEL=1 CHAOS_MEAN_GAP_MS=1000 CHAOS_ONLY=consul-leader,consul-sem2,amqp \
 #     bash scripts/chaos.sh --minutes 20   # ours at once, each for 20 min, a fault a second
 #   CHAOS_PARALLEL=1 CHAOS_MEAN_GAP_MS=1000 CHAOS_ONLY=etcd bash scripts/chaos.sh --minutes 16
+#   CHAOS_ONLY=fenced bash scripts/chaos.sh --minutes 5   # the fenced two, 2.5 min each
 #
 # A failure of ours prints the seed and the interleaving; `CHAOS_SEED=N` (or --seed N) replays the
 # same fault schedule. The reference's violations are printed, not failed on: they are what
@@ -27,7 +31,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done

@@ -20,6 +20,16 @@
 //! `work`). Only the first write of a pid after its SIGCONT, at most one per pause, is exempt;
 //! a holder that did not self-fence writes again 10 ms later and is caught.
 //!
+//! A fenced scenario ([`Scenario::fenced`]: `consul-leader-fenced`, `etcd-leader-fenced`; issue
+//! 28) is the same run with every write going through the PostgreSQL fence of `lease-postgres`
+//! (`lease-worker --fenced-writes`): the workers do not check the lease before a write and do not
+//! run the work under `Lease::run`, so a holder that lost its lease writes on until its hold ends
+//! and only the fence can stop it. Each write is a row of `chaos_writes` in a database of the
+//! scenario's own; the verdict reads that table ([`stale_rows`]): no row may carry an index below
+//! one committed before it for its key. The histories are judged as well, with no write exempted
+//! after a SIGCONT: a fenced worker logs its `write` while it holds the fence's lock, so a resumed
+//! holder's write can land after a newer holder's only if the fence let it through.
+//!
 //! etcd (`etcd-leader`, `etcd-sem2`) runs one etcd server per scenario, started by the driver as
 //! the Consul dev agent is. Its faults are Consul's with the etcd operator's actions: revoke the
 //! holder's lease (the holder is the lease ID in its sequencer `etcd:<revision>:<lease>:<key>`)
@@ -49,6 +59,7 @@ use crate::consul::{Agent, Api, consul_bin};
 use crate::etcd::Server as EtcdServer;
 use crate::history::{History, Kind, Line, gap_percentiles};
 use crate::overlap::now_ns;
+use crate::postgres::TestDb;
 use crate::proxy::{Mode, Proxy};
 use crate::workers::{Run, signal};
 
@@ -180,6 +191,9 @@ pub struct Scenario {
     pub hold_ms: u64,
     /// The seed of the fault schedule.
     pub seed: u64,
+    /// Every write goes through the PostgreSQL fence, unchecked by the worker (see the module
+    /// docs); the table is judged too. Leader keys on Consul and etcd only.
+    pub fenced: bool,
 }
 
 /// The AMQP heartbeat the workers ask for: a stopped worker's connection is dropped by the
@@ -208,7 +222,20 @@ impl Scenario {
             }),
             hold_ms: 300,
             seed: seed_from_env(),
+            fenced: false,
         }
+    }
+
+    /// The same scenario with every write going through the PostgreSQL fence (see the module
+    /// docs). Panics for a semaphore or a backend other than Consul and etcd: the fence takes a
+    /// leader's sequencer whose index rises with every acquisition.
+    pub fn fenced(mut self) -> Self {
+        assert!(
+            self.limit.is_none() && matches!(self.backend, Backend::Consul | Backend::Etcd),
+            "a fenced scenario is a leader key on Consul or etcd"
+        );
+        self.fenced = true;
+        self
     }
 
     /// The same scenario with another seed.
@@ -220,6 +247,21 @@ impl Scenario {
     /// The faults this backend can be given.
     pub fn fault_kinds(&self) -> Vec<Fault> {
         match self.backend {
+            // Fenced, no operator deletes the leader key: Consul's LockIndex restarts at 1 when
+            // the key is re-created, below the index the fence has recorded, so the fence would
+            // (rightly) refuse every later holder until an operator clears its record, and the
+            // run would stop writing. That is the documented limit of fencing with a LockIndex
+            // (lease-postgres's `fence.sql`), not something a chaos run can judge. A destroyed
+            // session leaves the key, and its LockIndex, in place: that fault stays. (etcd keeps
+            // its delete: a re-created key gets a new, higher revision.)
+            Backend::Consul if self.fenced => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::DestroySession,
+                Fault::Blackhole,
+                Fault::Cut,
+                Fault::Http500,
+            ],
             Backend::Consul => vec![
                 Fault::Kill9,
                 Fault::Pause,
@@ -385,6 +427,8 @@ pub struct Report {
     pub elections_ms: Vec<f64>,
     /// Hand-off gaps, p50 and p99 (ms); NaN for a semaphore of more than one slot.
     pub handoff_ms: (f64, f64),
+    /// A fenced scenario's table: rows, stale rows, writes refused by the fence.
+    pub fenced: Option<FencedCounts>,
     /// Every violation, each with the interleaving around it.
     pub violations: Vec<String>,
     /// Where the files are.
@@ -395,7 +439,7 @@ impl Report {
     /// The header of [`row`](Report::row).
     pub fn header() -> String {
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25}",
             "scenario",
             "seed",
             "acq",
@@ -408,7 +452,8 @@ impl Report {
             "hangs",
             "false",
             "elect p50/max",
-            "hand-off p50/p99"
+            "hand-off p50/p99",
+            "fenced rows/stale/refused"
         )
     }
 
@@ -420,7 +465,7 @@ impl Report {
             .map(|(k, n)| format!("{k}:{n}"))
             .collect();
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25}",
             self.scenario,
             self.seed,
             self.acquisitions,
@@ -446,7 +491,11 @@ impl Report {
                 "-".to_owned()
             } else {
                 format!("{:.0}/{:.0} ms", self.handoff_ms.0, self.handoff_ms.1)
-            }
+            },
+            self.fenced.as_ref().map_or_else(
+                || "-".to_owned(),
+                |f| format!("{}/{}/{}", f.rows, f.stale_rows, f.refused)
+            )
         )
     }
 
@@ -535,6 +584,152 @@ pub fn judge(
     report
 }
 
+/// What a fenced scenario's table showed (see [`stale_rows`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FencedCounts {
+    /// Committed rows of `chaos_writes`.
+    pub rows: usize,
+    /// Rows whose index is below (or, under another holder, equal to) the highest index
+    /// committed before them for their key. Must be 0.
+    pub stale_rows: usize,
+    /// Writes the fence refused (`refused` history lines: `LF001` stale, `LF002` index reused),
+    /// rolled back with their transaction.
+    pub refused: usize,
+    /// Fenced transactions that failed otherwise (`failed` lines: a connection lost, ...).
+    pub failed: usize,
+}
+
+/// One committed row of a fenced scenario's `chaos_writes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FencedRow {
+    /// Its place in commit order (see [`stale_rows`]).
+    pub commit_order: i64,
+    /// The lease key of the sequencer it was fenced with.
+    pub key: String,
+    /// That sequencer's index.
+    pub index: i64,
+    /// That sequencer's holder (Consul session, etcd lease).
+    pub holder: String,
+    /// The writing process.
+    pub pid: i64,
+}
+
+/// The stale rows of a fenced table, each with the row it is stale against. Taking `rows` in
+/// commit order, a row is stale if its index is below the highest index committed before it for
+/// its key, or equal to it under another holder (two acquisitions claiming one index, which the
+/// fence refuses with `LF002`).
+///
+/// Why `commit_order` is the commit order: each writing transaction, after its fence call, takes
+/// the next number from a one-row counter (`UPDATE chaos_commit_order SET n = n + 1 RETURNING
+/// n`) and stores it in its row. That update holds the counter's row lock until the transaction
+/// commits or rolls back, and a concurrent update waits for it and then reads the committed
+/// value (READ COMMITTED). So of two committed transactions, the one that committed first took
+/// the lower number; a rolled-back one leaves neither its row nor its number. The order rests on
+/// PostgreSQL's row locking alone, not on the fence it judges. (A bigserial would not do: it is
+/// drawn when the row is inserted, and two transactions may commit in the other order; it equals
+/// commit order only as long as the fence serialises the writers, which is what is on trial.)
+pub fn stale_rows(rows: &[FencedRow]) -> Vec<(FencedRow, FencedRow)> {
+    let mut highest: BTreeMap<&str, &FencedRow> = BTreeMap::new();
+    let mut stale = Vec::new();
+    let mut sorted: Vec<&FencedRow> = rows.iter().collect();
+    sorted.sort_by_key(|r| r.commit_order);
+    for row in sorted {
+        match highest.get(row.key.as_str()) {
+            Some(top)
+                if row.index < top.index
+                    || (row.index == top.index && row.holder != top.holder) =>
+            {
+                stale.push((row.clone(), (*top).clone()));
+            }
+            Some(top) if row.index == top.index => {}
+            _ => {
+                highest.insert(&row.key, row);
+            }
+        }
+    }
+    stale
+}
+
+/// The database of a fenced scenario: the fence installed, `chaos_writes` and its commit counter
+/// created empty.
+async fn fenced_db(scenario: &Scenario) -> TestDb {
+    let db = TestDb::create(&format!("chaos_{}", scenario.name)).await;
+    let client = db.connect().await;
+    lease_postgres::fence::tokio_postgres::install(&client)
+        .await
+        .unwrap_or_else(|e| panic!("cannot install the fence in {}: {e}", db.name()));
+    client
+        .batch_execute(
+            "CREATE TABLE chaos_commit_order (n bigint NOT NULL); \
+             INSERT INTO chaos_commit_order VALUES (0); \
+             CREATE TABLE chaos_writes (commit_order bigint PRIMARY KEY, \
+               lease_key text NOT NULL, lease_index bigint NOT NULL, holder text NOT NULL, \
+               pid bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot create the tables in {}: {e}", db.name()));
+    db
+}
+
+/// Judges a fenced scenario's table, and counts its refusals, into `report`.
+async fn judge_fenced(db: &TestDb, history: &History, report: &mut Report) {
+    let client = db.connect().await;
+    let rows: Vec<FencedRow> = client
+        .query(
+            "SELECT commit_order, lease_key, lease_index, holder, pid FROM chaos_writes \
+             ORDER BY commit_order",
+            &[],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot read chaos_writes of {}: {e}", db.name()))
+        .iter()
+        .map(|r| FencedRow {
+            commit_order: r.get(0),
+            key: r.get(1),
+            index: r.get(2),
+            holder: r.get(3),
+            pid: r.get(4),
+        })
+        .collect();
+    let count = |word: &str| {
+        (history.lines().iter())
+            .filter(|l| l.kind == Kind::Other(word.to_owned()))
+            .count()
+    };
+    let stale = stale_rows(&rows);
+    if let Some((row, top)) = stale.first() {
+        let around: Vec<String> = (rows.iter())
+            .filter(|r| (r.commit_order - row.commit_order).abs() <= 5)
+            .map(|r| format!("{r:?}"))
+            .collect();
+        report.violations.push(format!(
+            "{} stale row(s) in chaos_writes; the first: {row:?}, committed after {top:?}\n\
+             --- rows around it, in commit order:\n{}",
+            stale.len(),
+            around.join("\n")
+        ));
+    }
+    if rows.is_empty() {
+        report
+            .violations
+            .push("no row was written through the fence: the run proves nothing".to_owned());
+    }
+    // Every row has its `write` line, logged before its commit.
+    if rows.len() > report.writes {
+        report.violations.push(format!(
+            "{} rows but only {} write lines: rows written behind the histories' back",
+            rows.len(),
+            report.writes
+        ));
+    }
+    report.fenced = Some(FencedCounts {
+        rows: rows.len(),
+        stale_rows: stale.len(),
+        refused: count("refused"),
+        failed: count("failed"),
+    });
+}
+
 /// The fault log: one history line per fault, pid 0, event `fault`.
 #[derive(Debug)]
 struct FaultLog {
@@ -580,6 +775,8 @@ struct Services {
     amqp_url: String,
     etcd: Option<EtcdServer>,
     key: String,
+    /// A fenced scenario's database.
+    db: Option<TestDb>,
 }
 
 impl Services {
@@ -605,6 +802,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             amqp_url: String::new(),
             etcd: None,
             key: format!("chaos/{}", scenario.name),
+            db: None,
         },
         Backend::ConsulCluster => Services {
             agent: None,
@@ -613,6 +811,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             amqp_url: String::new(),
             etcd: None,
             key: format!("chaos/{}", scenario.name),
+            db: None,
         },
         Backend::Amqp => {
             crate::amqp::require_broker().await;
@@ -625,6 +824,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
                 amqp_url: format!("{base}{sep}heartbeat={AMQP_HEARTBEAT_SECS}"),
                 etcd: None,
                 key: crate::amqp::unique(&format!("chaos-{}", scenario.name)),
+                db: None,
             }
         }
         Backend::Etcd => Services {
@@ -634,8 +834,12 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             amqp_url: String::new(),
             etcd: Some(EtcdServer::start().await),
             key: format!("chaos/{}", scenario.name),
+            db: None,
         },
     };
+    if scenario.fenced {
+        services.db = Some(fenced_db(scenario).await);
+    }
     let mut faults = FaultLog {
         file: std::fs::File::create(run.dir.join("faults.history")).unwrap(),
     };
@@ -777,12 +981,17 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     let leaks = leaks(scenario, &services, last_crash).await;
 
     let history = run.all();
+    // Fenced, no write is exempt (see the module docs).
+    let exempt = if scenario.fenced { &[][..] } else { &resumes };
     let mut report = judge(
         &history,
         scenario.limit_n(),
         scenario.limit.is_some() && scenario.backend != Backend::Amqp,
-        &resumes,
+        exempt,
     );
+    if let Some(db) = &services.db {
+        judge_fenced(db, &history, &mut report).await;
+    }
     report.scenario = scenario.name.clone();
     report.seed = scenario.seed;
     report.faults = counts;
@@ -861,6 +1070,9 @@ fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i
     }
     args.extend(["--write-every-ms".into(), "10".into()]);
     args.extend(["--hold-ms".into(), scenario.hold_ms.to_string()]);
+    if let Some(db) = &services.db {
+        args.extend(["--fenced-writes".into(), db.url().to_owned()]);
+    }
     run.spawn(&name, &args)
 }
 
@@ -1311,6 +1523,49 @@ mod tests {
         let mut first: Vec<Fault> = a[..s.fault_kinds().len()].iter().map(|p| p.1).collect();
         first.sort();
         assert_eq!(first, s.fault_kinds(), "every kind comes once first");
+    }
+
+    #[test]
+    fn a_fenced_row_is_stale_below_an_index_committed_before_it_whatever_its_insert_order() {
+        let row = |commit_order, key: &str, index, holder: &str| FencedRow {
+            commit_order,
+            key: key.to_owned(),
+            index,
+            holder: holder.to_owned(),
+            pid: 1,
+        };
+        // Given out of order: judged by commit order. Key b is judged apart from key a.
+        let clean = [
+            row(3, "a", 7, "s7"),
+            row(1, "a", 5, "s5"),
+            row(2, "a", 5, "s5"),
+            row(4, "b", 2, "t2"),
+            row(5, "a", 7, "s7"),
+        ];
+        assert!(stale_rows(&clean).is_empty());
+        let mut late = clean.to_vec();
+        late.push(row(6, "a", 5, "s5"));
+        let stale = stale_rows(&late);
+        assert_eq!(stale.len(), 1);
+        assert_eq!((stale[0].0.commit_order, stale[0].1.commit_order), (6, 3));
+        // One index, two holders: the later one is stale too.
+        let reused = [row(1, "a", 5, "s5"), row(2, "a", 5, "other")];
+        assert_eq!(stale_rows(&reused).len(), 1);
+    }
+
+    #[test]
+    fn fenced_consul_scenarios_never_delete_the_key_and_etcd_ones_do() {
+        let consul = Scenario::new("c", Backend::Consul, None, Duration::from_secs(60));
+        assert!(consul.fault_kinds().contains(&Fault::DeleteKey));
+        let fenced = consul.fenced();
+        assert!(!fenced.fault_kinds().contains(&Fault::DeleteKey));
+        assert!(
+            schedule(&fenced)
+                .iter()
+                .all(|p| p.fault != Fault::DeleteKey)
+        );
+        let etcd = Scenario::new("e", Backend::Etcd, None, Duration::from_secs(60)).fenced();
+        assert!(etcd.fault_kinds().contains(&Fault::DeleteKey));
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! The chaos suite's short mode (issue 15): on each backend, workers contend for one lease while
 //! faults are injected at times drawn from a seed, and the histories must show the promise kept:
 //! never more writers than the limit, no stale write, nothing leaked, no worker hung at SIGTERM.
+//! The two fenced scenarios (issue 28) write every write through the PostgreSQL fence without a
+//! lease check, and their table must hold no stale row.
 //!
 //! The seed is `CHAOS_SEED` (default `lease_tests::chaos::DEFAULT_SEED`); a failure prints it and the merged
-//! interleaving around the violation, faults included. The four scenarios run in parallel and
-//! take about a minute together. The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
+//! interleaving around the violation, faults included. The six scenarios run two at a time (the
+//! test harness's threads on two cores) and take about 80 s together (58 s without the fenced
+//! two). The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
 //!
 //! ```sh
 //! CHAOS_SEED=7 cargo test -p lease-tests --test chaos -- --nocapture
@@ -65,6 +68,19 @@ async fn chaos_consul_raft_leader() {
     .await;
 }
 
+/// Issue 28: the leader scenarios with every write going through the PostgreSQL fence and no
+/// lease check before it (`Scenario::fenced`): the table must hold no stale row.
+#[tokio::test]
+async fn chaos_consul_leader_fenced() {
+    short(Scenario::new("consul-leader-fenced", Backend::Consul, None, SHORT).fenced()).await;
+}
+
+/// As [`chaos_consul_leader_fenced`], on etcd.
+#[tokio::test]
+async fn chaos_etcd_leader_fenced() {
+    short(Scenario::new("etcd-leader-fenced", Backend::Etcd, None, SHORT).fenced()).await;
+}
+
 /// The long mode: `scripts/chaos.sh` sets `CHAOS_MINUTES` (and maybe `CHAOS_SEED`) and runs
 /// this; it prints one table row per scenario, `consul lock` included, and fails on a violation
 /// of ours (the reference's are its findings). `CHAOS_ONLY=consul-lock` runs the scenarios whose
@@ -87,7 +103,11 @@ async fn chaos_long() {
         ("etcd-sem2", Backend::Etcd, Some(2)),
         ("consul-lock-leader", Backend::ConsulLock, None),
         ("consul-lock-n2", Backend::ConsulLock, Some(2)),
+        ("consul-leader-fenced", Backend::Consul, None),
+        ("etcd-leader-fenced", Backend::Etcd, None),
     ];
+    // The leader scenarios with every write through the PostgreSQL fence (issue 28).
+    let fenced = ["consul-leader-fenced", "etcd-leader-fenced"];
     let only = std::env::var("CHAOS_ONLY").unwrap_or_default();
     let chosen: Vec<_> = (scenarios.into_iter())
         .filter(|(name, ..)| only.split(',').any(|part| name.contains(part)))
@@ -108,6 +128,9 @@ async fn chaos_long() {
         .map(Duration::from_millis);
     let scenario = |name: &str, backend, limit| {
         let mut scenario = Scenario::new(name, backend, limit, each);
+        if fenced.contains(&name) {
+            scenario = scenario.fenced();
+        }
         if let Some(gap) = mean_gap {
             scenario.mean_gap = gap;
         }

@@ -4,6 +4,7 @@
 //! ```text
 //! lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] --history FILE
 //!              [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] [--mode MODE]
+//!              [--fenced-writes POSTGRES_URL]
 //! ```
 //!
 //! `--limit N` makes the lease a semaphore of N slots, else it is a leader key. `--etcd` takes one
@@ -36,6 +37,16 @@
 //! - `loop-stdin`: reads key numbers from stdin, one a line, and runs `loop` on `KEY/<number>`
 //!   for each, all at once in one process (so its waits share the process's watches).
 //!
+//! `--fenced-writes URL` (mode `loop` only; the chaos suite's fenced scenarios): each write is a
+//! row of `chaos_writes` in the PostgreSQL database at `URL`, written by a transaction that calls
+//! `lease_fence.fence` with the lease's sequencer first (see `FencedDb::write`). The guarded
+//! work then checks nothing of the lease: no `is_held()` before a write, and it does not run
+//! under `Lease::run`, so a holder that lost its lease (paused past its TTL, its session
+//! destroyed, its etcd lease revoked) goes on writing until its hold ends, and the fence alone
+//! must stop it. A write the fence refuses logs `refused` (and ends the work: the lease is gone);
+//! any other failed transaction logs `failed` (and the next write reconnects if the connection
+//! broke). The driver creates the tables and installs the fence before it starts the workers.
+//!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
 
@@ -45,15 +56,20 @@ use std::time::Duration;
 
 use lease_core::CancellationToken;
 use lease_core::leader::{Campaign, LeaderEvent};
-use lease_core::{Backend, BoxError, BoxFuture, Lease, LeaseSpec, LeaseWatcher, Wait};
+use lease_core::{
+    Backend, BoxError, BoxFuture, Lease, LeaseSpec, LeaseWatcher, LostReason, Sequencer, Wait,
+};
+use lease_postgres::fence;
 // The writing side of `lease_tests::history`, shared with the other worker binaries.
 use lease_tests::history::Recorder as History;
+use lease_tests::postgres::with_sources;
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio_postgres::{Client, NoTls};
 
 const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
 [--mode loop|campaign-select|campaign-signal|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit|\
-one-after-another|loop-stdin] [--count N] [--preheld M]";
+one-after-another|loop-stdin] [--count N] [--preheld M] [--fenced-writes POSTGRES_URL]";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -89,6 +105,7 @@ struct Args {
     mode: Mode,
     count: u64,
     preheld: u64,
+    fenced_writes: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -99,6 +116,7 @@ fn parse_args() -> Result<Args, String> {
     let mut write_every = Duration::from_millis(5);
     let mut mode = Mode::Loop;
     let (mut count, mut preheld) = (1, 0);
+    let mut fenced_writes = None;
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         let number = |v: String| {
@@ -135,6 +153,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--count" => count = number(value()?)?,
             "--preheld" => preheld = number(value()?)?,
+            "--fenced-writes" => fenced_writes = Some(value()?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -146,6 +165,9 @@ fn parse_args() -> Result<Args, String> {
         != 1
     {
         return Err("give exactly one of --consul, --amqp and --etcd".into());
+    }
+    if fenced_writes.is_some() && mode != Mode::Loop {
+        return Err("--fenced-writes works in --mode loop only".into());
     }
     Ok(Args {
         consul,
@@ -161,6 +183,7 @@ fn parse_args() -> Result<Args, String> {
         mode,
         count,
         preheld,
+        fenced_writes,
     })
 }
 
@@ -180,6 +203,100 @@ async fn work(lease: LeaseWatcher, history: History, every: Duration, hold: Opti
             return std::future::pending().await;
         }
         history.log("write", &seq, "");
+        if end.is_some_and(|end| tokio::time::Instant::now() >= end) {
+            return;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The row of one fenced write, in the table the chaos driver creates (`lease_tests::chaos`).
+///
+/// `commit_order` comes from the one-row counter `chaos_commit_order`, updated in the same
+/// transaction: the update holds the counter's row lock until the transaction ends, so of two
+/// transactions that both commit, the one that commits first took the lower number, whatever the
+/// fence does. The verdict orders the rows by it.
+const FENCED_INSERT: &str = "WITH c AS (UPDATE chaos_commit_order SET n = n + 1 RETURNING n) \
+INSERT INTO chaos_writes (commit_order, lease_key, lease_index, holder, pid) \
+SELECT c.n, $1::text, $2::bigint, $3::text, $4::bigint FROM c RETURNING commit_order";
+
+/// The PostgreSQL side of `--fenced-writes`: one connection, made again after it broke.
+struct FencedDb {
+    url: String,
+    client: Option<Client>,
+}
+
+impl FencedDb {
+    async fn connect(url: &str) -> Result<FencedDb, BoxError> {
+        let mut db = FencedDb {
+            url: url.to_owned(),
+            client: None,
+        };
+        db.client().await?;
+        Ok(db)
+    }
+
+    async fn client(&mut self) -> Result<&mut Client, BoxError> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
+            tokio::spawn(async move {
+                // Ends with the client; a broken connection shows in the next write.
+                let _ = connection.await;
+            });
+            self.client = Some(client);
+        }
+        Ok(self.client.as_mut().expect("connected above"))
+    }
+
+    /// One fenced write: `BEGIN`; `lease_fence.fence(key, index, holder)` with `seq`; insert the
+    /// row; log `write` (detail `order=N`); `COMMIT`.
+    ///
+    /// The `write` line is logged between the fence call and the commit, while this transaction
+    /// holds the fence's row lock for the key: the fenced transactions of a key run one at a
+    /// time from their fence call to their end, so the lines of committed writes are in commit
+    /// order too (a line logged after the commit could be overtaken by the next holder's). A
+    /// commit that then fails leaves a `write` line without a row: the histories' verdicts
+    /// count one write too many, never one too few.
+    async fn write(&mut self, seq: &Sequencer, history: &History) -> Result<(), BoxError> {
+        let token = fence::Token::new(seq)?;
+        let tx = self.client().await?.transaction().await?;
+        fence::tokio_postgres::fence(&tx, seq).await?;
+        let pid = i64::from(std::process::id());
+        let row = tx
+            .query_one(
+                FENCED_INSERT,
+                &[&token.key(), &token.index(), &token.holder(), &pid],
+            )
+            .await?;
+        let order: i64 = row.get(0);
+        history.log("write", &seq.to_string(), &format!("order={order}"));
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// The guarded work of `--fenced-writes`: a fenced write now and every `every` until `hold` has
+/// passed (or forever), or until the fence refuses one. It never looks at the lease (no
+/// `is_held()`, no `Lease::run` around it): a holder that lost its lease writes on, and the fence
+/// alone must stop it.
+async fn fenced_work(
+    db: &mut FencedDb,
+    seq: &Sequencer,
+    history: &History,
+    every: Duration,
+    hold: Option<Duration>,
+) {
+    let end = hold.map(|h| tokio::time::Instant::now() + h);
+    loop {
+        if let Err(error) = db.write(seq, history).await {
+            let refused =
+                (error.downcast_ref::<fence::Error>()).is_some_and(fence::Error::is_refused);
+            let event = if refused { "refused" } else { "failed" };
+            history.log(event, &seq.to_string(), &with_sources(&*error));
+            if refused {
+                return;
+            }
+        }
         if end.is_some_and(|end| tokio::time::Instant::now() >= end) {
             return;
         }
@@ -359,7 +476,7 @@ async fn loop_stdin(
         let spec = spec_on(args, format!("{}/{}", args.key, line.trim()));
         let (backend, history, stop) = (Arc::clone(&backend), history.clone(), stop.clone());
         let args = args.clone();
-        loops.spawn(async move { loop_on(backend, spec, history, &args, stop).await });
+        loops.spawn(async move { loop_on(backend, spec, history, &args, None, stop).await });
     }
     stop.cancel();
     while loops.join_next().await.is_some() {}
@@ -403,13 +520,33 @@ async fn hold_many(
 }
 
 async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigterm: &mut Signal) {
+    let fenced = match &args.fenced_writes {
+        Some(url) => match FencedDb::connect(url).await {
+            Ok(db) => Some(db),
+            Err(e) => {
+                eprintln!(
+                    "--fenced-writes: cannot connect to {url}: {}",
+                    with_sources(&*e)
+                );
+                std::process::exit(2);
+            }
+        },
+        None => None,
+    };
     let stop = CancellationToken::new();
     let on_sigterm = async {
         sigterm.recv().await;
         stop.cancel();
     };
     tokio::join!(
-        loop_on(backend, spec(args), history.clone(), args, stop.clone()),
+        loop_on(
+            backend,
+            spec(args),
+            history.clone(),
+            args,
+            fenced,
+            stop.clone()
+        ),
         on_sigterm
     );
     history.log("exit", "-", "");
@@ -417,12 +554,14 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
 
 /// Forever: acquire `spec` (waiting forever), run the work under `Lease::run`, release (logging
 /// what `release()` answered). Until `stop`: an acquire in progress is dropped, a lease held is
-/// released first.
+/// released first. With `fenced`, the work is [`fenced_work`], not under `Lease::run`; a lease
+/// found lost once it ends is logged `lost` as `run` would have.
 async fn loop_on(
     backend: Arc<dyn Backend>,
     spec: LeaseSpec,
     history: History,
     args: &Args,
+    mut fenced: Option<FencedDb>,
     stop: CancellationToken,
 ) {
     loop {
@@ -443,15 +582,27 @@ async fn loop_on(
         };
         let seq = lease.sequencer().to_string();
         history.log("acquired", &seq, "");
-        let guarded = work(
-            lease.watcher(),
-            history.clone(),
-            args.write_every,
-            args.hold,
-        );
-        let outcome = tokio::select! {
-            outcome = lease.run(guarded) => Some(outcome),
-            () = stop.cancelled() => None,
+        let outcome = if let Some(db) = fenced.as_mut() {
+            let fenced = fenced_work(db, lease.sequencer(), &history, args.write_every, args.hold);
+            tokio::select! {
+                () = fenced => Some(if lease.is_held() {
+                    Ok(())
+                } else {
+                    Err(lease.lost_reason().unwrap_or(LostReason::Released))
+                }),
+                () = stop.cancelled() => None,
+            }
+        } else {
+            let guarded = work(
+                lease.watcher(),
+                history.clone(),
+                args.write_every,
+                args.hold,
+            );
+            tokio::select! {
+                outcome = lease.run(guarded) => Some(outcome),
+                () = stop.cancelled() => None,
+            }
         };
         if let Some(Err(reason)) = &outcome {
             history.log("lost", &seq, &reason.to_string());
