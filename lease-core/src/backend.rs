@@ -21,9 +21,12 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-pub use crate::lease::{Fence, Hold, Keepers, RELEASE_BOUND, instrument_acquire};
+mod keeper;
 
-use crate::leader::LeaderObserver;
+pub use crate::lease::Fence;
+pub use keeper::{Hold, Keepers, RELEASE_BOUND, instrument_acquire};
+
+use crate::observer::LeaderObserver;
 use crate::{BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 
 /// A place leases are acquired from.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::spec::{MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};
+use crate::limits::{MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};
 
 /// A boxed error from a transport or client library, kept as the `source` of an [`Error`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

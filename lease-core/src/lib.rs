@@ -79,9 +79,11 @@ mod error;
 mod guard;
 pub mod leader;
 mod lease;
+mod limits;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod metrics;
+mod observer;
 pub mod semaphore;
 mod sequencer;
 mod shutdown;
@@ -94,11 +96,10 @@ pub use error::{BackendError, BoxError, Error, ErrorKind, LostReason};
 pub use guard::__private;
 pub use guard::{GuardError, current_lease, current_sequencer, guarded, guarded_by_default};
 pub use lease::{BoxFuture, Lease, LeaseWatcher};
+pub use limits::{MAX_LOCK_DELAY, MAX_TTL, MIN_TTL};
 pub use sequencer::{BackendKind, CustomKind, ParseSequencerError, Sequencer};
 pub use shutdown::{StopSignal, shutdown_signal};
-pub use spec::{
-    LeaseSpec, MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, Target, Wait, key_rule_broken, validate_key,
-};
+pub use spec::{LeaseSpec, Target, Wait, key_rule_broken, validate_key};
 /// The token that stops a [`Campaign`](leader::Campaign) ([`run_until`](leader::Campaign::run_until),
 /// [`hold_until`](leader::Campaign::hold_until)): tokio-util's, re-exported so that using this
 /// crate needs no dependency of its own on tokio-util. Cancel it (from a signal handler, or

@@ -71,7 +71,7 @@ use std::future::Future;
 
 #[allow(unused_imports)]
 // Linked from the docs; used by the recording functions with the feature.
-use crate::{BackendKind, Error, Lease, LeaseSpec, LostReason, Target};
+use crate::{BackendKind, Error, LeaseSpec, LostReason, Target};
 
 /// Gauge: leases this process holds now.
 pub const LEASES_HELD: &str = "lease_held";
@@ -155,14 +155,22 @@ fn reason_label(reason: &LostReason) -> &'static str {
     }
 }
 
+/// What carries a [`Tally`]: a lease (implemented where the lease is, so that this module does not
+/// depend on it).
+pub(crate) trait Tallied {
+    /// The record of this lease.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn tally(&self) -> &Tally;
+}
+
 /// Runs a backend's `acquire` and records its outcome: the wait, the acquisition, and (through
 /// the lease's [`Tally`]) the lease held until it is released or lost.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) async fn acquire(
+pub(crate) async fn acquire<T: Tallied>(
     backend: BackendKind,
     spec: &LeaseSpec,
-    acquire: impl Future<Output = Result<Lease, Error>>,
-) -> Result<Lease, Error> {
+    acquire: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
     #[cfg(feature = "metrics")]
     {
         let started = tokio::time::Instant::now();

@@ -10,13 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Error;
-
-/// The shortest session TTL Consul accepts.
-pub const MIN_TTL: Duration = Duration::from_secs(10);
-/// The longest session TTL Consul accepts.
-pub const MAX_TTL: Duration = Duration::from_secs(86_400);
-/// The longest lock-delay Consul honours.
-pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+use crate::limits::{MAX_LOCK_DELAY, MAX_TTL, MIN_TTL, far_future};
 
 /// Which lease to take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,11 +68,7 @@ impl Wait {
     pub fn deadline(self, started: Instant) -> Option<Instant> {
         match self {
             Wait::Forever => None,
-            Wait::UpTo(wait) => Some(
-                started
-                    .checked_add(wait)
-                    .unwrap_or_else(crate::lease::far_future),
-            ),
+            Wait::UpTo(wait) => Some(started.checked_add(wait).unwrap_or_else(far_future)),
             Wait::Never => Some(started),
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::handle::Shared;
-use super::observe::Leader;
+use crate::observer::Leader;
 use crate::{Error, LostReason, Sequencer};
 
 /// What a campaign reports to the application, through [`Campaign::on_event`](super::Campaign::on_event) and

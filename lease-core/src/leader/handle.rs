@@ -14,7 +14,8 @@ use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::Instant;
 
 use super::event::{CampaignEnd, EventSink, LeaderEvent, emit};
-use super::observe::{Leader, LeaderWatch};
+use super::observe::LeaderWatch;
+use crate::observer::Leader;
 use crate::{Error, LeaseWatcher, LostReason, Sequencer};
 
 /// One term of this node as leader (or as a holder of a slot, for a semaphore campaign): the

@@ -65,7 +65,8 @@ mod observe;
 /// outage would log a line per retry per campaign.
 const RETRY_LEVEL: tracing::Level = tracing::Level::DEBUG;
 
+pub use crate::observer::{Leader, LeaderObserver, Observation};
 pub use campaign::{Campaign, run};
 pub use event::{AfterWorker, CampaignEnd, LeaderEvent};
 pub use handle::{CampaignHandle, CampaignState, Term, TermGuard};
-pub use observe::{Leader, LeaderObserver, LeaderWatch, Observation, Observing};
+pub use observe::{LeaderWatch, Observing};

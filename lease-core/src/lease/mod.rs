@@ -5,9 +5,8 @@
 //! `keeper`). The task orders loss and release; the handle reads the state without I/O, and checks
 //! the fence deadline (`state`) itself, so a lease is never taken for held past it.
 
-mod detached;
-mod keeper;
-mod state;
+pub(crate) mod detached;
+pub(crate) mod state;
 
 use std::fmt;
 use std::future::{Future, poll_fn};
@@ -17,12 +16,16 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
-pub use keeper::{Hold, Keepers, RELEASE_BOUND, instrument_acquire};
 pub use state::Fence;
 use state::LeaseState;
-pub(crate) use state::far_future;
 
-use crate::{Backend, Error, LostReason, Sequencer};
+use crate::{Error, LostReason, Sequencer};
+
+/// How a lease asks whether its sequencer is still current: its backend's `check_sequencer`,
+/// given by the holder task that built the lease (so that the lease does not depend on the
+/// backend contract, which depends on it).
+pub(crate) type CheckSequencer =
+    Arc<dyn Fn(Sequencer) -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
 
 /// A boxed, sendable future, as returned by the dyn-compatible backend traits.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -44,7 +47,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct Lease {
     /// The sequencer and the shared state, behind one `Arc` that watchers clone.
     watcher: LeaseWatcher,
-    backend: Arc<dyn Backend>,
+    check_sequencer: CheckSequencer,
     release_tx: Option<oneshot::Sender<ReleaseRequest>>,
 }
 
@@ -58,18 +61,18 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    /// Assembles the handle; [`Keepers::start`] is the only caller.
-    fn new(
+    /// Assembles the handle; [`Keepers::start`](crate::backend::Keepers::start) is the only caller.
+    pub(crate) fn new(
         sequencer: Sequencer,
         state: Arc<LeaseState>,
-        backend: Arc<dyn Backend>,
+        check_sequencer: CheckSequencer,
         release_tx: oneshot::Sender<ReleaseRequest>,
     ) -> Lease {
         Lease {
             watcher: LeaseWatcher {
                 shared: Arc::new(WatcherShared { sequencer, state }),
             },
-            backend,
+            check_sequencer,
             release_tx: Some(release_tx),
         }
     }
@@ -81,12 +84,6 @@ impl Lease {
 
     fn state(&self) -> &LeaseState {
         &self.watcher.shared.state
-    }
-
-    /// What the metrics have recorded about this lease.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn tally(&self) -> &crate::metrics::Tally {
-        self.state().tally()
     }
 
     /// Whether the lease is still held, as far as this process knows. No I/O: an atomic read
@@ -144,13 +141,13 @@ impl Lease {
     }
 
     /// Verifies with the backend, with one consistent read, that this acquisition still holds
-    /// the lease ([`Backend::check_sequencer`]). On loss, the lease is marked lost (so `run`
+    /// the lease ([`Backend::check_sequencer`](crate::Backend::check_sequencer)). On loss, the lease is marked lost (so `run`
     /// cancels its work) and `Err` carries [`Error::Lost`].
     pub async fn check(&self) -> Result<(), Error> {
         if let Some(reason) = self.lost_reason() {
             return Err(Error::Lost(reason));
         }
-        match self.backend.check_sequencer(self.sequencer()).await {
+        match (self.check_sequencer)(self.sequencer().clone()).await {
             Err(Error::Lost(reason)) => {
                 self.state().lose(reason.clone());
                 Err(Error::Lost(self.lost_reason().unwrap_or(reason)))
@@ -165,7 +162,7 @@ impl Lease {
     }
 
     /// Gives the lease back and waits until the backend confirms (Consul: the key is released and
-    /// the session destroyed), at most [`RELEASE_BOUND`]. `is_held()` turns false before anything
+    /// the session destroyed), at most [`RELEASE_BOUND`](crate::backend::RELEASE_BOUND). `is_held()` turns false before anything
     /// is sent.
     ///
     /// A lease that was lost before (even if nobody noticed yet, as after a pause past its
@@ -270,4 +267,10 @@ impl LeaseWatcher {
 }
 
 /// What a lease handle sends its holder task: release, with a reply channel if someone waits.
-type ReleaseRequest = Option<oneshot::Sender<Result<(), Error>>>;
+pub(crate) type ReleaseRequest = Option<oneshot::Sender<Result<(), Error>>>;
+
+impl crate::metrics::Tallied for Lease {
+    fn tally(&self) -> &crate::metrics::Tally {
+        self.state().tally()
+    }
+}

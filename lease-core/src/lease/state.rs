@@ -16,6 +16,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::LostReason;
+use crate::limits::far_future;
 use crate::metrics::Tally;
 
 /// The self-fencing deadline of a lease: the instant past which this process must treat the
@@ -269,11 +270,6 @@ fn saturating_nanos(duration: Duration) -> u64 {
 
 fn nanos_between(earlier: Instant, later: Instant) -> u64 {
     u64::try_from(later.saturating_duration_since(earlier).as_nanos()).unwrap_or(UNBOUNDED - 1)
-}
-
-/// An instant about thirty years ahead: tokio's own stand-in for "never".
-pub(crate) fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 /// The state shared by a lease handle, its watchers and its holder task.

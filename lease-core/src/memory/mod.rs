@@ -35,7 +35,7 @@ use tokio::time::{Instant, sleep_until};
 use self::hold::{HeldLock, MemoryHold};
 use self::store::{Attempt, Inner, SessionGuard};
 use crate::backend::{Fence, Reachability};
-use crate::leader::LeaderObserver;
+use crate::observer::LeaderObserver;
 use crate::spec::validate_key;
 use crate::{BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 

@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::hold::HeldLock;
 use crate::backend::Keepers;
-use crate::leader::Leader;
+use crate::observer::Leader;
 use crate::semaphore::{LockValue, Planner, SEMAPHORE_FLAGS, lock_key};
 use crate::{BackendKind, Error, LeaseSpec, MAX_LOCK_DELAY, Sequencer, Target};
 

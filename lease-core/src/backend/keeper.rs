@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::state::{Fence, LeaseState};
-use super::{Lease, ReleaseRequest, detached};
+use crate::lease::state::{Fence, LeaseState};
+use crate::lease::{CheckSequencer, Lease, ReleaseRequest, detached};
 use crate::{Backend, BackendKind, BoxFuture, Error, LeaseSpec, LostReason, Sequencer};
 
 /// The longest a release (or the clean-up after a loss) may take before the holder gives up on
@@ -129,7 +129,14 @@ impl Keepers {
         let span = tracing::info_span!(parent: None, "lease.hold", sequencer = %sequencer);
         span.follows_from(tracing::Span::current());
         let generation = self.current();
-        let lease = Lease::new(sequencer, Arc::clone(&state), backend, release_tx);
+        let check_sequencer: CheckSequencer = {
+            let backend = Arc::clone(&backend);
+            Arc::new(move |sequencer: Sequencer| {
+                let backend = Arc::clone(&backend);
+                Box::pin(async move { backend.check_sequencer(&sequencer).await })
+            })
+        };
+        let lease = Lease::new(sequencer, Arc::clone(&state), check_sequencer, release_tx);
         generation.tracker.spawn(
             keep(
                 state,
