@@ -214,8 +214,13 @@ impl Planner {
             Ok(None) => {
                 // Seen since the last deletion: this is a new one, whose holders' settle starts
                 // now, however recently an earlier settle ran out.
-                let deleted_anew = self.lock_seen.take().is_some();
-                if snapshot.live.iter().any(|s| !waiting(s)) {
+                let last_seen = self.lock_seen.take();
+                let deleted_anew = last_seen.is_some();
+                // Deleted under holders we saw (they may have cleaned up before this read, as a
+                // holder does the moment it learns the loss, before its work has stopped), or
+                // under live contenders of others.
+                let had_holders = last_seen.is_some_and(|(_, had_holders)| had_holders);
+                if had_holders || snapshot.live.iter().any(|s| !waiting(s)) {
                     if deleted_anew {
                         self.lock_gone_since = Some(now);
                     } else {

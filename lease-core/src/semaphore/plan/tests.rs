@@ -256,6 +256,22 @@ fn a_deleted_lock_with_live_contenders_admits_nobody_for_the_settle_time() {
     assert!(rig.planner.at_rest());
 }
 
+/// A `.lock` we last saw with holders, found deleted after they had already cleaned up (a holder
+/// removes its contender key the moment it learns the loss, before its work has surely stopped):
+/// the settle still runs. (Seen under load: our own release's write, then the deletion, then the
+/// other holders' clean-up, then our read; we admitted 12 ms after the deletion.)
+#[test]
+fn a_lock_deleted_under_holders_we_saw_settles_after_they_cleaned_up() {
+    let held = snapshot(Some((7, 3, &["a", "b"])), &["a", "b"]);
+    let mut rig = Rig::new(vec![take("c", 3, SECOND)], Vec::new());
+    rig.planner.observe(&held, |_| false, rig.t0);
+    let cleaned_up = snapshot(None, &["c"]);
+    assert!(waits(&rig.fresh(&cleaned_up, SECOND / 10)));
+    assert_eq!(rig.wake(), Some(SECOND + SECOND / 10));
+    let lock = planned_write(rig.fresh(&cleaned_up, SECOND + SECOND / 10)).lock;
+    assert_eq!(lock.expect("re-created").value.holders, holders(&["c"]));
+}
+
 /// `consul lock -n` re-creates a deleted `.lock` at once, with its own holder: our contenders
 /// still settle for the full time from the deletion, and are admitted after it if a slot is
 /// free.
