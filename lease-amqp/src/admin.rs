@@ -96,7 +96,7 @@ impl Admin {
             async {
                 let count = session.count().await?;
                 if count == 0 {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                         "semaphore {name:?} does not exist: create it first"
                     )));
                 }

@@ -596,7 +596,7 @@ mod tests {
         let semaphore = LeaseSpec::semaphore("jobs", 2);
         let refused = leader_on_a_semaphore(&semaphore, mismatch(1, 2));
         assert!(matches!(refused, Error::LimitMismatch { stored: 1, .. }));
-        let other = leader_on_a_semaphore(&leader, Error::Config("x".into()));
-        assert!(matches!(other, Error::Config(_)));
+        let other = leader_on_a_semaphore(&leader, Error::config("x"));
+        assert!(matches!(other, Error::Config { .. }));
     }
 }

@@ -230,7 +230,7 @@ impl AmqpBuilder {
     /// Validates the configuration. Does not connect: the first acquire does.
     pub fn build(self) -> Result<Amqp, Error> {
         let mut uri: AMQPUri = self.url.parse().map_err(|reason: String| {
-            Error::Config(format!(
+            Error::config(format!(
                 "the AMQP URL is not valid ({reason}); expected amqp://user:password@host:port/vhost \
                  or amqps://… with the vhost percent-encoded (%2f for /)"
             ))
@@ -241,7 +241,7 @@ impl AmqpBuilder {
             (None, None) => DEFAULT_HEARTBEAT,
         };
         if heartbeat.is_zero() || heartbeat.subsec_nanos() != 0 || heartbeat.as_secs() > 600 {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "AMQP heartbeat {heartbeat:?}: use whole seconds from 1 s to 600 s; \
                  leases need heartbeats to notice a dead connection"
             )));
@@ -250,19 +250,19 @@ impl AmqpBuilder {
         uri.query.heartbeat = Some(secs);
         if let LossDetection::Verify { period } = self.loss_detection {
             if period.is_zero() {
-                return Err(Error::Config(
-                    "LossDetection::Verify needs a period above zero".to_owned(),
+                return Err(Error::config(
+                    "LossDetection::Verify needs a period above zero",
                 ));
             }
         }
         if self.max_connections == 0 {
-            return Err(Error::Config(
-                "AmqpBuilder::max_connections must be at least 1".to_owned(),
+            return Err(Error::config(
+                "AmqpBuilder::max_connections must be at least 1",
             ));
         }
         if self.connect_timeout.is_zero() || self.operation_timeout.is_zero() {
-            return Err(Error::Config(
-                "AMQP connect and operation timeouts must be above zero".to_owned(),
+            return Err(Error::config(
+                "AMQP connect and operation timeouts must be above zero",
             ));
         }
         let port_given = lease_core::address::has_port(&self.url);
@@ -349,7 +349,7 @@ mod tests {
         assert_eq!(amqp.config().max_connections, DEFAULT_MAX_CONNECTIONS);
         assert!(matches!(
             AmqpBuilder::new(DEFAULT_AMQP_URL).max_connections(0).build(),
-            Err(Error::Config(message)) if message.contains("max_connections")
+            Err(Error::Config { message, .. }) if message.contains("max_connections")
         ));
     }
 
@@ -367,11 +367,11 @@ mod tests {
             AmqpBuilder::new(DEFAULT_AMQP_URL)
                 .heartbeat(Duration::ZERO)
                 .build(),
-            Err(Error::Config(_))
+            Err(Error::Config { .. })
         ));
         assert!(matches!(
             AmqpBuilder::new("http://localhost").build(),
-            Err(Error::Config(_))
+            Err(Error::Config { .. })
         ));
     }
 }

@@ -170,7 +170,7 @@ impl ConnectionPool {
         let reservation = match pooled.try_reserve(use_) {
             Some(reservation) if pooled.channel_max() > HEADROOM => reservation,
             _ => {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "the channel_max negotiated with {} is {}, which leaves no channel for a \
                      lease after the {HEADROOM} this client keeps for acquiring and releasing; \
                      raise channel_max in rabbitmq.conf, or the URL's ?channel_max=, above \

@@ -379,10 +379,11 @@ impl ConsulBuilder {
             Some(TokenSource::Value(t)) => Some(t),
             Some(TokenSource::File(path)) => {
                 let text = std::fs::read_to_string(&path).map_err(|e| {
-                    Error::Config(format!(
+                    let message = format!(
                         "cannot read the Consul token file {} (CONSUL_HTTP_TOKEN_FILE): {e}",
                         path.display()
-                    ))
+                    );
+                    Error::config_caused_by(message, e)
                 })?;
                 Some(Token(text.trim().to_owned()))
             }
@@ -390,8 +391,8 @@ impl ConsulBuilder {
         .filter(|t| !t.0.is_empty());
         if let Some(t) = &token {
             if reqwest::header::HeaderValue::from_str(t.expose()).is_err() {
-                return Err(Error::Config(
-                    "the Consul token contains characters not allowed in an HTTP header".into(),
+                return Err(Error::config(
+                    "the Consul token contains characters not allowed in an HTTP header",
                 ));
             }
         }
@@ -399,7 +400,7 @@ impl ConsulBuilder {
             .max_connections
             .unwrap_or(http::DEFAULT_MAX_CONNECTIONS);
         if max_connections < http::MIN_CONNECTIONS {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "max_connections {max_connections} is too few: a Consul client needs at least {} \
                  (one for watches, two for other requests, one spare)",
                 http::MIN_CONNECTIONS
@@ -408,13 +409,13 @@ impl ConsulBuilder {
         let https = base.scheme() == "https";
         if let Some(name) = &self.tls_server_name {
             if !https {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "a TLS server name ({name:?}, CONSUL_TLS_SERVER_NAME or \
                      ConsulBuilder::tls_server_name) needs an https address; the agent's is {base}"
                 )));
             }
             if base.clone().set_host(Some(name)).is_err() {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "the TLS server name {name:?} (CONSUL_TLS_SERVER_NAME or \
                      ConsulBuilder::tls_server_name) is not a host name"
                 )));
@@ -439,7 +440,7 @@ impl ConsulBuilder {
                     (self.connect_timeout.is_some(), "connect_timeout"),
                 ];
                 if let Some((_, setting)) = configured.iter().find(|(set, _)| *set) {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                         "ConsulBuilder::http_client was given a client of your own, so {setting} \
                          cannot apply: configure it on that reqwest::Client instead"
                     )));
@@ -452,10 +453,11 @@ impl ConsulBuilder {
                     return Err(lease_http::tls_missing("the Consul agent's https address"));
                 }
                 http::HttpClient::build(config).map_err(|e| {
-                    Error::Config(format!(
+                    let message = format!(
                         "cannot build the HTTP client for Consul: {}",
                         lease_http::DisplayChain(&*e)
-                    ))
+                    );
+                    Error::config_caused_by(message, e)
                 })?
             }
         };
@@ -483,7 +485,8 @@ impl ConsulBuilder {
     ) -> Result<lease_http::ClientConfig, Error> {
         let read = |path: &std::path::Path, what: &str| {
             std::fs::read(path).map_err(|e| {
-                Error::Config(format!("cannot read the {what} {}: {e}", path.display()))
+                let message = format!("cannot read the {what} {}: {e}", path.display());
+                Error::config_caused_by(message, e)
             })
         };
         let ca_pem = match &self.ca_cert {
@@ -500,15 +503,13 @@ impl ConsulBuilder {
                 read(key, "client key (CONSUL_CLIENT_KEY)")?,
             )),
             Some(ClientCert { cert: None, .. }) => {
-                return Err(Error::Config(
-                    "CONSUL_CLIENT_KEY is set without CONSUL_CLIENT_CERT: give both, or neither"
-                        .into(),
+                return Err(Error::config(
+                    "CONSUL_CLIENT_KEY is set without CONSUL_CLIENT_CERT: give both, or neither",
                 ));
             }
             Some(ClientCert { key: None, .. }) => {
-                return Err(Error::Config(
-                    "CONSUL_CLIENT_CERT is set without CONSUL_CLIENT_KEY: give both, or neither"
-                        .into(),
+                return Err(Error::config(
+                    "CONSUL_CLIENT_CERT is set without CONSUL_CLIENT_KEY: give both, or neither",
                 ));
             }
         };
@@ -545,19 +546,20 @@ fn base_url(
         format!("{}://{address}", if ssl { "https" } else { "http" })
     };
     let url = reqwest::Url::parse(&text).map_err(|e| {
-        Error::Config(format!(
+        let message = format!(
             "invalid Consul address {address:?} ({setting}): {e}; use host:port or a URL \
              http://host:port"
-        ))
+        );
+        Error::config_caused_by(message, e)
     })?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "invalid Consul address {address:?} ({setting}): use http://, https:// or host:port \
              (unix sockets are not supported)"
         )));
     }
     if url.host_str().is_none() || url.query().is_some() || !matches!(url.path(), "" | "/") {
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "invalid Consul address {address:?} ({setting}): give only scheme, host and port"
         )));
     }
@@ -566,7 +568,7 @@ fn base_url(
             AddressOrigin::Env => "CONSUL_HTTP_TOKEN",
             _ => "ConsulBuilder::token",
         };
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "do not put credentials in the Consul address ({setting}); give the ACL token with \
              {token}"
         )));
@@ -577,6 +579,22 @@ fn base_url(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_that_cannot_be_read_is_named_and_kept_as_the_source() {
+        let missing = std::env::temp_dir().join("lease-consul-no-such-ca.pem");
+        let error = ConsulBuilder::new()
+            .address("https://127.0.0.1:8501")
+            .ca_cert(&missing)
+            .build()
+            .expect_err("no CA file");
+        assert!(error.to_string().contains("CONSUL_CACERT"), "{error}");
+        let source = std::error::Error::source(&error).expect("the I/O error");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("an I/O error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn addresses_parse_like_the_cli() {
@@ -620,8 +638,10 @@ mod tests {
             "http://h:1/v1",
             "http://u:p@h:1",
         ] {
-            let Err(Error::Config(from_builder)) =
-                base_url(Some(bad), false, AddressOrigin::Builder)
+            let Err(Error::Config {
+                message: from_builder,
+                ..
+            }) = base_url(Some(bad), false, AddressOrigin::Builder)
             else {
                 panic!("{bad} was accepted");
             };
@@ -634,13 +654,16 @@ mod tests {
                 from_builder.contains("ConsulBuilder::address"),
                 "{from_builder}"
             );
-            let Err(Error::Config(from_env)) = base_url(Some(bad), false, AddressOrigin::Env)
+            let Err(Error::Config {
+                message: from_env, ..
+            }) = base_url(Some(bad), false, AddressOrigin::Env)
             else {
                 panic!("{bad} was accepted");
             };
             assert!(from_env.contains("CONSUL_HTTP_ADDR"), "{from_env}");
         }
-        let Err(Error::Config(built)) = ConsulBuilder::new().address("http://h:notaport").build()
+        let Err(Error::Config { message: built, .. }) =
+            ConsulBuilder::new().address("http://h:notaport").build()
         else {
             panic!("accepted");
         };

@@ -211,9 +211,17 @@ pub enum Error {
     #[error(transparent)]
     Other(BackendError),
 
-    /// The client configuration (environment or builder) is invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// The client configuration (environment or builder) is invalid. Build it with
+    /// [`Error::config`] or, when another error showed it, [`Error::config_caused_by`].
+    #[error("invalid configuration: {message}")]
+    Config {
+        /// What is wrong, and what to change.
+        message: String,
+        /// The error that showed it (a file that cannot be read, an address that does not
+        /// parse), if any; its text is in `message` too.
+        #[source]
+        source: Option<BoxError>,
+    },
 
     /// The backend does not offer this operation.
     #[error("{backend} does not support {operation}; use a backend that does")]
@@ -303,6 +311,23 @@ impl Error {
         }
     }
 
+    /// [`Error::Config`]: the configuration is invalid, as `message` says.
+    pub fn config(message: impl Into<String>) -> Error {
+        Error::Config {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Config`] shown by `source` (its text belongs in `message` too, which is what
+    /// most callers print).
+    pub fn config_caused_by(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Config {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
     /// True for [`Error::Busy`]: the lease is held elsewhere.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
@@ -337,7 +362,7 @@ impl Error {
             | Error::SemaphoreInUse { .. }
             | Error::CorruptLockValue { .. }
             | Error::PermissionDenied { .. }
-            | Error::Config(_)
+            | Error::Config { .. }
             | Error::Unsupported { .. }
             | Error::AlreadyHeld { .. }
             | Error::NoDefaultBackend => false,
@@ -358,7 +383,7 @@ impl Error {
             | Error::InvalidFenceLead { .. }
             | Error::InvalidSchedule { .. }
             | Error::InvalidLimit { .. }
-            | Error::Config(_) => ErrorKind::InvalidInput,
+            | Error::Config { .. } => ErrorKind::InvalidInput,
             Error::FlagsConflict { .. }
             | Error::LimitMismatch { .. }
             | Error::SemaphoreInUse { .. }
@@ -570,7 +595,7 @@ mod tests {
             waited: Duration::ZERO,
         };
         assert_eq!((busy.kind(), busy.is_transient()), (ErrorKind::Busy, true));
-        let invalid = Error::Config("bad".into());
+        let invalid = Error::config("bad");
         assert_eq!(
             (invalid.kind(), invalid.is_transient()),
             (ErrorKind::InvalidInput, false)

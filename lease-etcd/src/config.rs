@@ -115,10 +115,8 @@ impl EtcdBuilder {
     pub fn build(self) -> Result<Etcd, Error> {
         let read = |path: &PathBuf, what: &str| {
             std::fs::read(path).map_err(|e| {
-                Error::Config(format!(
-                    "cannot read the etcd {what} {}: {e}",
-                    path.display()
-                ))
+                let message = format!("cannot read the etcd {what} {}: {e}", path.display());
+                Error::config_caused_by(message, e)
             })
         };
         let mut tls = ClientConfig {
@@ -152,18 +150,17 @@ impl EtcdBuilder {
         }
         tls.https = endpoints.iter().any(|e| e.scheme() == "https");
         let client = tls.build().map_err(|e| {
-            Error::Config(format!(
+            let message = format!(
                 "cannot build the HTTP client for etcd (TLS): {}",
                 lease_http::DisplayChain(&e)
-            ))
+            );
+            Error::config_caused_by(message, e)
         })?;
         let credentials = self
             .user
             .map(|(user, password)| Credentials { user, password });
         if credentials.as_ref().is_some_and(|c| c.user.is_empty()) {
-            return Err(Error::Config(
-                "the etcd user name is empty (ETCD_USER)".into(),
-            ));
+            return Err(Error::config("the etcd user name is empty (ETCD_USER)"));
         }
         Ok(Etcd::from_http(EtcdHttp::new(
             client,
@@ -182,17 +179,16 @@ fn endpoint_url(endpoint: &str, secure: bool) -> Result<reqwest::Url, Error> {
         format!("{}://{endpoint}", if secure { "https" } else { "http" })
     };
     let url = reqwest::Url::parse(&text).map_err(|e| {
-        Error::Config(format!(
-            "invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): {e}"
-        ))
+        let message = format!("invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): {e}");
+        Error::config_caused_by(message, e)
     })?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): use http://host:port or https://host:port"
         )));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "the etcd endpoint {} carries credentials; use ETCD_USER and ETCD_PASSWORD (or EtcdBuilder::user)",
             url.host_str().unwrap_or_default()
         )));

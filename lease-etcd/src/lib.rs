@@ -122,7 +122,7 @@ impl Etcd {
     /// holder, whose work is cancelled when it notices. `Ok(false)` if it no longer existed.
     pub async fn revoke_lease(&self, holder: &str) -> Result<bool, Error> {
         let id = session::lease_of(holder)
-            .ok_or_else(|| Error::Config(format!("{holder:?} is not an etcd lease ID (hex)")))?;
+            .ok_or_else(|| Error::config(format!("{holder:?} is not an etcd lease ID (hex)")))?;
         self.http
             .lease_revoke(id)
             .await

@@ -220,7 +220,7 @@ pub const TLS: bool = cfg!(any(feature = "rustls", feature = "native-tls"));
 
 /// What to do when this build cannot speak TLS and `what` needs it.
 pub fn tls_missing(what: &str) -> lease_core::Error {
-    lease_core::Error::Config(format!(
+    lease_core::Error::config(format!(
         "{what} needs TLS, which this build left out: enable the backend crate's `rustls` \
          feature (on by default) or `native-tls`"
     ))

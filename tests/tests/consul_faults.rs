@@ -262,7 +262,7 @@ async fn a_token_without_write_on_the_key_gets_a_permission_error_naming_it() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(&missing, Error::Config(m) if m.contains("CONSUL_HTTP_TOKEN_FILE")),
+        matches!(&missing, Error::Config { message: m, .. } if m.contains("CONSUL_HTTP_TOKEN_FILE")),
         "{missing}"
     );
 

@@ -482,7 +482,7 @@ async fn bad_input_gives_typed_errors() {
     assert!(matches!(key_error, Error::InvalidKey { .. }), "{key_error}");
     assert!(matches!(
         Etcd::builder().endpoints(["ftp://x:1"]).build(),
-        Err(Error::Config(_))
+        Err(Error::Config { .. })
     ));
 
     let mut server = Server::start().await;

@@ -67,7 +67,7 @@ pub(crate) async fn acquire(
     backend: Arc<dyn Backend>,
 ) -> Result<Lease, Error> {
     let Target::Semaphore { prefix, limit } = spec.target() else {
-        return Err(Error::Config("not a semaphore spec".into()));
+        return Err(Error::config("not a semaphore spec"));
     };
     let limit = u64::from(*limit);
     let started = Instant::now();

@@ -325,7 +325,7 @@ async fn keep<H: Hold>(
 /// fn acquire<'a>(spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
 ///     instrument_acquire(BackendKind::Memory, spec, async move {
 ///         // The backend's protocol, ending in `Keepers::start`.
-///         Err(Error::Config("not a real backend".into()))
+///         Err(Error::config("not a real backend"))
 ///     })
 /// }
 /// ```
