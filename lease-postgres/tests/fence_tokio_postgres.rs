@@ -661,8 +661,16 @@ async fn many_writers_commit_in_index_order() {
             backwards.is_empty(),
             "{level:?}: rows went back to a lower index: {backwards:?}"
         );
-        // The run did exercise the fence: holders were overtaken and refused.
-        assert!(refused > 0 && committed > 0, "{level:?}: {outcomes:?}");
+        // The run did exercise the ordering: holders were overtaken and refused by the fence,
+        // or, under SERIALIZABLE, made to retry by PostgreSQL first (whether a stale retry then
+        // meets the fence or a newer writer had rolled back depends on the machine's timing:
+        // a loaded CI once saw every conflict end as a retry).
+        let retried: usize = outcomes.iter().map(|o| o.2).sum();
+        let contended = match level {
+            IsolationLevel::ReadCommitted => refused > 0,
+            _ => refused + retried > 0,
+        };
+        assert!(contended && committed > 0, "{level:?}: {outcomes:?}");
         println!("{level:?}: (committed, refused, retried) per writer {outcomes:?}");
     }
 }
