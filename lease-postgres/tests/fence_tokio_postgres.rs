@@ -302,6 +302,12 @@ fn is_serialization_failure(err: &Error) -> bool {
     matches!(err, Error::Database { .. }) && err.sqlstate() == Some("40001")
 }
 
+/// A transaction at `level`.
+async fn begin(client: &mut Client, level: IsolationLevel) -> tokio_postgres::Transaction<'_> {
+    let tx = client.build_transaction().isolation_level(level).start();
+    tx.await.expect("begin a transaction")
+}
+
 async fn insert_row(tx: &tokio_postgres::Transaction<'_>, seq: &Sequencer) {
     tx.execute(
         "INSERT INTO protected (lease_index, holder) VALUES ($1, $2)",
@@ -358,23 +364,11 @@ async fn an_older_holder_waiting_on_a_newer_one_is_refused_once_it_commits() {
         let mut p = pair("waits_newer_commits", level, Some(&seq(5, "a"))).await;
         let new = seq(9, "new");
         let old = seq(8, "old");
-        let new_tx = p
-            .first
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let new_tx = begin(&mut p.first, level).await;
         fence::tokio_postgres::fence(&new_tx, &new).await.unwrap();
         insert_row(&new_tx, &new).await;
 
-        let old_tx = p
-            .second
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let old_tx = begin(&mut p.second, level).await;
         let answer = blocked_until(
             &p.observer,
             p.second_pid,
@@ -417,23 +411,11 @@ async fn an_older_holder_waiting_on_a_newer_one_passes_if_it_rolls_back() {
         let mut p = pair("waits_newer_rolls_back", level, Some(&seq(5, "a"))).await;
         let new = seq(9, "new");
         let old = seq(8, "old");
-        let new_tx = p
-            .first
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let new_tx = begin(&mut p.first, level).await;
         fence::tokio_postgres::fence(&new_tx, &new).await.unwrap();
         insert_row(&new_tx, &new).await;
 
-        let old_tx = p
-            .second
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let old_tx = begin(&mut p.second, level).await;
         let answer = blocked_until(
             &p.observer,
             p.second_pid,
@@ -461,23 +443,11 @@ async fn a_newer_holder_waits_for_an_older_one_that_fenced_first() {
         let mut p = pair("newer_waits", level, Some(&seq(5, "a"))).await;
         let old = seq(8, "old");
         let new = seq(9, "new");
-        let old_tx = p
-            .first
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let old_tx = begin(&mut p.first, level).await;
         fence::tokio_postgres::fence(&old_tx, &old).await.unwrap();
         insert_row(&old_tx, &old).await;
 
-        let new_tx = p
-            .second
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let new_tx = begin(&mut p.second, level).await;
         let answer = blocked_until(
             &p.observer,
             p.second_pid,
@@ -513,24 +483,12 @@ async fn two_first_calls_for_a_key_race_on_its_insert() {
             let mut p = pair("first_calls", level, None).await;
             let first = seq(3, "first");
             let second = seq(second, "second");
-            let first_tx = p
-                .first
-                .build_transaction()
-                .isolation_level(level)
-                .start()
-                .await
-                .unwrap();
+            let first_tx = begin(&mut p.first, level).await;
             fence::tokio_postgres::fence(&first_tx, &first)
                 .await
                 .unwrap();
 
-            let second_tx = p
-                .second
-                .build_transaction()
-                .isolation_level(level)
-                .start()
-                .await
-                .unwrap();
+            let second_tx = begin(&mut p.second, level).await;
             let answer = blocked_until(
                 &p.observer,
                 p.second_pid,
@@ -612,12 +570,7 @@ async fn many_writers_commit_in_index_order() {
                     if (round + w) % 7 == 0 {
                         lease = acquire();
                     }
-                    let tx = client
-                        .build_transaction()
-                        .isolation_level(level)
-                        .start()
-                        .await
-                        .unwrap();
+                    let tx = begin(&mut client, level).await;
                     match fence::tokio_postgres::fence(&tx, &lease).await {
                         Ok(()) => {}
                         Err(e) if e.is_refused() => {
