@@ -7,7 +7,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
+
+use lease_core::Backend;
 
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::time::Instant;
@@ -246,6 +249,33 @@ pub fn signal(sig: &str, pids: &[u32]) {
         .status()
         .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
     assert!(status.success(), "kill -{sig} {pids:?} failed");
+}
+
+/// The backend a worker binary's flags name: `--consul URL`, else `--etcd URL[,URL…]`, else the
+/// RabbitMQ `--amqp URL` (the caller checks that one is given). One place for every worker
+/// binary, so they all build their clients alike.
+pub fn worker_backend(
+    consul: Option<&str>,
+    etcd: Option<&str>,
+    amqp: Option<&str>,
+) -> Result<Arc<dyn Backend>, lease_core::Error> {
+    if let Some(url) = consul {
+        return Ok(Arc::new(
+            lease_consul::Consul::builder().address(url).build()?,
+        ));
+    }
+    if let Some(urls) = etcd {
+        return Ok(Arc::new(
+            lease_etcd::Etcd::builder()
+                .endpoints(urls.split(','))
+                .build()?,
+        ));
+    }
+    Ok(Arc::new(
+        lease_amqp::Amqp::builder(amqp.unwrap_or_default())
+            .connection_name(format!("lease-worker-{}", std::process::id()))
+            .build()?,
+    ))
 }
 
 /// Polls `check` (every 20 ms) until it gives a value; panics after `limit` with `what()`.

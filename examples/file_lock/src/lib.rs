@@ -218,10 +218,7 @@ impl FileLock {
                 }
                 Ok(None)
             }
-            _ => Err(Error::Unsupported {
-                backend: "file lock",
-                operation: "this kind of lease",
-            }),
+            other => Err(other.unsupported("file lock")),
         }
     }
 

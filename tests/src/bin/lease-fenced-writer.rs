@@ -127,19 +127,8 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
-    if let Some(url) = &args.consul {
-        return Ok(Arc::new(
-            lease_consul::Consul::builder()
-                .address(url.clone())
-                .build()?,
-        ));
-    }
-    let urls = args.etcd.clone().unwrap_or_default();
-    Ok(Arc::new(
-        lease_etcd::Etcd::builder()
-            .endpoints(urls.split(','))
-            .build()?,
-    ))
+    // parse_args makes sure exactly one of --consul and --etcd is given.
+    lease_tests::workers::worker_backend(args.consul.as_deref(), args.etcd.as_deref(), None)
 }
 
 fn exit_with(message: &str) -> ! {

@@ -321,26 +321,11 @@ fn spec(args: &Args) -> LeaseSpec {
 }
 
 fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
-    if let Some(url) = &args.consul {
-        return Ok(Arc::new(
-            lease_consul::Consul::builder()
-                .address(url.clone())
-                .build()?,
-        ));
-    }
-    if let Some(urls) = &args.etcd {
-        return Ok(Arc::new(
-            lease_etcd::Etcd::builder()
-                .endpoints(urls.split(','))
-                .build()?,
-        ));
-    }
-    let url = args.amqp.clone().unwrap_or_default();
-    Ok(Arc::new(
-        lease_amqp::Amqp::builder(url)
-            .connection_name(format!("lease-worker-{}", std::process::id()))
-            .build()?,
-    ))
+    lease_tests::workers::worker_backend(
+        args.consul.as_deref(),
+        args.etcd.as_deref(),
+        args.amqp.as_deref(),
+    )
 }
 
 fn release_detail(result: &Result<(), lease_core::Error>) -> String {
