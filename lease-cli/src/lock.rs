@@ -164,18 +164,22 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
     }
 }
 
-/// Removes the released lock's key (or the semaphore's `.lock`) if nobody else holds it, as
-/// `consul lock` does after its child exits. A key someone holds or waits on through a hold is
-/// left alone; failing to remove it is harmless (it is an empty, unheld key). On etcd the
-/// release revoked the etcd lease, which deleted the contender key with it: nothing is left.
+/// Removes a released semaphore's `.lock` if nobody else holds it, as `consul lock -n` does after
+/// its child exits; a `.lock` someone holds or waits on is left alone, and failing to remove it
+/// is harmless (it holds nothing).
+///
+/// A leader lock's key stays, unlike `consul lock`'s: Consul's LockIndex rises only while the key
+/// lives (a deleted and re-created key starts again at 1), and a database fence
+/// (`lease-postgres`) that has seen this run's index would refuse every later run's smaller
+/// one. The released key is empty of holders and costs one KV entry. On etcd the release removed
+/// the contender key: nothing is left.
 async fn leave_nothing_behind(chosen: &Chosen, spec: &LeaseSpec) {
     let Chosen::Consul(consul) = chosen else {
         return;
     };
-    let _ = match spec.target() {
-        Target::Semaphore { prefix, .. } => consul.destroy_semaphore(prefix).await,
-        _ => consul.remove_unheld_key(spec.key()).await.map(drop),
-    };
+    if let Target::Semaphore { prefix, .. } = spec.target() {
+        let _ = consul.destroy_semaphore(prefix).await;
+    }
 }
 
 /// The spec the flags describe, validated (bad values are bad usage: nothing is started).

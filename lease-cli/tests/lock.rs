@@ -381,6 +381,42 @@ async fn exit_paths_pass_codes_forward_signals_and_leave_nothing() {
     assert_nothing_left(&agent, "exits").await;
 }
 
+/// Runs of `lease lock` on one key, one after another, get rising LockIndexes: the released
+/// leader key stays (Consul restarts the LockIndex of a re-created key at 1), so a database fence
+/// that saw one run's sequencer accepts the next run's.
+#[tokio::test]
+async fn consecutive_runs_get_rising_lock_indexes() {
+    let agent = Agent::start().await;
+    let mut indexes = Vec::new();
+    for run in 0..3 {
+        let out = output(
+            {
+                let mut c = lease_on(&agent);
+                c.args([
+                    "lock",
+                    "rising",
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo \"$LEASE_SEQUENCER\"",
+                ]);
+                c
+            },
+            "a run of lease lock",
+        )
+        .await;
+        assert!(out.status.success(), "run {run}: {out:?}");
+        let sequencer: lease_core::Sequencer =
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        indexes.push(sequencer.index());
+    }
+    assert!(
+        indexes.windows(2).all(|w| w[0] < w[1]),
+        "each run's LockIndex above the last: {indexes:?}"
+    );
+    assert_nothing_left(&agent, "rising").await;
+}
+
 /// `lease status` and `lease check` while a command holds the lock and after it has gone,
 /// leader and semaphore.
 #[tokio::test]

@@ -104,8 +104,8 @@ pub enum Error {
     ///   use the same key). A key with other flags (0 for `consul kv put`, or another tool's) is
     ///   refused as a leader key or lock key the same way, and the message shows the flags in hex.
     ///   These keys outlive their holders: a released leader key keeps its name a leader lock's
-    ///   until it is deleted (`Consul::remove_unheld_key`, which `lease lock` calls on
-    ///   exit), a semaphore's `.lock` until `Consul::destroy_semaphore`.
+    ///   until it is deleted (`Consul::remove_unheld_key`; `consul lock` deletes it on
+    ///   exit, `lease lock` keeps it), a semaphore's `.lock` until `Consul::destroy_semaphore`.
     /// - **memory**: as on Consul, whose keys it models.
     /// - **etcd**: keys carry no flags; `found` is the constant of the kind of the contenders found
     ///   under `key`, the name asked for. Contender keys go with their holders and waiters, so a

@@ -66,8 +66,8 @@
 --     (autocommit, another transaction) is not fenced; a fence call in a transaction of its own
 --     protects nothing.
 --   - It trusts the index to rise with every acquisition of the key. Consul's LockIndex restarts
---     at 1 when the key is deleted and re-created (an operator, or `consul lock` / `lease lock`
---     removing an unheld key on exit); a new etcd cluster restarts its revisions; a new memory
+--     at 1 when the key is deleted and re-created (an operator, or `consul lock` removing an
+--     unheld key on exit; the library and `lease lock` keep released keys); a new etcd cluster restarts its revisions; a new memory
 --     store restarts its indexes. Every new holder is then refused with LF001 until an operator,
 --     once no holder of the old indexes can still write, deletes the key's record:
 --       DELETE FROM lease_fence.fences WHERE lease_key = '...';

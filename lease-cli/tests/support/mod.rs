@@ -144,10 +144,12 @@ pub async fn sessions_of(agent: &Agent, prefix: &str) -> Vec<serde_json::Value> 
         .collect()
 }
 
-/// The keys under `prefix` that are left behind: all of them, except a semaphore's `.lock` that
-/// names no holder. When the last two contenders of `consul lock -n` (or `lease lock -n`, which
-/// cleans up the same way) leave at the same moment, each still sees the other's contender key
-/// and neither deletes `.lock`; an empty `.lock` holds nothing and the next acquirer reuses it.
+/// The keys under `prefix` that are left behind: all of them, except a lock nobody holds: a
+/// leader key with no session (`lease lock` keeps a released leader key, so its LockIndex keeps
+/// rising for database fences) or a semaphore's `.lock` that names no holder. When the last two
+/// contenders of `consul lock -n` (or `lease lock -n`, which cleans up the same way) leave at the
+/// same moment, each still sees the other's contender key and neither deletes `.lock`; an empty
+/// `.lock` holds nothing and the next acquirer reuses it.
 pub async fn leftover_keys(agent: &Agent, prefix: &str) -> Vec<String> {
     let mut left = Vec::new();
     for key in agent.keys(prefix).await {
@@ -159,8 +161,22 @@ pub async fn leftover_keys(agent: &Agent, prefix: &str) -> Vec<String> {
     left
 }
 
-/// Whether `key` is a semaphore `.lock` with holders, or anything else (a held or unknown key).
+/// Whether `key` is held: a leader key with a session, a semaphore `.lock` with holders, or
+/// anything else (an unknown key counts as held).
 async fn holds_anyone(agent: &Agent, key: &str) -> bool {
+    let url = format!("{}/v1/kv/{key}?consistent", agent.url());
+    let Ok(response) = reqwest::get(url).await else {
+        return true;
+    };
+    let Ok(body) = response.bytes().await else {
+        return true;
+    };
+    let Ok(entries) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return true;
+    };
+    if entries[0]["Flags"].as_u64() == Some(lease_core::Error::LEADER_FLAGS) {
+        return entries[0].get("Session").is_some();
+    }
     let raw = reqwest::get(format!("{}/v1/kv/{key}?raw&consistent", agent.url())).await;
     let Ok(body) = raw.map(reqwest::Response::bytes) else {
         return true;

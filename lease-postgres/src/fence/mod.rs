@@ -62,8 +62,8 @@
 //!   RabbitMQ's slot numbers and semaphores' sequencers (each holder of a semaphore has a key of
 //!   its own, so its holders never meet at one fence).
 //! - It trusts the index not to restart. Consul's LockIndex restarts at 1 when the key is deleted
-//!   and re-created (by an operator, or by `consul lock` and `lease lock`, which remove an unheld
-//!   key on exit); a new etcd cluster restarts its revisions; a new memory store its indexes.
+//!   and re-created (by an operator, or by `consul lock`, which removes an unheld key on exit;
+//!   the library and `lease lock` keep released keys for this reason); a new etcd cluster restarts its revisions; a new memory store its indexes.
 //!   Every new holder is then refused as stale until an operator, once no holder of the old
 //!   indexes can still write, deletes the key's record:
 //!   `DELETE FROM lease_fence.fences WHERE lease_key = '…'`.
