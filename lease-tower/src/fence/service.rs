@@ -1,7 +1,6 @@
 //! [`SequencerCheck`]: the service, which answers from the cache in `call` when it can and leaves
 //! a consistent read to its response future when it cannot.
 
-use std::fmt;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,27 +18,10 @@ use crate::body::LeaseBody;
 
 /// Passes only requests stamped with the current holder's sequencer. Built by
 /// [`SequencerCheckLayer`]; see there and the [module docs](crate::fence).
+#[derive(Clone, Debug)]
 pub struct SequencerCheck<S> {
     pub(super) inner: S,
     pub(super) config: Arc<Config>,
-}
-
-impl<S: Clone> Clone for SequencerCheck<S> {
-    fn clone(&self) -> Self {
-        SequencerCheck {
-            inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for SequencerCheck<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SequencerCheck")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 impl<S> SequencerCheck<S> {

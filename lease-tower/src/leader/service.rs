@@ -1,6 +1,5 @@
 //! [`LeaderOnly`]: the service, which decides each request with a read of the campaign's term.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,27 +14,10 @@ use crate::body::{LeaseBody, rejection, unavailable};
 
 /// Passes requests to `S` only while this node's campaign holds its lease. Built by
 /// [`LeaderOnlyLayer`]; see there and the [module docs](crate::leader).
+#[derive(Clone, Debug)]
 pub struct LeaderOnly<S> {
     pub(super) inner: S,
     pub(super) config: Arc<Config>,
-}
-
-impl<S: Clone> Clone for LeaderOnly<S> {
-    fn clone(&self) -> Self {
-        LeaderOnly {
-            inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for LeaderOnly<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaderOnly")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 impl<S> LeaderOnly<S> {

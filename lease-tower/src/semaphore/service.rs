@@ -1,7 +1,6 @@
 //! [`Semaphore`]: the service, which starts taking a slot in `call` and hands the rest to its
 //! response future.
 
-use std::fmt;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,27 +19,10 @@ use crate::body::LeaseBody;
 
 /// Holds one slot of a distributed semaphore per request. Built by [`SemaphoreLayer`]; see there
 /// and the [module docs](crate::semaphore).
+#[derive(Clone, Debug)]
 pub struct Semaphore<S> {
     pub(super) inner: S,
     pub(super) config: Arc<Config>,
-}
-
-impl<S: Clone> Clone for Semaphore<S> {
-    fn clone(&self) -> Self {
-        Semaphore {
-            inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for Semaphore<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Semaphore")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 impl<S> Semaphore<S> {
