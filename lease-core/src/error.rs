@@ -343,29 +343,18 @@ impl Error {
     /// [`Campaign`](crate::leader::Campaign) retries exactly the transient errors.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Busy { .. }
-            | Error::Lost(_)
-            | Error::Unreachable { .. }
-            | Error::ObserverClosed { .. }
-            | Error::ReleaseTimedOut { .. }
-            | Error::WorkTimedOut { .. } => true,
             Error::Backend { transient, .. } => *transient,
             Error::Other(other) => other.transient,
-            Error::InvalidKey { .. }
-            | Error::InvalidTtl { .. }
-            | Error::InvalidLockDelay { .. }
-            | Error::InvalidFenceLead { .. }
-            | Error::InvalidSchedule { .. }
-            | Error::InvalidLimit { .. }
-            | Error::FlagsConflict { .. }
-            | Error::LimitMismatch { .. }
-            | Error::SemaphoreInUse { .. }
-            | Error::CorruptLockValue { .. }
-            | Error::PermissionDenied { .. }
-            | Error::Config { .. }
-            | Error::Unsupported { .. }
-            | Error::AlreadyHeld { .. }
-            | Error::NoDefaultBackend => false,
+            // One classification: the kind decides, so a new variant is transient or not by the
+            // kind it is given.
+            _ => matches!(
+                self.kind(),
+                ErrorKind::Busy
+                    | ErrorKind::Lost
+                    | ErrorKind::Unreachable
+                    | ErrorKind::Closed
+                    | ErrorKind::TimedOut
+            ),
         }
     }
 }
