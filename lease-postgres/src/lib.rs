@@ -67,4 +67,17 @@
 // On docs.rs (`--cfg docsrs`), a feature-gated item shows the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "backend")]
+mod backend;
 pub mod fence;
+
+#[cfg(feature = "backend")]
+pub use backend::{DATABASE_URL_ENV, DEFAULT_SCHEMA, Postgres, PostgresBuilder, URL_ENV};
+
+/// The migration the lease backend ([`Postgres`](crate::Postgres), feature `backend`) installs
+/// on first use: the schema `lease`, its sequence, the tables `lease.leases` and `lease.bars`,
+/// the trigger that notifies their changes and the functions `lease.try_acquire` and
+/// `lease.release`. Plain SQL, idempotent, without `BEGIN`/`COMMIT`; the file `sql/lease.sql` of
+/// this package, to ship with your migrations when the backend's role may not create a schema
+/// ([`PostgresBuilder::install`](crate::PostgresBuilder::install)`(false)`).
+pub const LEASE_SQL: &str = include_str!("../sql/lease.sql");

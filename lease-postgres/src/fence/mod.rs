@@ -146,7 +146,10 @@ impl<'a> Token<'a> {
             })
         };
         match sequencer.backend() {
-            BackendKind::Consul | BackendKind::Etcd | BackendKind::Memory => {}
+            BackendKind::Consul
+            | BackendKind::Etcd
+            | BackendKind::Memory
+            | BackendKind::Postgres => {}
             BackendKind::Amqp => {
                 return refuse(
                     "RabbitMQ's index is the slot number, which every holder of the slot reuses, \

@@ -1,0 +1,338 @@
+//! What every clone of a [`Postgres`](super::Postgres) shares: the work connections (a fixed
+//! budget, connected on first use and again after a loss), the installation of the tables, the
+//! one place requests are sent (reachability, metrics, timeouts), and errors in lease terms.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lease_core::backend::{Keepers, ReachabilityTracker};
+use lease_core::backoff::Backoff;
+use lease_core::metrics::RequestError;
+use lease_core::{BackendKind, Error};
+use tokio::sync::{Mutex, OnceCell};
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls};
+
+use super::listen::Listener;
+use super::renew::Renewer;
+
+/// The longest a request may go unanswered before it counts as failed (and is retried, within
+/// the caller's bound). Far above a healthy answer, below the shortest TTL's renewal period.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The least time a request is retried for, whatever the caller's deadline, so that
+/// `Wait::Never` still gets one real answer through brief trouble.
+const RETRY_GRACE: Duration = Duration::from_secs(5);
+
+/// The state every clone of one backend shares.
+pub(crate) struct Shared {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) address: String,
+    pub(crate) schema: String,
+    install: bool,
+    installed: OnceCell<()>,
+    slots: Vec<Mutex<Option<Arc<Client>>>>,
+    next: AtomicUsize,
+    pub(crate) reachability: ReachabilityTracker,
+    pub(crate) keepers: Keepers,
+    pub(crate) listener: Listener,
+    pub(crate) renewer: Renewer,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("address", &self.address)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failed request, before it is judged in lease terms.
+#[derive(Debug)]
+pub(crate) enum PgError {
+    /// Connecting failed.
+    Connect(tokio_postgres::Error),
+    /// A statement failed (the server's error, or the connection under it).
+    Query(tokio_postgres::Error),
+    /// No answer within [`REQUEST_TIMEOUT`].
+    TimedOut,
+    /// An answer this client cannot read.
+    Malformed(String),
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PgError::Connect(e) | PgError::Query(e) => write!(f, "{}", with_sources(e)),
+            PgError::TimedOut => write!(f, "no answer within {REQUEST_TIMEOUT:?}"),
+            PgError::Malformed(what) => write!(f, "unexpected answer: {what}"),
+        }
+    }
+}
+
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// SQLSTATE classes worth retrying: transaction rollback (40), insufficient resources (53),
+/// operator intervention (57: shutdown, `pg_terminate_backend`), connection exception (08),
+/// lock not available (55P03).
+fn transient_sqlstate(code: &str) -> bool {
+    ["40", "53", "57", "08"].iter().any(|c| code.starts_with(c)) || code == "55P03"
+}
+
+impl PgError {
+    fn sqlstate(&self) -> Option<&str> {
+        match self {
+            PgError::Connect(e) | PgError::Query(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
+    /// Whether the server did not answer (or the connection broke): worth another attempt.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self.sqlstate() {
+            Some(code) => transient_sqlstate(code),
+            None => !matches!(self, PgError::Malformed(_)),
+        }
+    }
+
+    fn answered(&self) -> bool {
+        self.sqlstate().is_some() || matches!(self, PgError::Malformed(_))
+    }
+
+    fn metric(&self) -> RequestError {
+        match self {
+            PgError::TimedOut => RequestError::TimedOut,
+            PgError::Malformed(_) => RequestError::Malformed,
+            _ if self.sqlstate().is_some() => RequestError::Status,
+            _ => RequestError::Unreachable,
+        }
+    }
+
+    /// The error in lease terms, for `operation` (what was attempted, naming the key).
+    pub(crate) fn into_error(self, shared: &Shared, operation: impl fmt::Display) -> Error {
+        let operation = operation.to_string();
+        let code = self.sqlstate().map(str::to_owned);
+        match (self, code.as_deref()) {
+            (PgError::Connect(e) | PgError::Query(e), Some(code))
+                if code.starts_with("28") || code == "42501" =>
+            {
+                Error::PermissionDenied {
+                    operation,
+                    message: with_sources(&e),
+                    hint: "check the user and password of the PostgreSQL URL; the role needs \
+                           USAGE on the lease schema and SELECT, INSERT, UPDATE, DELETE on its \
+                           tables (lease-postgres's sql/lease.sql says which)",
+                }
+            }
+            (PgError::Connect(e), Some("3D000")) => Error::config_caused_by(
+                format!(
+                    "the database of the PostgreSQL URL does not exist ({}): create it or fix the URL",
+                    shared.address
+                ),
+                e,
+            ),
+            (PgError::Connect(e) | PgError::Query(e), Some(code)) => Error::Backend {
+                backend: "PostgreSQL",
+                operation,
+                message: format!("SQLSTATE {code}: {}", with_sources(&e)),
+                transient: transient_sqlstate(code),
+            },
+            (PgError::Connect(e) | PgError::Query(e), None) => Error::Unreachable {
+                backend: "PostgreSQL",
+                address: shared.address.clone(),
+                hint: "start PostgreSQL, or fix the host and port of the URL \
+                       (Postgres::from_env reads LEASE_POSTGRES_URL, else DATABASE_URL)",
+                source: Box::new(e),
+            },
+            (PgError::TimedOut, _) => Error::Backend {
+                backend: "PostgreSQL",
+                operation,
+                message: format!("no answer within {REQUEST_TIMEOUT:?}"),
+                transient: true,
+            },
+            (PgError::Malformed(what), _) => Error::Backend {
+                backend: "PostgreSQL",
+                operation,
+                message: format!("unexpected answer: {what}"),
+                transient: false,
+            },
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        config: tokio_postgres::Config,
+        address: String,
+        schema: String,
+        max_connections: usize,
+        install: bool,
+    ) -> Shared {
+        Shared {
+            config,
+            address,
+            schema,
+            install,
+            installed: OnceCell::new(),
+            slots: (0..max_connections).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            reachability: ReachabilityTracker::default(),
+            keepers: Keepers::new(),
+            listener: Listener::default(),
+            renewer: Renewer::default(),
+        }
+    }
+
+    /// `sql` with the schema's name in place of `lease.`: every statement is written for the
+    /// default schema.
+    pub(crate) fn sql(&self, sql: &str) -> String {
+        in_schema(sql, &self.schema)
+    }
+
+    /// The channel the trigger notifies.
+    pub(crate) fn channel(&self) -> String {
+        format!("{}_leases", self.schema)
+    }
+
+    /// Connects one new connection, driven on a task of its own.
+    pub(crate) async fn connect(config: &tokio_postgres::Config) -> Result<Client, PgError> {
+        let (client, connection) = config.connect(NoTls).await.map_err(PgError::Connect)?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// A work connection: the next of the budget in turn, connected (again) if it is not.
+    async fn client(&self) -> Result<Arc<Client>, PgError> {
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[at].lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(Arc::clone(client));
+        }
+        let client = Arc::new(Self::connect(&self.config).await?);
+        if self.install {
+            self.installed
+                .get_or_try_init(|| async {
+                    client
+                        .batch_execute(&self.sql(crate::LEASE_SQL))
+                        .await
+                        .map_err(PgError::Query)
+                })
+                .await?;
+        }
+        *slot = Some(Arc::clone(&client));
+        Ok(client)
+    }
+
+    /// Sends one request on a work connection: tracked for reachability, counted in the metrics
+    /// (`write` if it changes the table), bounded by [`REQUEST_TIMEOUT`].
+    pub(crate) async fn request<T, F, Fut>(&self, write: bool, op: F) -> Result<T, PgError>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        lease_core::metrics::backend_request(BackendKind::Postgres, write);
+        let in_flight = self.reachability.sending();
+        let result = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let client = self.client().await?;
+            op(client).await.map_err(PgError::Query)
+        })
+        .await
+        .unwrap_or(Err(PgError::TimedOut));
+        match &result {
+            Ok(_) => self.reachability.answered(true),
+            Err(error) => {
+                self.reachability.answered(error.answered());
+                lease_core::metrics::backend_error(BackendKind::Postgres, error.metric());
+            }
+        }
+        drop(in_flight);
+        result
+    }
+
+    /// [`request`](Shared::request), retried through transient trouble until `deadline` (at
+    /// least [`RETRY_GRACE`] from now).
+    pub(crate) async fn retrying<T, F, Fut>(
+        &self,
+        deadline: Option<Instant>,
+        write: bool,
+        mut op: F,
+    ) -> Result<T, PgError>
+    where
+        F: FnMut(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let give_up = deadline.map(|d| d.max(Instant::now() + RETRY_GRACE));
+        let mut pause = retry_backoff();
+        loop {
+            match self.request(write, &mut op).await {
+                Err(error) if error.is_transient() => {
+                    let wait = pause.next_pause();
+                    if give_up.is_some_and(|g| Instant::now() + wait >= g) {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "PostgreSQL request failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// The pause between retries of a failed request.
+pub(crate) fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// `sql`, written for the schema `lease`, for `schema`.
+pub(crate) fn in_schema(sql: &str, schema: &str) -> String {
+    if schema == super::config::DEFAULT_SCHEMA {
+        return sql.to_owned();
+    }
+    sql.replace(
+        "SCHEMA IF NOT EXISTS lease;",
+        &format!("SCHEMA IF NOT EXISTS {schema};"),
+    )
+    .replace("lease.", &format!("{schema}."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The migration names its schema only as `lease.` prefixes and in its `CREATE SCHEMA`, so
+    /// another schema's text names nothing of `lease`.
+    #[test]
+    fn another_schema_is_renamed_everywhere() {
+        let sql = in_schema(crate::LEASE_SQL, "app_leases");
+        assert!(sql.contains("CREATE SCHEMA IF NOT EXISTS app_leases;"));
+        assert!(sql.contains("app_leases.try_acquire("));
+        let code: String = sql
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .collect();
+        assert!(!code.contains(" lease."), "{code}");
+        assert!(!code.contains("(lease."), "{code}");
+        assert!(!code.contains("'lease."), "{code}");
+    }
+}
