@@ -12,7 +12,7 @@
 //! - [`fence::FENCE_SQL`]: the migration, plain SQL for any client (sqlx, tokio-postgres, diesel,
 //!   psql), idempotent; `sql/fence.sql` in this package.
 //! - [`fence::Token`]: the `(key, index, holder)` the SQL function takes, from a sequencer whose
-//!   index rises with every acquisition of its key (Consul, etcd, memory); RabbitMQ's slot
+//!   index rises with every acquisition of its key (Consul, etcd, PostgreSQL, memory); RabbitMQ's slot
 //!   numbers and semaphores' sequencers are refused with an error that says why.
 //! - `fence::tokio_postgres` (feature `tokio-postgres`) and `fence::sqlx` (feature `sqlx`):
 //!   `install` and `fence` for each client, with an [`fence::Error`] that says what to do.

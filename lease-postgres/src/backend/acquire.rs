@@ -383,8 +383,9 @@ pub(crate) async fn check_sequencer(shared: &Shared, sequencer: &Sequencer) -> R
          ORDER BY holder = $2 DESC, lease_index DESC LIMIT 1",
     );
     let key = sequencer.key();
+    // Brief trouble (a connection being replaced) is retried for a few seconds.
     let row = shared
-        .request(false, |client| {
+        .retrying(Some(Instant::now()), false, |client| {
             let sql = &sql;
             async move { client.query_opt(sql, &[&key, &holder]).await }
         })
