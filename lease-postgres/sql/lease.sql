@@ -10,8 +10,8 @@
 --   - the table lease.bars: a key (or a semaphore slot) that nobody may take until "until",
 --     written when a live row is deleted without a release (an operator's DELETE), so that its
 --     holder, which learns of it a few milliseconds later, stops before anyone else starts;
---   - lease.try_acquire(..), lease.release(key, holder): one statement each, serialised per key
---     by a transaction-scoped advisory lock;
+--   - lease.try_acquire(..), lease.release(key, holder), lease.release_many(holders): one
+--     statement each; acquisitions are serialised per key by a transaction-scoped advisory lock;
 --   - the trigger lease.announce on lease.leases, which NOTIFYs the channel "lease_leases"
 --     (schema name + "_leases") on every insert and delete, with the payload
 --     "<op>:<holder>:<key>": op a (acquired), r (released by its holder), x (expired, removed by
@@ -70,7 +70,7 @@ BEGIN
         PERFORM pg_notify(TG_TABLE_SCHEMA || '_leases', 'a:' || NEW.holder || ':' || NEW.lease_key);
         RETURN NULL;
     END IF;
-    IF current_setting('lease_postgres.releasing', true) = OLD.holder THEN
+    IF current_setting('lease_postgres.releasing', true) IN (OLD.holder, '*') THEN
         op := 'r';
     ELSIF OLD.expires_at <= now() THEN
         op := 'x';
@@ -166,5 +166,15 @@ BEGIN
     PERFORM set_config('lease_postgres.releasing', p_holder, true);
     DELETE FROM lease.leases l WHERE l.lease_key = p_key AND l.holder = p_holder;
     RETURN FOUND;
+END
+$$;
+
+-- Gives many leases back in one statement (and one commit): lease.release for each of p_holders.
+-- Returns the holders whose rows were there.
+CREATE OR REPLACE FUNCTION lease.release_many(p_holders text[]) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('lease_postgres.releasing', '*', true);
+    RETURN QUERY DELETE FROM lease.leases l WHERE l.holder = ANY(p_holders) RETURNING l.holder;
 END
 $$;

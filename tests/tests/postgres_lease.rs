@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::support::within;
+use lease_core::backend::Reachability;
 use lease_core::{Backend, Error, LeaseSpec, LostReason, Wait};
 use lease_postgres::Postgres;
 use lease_tests::postgres::TestDb;
@@ -293,6 +294,11 @@ async fn a_partitioned_holder_self_fences_before_its_row_expires() {
         .unwrap()
         .get(0);
     assert!(live, "the row expired before the holder fenced itself");
+    assert!(
+        matches!(postgres.reachability(), Reachability::Unreachable { .. }),
+        "{:?}",
+        postgres.reachability()
+    );
     proxy.set_blackhole(false);
     drop(lease);
     postgres.shutdown().await;
@@ -333,4 +339,59 @@ async fn a_release_hands_over_without_waiting_for_expiry() {
     ));
     b.check_sequencer(second.sequencer()).await.unwrap();
     second.release().await.unwrap();
+}
+
+/// Acquisitions dropped right after their attempt was sent leave no row behind (the attempt may
+/// have inserted it: it is given back in the background), in a schema of the application's
+/// choosing, with a semaphore's holders untouched.
+#[tokio::test]
+async fn cancelled_acquisitions_leave_nothing_in_another_schema() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("cancelled").await;
+    let admin = db.connect().await;
+    let postgres = Postgres::builder()
+        .url(db.url())
+        .schema("app_leases")
+        .build()
+        .unwrap();
+    let spec = LeaseSpec::semaphore("jobs/reports", 5);
+    let held = [
+        postgres.acquire(&spec).await.unwrap(),
+        postgres.acquire(&spec).await.unwrap(),
+    ];
+    for _ in 0..20 {
+        let acquiring = postgres.acquire(&spec);
+        // One poll: far enough to send the attempt, then dropped.
+        tokio::select! {
+            biased;
+            _ = acquiring => {}
+            () = std::future::ready(()) => {}
+        }
+    }
+    let count = || async {
+        let rows: i64 = admin
+            .query_one("SELECT count(*) FROM app_leases.leases", &[])
+            .await
+            .unwrap()
+            .get(0);
+        rows
+    };
+    within(Duration::from_secs(10), "the cancelled rows to go", async {
+        while count().await != 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for lease in &held {
+        assert!(lease.is_held());
+        lease.check().await.unwrap();
+    }
+    let in_default: bool = admin
+        .query_one("SELECT to_regclass('lease.leases') IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(in_default, "nothing was installed in the default schema");
+    postgres.shutdown().await;
+    assert_eq!(count().await, 0);
 }

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
+use lease_core::backend::{Fence, Hold};
 use lease_core::{
     Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
 };
@@ -127,6 +127,8 @@ pub(crate) async fn acquire(
     let settle = spec.settle_after_removal().as_secs_f64();
     let value = spec.advertised_value().to_vec();
     loop {
+        // From here until the answer is read, the row may exist.
+        pending.armed = true;
         let mut sent = Instant::now();
         let answer = shared
             .retrying(deadline, true, |client| {
@@ -214,12 +216,11 @@ pub(crate) async fn acquire(
                     .into_error(shared, format_args!("acquire {key:?}")));
             }
         }
-        // Busy: nothing was inserted.
+        // Busy: nothing was inserted, nothing to give back while waiting.
         pending.armed = false;
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(busy());
         }
-        pending.armed = true;
         let expiry = answer
             .wait_seconds
             .filter(|s| s.is_finite() && *s >= 0.0)
@@ -229,7 +230,6 @@ pub(crate) async fn acquire(
             None => turn.await,
             Some(deadline) => {
                 if tokio::time::timeout_at(deadline, turn).await.is_err() {
-                    pending.armed = false;
                     return Err(busy());
                 }
             }
@@ -333,19 +333,10 @@ async fn row_exists(shared: &Shared, key: &str, holder: &str) -> Result<bool, Pg
 
 const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
 
-/// Deletes `holder`'s row as a release (announced, so waiters take it at once); retried through
-/// brief trouble within [`RELEASE_BOUND`].
-async fn release(shared: &Shared, key: &str, holder: &str) -> Result<(), Error> {
-    let sql = shared.sql(RELEASE_SQL);
-    shared
-        .retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
-            let sql = &sql;
-            async move { client.query_one(sql, &[&key, &holder]).await }
-        })
-        .await
-        .map_err(|e| e.into_error(shared, format_args!("release {key:?}")))?;
-    tracing::debug!(key, holder, "lease row released");
-    Ok(())
+/// Deletes `holder`'s row as a release (announced, so waiters take it at once), batched with the
+/// releases pending beside it.
+async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Result<(), Error> {
+    shared.releaser.release(shared, key, holder).await
 }
 
 /// A release on a connection of its own, for a runtime that is ending (the handle's connections

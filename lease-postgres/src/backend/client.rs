@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
 
 use super::listen::Listener;
+use super::release::Releaser;
 use super::renew::Renewer;
 
 /// The longest a request may go unanswered before it counts as failed (and is retried, within
@@ -40,6 +41,7 @@ pub(crate) struct Shared {
     pub(crate) keepers: Keepers,
     pub(crate) listener: Listener,
     pub(crate) renewer: Renewer,
+    pub(crate) releaser: Releaser,
 }
 
 impl fmt::Debug for Shared {
@@ -196,6 +198,7 @@ impl Shared {
             keepers: Keepers::new(),
             listener: Listener::default(),
             renewer: Renewer::default(),
+            releaser: Releaser::default(),
         }
     }
 

@@ -7,6 +7,7 @@ mod client;
 mod config;
 mod listen;
 mod observe;
+mod release;
 mod renew;
 
 use std::fmt;
