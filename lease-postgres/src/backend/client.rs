@@ -302,6 +302,30 @@ impl Shared {
     }
 }
 
+/// A background task of a handle (listening, renewing, releasing): started on first use, and
+/// again if the runtime it ran on has ended since (a handle kept across runtimes).
+#[derive(Debug, Default)]
+pub(crate) struct Task(std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>);
+
+impl Task {
+    /// Spawns `start()` unless the task runs.
+    pub(crate) fn ensure<F>(&self, start: impl FnOnce() -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut task = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if task
+            .as_ref()
+            .is_none_or(tokio::task::JoinHandle::is_finished)
+        {
+            *task = Some(tokio::spawn(start()));
+        }
+    }
+}
+
 /// The pause between retries of a failed request.
 pub(crate) fn retry_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1))

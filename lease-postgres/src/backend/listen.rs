@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
-use super::client::{Shared, retry_backoff};
+use super::client::{Shared, Task, retry_backoff};
 
 /// What happened to a row of a subscribed key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +69,7 @@ type Subscribers = HashMap<String, Vec<(u64, mpsc::UnboundedSender<Note>)>>;
 #[derive(Debug, Default)]
 pub(crate) struct Listener {
     subscribers: Arc<Mutex<Subscribers>>,
-    started: Mutex<bool>,
+    task: Task,
     next_id: AtomicU64,
 }
 
@@ -118,11 +118,7 @@ impl Listener {
             .entry(key.to_owned())
             .or_default()
             .push((id, tx));
-        let mut started = self.started.lock().unwrap_or_else(PoisonError::into_inner);
-        if !*started {
-            *started = true;
-            tokio::spawn(listen(Arc::downgrade(shared)));
-        }
+        self.task.ensure(|| listen(Arc::downgrade(shared)));
         Subscription {
             rx,
             key: key.to_owned(),

@@ -13,7 +13,7 @@ use lease_core::backend::RELEASE_BOUND;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::client::Shared;
+use super::client::{Shared, Task};
 
 /// The most holders one statement gives back.
 const BATCH: usize = 5_000;
@@ -25,7 +25,7 @@ type Reply = oneshot::Sender<Result<(), String>>;
 pub(crate) struct Releaser {
     queue: Mutex<Vec<(String, Reply)>>,
     wake: Notify,
-    started: Mutex<bool>,
+    task: Task,
 }
 
 impl Releaser {
@@ -42,13 +42,7 @@ impl Releaser {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((holder.to_owned(), reply));
-        {
-            let mut started = self.started.lock().unwrap_or_else(PoisonError::into_inner);
-            if !*started {
-                *started = true;
-                tokio::spawn(release_all(Arc::downgrade(shared)));
-            }
-        }
+        self.task.ensure(|| release_all(Arc::downgrade(shared)));
         self.wake.notify_one();
         let failed = |message: String| Error::Backend {
             backend: "PostgreSQL",

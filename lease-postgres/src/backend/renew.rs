@@ -17,7 +17,7 @@ use lease_core::backend::Fence;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::client::Shared;
+use super::client::{Shared, Task};
 
 /// One registered lease.
 #[derive(Debug)]
@@ -32,7 +32,6 @@ struct State {
     holders: HashMap<String, Renewed>,
     /// When each TTL's group is renewed next.
     due: BTreeMap<Duration, Instant>,
-    started: bool,
 }
 
 /// The renewals of one backend handle.
@@ -40,6 +39,7 @@ struct State {
 pub(crate) struct Renewer {
     state: Mutex<State>,
     wake: Notify,
+    task: Task,
 }
 
 impl Renewer {
@@ -65,11 +65,8 @@ impl Renewer {
         let entry = state.due.entry(ttl).or_insert(due);
         // A group renewed long ago waits for no newcomer's sake.
         *entry = (*entry).min(due);
-        if !state.started {
-            state.started = true;
-            tokio::spawn(renew_all(Arc::downgrade(shared)));
-        }
         drop(state);
+        self.task.ensure(|| renew_all(Arc::downgrade(shared)));
         self.wake.notify_one();
         rx
     }
