@@ -103,7 +103,8 @@ $$;
 --   expires, by the database's clock),
 --   leader_in_the_way / semaphore_in_the_way (the other kind of lock holds the key),
 --   limit_mismatch (in_use is the limit the holders agreed on).
--- A retry with the same holder after a lost answer finds its own row: acquired.
+-- A retry with the same holder after a lost answer finds its own row: acquired, its expiry
+-- counted from the retry.
 CREATE OR REPLACE FUNCTION lease.try_acquire(
     p_key text, p_holder text, p_semaphore boolean, p_limit integer, p_ttl interval,
     p_settle interval, p_value bytea,
@@ -116,8 +117,11 @@ DECLARE
     v_until timestamptz;
 BEGIN
     PERFORM pg_advisory_xact_lock(1818584421, hashtext(p_key));
-    SELECT l.lease_index INTO lease_index
-        FROM lease.leases l WHERE l.lease_key = p_key AND l.holder = p_holder;
+    -- A retry after a lost answer: the row was inserted then; its expiry counts from this
+    -- attempt, which the holder's fence counts from.
+    UPDATE lease.leases l SET expires_at = v_now + p_ttl
+        WHERE l.lease_key = p_key AND l.holder = p_holder AND l.expires_at > v_now
+        RETURNING l.lease_index INTO lease_index;
     IF FOUND THEN
         outcome := 'acquired';
         RETURN;

