@@ -395,3 +395,56 @@ async fn cancelled_acquisitions_leave_nothing_in_another_schema() {
     postgres.shutdown().await;
     assert_eq!(count().await, 0);
 }
+
+/// A semaphore holder whose row is deleted loses its slot at once; the slot stays barred for its
+/// settle time, then goes to a waiter, while the other holder keeps its own throughout.
+#[tokio::test]
+async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_its_settle_time() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("semaphore").await;
+    let admin = db.connect().await;
+    let postgres = backend(&db, "lease-semaphore");
+    let spec = LeaseSpec::semaphore("jobs/reports", 2)
+        .ttl(Duration::from_secs(60))
+        .lock_delay(Duration::ZERO)
+        .settle(Duration::from_secs(1));
+    let a = postgres.acquire(&spec).await.unwrap();
+    let b = postgres.acquire(&spec).await.unwrap();
+    assert_eq!(
+        a.sequencer().key(),
+        format!("jobs/reports/{}", a.sequencer().holder())
+    );
+    let busy = postgres.acquire(&spec.clone().wait(Wait::Never)).await;
+    assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
+    let waiter = {
+        let (postgres, spec) = (postgres.clone(), spec.clone());
+        tokio::spawn(async move { postgres.acquire(&spec).await })
+    };
+    let holder = a.sequencer().holder().to_owned();
+    admin
+        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
+        .await
+        .unwrap();
+    let reason = within(Duration::from_secs(5), "the loss", a.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    assert!(matches!(a.check().await, Err(Error::Lost(_))));
+    let c = within(Duration::from_secs(10), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let bar_ended: bool = admin
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
+            &[&holder],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The bar goes only with an attempt made at or after its end.
+    assert!(bar_ended, "the waiter got the slot inside its bar");
+    assert!(b.is_held());
+    b.check().await.unwrap();
+    c.check().await.unwrap();
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+}
