@@ -74,14 +74,13 @@ impl Drop for Pending {
             self.key.clone(),
             self.holder.clone(),
         );
-        let config = shared.config.clone();
-        let schema = shared.schema.clone();
+        let detached = Detached::of(&shared);
         let (key2, holder2) = (key.clone(), holder.clone());
         self.shared.keepers.spawn_clean_up(
             async move {
                 let _ = release(&shared, &key, &holder).await;
             },
-            move || Some(detached_release(config, schema, key2, holder2)),
+            move || Some(detached.release(key2, holder2)),
         );
     }
 }
@@ -309,12 +308,7 @@ impl Hold for RowHold {
 
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {
         self.shared.renewer.unregister(&self.holder);
-        Some(detached_release(
-            self.shared.config.clone(),
-            self.shared.schema.clone(),
-            self.key,
-            self.holder,
-        ))
+        Some(Detached::of(&self.shared).release(self.key, self.holder))
     }
 }
 
@@ -339,21 +333,34 @@ async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Result<(), Er
     shared.releaser.release(shared, key, holder).await
 }
 
-/// A release on a connection of its own, for a runtime that is ending (the handle's connections
+/// What a release needs without the handle's connections: for a runtime that is ending (they
 /// belong to it).
-fn detached_release(
+struct Detached {
     config: tokio_postgres::Config,
+    session_sql: Option<String>,
     schema: String,
-    key: String,
-    holder: String,
-) -> BoxFuture<'static, ()> {
-    Box::pin(async move {
-        let Ok(client) = Shared::connect(&config).await else {
-            return;
-        };
-        let sql = super::client::in_schema(RELEASE_SQL, &schema);
-        let _ = client.query_one(&sql, &[&key, &holder]).await;
-    })
+}
+
+impl Detached {
+    fn of(shared: &Shared) -> Detached {
+        Detached {
+            config: shared.config.clone(),
+            session_sql: shared.session_sql.clone(),
+            schema: shared.schema.clone(),
+        }
+    }
+
+    /// A release on a connection of its own.
+    fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let Ok(client) = Shared::connect(&self.config, self.session_sql.as_deref()).await
+            else {
+                return;
+            };
+            let sql = super::client::in_schema(RELEASE_SQL, &self.schema);
+            let _ = client.query_one(&sql, &[&key, &holder]).await;
+        })
+    }
 }
 
 /// Whether `sequencer` names a current holder: one read of its row, and of the key's holders.

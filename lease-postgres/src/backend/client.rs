@@ -31,6 +31,8 @@ const RETRY_GRACE: Duration = Duration::from_secs(5);
 /// The state every clone of one backend shares.
 pub(crate) struct Shared {
     pub(crate) config: tokio_postgres::Config,
+    /// Run on every new connection, best effort: the server's side of the TCP settings.
+    pub(crate) session_sql: Option<String>,
     pub(crate) address: String,
     pub(crate) schema: String,
     install: bool,
@@ -181,6 +183,7 @@ impl PgError {
 impl Shared {
     pub(crate) fn new(
         config: tokio_postgres::Config,
+        session_sql: Option<String>,
         address: String,
         schema: String,
         max_connections: usize,
@@ -188,6 +191,7 @@ impl Shared {
     ) -> Shared {
         Shared {
             config,
+            session_sql,
             address,
             schema,
             install,
@@ -213,14 +217,18 @@ impl Shared {
         format!("{}_leases", self.schema)
     }
 
-    /// Connects one new connection, driven on a task of its own.
-    pub(crate) async fn connect(config: &tokio_postgres::Config) -> Result<Client, PgError> {
+    /// Connects one new connection, driven on a task of its own, and runs `session_sql` on it.
+    pub(crate) async fn connect(
+        config: &tokio_postgres::Config,
+        session_sql: Option<&str>,
+    ) -> Result<Client, PgError> {
         let (client, connection) = config.connect(NoTls).await.map_err(PgError::Connect)?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");
             }
         });
+        set_session(&client, session_sql).await;
         Ok(client)
     }
 
@@ -231,7 +239,7 @@ impl Shared {
         if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(client));
         }
-        let client = Arc::new(Self::connect(&self.config).await?);
+        let client = Arc::new(Self::connect(&self.config, self.session_sql.as_deref()).await?);
         if self.install {
             self.installed
                 .get_or_try_init(|| async {
@@ -298,6 +306,16 @@ impl Shared {
                 }
                 other => return other,
             }
+        }
+    }
+}
+
+/// Runs `session_sql` on a new connection; a server (or pooler) that refuses it keeps its
+/// defaults, which is no reason to fail.
+pub(crate) async fn set_session(client: &Client, session_sql: Option<&str>) {
+    if let Some(sql) = session_sql {
+        if let Err(error) = client.batch_execute(sql).await {
+            tracing::debug!(error = %with_sources(&error), "the server refused the TCP settings; keeping its own");
         }
     }
 }

@@ -90,10 +90,11 @@ impl PostgresBuilder {
     }
 
     /// How long data sent on a connection may stay unacknowledged before the connection is
-    /// dropped (`TCP_USER_TIMEOUT`, on Linux), on our side and, through the session setting
-    /// `tcp_user_timeout`, on the server's (default 10 s, the shortest lease TTL): a partitioned
-    /// client's sessions end on both sides within about that long. Keepalives are sent after a
-    /// third of it idle. Zero leaves the system's defaults.
+    /// dropped (`TCP_USER_TIMEOUT`, on Linux), on our side and, through the session settings
+    /// `tcp_user_timeout` and `tcp_keepalives_*` set after connecting (best effort), on the
+    /// server's (default 10 s, the shortest lease TTL): a partitioned client's sessions end on
+    /// both sides within about that long. Keepalives are sent after a third of it idle. Zero
+    /// leaves the system's defaults.
     pub fn tcp_user_timeout(mut self, timeout: Duration) -> Self {
         self.tcp_user_timeout = timeout;
         self
@@ -155,22 +156,27 @@ impl PostgresBuilder {
         }
         config.application_name(&self.application_name);
         config.connect_timeout(self.connect_timeout);
+        // The server's side of the same settings, set after connecting rather than as startup
+        // options, which some poolers refuse.
+        let mut session_sql = None;
         if !self.tcp_user_timeout.is_zero() {
             let timeout = self.tcp_user_timeout;
+            let idle = (timeout / 3).max(Duration::from_secs(1));
             config.tcp_user_timeout(timeout);
             config.keepalives(true);
-            config.keepalives_idle((timeout / 3).max(Duration::from_secs(1)));
+            config.keepalives_idle(idle);
             config.keepalives_interval(Duration::from_secs(1));
-            let mut options = config.get_options().unwrap_or_default().to_owned();
-            if !options.is_empty() {
-                options.push(' ');
-            }
-            options.push_str(&format!("-c tcp_user_timeout={}", timeout.as_millis()));
-            config.options(options);
+            session_sql = Some(format!(
+                "SET tcp_user_timeout = {}; SET tcp_keepalives_idle = {}; \
+                 SET tcp_keepalives_interval = 1",
+                timeout.as_millis(),
+                idle.as_secs()
+            ));
         }
         let address = address_of(&config);
         Ok(Postgres::from_shared(Shared::new(
             config,
+            session_sql,
             address,
             self.schema,
             self.max_connections,

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
-use super::client::{Shared, Task, retry_backoff};
+use super::client::{Shared, Task, retry_backoff, set_session};
 
 /// What happened to a row of a subscribed key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,6 +163,7 @@ async fn listen(shared: Weak<Shared>) {
             return;
         };
         let config = strong.config.clone();
+        let session_sql = strong.session_sql.clone();
         let listen = format!("LISTEN {}", strong.channel());
         drop(strong);
         let connected = config.connect(tokio_postgres::NoTls).await;
@@ -191,6 +192,7 @@ async fn listen(shared: Weak<Shared>) {
                 }
             }
         });
+        set_session(&client, session_sql.as_deref()).await;
         if let Err(error) = client.batch_execute(&listen).await {
             tracing::debug!(%error, "LISTEN failed; retrying");
             driver.abort();
