@@ -448,3 +448,52 @@ async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_it
     b.release().await.unwrap();
     c.release().await.unwrap();
 }
+
+/// A runtime that ends while it holds a lease (a `main` that returns without
+/// `Backend::shutdown`) gives the lease back from a detached runtime: the next holder gets it at
+/// once, not after its TTL of a minute. The same handle, used on a new runtime, starts its
+/// background tasks and connections again.
+#[test]
+fn a_runtime_that_ends_holding_a_lease_gives_it_back() {
+    lease_tests::init_tracing();
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let db = first.block_on(TestDb::create("abandoned"));
+    let postgres = backend(&db, "lease-abandoned");
+    let spec = LeaseSpec::leader("jobs/abandoned").ttl(Duration::from_secs(60));
+    let lease = first.block_on(postgres.acquire(&spec)).unwrap();
+    // The holder task goes with the runtime, the lease handle outlives it.
+    drop(first);
+    let second = runtime();
+    second.block_on(async {
+        let next = within(
+            Duration::from_secs(10),
+            "the lease after the runtime ended",
+            postgres.acquire(&spec.clone().wait(Wait::UpTo(Duration::from_secs(5)))),
+        )
+        .await
+        .unwrap();
+        assert!(next.sequencer().index() > lease.sequencer().index());
+        // Waiting, renewing and releasing work on the new runtime.
+        let waiter = {
+            let (postgres, spec) = (postgres.clone(), spec.clone());
+            tokio::spawn(async move { postgres.acquire(&spec).await })
+        };
+        next.release().await.unwrap();
+        let last = within(Duration::from_secs(5), "the hand-over", waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        last.check().await.unwrap();
+        postgres.shutdown().await;
+        assert!(!last.is_held());
+    });
+    drop(second);
+    drop(db);
+}
