@@ -7,7 +7,7 @@
 //! its [`Harness`](crate::Harness) declares the rest with [`lacks`](crate::Harness::lacks).
 //!
 //! This crate implements it for the in-tree backends' clients (features `memory`, `consul`,
-//! `etcd`, `amqp`); a backend author implements it next to their conformance tests.
+//! `etcd`, `amqp`, `postgres`); a backend author implements it next to their conformance tests.
 
 use std::sync::Arc;
 
