@@ -126,8 +126,8 @@ impl PostgresBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when there is no URL, the URL does not parse, names no host, or the
-    /// schema name breaks its rule.
+    /// [`Error::Config`] when there is no URL, the URL does not parse, names no host or asks
+    /// for TLS (`sslmode=require`, not supported yet), or the schema name breaks its rule.
     pub fn build(self) -> Result<Postgres, Error> {
         let url = self.url.ok_or_else(|| {
             Error::config(format!(
@@ -146,6 +146,13 @@ impl PostgresBuilder {
         if config.get_hosts().is_empty() {
             return Err(Error::config(
                 "the PostgreSQL URL names no host: use postgres://user:password@host:5432/database",
+            ));
+        }
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(Error::config(
+                "the PostgreSQL URL asks for TLS (sslmode=require), which this version of \
+                 lease-postgres does not support yet: use sslmode=disable or prefer, on a \
+                 network you trust",
             ));
         }
         check_schema(&self.schema)?;
@@ -242,6 +249,8 @@ mod tests {
         ));
         let err = Postgres::new("postgres://u@h:notaport/db").unwrap_err();
         assert!(err.to_string().contains("does not parse"), "{err}");
+        let err = Postgres::new("postgres://u@h/db?sslmode=require").unwrap_err();
+        assert!(err.to_string().contains("TLS"), "{err}");
         let err = Postgres::builder()
             .url("postgres://u@h/db")
             .schema("Bad-Name")
