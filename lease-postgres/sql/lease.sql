@@ -10,8 +10,9 @@
 --   - the table lease.bars: a key (or a semaphore slot) that nobody may take until "until",
 --     written when a live row is deleted without a release (an operator's DELETE), so that its
 --     holder, which learns of it a few milliseconds later, stops before anyone else starts;
---   - lease.try_acquire(..), lease.release(key, holder), lease.release_many(holders): one
---     statement each; acquisitions are serialised per key by a transaction-scoped advisory lock;
+--   - lease.try_acquire(..), lease.try_acquire_many(..), lease.release(key, holder),
+--     lease.release_many(holders): one statement each; acquisitions are serialised per key by a
+--     transaction-scoped advisory lock;
 --   - the trigger lease.announce on lease.leases, which NOTIFYs the channel "lease_leases"
 --     (schema name + "_leases") on every insert and delete, with the payload
 --     "<op>:<holder>:<key>": op a (acquired), r (released by its holder), x (expired, removed by
@@ -159,6 +160,36 @@ BEGIN
     END IF;
     outcome := 'busy';
     wait_seconds := greatest(extract(epoch FROM v_until - clock_timestamp()), 0);
+END
+$$;
+
+-- Several attempts in one statement (and one commit), as lease.try_acquire for each: the
+-- attempts of one process at one moment. Keys are locked in one order (hashtext, then the key),
+-- so two batches never wait for each other in a cycle; the locks are held to the end of the
+-- batch.
+CREATE OR REPLACE FUNCTION lease.try_acquire_many(
+    p_keys text[], p_holders text[], p_semaphores boolean[], p_limits integer[],
+    p_ttls double precision[], p_settles double precision[], p_values bytea[])
+RETURNS TABLE (holder text, outcome text, lease_index bigint, in_use integer,
+               wait_seconds double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i bigint;
+    r record;
+BEGIN
+    FOR i IN
+        SELECT o.n FROM unnest(p_keys) WITH ORDINALITY AS o(k, n) ORDER BY hashtext(o.k), o.k, o.n
+    LOOP
+        SELECT * INTO r FROM lease.try_acquire(
+            p_keys[i], p_holders[i], p_semaphores[i], p_limits[i],
+            make_interval(secs => p_ttls[i]), make_interval(secs => p_settles[i]), p_values[i]);
+        holder := p_holders[i];
+        outcome := r.outcome;
+        lease_index := r.lease_index;
+        in_use := r.in_use;
+        wait_seconds := r.wait_seconds;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 

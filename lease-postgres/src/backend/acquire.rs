@@ -18,20 +18,13 @@ use lease_core::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::client::{PgError, Shared};
+use super::attempt::Attempt;
+use super::client::{PgError, Retry, Shared};
 use super::listen::{Note, Removal, Subscription};
 
 /// The longest key a notification can carry with room to spare (PostgreSQL's payloads stop
 /// below 8,000 bytes).
 const MAX_KEY_BYTES: usize = 7_000;
-
-/// What one attempt answered.
-struct Attempt {
-    outcome: String,
-    index: Option<i64>,
-    in_use: Option<i32>,
-    wait_seconds: Option<f64>,
-}
 
 /// A new holder ID: 128 random bits in hex, unique per acquisition.
 fn new_holder() -> String {
@@ -118,40 +111,27 @@ pub(crate) async fn acquire(
         holder: holder.clone(),
         armed: true,
     };
-    let sql = shared.sql(
-        "SELECT outcome, lease_index, in_use, wait_seconds FROM lease.try_acquire(\
-         $1, $2, $3, $4, make_interval(secs => $5), make_interval(secs => $6), $7)",
-    );
-    let ttl = spec.session_ttl().as_secs_f64();
-    let settle = spec.settle_after_removal().as_secs_f64();
-    let value = spec.advertised_value().to_vec();
+    let attempt = Attempt {
+        key: key.to_owned(),
+        holder: holder.clone(),
+        semaphore,
+        limit,
+        ttl: spec.session_ttl().as_secs_f64(),
+        settle: spec.settle_after_removal().as_secs_f64(),
+        value: spec.advertised_value().to_vec(),
+    };
     loop {
         // From here until the answer is read, the row may exist.
         pending.armed = true;
-        let mut sent = Instant::now();
-        let answer = shared
-            .retrying(deadline, true, |client| {
-                sent = Instant::now();
-                let (sql, holder, value) = (&sql, &holder, &value);
-                async move {
-                    client
-                        .query_one(
-                            sql,
-                            &[&key, holder, &semaphore, &limit, &ttl, &settle, value],
-                        )
-                        .await
-                }
-            })
-            .await
-            .and_then(|row| {
-                Ok(Attempt {
-                    outcome: row.try_get(0).map_err(PgError::Query)?,
-                    index: row.try_get(1).map_err(PgError::Query)?,
-                    in_use: row.try_get(2).map_err(PgError::Query)?,
-                    wait_seconds: row.try_get(3).map_err(PgError::Query)?,
-                })
-            })
-            .map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let mut retry = Retry::until(deadline);
+        let answer = loop {
+            match shared.attempts.attempt(shared, attempt.clone()).await {
+                Err(error) if retry.again(&error).await => {}
+                answer => break answer,
+            }
+        }
+        .map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let sent = answer.sent;
         if semaphore {
             if let Some(in_use) = answer.in_use {
                 let in_use = usize::try_from(in_use).unwrap_or_default();

@@ -16,6 +16,7 @@ use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
 
+use super::attempt::Attempts;
 use super::listen::Listener;
 use super::release::Releaser;
 use super::renew::Renewer;
@@ -44,6 +45,7 @@ pub(crate) struct Shared {
     pub(crate) listener: Listener,
     pub(crate) renewer: Renewer,
     pub(crate) releaser: Releaser,
+    pub(crate) attempts: Attempts,
 }
 
 impl fmt::Debug for Shared {
@@ -66,6 +68,8 @@ pub(crate) enum PgError {
     TimedOut,
     /// An answer this client cannot read.
     Malformed(String),
+    /// The failure of a statement several requests shared (a batch of attempts).
+    Batch(Arc<PgError>),
 }
 
 impl fmt::Display for PgError {
@@ -74,6 +78,7 @@ impl fmt::Display for PgError {
             PgError::Connect(e) | PgError::Query(e) => write!(f, "{}", with_sources(e)),
             PgError::TimedOut => write!(f, "no answer within {REQUEST_TIMEOUT:?}"),
             PgError::Malformed(what) => write!(f, "unexpected answer: {what}"),
+            PgError::Batch(shared) => shared.fmt(f),
         }
     }
 }
@@ -103,26 +108,32 @@ impl PgError {
     fn sqlstate(&self) -> Option<&str> {
         match self {
             PgError::Connect(e) | PgError::Query(e) => e.code().map(|c| c.code()),
+            PgError::Batch(shared) => shared.sqlstate(),
             _ => None,
         }
     }
 
     /// Whether the server did not answer (or the connection broke): worth another attempt.
     pub(crate) fn is_transient(&self) -> bool {
-        match self.sqlstate() {
-            Some(code) => transient_sqlstate(code),
-            None => !matches!(self, PgError::Malformed(_)),
+        match (self, self.sqlstate()) {
+            (PgError::Batch(shared), _) => shared.is_transient(),
+            (_, Some(code)) => transient_sqlstate(code),
+            (_, None) => !matches!(self, PgError::Malformed(_)),
         }
     }
 
     fn answered(&self) -> bool {
-        self.sqlstate().is_some() || matches!(self, PgError::Malformed(_))
+        match self {
+            PgError::Batch(shared) => shared.answered(),
+            _ => self.sqlstate().is_some() || matches!(self, PgError::Malformed(_)),
+        }
     }
 
     fn metric(&self) -> RequestError {
         match self {
             PgError::TimedOut => RequestError::TimedOut,
             PgError::Malformed(_) => RequestError::Malformed,
+            PgError::Batch(shared) => shared.metric(),
             _ if self.sqlstate().is_some() => RequestError::Status,
             _ => RequestError::Unreachable,
         }
@@ -131,46 +142,61 @@ impl PgError {
     /// The error in lease terms, for `operation` (what was attempted, naming the key).
     pub(crate) fn into_error(self, shared: &Shared, operation: impl fmt::Display) -> Error {
         let operation = operation.to_string();
-        let code = self.sqlstate().map(str::to_owned);
-        match (self, code.as_deref()) {
-            (PgError::Connect(e) | PgError::Query(e), Some(code))
-                if code.starts_with("28") || code == "42501" =>
-            {
+        match self {
+            PgError::Batch(error) => match Arc::try_unwrap(error) {
+                Ok(error) => error.into_error(shared, operation),
+                Err(error) => error.describe(shared, operation),
+            },
+            PgError::Connect(e) | PgError::Query(e) if e.code().is_none() => Error::Unreachable {
+                backend: "PostgreSQL",
+                address: shared.address.clone(),
+                hint: UNREACHABLE_HINT,
+                source: Box::new(e),
+            },
+            other => other.describe(shared, operation),
+        }
+    }
+
+    /// [`into_error`](PgError::into_error) without taking the database's error along as the
+    /// source (its text is in the message).
+    fn describe(&self, shared: &Shared, operation: String) -> Error {
+        let code = self.sqlstate();
+        let text = self.to_string();
+        match (self, code) {
+            (PgError::Batch(error), _) => error.describe(shared, operation),
+            (_, Some(code)) if code.starts_with("28") || code == "42501" => {
                 Error::PermissionDenied {
                     operation,
-                    message: with_sources(&e),
+                    message: text,
                     hint: "check the user and password of the PostgreSQL URL; the role needs \
                            USAGE on the lease schema and SELECT, INSERT, UPDATE, DELETE on its \
                            tables (lease-postgres's sql/lease.sql says which)",
                 }
             }
-            (PgError::Connect(e), Some("3D000")) => Error::config_caused_by(
-                format!(
-                    "the database of the PostgreSQL URL does not exist ({}): create it or fix the URL",
-                    shared.address
-                ),
-                e,
-            ),
-            (PgError::Connect(e) | PgError::Query(e), Some(code)) => Error::Backend {
+            (PgError::Connect(_), Some("3D000")) => Error::config(format!(
+                "the database of the PostgreSQL URL does not exist ({}: {text}): create it or \
+                 fix the URL",
+                shared.address
+            )),
+            (_, Some(code)) => Error::Backend {
                 backend: "PostgreSQL",
                 operation,
-                message: format!("SQLSTATE {code}: {}", with_sources(&e)),
+                message: format!("SQLSTATE {code}: {text}"),
                 transient: transient_sqlstate(code),
             },
-            (PgError::Connect(e) | PgError::Query(e), None) => Error::Unreachable {
+            (PgError::Connect(_) | PgError::Query(_), None) => Error::Unreachable {
                 backend: "PostgreSQL",
                 address: shared.address.clone(),
-                hint: "start PostgreSQL, or fix the host and port of the URL \
-                       (Postgres::from_env reads LEASE_POSTGRES_URL, else DATABASE_URL)",
-                source: Box::new(e),
+                hint: UNREACHABLE_HINT,
+                source: text.into(),
             },
-            (PgError::TimedOut, _) => Error::Backend {
+            (PgError::TimedOut, None) => Error::Backend {
                 backend: "PostgreSQL",
                 operation,
                 message: format!("no answer within {REQUEST_TIMEOUT:?}"),
                 transient: true,
             },
-            (PgError::Malformed(what), _) => Error::Backend {
+            (PgError::Malformed(what), None) => Error::Backend {
                 backend: "PostgreSQL",
                 operation,
                 message: format!("unexpected answer: {what}"),
@@ -179,6 +205,10 @@ impl PgError {
         }
     }
 }
+
+/// What to do when the server does not answer.
+const UNREACHABLE_HINT: &str = "start PostgreSQL, or fix the host and port of the URL \
+                                (Postgres::from_env reads LEASE_POSTGRES_URL, else DATABASE_URL)";
 
 impl Shared {
     pub(crate) fn new(
@@ -203,6 +233,7 @@ impl Shared {
             listener: Listener::default(),
             renewer: Renewer::default(),
             releaser: Releaser::default(),
+            attempts: Attempts::default(),
         }
     }
 
@@ -292,21 +323,43 @@ impl Shared {
         F: FnMut(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
-        let give_up = deadline.map(|d| d.max(Instant::now() + RETRY_GRACE));
-        let mut pause = retry_backoff();
+        let mut retry = Retry::until(deadline);
         loop {
             match self.request(write, &mut op).await {
-                Err(error) if error.is_transient() => {
-                    let wait = pause.next_pause();
-                    if give_up.is_some_and(|g| Instant::now() + wait >= g) {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, "PostgreSQL request failed; retrying");
-                    tokio::time::sleep(wait).await;
-                }
+                Err(error) if retry.again(&error).await => {}
                 other => return other,
             }
         }
+    }
+}
+
+/// How a failed request is retried: through transient trouble, paused by [`retry_backoff`],
+/// until a deadline (at least [`RETRY_GRACE`] from the start).
+pub(crate) struct Retry {
+    give_up: Option<Instant>,
+    pause: Backoff,
+}
+
+impl Retry {
+    pub(crate) fn until(deadline: Option<Instant>) -> Retry {
+        Retry {
+            give_up: deadline.map(|d| d.max(Instant::now() + RETRY_GRACE)),
+            pause: retry_backoff(),
+        }
+    }
+
+    /// After `error`: pauses and answers true if the request is worth sending again.
+    pub(crate) async fn again(&mut self, error: &PgError) -> bool {
+        if !error.is_transient() {
+            return false;
+        }
+        let wait = self.pause.next_pause();
+        if self.give_up.is_some_and(|g| Instant::now() + wait >= g) {
+            return false;
+        }
+        tracing::debug!(%error, "PostgreSQL request failed; retrying");
+        tokio::time::sleep(wait).await;
+        true
     }
 }
 

@@ -3,6 +3,7 @@
 //! See [`Postgres`] for how it works and what it costs.
 
 mod acquire;
+mod attempt;
 mod client;
 mod config;
 mod listen;
