@@ -24,9 +24,10 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 /// Leases in a PostgreSQL database. Cloning is cheap, and clones share the connections.
 ///
 /// - **A lease is a row** of `lease.leases`, live while its `expires_at` is ahead of the
-///   database's clock (`now()`); an expired row is free. An acquisition is one statement
-///   (`lease.try_acquire`, serialised per key by an advisory lock for its transaction):
-///   a leader key admits one live row, a semaphore `limit` of them.
+///   database's clock (`now()`); an expired row is free. An acquisition attempt is one
+///   statement (`lease.try_acquire`, serialised per key by an advisory lock for its
+///   transaction; the attempts pending at one moment go together, in one commit): a leader key
+///   admits one live row, a semaphore `limit` of them.
 /// - **Renewal is batched**: every TTL/3, one `UPDATE … WHERE holder = ANY($1)` per TTL renews
 ///   every lease of this handle with that TTL; each answered renewal confirms the leases'
 ///   fences with its send time, and a lease missing from its `RETURNING` is lost.
