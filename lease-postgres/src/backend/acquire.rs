@@ -1,8 +1,9 @@
 //! Acquiring, holding and releasing a lease: one row of the leases table each.
 //!
-//! An attempt is one statement, `lease.try_acquire(..)`, which takes the key's advisory lock for
-//! its transaction, deletes the key's expired rows and ended bars, and inserts the contender's
-//! row if the key has a free slot (a leader key one, a semaphore `limit`). A busy key answers how
+//! An attempt is one call of `lease.try_acquire(..)` (sent with the attempts pending beside it:
+//! the `attempt` module), which takes the key's advisory lock for its transaction, deletes the
+//! key's expired rows and ended bars, and inserts the contender's row if the key has a free slot
+//! (a leader key one, a semaphore `limit`). A busy key answers how
 //! long until its first holder's row expires: the waiter sleeps until then, or until the key's
 //! notification of a removal wakes it (a release hands over at once), never polling. A row
 //! deleted under its holder bars its key (or slot) for the holder's
