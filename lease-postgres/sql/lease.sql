@@ -77,8 +77,9 @@ BEGIN
         op := 'x';
     ELSE
         op := 'd';
+        -- From the deletion, not from the start of a transaction that may have begun long before.
         INSERT INTO lease.bars (lease_key, holder, until)
-        VALUES (OLD.lease_key, OLD.holder, now() + OLD.settle)
+        VALUES (OLD.lease_key, OLD.holder, clock_timestamp() + OLD.settle)
         ON CONFLICT (lease_key, holder) DO UPDATE SET until = EXCLUDED.until;
     END IF;
     PERFORM pg_notify(TG_TABLE_SCHEMA || '_leases', op || ':' || OLD.holder || ':' || OLD.lease_key);
