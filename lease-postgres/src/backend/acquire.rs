@@ -126,7 +126,7 @@ pub(crate) async fn acquire(
         pending.armed = true;
         let mut retry = Retry::until(deadline);
         let answer = loop {
-            match shared.attempts.attempt(shared, attempt.clone()).await {
+            match super::attempt::attempt(shared, attempt.clone()).await {
                 Err(error) if retry.again(&error).await => {}
                 answer => break answer,
             }
@@ -311,7 +311,7 @@ const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
 /// Deletes `holder`'s row as a release (announced, so waiters take it at once), batched with the
 /// releases pending beside it.
 async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Result<(), Error> {
-    shared.releaser.release(shared, key, holder).await
+    super::release::release(shared, key, holder).await
 }
 
 /// What a release needs without the handle's connections: for a runtime that is ending (they

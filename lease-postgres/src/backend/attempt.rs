@@ -8,12 +8,12 @@
 //! alone goes at once, as alone.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::client::{PgError, Shared, Task};
+use super::client::{Batched, PgError, Shared};
 
 /// The most attempts one statement carries.
 const BATCH: usize = 1_000;
@@ -43,38 +43,16 @@ pub(crate) struct Answer {
 type Reply = oneshot::Sender<Result<Answer, PgError>>;
 
 /// The pending attempts of one backend handle.
-#[derive(Debug, Default)]
-pub(crate) struct Attempts {
-    queue: Mutex<Vec<(Attempt, Reply)>>,
-    wake: Notify,
-    task: Task,
-}
+pub(crate) type Attempts = Batched<Attempt, Result<Answer, PgError>>;
 
-impl Attempts {
-    /// Sends `attempt` with the attempts queued beside it; one try, no retry.
-    pub(crate) async fn attempt(
-        &self,
-        shared: &Arc<Shared>,
-        attempt: Attempt,
-    ) -> Result<Answer, PgError> {
-        let (reply, answer) = oneshot::channel();
-        self.queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((attempt, reply));
-        self.task.ensure(|| attempt_all(Arc::downgrade(shared)));
-        self.wake.notify_one();
-        answer
-            .await
-            .unwrap_or_else(|_| Err(PgError::Malformed("the backend handle is gone".into())))
-    }
-
-    fn take(&self) -> Vec<(Attempt, Reply)> {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = queue.len().min(BATCH);
-        let rest = queue.split_off(at);
-        std::mem::replace(&mut *queue, rest)
-    }
+/// Sends `attempt` with the attempts queued beside it; one try, no retry.
+pub(crate) async fn attempt(shared: &Arc<Shared>, attempt: Attempt) -> Result<Answer, PgError> {
+    let answer = shared
+        .attempts
+        .push(attempt, || attempt_all(Arc::downgrade(shared)));
+    answer
+        .await
+        .unwrap_or_else(|_| Err(PgError::Malformed("the backend handle is gone".into())))
 }
 
 async fn attempt_all(shared: Weak<Shared>) {
@@ -82,13 +60,8 @@ async fn attempt_all(shared: Weak<Shared>) {
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        let batch = strong.attempts.take();
+        let batch = strong.attempts.take(BATCH).await;
         if batch.is_empty() {
-            tokio::select! {
-                () = strong.attempts.wake.notified() => {}
-                // Now and then, to end with the handle (this task alone keeps it meanwhile).
-                () = tokio::time::sleep(std::time::Duration::from_secs(30)) => {}
-            }
             continue;
         }
         // An acquire dropped before its attempt was sent needs nothing sent.
@@ -175,10 +148,8 @@ async fn attempt_all(shared: Weak<Shared>) {
                     // back, after the statement that inserted it.
                     let shared = Arc::clone(&strong);
                     tokio::spawn(async move {
-                        let _ = shared
-                            .releaser
-                            .release(&shared, &attempt.key, &attempt.holder)
-                            .await;
+                        let _ =
+                            super::release::release(&shared, &attempt.key, &attempt.holder).await;
                     });
                 }
             }

@@ -397,6 +397,77 @@ impl Task {
     }
 }
 
+/// Requests of one kind queued to go together, in one statement and one commit, and the task of
+/// a handle that sends them (the `attempt` and `release` modules).
+pub(crate) struct Batched<T, R> {
+    queue: std::sync::Mutex<Vec<(T, tokio::sync::oneshot::Sender<R>)>>,
+    wake: tokio::sync::Notify,
+    task: Task,
+}
+
+impl<T, R> Default for Batched<T, R> {
+    fn default() -> Self {
+        Batched {
+            queue: std::sync::Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            task: Task::default(),
+        }
+    }
+}
+
+impl<T, R> fmt::Debug for Batched<T, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batched")
+            .field("queued", &self.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, R> Batched<T, R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(T, tokio::sync::oneshot::Sender<R>)>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues `item`, starting the sending task (`start()`) unless it runs; the receiver gets
+    /// its answer.
+    pub(crate) fn push<F>(
+        &self,
+        item: T,
+        start: impl FnOnce() -> F,
+    ) -> tokio::sync::oneshot::Receiver<R>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.lock().push((item, reply));
+        self.task.ensure(start);
+        self.wake.notify_one();
+        answer
+    }
+
+    /// Up to `most` queued items, oldest first, waiting for one; empty after half a minute of
+    /// nothing, so that the sending task can see whether its handle is still there.
+    pub(crate) async fn take(&self, most: usize) -> Vec<(T, tokio::sync::oneshot::Sender<R>)> {
+        let take = || {
+            let mut queue = self.lock();
+            let at = queue.len().min(most);
+            let rest = queue.split_off(at);
+            std::mem::replace(&mut *queue, rest)
+        };
+        let batch = take();
+        if !batch.is_empty() {
+            return batch;
+        }
+        tokio::select! {
+            () = self.wake.notified() => {}
+            () = tokio::time::sleep(Duration::from_secs(30)) => {}
+        }
+        take()
+    }
+}
+
 /// The pause between retries of a failed request.
 pub(crate) fn retry_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1))

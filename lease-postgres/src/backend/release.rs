@@ -6,66 +6,32 @@
 //! take seconds, one release after another. One task per handle takes whatever releases are
 //! queued when it wakes, sends them together, and answers each.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
 use lease_core::Error;
 use lease_core::backend::RELEASE_BOUND;
-use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::client::{Shared, Task};
+use super::client::{Batched, PgError, Shared};
 
 /// The most holders one statement gives back.
 const BATCH: usize = 5_000;
 
-type Reply = oneshot::Sender<Result<(), String>>;
+/// The pending releases of one backend handle: holders, answered with how their batch went.
+pub(crate) type Releaser = Batched<String, Result<(), PgError>>;
 
-/// The pending releases of one backend handle.
-#[derive(Debug, Default)]
-pub(crate) struct Releaser {
-    queue: Mutex<Vec<(String, Reply)>>,
-    wake: Notify,
-    task: Task,
-}
-
-impl Releaser {
-    /// Gives `holder`'s row back (announced as a release), with the releases queued beside it;
-    /// retried through brief trouble within [`RELEASE_BOUND`].
-    pub(crate) async fn release(
-        &self,
-        shared: &Arc<Shared>,
-        key: &str,
-        holder: &str,
-    ) -> Result<(), Error> {
-        let (reply, answer) = oneshot::channel();
-        self.queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((holder.to_owned(), reply));
-        self.task.ensure(|| release_all(Arc::downgrade(shared)));
-        self.wake.notify_one();
-        let failed = |message: String| Error::Backend {
-            backend: "PostgreSQL",
-            operation: format!("release {key:?}"),
-            message,
-            transient: true,
-        };
-        match answer.await {
-            Ok(Ok(())) => {
-                tracing::debug!(key, holder, "lease row released");
-                Ok(())
-            }
-            Ok(Err(message)) => Err(failed(message)),
-            Err(_) => Err(failed("the backend handle is gone".into())),
-        }
-    }
-
-    fn take(&self) -> Vec<(String, Reply)> {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = queue.len().min(BATCH);
-        let rest = queue.split_off(at);
-        std::mem::replace(&mut *queue, rest)
-    }
+/// Gives `holder`'s row of `key` back (announced as a release), with the releases queued beside
+/// it; retried through brief trouble within [`RELEASE_BOUND`].
+pub(crate) async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Result<(), Error> {
+    let answer = shared
+        .releaser
+        .push(holder.to_owned(), || release_all(Arc::downgrade(shared)));
+    answer
+        .await
+        .unwrap_or_else(|_| Err(PgError::Malformed("the backend handle is gone".into())))
+        .map_err(|e| e.into_error(shared, format_args!("release {key:?}")))?;
+    tracing::debug!(key, holder, "lease row released");
+    Ok(())
 }
 
 async fn release_all(shared: Weak<Shared>) {
@@ -73,26 +39,22 @@ async fn release_all(shared: Weak<Shared>) {
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        let batch = strong.releaser.take();
+        let batch = strong.releaser.take(BATCH).await;
         if batch.is_empty() {
-            tokio::select! {
-                () = strong.releaser.wake.notified() => {}
-                // Now and then, to end with the handle (this task alone keeps it meanwhile).
-                () = tokio::time::sleep(std::time::Duration::from_secs(30)) => {}
-            }
             continue;
         }
-        let holders: Vec<String> = batch.iter().map(|(h, _)| h.clone()).collect();
+        let holders: Vec<&str> = batch.iter().map(|(h, _)| h.as_str()).collect();
         let sql = strong.sql("SELECT lease.release_many($1)");
         let answer = strong
             .retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
                 let (sql, holders) = (&sql, &holders);
                 async move { client.query(sql, &[holders]).await }
             })
-            .await;
-        let answer = answer.map(|_| ()).map_err(|error| error.to_string());
+            .await
+            .map(|_| ())
+            .map_err(Arc::new);
         for (_, reply) in batch {
-            let _ = reply.send(answer.clone());
+            let _ = reply.send(answer.clone().map_err(PgError::Batch));
         }
     }
 }
