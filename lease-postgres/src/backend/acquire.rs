@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::attempt::Attempt;
 use super::client::{PgError, Retry, Shared};
 use super::listen::{Note, Removal, Subscription};
+use super::release::release;
 
 /// The longest key a notification can carry with room to spare (PostgreSQL's payloads stop
 /// below 8,000 bytes).
@@ -63,18 +64,15 @@ impl Drop for Pending {
         if !self.armed {
             return;
         }
-        let (shared, key, holder) = (
-            Arc::clone(&self.shared),
-            self.key.clone(),
-            self.holder.clone(),
-        );
+        let shared = Arc::clone(&self.shared);
+        let (key, holder) = (self.key.clone(), self.holder.clone());
         let detached = Detached::of(&shared);
-        let (key2, holder2) = (key.clone(), holder.clone());
+        let abandoned = (key.clone(), holder.clone());
         self.shared.keepers.spawn_clean_up(
             async move {
                 let _ = release(&shared, &key, &holder).await;
             },
-            move || Some(detached.release(key2, holder2)),
+            move || Some(detached.release(abandoned.0, abandoned.1)),
         );
     }
 }
@@ -307,12 +305,6 @@ async fn row_exists(shared: &Shared, key: &str, holder: &str) -> Result<bool, Pg
 }
 
 const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
-
-/// Deletes `holder`'s row as a release (announced, so waiters take it at once), batched with the
-/// releases pending beside it.
-async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Result<(), Error> {
-    super::release::release(shared, key, holder).await
-}
 
 /// What a release needs without the handle's connections: for a runtime that is ending (they
 /// belong to it).

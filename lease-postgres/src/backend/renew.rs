@@ -101,6 +101,7 @@ impl Renewer {
 
     /// What the renewal of `sent` found: `returned` still hold, the rest of `asked` lost theirs.
     fn renewed(&self, ttl: Duration, sent: Instant, asked: &[String], returned: &[String]) {
+        let returned: std::collections::HashSet<&String> = returned.iter().collect();
         let mut state = self.lock();
         for holder in asked {
             if returned.contains(holder) {
