@@ -86,8 +86,8 @@
 //!
 //! [`Operator`] is also how the demo (`cargo run -p lease-demo`) kills its leader, on every
 //! backend: it is implemented here for `lease_core::memory::Memory` (feature `memory`, on by
-//! default), `lease_consul::Consul` (feature `consul`) and `lease_amqp::Amqp`
-//! (feature `amqp`).
+//! default), `lease_consul::Consul` (feature `consul`), `lease_etcd::Etcd` (feature `etcd`),
+//! `lease_amqp::Amqp` (feature `amqp`) and `lease_postgres::Postgres` (feature `postgres`).
 //!
 //! [`Backend`]: lease_core::Backend
 #![cfg_attr(docsrs, feature(doc_cfg))] // On docs.rs, each feature-gated item names its feature.

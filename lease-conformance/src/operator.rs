@@ -7,7 +7,7 @@
 //! its [`Harness`](crate::Harness) declares the rest with [`lacks`](crate::Harness::lacks).
 //!
 //! This crate implements it for the in-tree backends' clients (features `memory`, `consul`,
-//! `etcd`, `amqp`); a backend author implements it next to their conformance tests.
+//! `etcd`, `amqp`, `postgres`); a backend author implements it next to their conformance tests.
 
 use std::sync::Arc;
 
@@ -223,6 +223,39 @@ impl Operator for lease_etcd::Etcd {
                     name: key.to_owned(),
                 }),
                 _ => Ok(()),
+            }
+        })
+    }
+}
+
+/// What the PostgreSQL backend offers an operator: deleting lease rows, as an administrator's
+/// `DELETE` does. A lease has no session to destroy (a connection ended with
+/// `pg_terminate_backend` is replaced, and its leases live on) and no release apart from its
+/// holder's.
+#[cfg(feature = "postgres")]
+impl Operator for lease_postgres::Postgres {
+    fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            match lease_postgres::Postgres::delete_key(self, key).await? {
+                0 => Err(OperatorError::NotFound {
+                    what: "lease row of key",
+                    name: key.to_owned(),
+                }),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    /// Deletes the lease's row.
+    fn revoke<'a>(&'a self, lease: &'a Sequencer) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            if lease_postgres::Postgres::delete_holder(self, lease.holder()).await? {
+                Ok(())
+            } else {
+                Err(OperatorError::NotFound {
+                    what: "lease row of holder",
+                    name: lease.holder().to_owned(),
+                })
             }
         })
     }

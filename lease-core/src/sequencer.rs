@@ -34,6 +34,11 @@ pub enum BackendKind {
     /// cluster, whatever the key), `holder` the etcd lease ID in hex, as `etcdctl elect` names
     /// its keys.
     Etcd,
+    /// PostgreSQL (lease-postgres): `key` is the leader key, or the holder's own key
+    /// `<prefix>/<holder>` (a semaphore), `index` a value of the database's lease sequence, drawn
+    /// for every acquisition (rises across every key of the database), `holder` the
+    /// acquisition's random ID.
+    Postgres,
     /// A backend outside this repository: see [`BackendKind::custom`].
     Custom(CustomKind),
 }
@@ -53,11 +58,12 @@ impl CustomKind {
 static CUSTOM: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
 
 impl BackendKind {
-    const BUILT_IN: [BackendKind; 4] = [
+    const BUILT_IN: [BackendKind; 5] = [
         BackendKind::Consul,
         BackendKind::Amqp,
         BackendKind::Memory,
         BackendKind::Etcd,
+        BackendKind::Postgres,
     ];
 
     /// The kind of a backend of your own, named `name`: what its sequencers and metrics say.
@@ -69,7 +75,7 @@ impl BackendKind {
     /// # Panics
     ///
     /// If `name` is empty, longer than 32 bytes, has a byte outside `a`–`z`, `0`–`9`, `-` and
-    /// `_`, or is the name of a built-in kind (`consul`, `amqp`, `memory`, `etcd`): a programming
+    /// `_`, or is the name of a built-in kind (`consul`, `amqp`, `memory`, `etcd`, `postgres`): a programming
     /// error, found the first time the code runs.
     ///
     /// ```
@@ -109,6 +115,7 @@ impl BackendKind {
             BackendKind::Amqp => "amqp",
             BackendKind::Memory => "memory",
             BackendKind::Etcd => "etcd",
+            BackendKind::Postgres => "postgres",
             BackendKind::Custom(custom) => custom.name(),
         }
     }
@@ -214,7 +221,7 @@ impl FromStr for Sequencer {
             ));
         };
         let backend = BackendKind::parse(backend).ok_or(err(
-            "unknown backend; expected consul, amqp, memory, etcd or a name this process made known \
+            "unknown backend; expected consul, amqp, memory, etcd, postgres or a name this process made known \
              with BackendKind::custom",
         ))?;
         if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
@@ -418,6 +425,7 @@ mod tests {
                 Just(BackendKind::Amqp),
                 Just(BackendKind::Memory),
                 Just(BackendKind::Etcd),
+                Just(BackendKind::Postgres),
             ]
         }
 

@@ -1,4 +1,35 @@
-//! PostgreSQL for the distributed leases of [`lease_core`].
+//! PostgreSQL for the distributed leases of [`lease_core`]: a lease backend (feature `backend`)
+//! and fencing tokens the database enforces inside your own transaction.
+//!
+//! # The lease backend
+//!
+//! With the feature `backend`, `Postgres` takes leader and semaphore leases in a table of the
+//! database: a lease is a row that expires by the database's clock, renewed in batches (one
+//! statement per TTL every TTL/3 for all the leases of a process), and loss and hand-over are
+//! told by `NOTIFY`, so nothing polls. One process holds 1,000 leases on 3 connections. See
+//! `Postgres` for how it works, and `sql/lease.sql` ([`LEASE_SQL`]) for the tables.
+//!
+//! ```no_run
+//! # #[cfg(feature = "backend")]
+//! # async fn example() -> Result<(), lease_core::Error> {
+//! use lease_core::{Backend, LeaseSpec};
+//! use lease_postgres::Postgres;
+//!
+//! // Connects on first use; `Postgres::from_env()` reads LEASE_POSTGRES_URL, else DATABASE_URL.
+//! let postgres = Postgres::new("postgres://app:secret@db.internal:5432/app")?;
+//! let lease = postgres.acquire(&LeaseSpec::leader("jobs/billing")).await?;
+//! lease.run(async { /* only one process at a time gets here */ }).await?;
+//! lease.release().await?;
+//!
+//! // At most three of these at once, cluster-wide.
+//! let slot = postgres.acquire(&LeaseSpec::semaphore("jobs/reports", 3)).await?;
+//! slot.release().await?;
+//! postgres.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The fence
 //!
 //! A lease cancels the work it guards once it is known lost, but nothing in the holder can close
 //! the window between its last check and its write: a process paused there (a GC pause, a frozen
@@ -12,12 +43,12 @@
 //! - [`fence::FENCE_SQL`]: the migration, plain SQL for any client (sqlx, tokio-postgres, diesel,
 //!   psql), idempotent; `sql/fence.sql` in this package.
 //! - [`fence::Token`]: the `(key, index, holder)` the SQL function takes, from a sequencer whose
-//!   index rises with every acquisition of its key (Consul, etcd, memory); RabbitMQ's slot
-//!   numbers and semaphores' sequencers are refused with an error that says why.
+//!   index rises with every acquisition of its key (Consul, etcd, PostgreSQL, memory);
+//!   RabbitMQ's slot numbers and semaphores' sequencers are refused with an error that says why.
 //! - `fence::tokio_postgres` (feature `tokio-postgres`) and `fence::sqlx` (feature `sqlx`):
 //!   `install` and `fence` for each client, with an [`fence::Error`] that says what to do.
 //!
-//! # Example
+//! ## Example
 //!
 //! With the `tokio-postgres` feature, a lease guarding a job whose result is written to
 //! PostgreSQL:
@@ -59,6 +90,7 @@
 //!
 //! None by default: the SQL and [`fence::Token`] work with any client.
 //!
+//! - `backend`: the lease backend `Postgres` (tokio-postgres 0.7 with its runtime; no TLS yet).
 //! - `tokio-postgres`: `fence::tokio_postgres` (tokio-postgres 0.7, without its `runtime`
 //!   feature: the application connects).
 //! - `sqlx`: `fence::sqlx` (sqlx 0.8 with its `postgres` feature; the application picks sqlx's
@@ -67,4 +99,17 @@
 // On docs.rs (`--cfg docsrs`), a feature-gated item shows the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "backend")]
+mod backend;
 pub mod fence;
+
+#[cfg(feature = "backend")]
+pub use backend::{DATABASE_URL_ENV, DEFAULT_SCHEMA, Postgres, PostgresBuilder, URL_ENV};
+
+/// The migration the lease backend (`Postgres`, feature `backend`) installs on first use: the
+/// schema `lease`, its sequence, the tables `lease.leases` and `lease.bars`, the trigger that
+/// notifies their changes and the functions `lease.try_acquire` and `lease.release`. Plain SQL,
+/// idempotent, without `BEGIN`/`COMMIT`; the file `sql/lease.sql` of this package, to ship with
+/// your migrations when the backend's role may not create a schema
+/// (`PostgresBuilder::install(false)`).
+pub const LEASE_SQL: &str = include_str!("../sql/lease.sql");

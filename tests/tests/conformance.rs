@@ -9,6 +9,10 @@
 //! Its sessions are etcd leases (revoked by the operator), and its own losses are tested in
 //! tests/etcd.rs.
 //!
+//! PostgreSQL has no session an operator destroys and no release of a row but its holder's: its
+//! harness declares so. Its operator deletes rows; its own faults are tested in
+//! tests/postgres_lease.rs.
+//!
 //! Run: `cargo test -p lease-tests --test conformance` (the Consul half starts a dev agent per
 //! test; see `lease_tests::consul`; the etcd half an etcd per test, see `lease_tests::etcd`; the AMQP half needs the broker on 127.0.0.1:5672).
 
@@ -135,4 +139,39 @@ async fn amqp() -> Harness {
 lease_conformance::suite!(memory, memory);
 lease_conformance::suite!(consul, consul);
 lease_conformance::suite!(etcd, etcd);
+/// A database of its own per scenario; the backend is its own operator (deleting rows). The
+/// database goes with the harness.
+async fn postgres() -> Harness {
+    lease_tests::init_tracing();
+    let db = lease_tests::postgres::TestDb::create("conformance").await;
+    let postgres = lease_postgres::Postgres::new(db.url()).unwrap();
+    Harness::new(postgres.clone(), PostgresOperator(postgres, Arc::new(db)))
+        // No session an operator destroys: a terminated connection is replaced and its leases
+        // live on (tests/postgres_lease.rs). Lock-delay shows only after a destroyed session.
+        .lacks(Capability::DestroySession)
+        .lacks(Capability::LockDelay)
+        .lacks(Capability::ReleaseKey)
+}
+
+/// The backend's operator actions, keeping the test database for as long as the harness (it is
+/// dropped, with its connections, when the harness is).
+struct PostgresOperator(
+    lease_postgres::Postgres,
+    #[allow(dead_code)] Arc<lease_tests::postgres::TestDb>,
+);
+
+impl Operator for PostgresOperator {
+    fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Operator::delete_key(&self.0, key)
+    }
+
+    fn revoke<'a>(
+        &'a self,
+        lease: &'a lease_core::Sequencer,
+    ) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Operator::revoke(&self.0, lease)
+    }
+}
+
 lease_conformance::suite!(amqp, amqp);
+lease_conformance::suite!(postgres, postgres);

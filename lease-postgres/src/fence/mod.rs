@@ -133,7 +133,8 @@ impl<'a> Token<'a> {
     /// index does not order the holders of its key:
     ///
     /// - accepted: Consul (the key's LockIndex), etcd (the holder key's create revision, which
-    ///   rises across the cluster) and memory (the key's LockIndex in its store) leader leases;
+    ///   rises across the cluster), PostgreSQL (the database's lease sequence, drawn for every
+    ///   acquisition) and memory (the key's LockIndex in its store) leader leases;
     /// - refused: RabbitMQ (the index is a slot number, reused by every holder of the slot),
     ///   semaphores of any backend (the key is the holder's own contender key, `<prefix>/<holder>`,
     ///   so no two holders share a fence), a backend this version does not know, and an index
@@ -146,7 +147,10 @@ impl<'a> Token<'a> {
             })
         };
         match sequencer.backend() {
-            BackendKind::Consul | BackendKind::Etcd | BackendKind::Memory => {}
+            BackendKind::Consul
+            | BackendKind::Etcd
+            | BackendKind::Memory
+            | BackendKind::Postgres => {}
             BackendKind::Amqp => {
                 return refuse(
                     "RabbitMQ's index is the slot number, which every holder of the slot reuses, \
@@ -413,7 +417,12 @@ mod tests {
 
     #[test]
     fn accepts_leader_sequencers_of_rising_indexes() {
-        for backend in [BackendKind::Consul, BackendKind::Etcd, BackendKind::Memory] {
+        for backend in [
+            BackendKind::Consul,
+            BackendKind::Etcd,
+            BackendKind::Postgres,
+            BackendKind::Memory,
+        ] {
             let seq = Sequencer::new(backend, "jobs/billing", 7, "s-1");
             let token = Token::new(&seq).unwrap();
             assert_eq!(
@@ -436,6 +445,7 @@ mod tests {
             ),
             Sequencer::new(BackendKind::Etcd, "semaphores/reports/694d7", 90, "694d7"),
             Sequencer::new(BackendKind::Memory, "semaphores/reports/s-2", 1, "s-2"),
+            Sequencer::new(BackendKind::Postgres, "semaphores/reports/9f3a", 12, "9f3a"),
             Sequencer::new(BackendKind::Consul, "jobs/billing", u64::MAX, "sess-1"),
         ];
         for seq in refused {

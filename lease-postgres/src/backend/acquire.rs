@@ -1,0 +1,387 @@
+//! Acquiring, holding and releasing a lease: one row of the leases table each.
+//!
+//! An attempt is one call of `lease.try_acquire(..)` (sent with the attempts pending beside it:
+//! the `attempt` module), which takes the key's advisory lock for its transaction, deletes the
+//! key's expired rows and ended bars, and inserts the contender's row if the key has a free slot
+//! (a leader key one, a semaphore `limit`). A busy key answers how
+//! long until its first holder's row expires: the waiter sleeps until then, or until the key's
+//! notification of a removal wakes it (a release hands over at once), never polling. A row
+//! deleted under its holder bars its key (or slot) for the holder's
+//! [`settle_after_removal`](LeaseSpec::settle_after_removal) in the same transaction, so the old
+//! holder, told by the same notification, stops before anyone else starts.
+
+use std::sync::Arc;
+
+use lease_core::backend::{Fence, Hold};
+use lease_core::{
+    Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::attempt::Attempt;
+use super::client::{PgError, Retry, Shared};
+use super::listen::{Note, Removal, Subscription};
+use super::release::release;
+
+/// The longest key a notification can carry with room to spare (PostgreSQL's payloads stop
+/// below 8,000 bytes).
+const MAX_KEY_BYTES: usize = 7_000;
+
+/// A new holder ID: 128 random bits in hex, unique per acquisition.
+fn new_holder() -> String {
+    use lease_core::backoff::random_below;
+    format!(
+        "{:016x}{:016x}",
+        random_below(u64::MAX),
+        random_below(u64::MAX)
+    )
+}
+
+/// Refuses a key too long for the table's notifications.
+pub(crate) fn check_key(key: &str) -> Result<(), Error> {
+    lease_core::validate_key(key)?;
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidKey {
+            key: key.chars().take(64).collect(),
+            reason: "longer than 7,000 bytes, more than PostgreSQL's notifications carry",
+        });
+    }
+    Ok(())
+}
+
+/// Gives a half-taken acquisition back if `acquire` is dropped: the attempt may have inserted
+/// the row after all.
+struct Pending {
+    shared: Arc<Shared>,
+    key: String,
+    holder: String,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let (key, holder) = (self.key.clone(), self.holder.clone());
+        let detached = Detached::of(&shared);
+        let abandoned = (key.clone(), holder.clone());
+        self.shared.keepers.spawn_clean_up(
+            async move {
+                let _ = release(&shared, &key, &holder).await;
+            },
+            move || Some(detached.release(abandoned.0, abandoned.1)),
+        );
+    }
+}
+
+/// Acquires what `spec` names (validated by the caller).
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    spec: &LeaseSpec,
+    backend: Arc<dyn Backend>,
+) -> Result<Lease, Error> {
+    let (semaphore, limit) = match spec.target() {
+        Target::Leader { .. } => (false, 1),
+        Target::Semaphore { limit, .. } => (true, *limit),
+        other => return Err(other.unsupported("Postgres")),
+    };
+    let key = spec.key();
+    check_key(key)?;
+    let limit = i32::try_from(limit).map_err(|_| Error::InvalidLimit {
+        key: key.to_owned(),
+        limit: limit.into(),
+    })?;
+    let started = Instant::now();
+    let deadline = spec.wait_policy().deadline(started);
+    let busy = || Error::Busy {
+        key: key.to_owned(),
+        waited: started.elapsed(),
+    };
+    let holder = new_holder();
+    // Subscribed before the first attempt, so no release between an answer and the wait is
+    // missed.
+    let mut notes = shared.listener.subscribe(shared, key);
+    let mut pending = Pending {
+        shared: Arc::clone(shared),
+        key: key.to_owned(),
+        holder: holder.clone(),
+        armed: true,
+    };
+    let attempt = Attempt {
+        key: key.to_owned(),
+        holder: holder.clone(),
+        semaphore,
+        limit,
+        ttl: spec.session_ttl().as_secs_f64(),
+        settle: spec.settle_after_removal().as_secs_f64(),
+        value: spec.advertised_value().to_vec(),
+    };
+    loop {
+        // From here until the answer is read, the row may exist.
+        pending.armed = true;
+        let mut retry = Retry::until(deadline);
+        let answer = loop {
+            match super::attempt::attempt(shared, attempt.clone()).await {
+                Err(error) if retry.again(&error).await => {}
+                answer => break answer,
+            }
+        }
+        .map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let sent = answer.sent;
+        if semaphore {
+            if let Some(in_use) = answer.in_use {
+                let in_use = usize::try_from(in_use).unwrap_or_default();
+                lease_core::metrics::semaphore_slots_in_use(BackendKind::Postgres, key, in_use);
+            }
+        }
+        match answer.outcome.as_str() {
+            "acquired" => {
+                let index = answer
+                    .index
+                    .and_then(|i| u64::try_from(i).ok())
+                    .ok_or_else(|| {
+                        PgError::Malformed("an acquisition without an index".into())
+                            .into_error(shared, format_args!("acquire {key:?}"))
+                    })?;
+                pending.armed = false;
+                let sequencer_key = if semaphore {
+                    format!("{key}/{holder}")
+                } else {
+                    key.to_owned()
+                };
+                let sequencer =
+                    Sequencer::new(BackendKind::Postgres, sequencer_key, index, holder.clone());
+                tracing::info!(%sequencer, "lease acquired");
+                let fence = Fence::new(spec.fence_after(), sent);
+                let lost =
+                    shared
+                        .renewer
+                        .register(shared, &holder, spec.session_ttl(), fence.clone());
+                let hold = RowHold {
+                    shared: Arc::clone(shared),
+                    key: key.to_owned(),
+                    holder,
+                    lost,
+                    notes,
+                };
+                return Ok(shared.keepers.start(sequencer, fence, backend, hold));
+            }
+            "busy" => {}
+            "leader_in_the_way" => {
+                pending.armed = false;
+                return Err(Error::leader_lock_in_the_way(key));
+            }
+            "semaphore_in_the_way" => {
+                pending.armed = false;
+                return Err(Error::semaphore_in_the_way(key));
+            }
+            "limit_mismatch" => {
+                pending.armed = false;
+                return Err(Error::LimitMismatch {
+                    key: key.to_owned(),
+                    stored: answer
+                        .in_use
+                        .and_then(|l| u64::try_from(l).ok())
+                        .unwrap_or_default(),
+                    requested: u64::from(limit.unsigned_abs()),
+                });
+            }
+            other => {
+                return Err(PgError::Malformed(format!("the outcome {other:?}"))
+                    .into_error(shared, format_args!("acquire {key:?}")));
+            }
+        }
+        // Busy: nothing was inserted, nothing to give back while waiting.
+        pending.armed = false;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(busy());
+        }
+        let expiry = answer
+            .wait_seconds
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(|s| Instant::now() + std::time::Duration::from_secs_f64(s.min(86_400.0)));
+        let turn = wait_for_turn(&mut notes, expiry);
+        match deadline {
+            None => turn.await,
+            Some(deadline) => {
+                if tokio::time::timeout_at(deadline, turn).await.is_err() {
+                    return Err(busy());
+                }
+            }
+        }
+    }
+}
+
+/// Until a row of the key is removed (or the listener resynced), or the first holder's row
+/// expires (`expiry`, by the database's clock).
+async fn wait_for_turn(notes: &mut Subscription, expiry: Option<Instant>) {
+    let expired = async {
+        match expiry {
+            // A little after, so the row has surely expired by the database's clock too.
+            Some(at) => tokio::time::sleep_until(at + std::time::Duration::from_millis(5)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
+    loop {
+        tokio::select! {
+            () = &mut expired => return,
+            note = notes.next() => match note {
+                Note::Acquired { .. } => {}
+                Note::Removed { .. } | Note::Resync => return,
+            },
+        }
+    }
+}
+
+/// The [`Hold`] of one row.
+struct RowHold {
+    shared: Arc<Shared>,
+    key: String,
+    holder: String,
+    /// Completes when a renewal finds the row gone.
+    lost: oneshot::Receiver<LostReason>,
+    notes: Subscription,
+}
+
+impl Hold for RowHold {
+    async fn watch(&mut self) -> LostReason {
+        loop {
+            tokio::select! {
+                biased;
+                reason = &mut self.lost => {
+                    return reason.unwrap_or(LostReason::KeyDeleted);
+                }
+                note = self.notes.next() => match note {
+                    Note::Removed { holder, how } if holder == self.holder => {
+                        return match how {
+                            Removal::Released => LostReason::KeyReleased,
+                            Removal::Expired => LostReason::SessionInvalidated,
+                            Removal::Deleted => LostReason::KeyDeleted,
+                        };
+                    }
+                    Note::Resync => {
+                        if let Ok(false) = row_exists(&self.shared, &self.key, &self.holder).await {
+                            return LostReason::KeyDeleted;
+                        }
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    async fn release(&mut self) -> Result<(), Error> {
+        self.shared.renewer.unregister(&self.holder);
+        release(&self.shared, &self.key, &self.holder).await
+    }
+
+    async fn clean_up(&mut self, _reason: &LostReason) {
+        // The row is gone, or (self-fenced) it is left to expire: giving it back now would hand
+        // the lease on before the database's own deadline, while this holder may be stopping.
+        self.shared.renewer.unregister(&self.holder);
+    }
+
+    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+        self.shared.renewer.unregister(&self.holder);
+        Some(Detached::of(&self.shared).release(self.key, self.holder))
+    }
+}
+
+/// Whether `holder`'s row of `key` is there and live.
+async fn row_exists(shared: &Shared, key: &str, holder: &str) -> Result<bool, PgError> {
+    let sql = shared.sql(
+        "SELECT 1 FROM lease.leases WHERE lease_key = $1 AND holder = $2 AND expires_at > now()",
+    );
+    shared
+        .request(false, |client| async move {
+            client.query_opt(&sql, &[&key, &holder]).await
+        })
+        .await
+        .map(|row| row.is_some())
+}
+
+const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
+
+/// What a release needs without the handle's connections: for a runtime that is ending (they
+/// belong to it).
+struct Detached {
+    config: tokio_postgres::Config,
+    session_sql: Option<String>,
+    schema: String,
+}
+
+impl Detached {
+    fn of(shared: &Shared) -> Detached {
+        Detached {
+            config: shared.config.clone(),
+            session_sql: shared.session_sql.clone(),
+            schema: shared.schema.clone(),
+        }
+    }
+
+    /// A release on a connection of its own.
+    fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let Ok(client) = Shared::connect(&self.config, self.session_sql.as_deref()).await
+            else {
+                return;
+            };
+            let sql = super::client::in_schema(RELEASE_SQL, &self.schema);
+            let _ = client.query_one(&sql, &[&key, &holder]).await;
+        })
+    }
+}
+
+/// Whether `sequencer` names a current holder: one read of its row, and of the key's holders.
+pub(crate) async fn check_sequencer(shared: &Shared, sequencer: &Sequencer) -> Result<(), Error> {
+    if sequencer.backend() != BackendKind::Postgres {
+        return Err(Error::Lost(LostReason::KeyDeleted));
+    }
+    let holder = sequencer.holder();
+    // A semaphore holder's sequencer names its own key, `<prefix>/<holder>`.
+    let prefix = sequencer
+        .key()
+        .strip_suffix(holder)
+        .and_then(|p| p.strip_suffix('/'))
+        .unwrap_or(sequencer.key());
+    let sql = shared.sql(
+        "SELECT holder, lease_index, expires_at > now(), lease_key FROM lease.leases \
+         WHERE holder = $2 OR (lease_key = $1 AND expires_at > now()) \
+         ORDER BY holder = $2 DESC, lease_index DESC LIMIT 1",
+    );
+    let key = sequencer.key();
+    // Brief trouble (a connection being replaced) is retried for a few seconds.
+    let row = shared
+        .retrying(Some(Instant::now()), false, |client| {
+            let sql = &sql;
+            async move { client.query_opt(sql, &[&key, &holder]).await }
+        })
+        .await
+        .map_err(|e| e.into_error(shared, format_args!("check {sequencer}")))?;
+    let Some(row) = row else {
+        return Err(Error::Lost(LostReason::KeyDeleted));
+    };
+    let read = |e| PgError::Query(e).into_error(shared, format_args!("check {sequencer}"));
+    let found: String = row.try_get(0).map_err(read)?;
+    let index: i64 = row.try_get(1).map_err(read)?;
+    let live: bool = row.try_get(2).map_err(read)?;
+    let found_key: String = row.try_get(3).map_err(read)?;
+    let index = u64::try_from(index).unwrap_or_default();
+    if found != holder {
+        return Err(Error::Lost(LostReason::KeyTaken {
+            lock_index: index,
+            session: found,
+        }));
+    }
+    if index != sequencer.index() || (found_key != key && found_key != prefix) {
+        return Err(Error::Lost(LostReason::KeyDeleted));
+    }
+    if !live {
+        return Err(Error::Lost(LostReason::SessionInvalidated));
+    }
+    Ok(())
+}

@@ -1,0 +1,507 @@
+//! What every clone of a [`Postgres`](super::Postgres) shares: the work connections (a fixed
+//! budget, connected on first use and again after a loss), the installation of the tables, the
+//! one place requests are sent (reachability, metrics, timeouts), and errors in lease terms.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lease_core::backend::{Keepers, ReachabilityTracker};
+use lease_core::backoff::Backoff;
+use lease_core::metrics::RequestError;
+use lease_core::{BackendKind, Error};
+use tokio::sync::{Mutex, OnceCell};
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls};
+
+use super::attempt::Attempts;
+use super::listen::Listener;
+use super::release::Releaser;
+use super::renew::Renewer;
+
+/// The longest a request may go unanswered before it counts as failed (and is retried, within
+/// the caller's bound). Far above a healthy answer, below the shortest TTL's renewal period.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The least time a request is retried for, whatever the caller's deadline, so that
+/// `Wait::Never` still gets one real answer through brief trouble.
+const RETRY_GRACE: Duration = Duration::from_secs(5);
+
+/// The state every clone of one backend shares.
+pub(crate) struct Shared {
+    pub(crate) config: tokio_postgres::Config,
+    /// Run on every new connection, best effort: the server's side of the TCP settings.
+    pub(crate) session_sql: Option<String>,
+    pub(crate) address: String,
+    pub(crate) schema: String,
+    install: bool,
+    installed: OnceCell<()>,
+    slots: Vec<Mutex<Option<Arc<Client>>>>,
+    next: AtomicUsize,
+    pub(crate) reachability: ReachabilityTracker,
+    pub(crate) keepers: Keepers,
+    pub(crate) listener: Listener,
+    pub(crate) renewer: Renewer,
+    pub(crate) releaser: Releaser,
+    pub(crate) attempts: Attempts,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("address", &self.address)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failed request, before it is judged in lease terms.
+#[derive(Debug)]
+pub(crate) enum PgError {
+    /// Connecting failed.
+    Connect(tokio_postgres::Error),
+    /// A statement failed (the server's error, or the connection under it).
+    Query(tokio_postgres::Error),
+    /// No answer within [`REQUEST_TIMEOUT`].
+    TimedOut,
+    /// An answer this client cannot read.
+    Malformed(String),
+    /// The failure of a statement several requests shared (a batch of attempts).
+    Batch(Arc<PgError>),
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PgError::Connect(e) | PgError::Query(e) => write!(f, "{}", with_sources(e)),
+            PgError::TimedOut => write!(f, "no answer within {REQUEST_TIMEOUT:?}"),
+            PgError::Malformed(what) => write!(f, "unexpected answer: {what}"),
+            PgError::Batch(shared) => shared.fmt(f),
+        }
+    }
+}
+
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// SQLSTATE classes worth retrying: transaction rollback (40), insufficient resources (53),
+/// operator intervention (57: shutdown, `pg_terminate_backend`), connection exception (08),
+/// lock not available (55P03).
+fn transient_sqlstate(code: &str) -> bool {
+    ["40", "53", "57", "08"].iter().any(|c| code.starts_with(c)) || code == "55P03"
+}
+
+impl PgError {
+    fn sqlstate(&self) -> Option<&str> {
+        match self {
+            PgError::Connect(e) | PgError::Query(e) => e.code().map(|c| c.code()),
+            PgError::Batch(shared) => shared.sqlstate(),
+            _ => None,
+        }
+    }
+
+    /// Whether the server did not answer (or the connection broke): worth another attempt.
+    pub(crate) fn is_transient(&self) -> bool {
+        match (self, self.sqlstate()) {
+            (PgError::Batch(shared), _) => shared.is_transient(),
+            (_, Some(code)) => transient_sqlstate(code),
+            (_, None) => !matches!(self, PgError::Malformed(_)),
+        }
+    }
+
+    fn answered(&self) -> bool {
+        match self {
+            PgError::Batch(shared) => shared.answered(),
+            _ => self.sqlstate().is_some() || matches!(self, PgError::Malformed(_)),
+        }
+    }
+
+    fn metric(&self) -> RequestError {
+        match self {
+            PgError::TimedOut => RequestError::TimedOut,
+            PgError::Malformed(_) => RequestError::Malformed,
+            PgError::Batch(shared) => shared.metric(),
+            _ if self.sqlstate().is_some() => RequestError::Status,
+            _ => RequestError::Unreachable,
+        }
+    }
+
+    /// The error in lease terms, for `operation` (what was attempted, naming the key).
+    pub(crate) fn into_error(self, shared: &Shared, operation: impl fmt::Display) -> Error {
+        let operation = operation.to_string();
+        match self {
+            PgError::Batch(error) => match Arc::try_unwrap(error) {
+                Ok(error) => error.into_error(shared, operation),
+                Err(error) => error.describe(shared, operation),
+            },
+            PgError::Connect(e) | PgError::Query(e) if e.code().is_none() => Error::Unreachable {
+                backend: "PostgreSQL",
+                address: shared.address.clone(),
+                hint: UNREACHABLE_HINT,
+                source: Box::new(e),
+            },
+            other => other.describe(shared, operation),
+        }
+    }
+
+    /// [`into_error`](PgError::into_error) without taking the database's error along as the
+    /// source (its text is in the message).
+    fn describe(&self, shared: &Shared, operation: String) -> Error {
+        let code = self.sqlstate();
+        let text = self.to_string();
+        match (self, code) {
+            (PgError::Batch(error), _) => error.describe(shared, operation),
+            (_, Some(code)) if code.starts_with("28") || code == "42501" => {
+                Error::PermissionDenied {
+                    operation,
+                    message: text,
+                    hint: "check the user and password of the PostgreSQL URL; the role needs \
+                           USAGE on the lease schema and SELECT, INSERT, UPDATE, DELETE on its \
+                           tables (lease-postgres's sql/lease.sql says which)",
+                }
+            }
+            (PgError::Connect(_), Some("3D000")) => Error::config(format!(
+                "the database of the PostgreSQL URL does not exist ({}: {text}): create it or \
+                 fix the URL",
+                shared.address
+            )),
+            (_, Some(code)) => Error::Backend {
+                backend: "PostgreSQL",
+                operation,
+                message: format!("SQLSTATE {code}: {text}"),
+                transient: transient_sqlstate(code),
+            },
+            (PgError::Connect(_) | PgError::Query(_), None) => Error::Unreachable {
+                backend: "PostgreSQL",
+                address: shared.address.clone(),
+                hint: UNREACHABLE_HINT,
+                source: text.into(),
+            },
+            (PgError::TimedOut, None) => Error::Backend {
+                backend: "PostgreSQL",
+                operation,
+                message: format!("no answer within {REQUEST_TIMEOUT:?}"),
+                transient: true,
+            },
+            (PgError::Malformed(what), None) => Error::Backend {
+                backend: "PostgreSQL",
+                operation,
+                message: format!("unexpected answer: {what}"),
+                transient: false,
+            },
+        }
+    }
+}
+
+/// What to do when the server does not answer.
+const UNREACHABLE_HINT: &str = "start PostgreSQL, or fix the host and port of the URL \
+                                (Postgres::from_env reads LEASE_POSTGRES_URL, else DATABASE_URL)";
+
+impl Shared {
+    pub(crate) fn new(
+        config: tokio_postgres::Config,
+        session_sql: Option<String>,
+        address: String,
+        schema: String,
+        max_connections: usize,
+        install: bool,
+    ) -> Shared {
+        Shared {
+            config,
+            session_sql,
+            address,
+            schema,
+            install,
+            installed: OnceCell::new(),
+            slots: (0..max_connections).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            reachability: ReachabilityTracker::default(),
+            keepers: Keepers::new(),
+            listener: Listener::default(),
+            renewer: Renewer::default(),
+            releaser: Releaser::default(),
+            attempts: Attempts::default(),
+        }
+    }
+
+    /// `sql` with the schema's name in place of `lease.`: every statement is written for the
+    /// default schema.
+    pub(crate) fn sql(&self, sql: &str) -> String {
+        in_schema(sql, &self.schema)
+    }
+
+    /// The channel the trigger notifies.
+    pub(crate) fn channel(&self) -> String {
+        format!("{}_leases", self.schema)
+    }
+
+    /// Connects one new connection, driven on a task of its own, and runs `session_sql` on it.
+    pub(crate) async fn connect(
+        config: &tokio_postgres::Config,
+        session_sql: Option<&str>,
+    ) -> Result<Client, PgError> {
+        let (client, connection) = config.connect(NoTls).await.map_err(PgError::Connect)?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");
+            }
+        });
+        set_session(&client, session_sql).await;
+        Ok(client)
+    }
+
+    /// A work connection: the next of the budget in turn, connected (again) if it is not.
+    async fn client(&self) -> Result<Arc<Client>, PgError> {
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[at].lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(Arc::clone(client));
+        }
+        let client = Arc::new(Self::connect(&self.config, self.session_sql.as_deref()).await?);
+        if self.install {
+            self.installed
+                .get_or_try_init(|| async {
+                    client
+                        .batch_execute(&self.sql(crate::LEASE_SQL))
+                        .await
+                        .map_err(PgError::Query)
+                })
+                .await?;
+        }
+        *slot = Some(Arc::clone(&client));
+        Ok(client)
+    }
+
+    /// Sends one request on a work connection: tracked for reachability, counted in the metrics
+    /// (`write` if it changes the table), bounded by [`REQUEST_TIMEOUT`].
+    pub(crate) async fn request<T, F, Fut>(&self, write: bool, op: F) -> Result<T, PgError>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        lease_core::metrics::backend_request(BackendKind::Postgres, write);
+        let in_flight = self.reachability.sending();
+        let result = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let client = self.client().await?;
+            op(client).await.map_err(PgError::Query)
+        })
+        .await
+        .unwrap_or(Err(PgError::TimedOut));
+        match &result {
+            Ok(_) => self.reachability.answered(true),
+            Err(error) => {
+                self.reachability.answered(error.answered());
+                lease_core::metrics::backend_error(BackendKind::Postgres, error.metric());
+            }
+        }
+        drop(in_flight);
+        result
+    }
+
+    /// [`request`](Shared::request), retried through transient trouble until `deadline` (at
+    /// least [`RETRY_GRACE`] from now).
+    pub(crate) async fn retrying<T, F, Fut>(
+        &self,
+        deadline: Option<Instant>,
+        write: bool,
+        mut op: F,
+    ) -> Result<T, PgError>
+    where
+        F: FnMut(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let mut retry = Retry::until(deadline);
+        loop {
+            match self.request(write, &mut op).await {
+                Err(error) if retry.again(&error).await => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+/// How a failed request is retried: through transient trouble, paused by [`retry_backoff`],
+/// until a deadline (at least [`RETRY_GRACE`] from the start).
+pub(crate) struct Retry {
+    give_up: Option<Instant>,
+    pause: Backoff,
+}
+
+impl Retry {
+    pub(crate) fn until(deadline: Option<Instant>) -> Retry {
+        Retry {
+            give_up: deadline.map(|d| d.max(Instant::now() + RETRY_GRACE)),
+            pause: retry_backoff(),
+        }
+    }
+
+    /// After `error`: pauses and answers true if the request is worth sending again.
+    pub(crate) async fn again(&mut self, error: &PgError) -> bool {
+        if !error.is_transient() {
+            return false;
+        }
+        let wait = self.pause.next_pause();
+        if self.give_up.is_some_and(|g| Instant::now() + wait >= g) {
+            return false;
+        }
+        tracing::debug!(%error, "PostgreSQL request failed; retrying");
+        tokio::time::sleep(wait).await;
+        true
+    }
+}
+
+/// Runs `session_sql` on a new connection; a server (or pooler) that refuses it keeps its
+/// defaults, which is no reason to fail.
+pub(crate) async fn set_session(client: &Client, session_sql: Option<&str>) {
+    if let Some(sql) = session_sql {
+        if let Err(error) = client.batch_execute(sql).await {
+            tracing::debug!(error = %with_sources(&error), "the server refused the TCP settings; keeping its own");
+        }
+    }
+}
+
+/// A background task of a handle (listening, renewing, releasing): started on first use, and
+/// again if the runtime it ran on has ended since (a handle kept across runtimes).
+#[derive(Debug, Default)]
+pub(crate) struct Task(std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>);
+
+impl Task {
+    /// Spawns `start()` unless the task runs.
+    pub(crate) fn ensure<F>(&self, start: impl FnOnce() -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut task = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if task
+            .as_ref()
+            .is_none_or(tokio::task::JoinHandle::is_finished)
+        {
+            *task = Some(tokio::spawn(start()));
+        }
+    }
+}
+
+/// Requests of one kind queued to go together, in one statement and one commit, and the task of
+/// a handle that sends them (the `attempt` and `release` modules).
+pub(crate) struct Batched<T, R> {
+    queue: std::sync::Mutex<Vec<(T, tokio::sync::oneshot::Sender<R>)>>,
+    wake: tokio::sync::Notify,
+    task: Task,
+}
+
+impl<T, R> Default for Batched<T, R> {
+    fn default() -> Self {
+        Batched {
+            queue: std::sync::Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            task: Task::default(),
+        }
+    }
+}
+
+impl<T, R> fmt::Debug for Batched<T, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batched")
+            .field("queued", &self.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, R> Batched<T, R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(T, tokio::sync::oneshot::Sender<R>)>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues `item`, starting the sending task (`start()`) unless it runs; the receiver gets
+    /// its answer.
+    pub(crate) fn push<F>(
+        &self,
+        item: T,
+        start: impl FnOnce() -> F,
+    ) -> tokio::sync::oneshot::Receiver<R>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.lock().push((item, reply));
+        self.task.ensure(start);
+        self.wake.notify_one();
+        answer
+    }
+
+    /// Up to `most` queued items, oldest first, waiting for one; empty after half a minute of
+    /// nothing, so that the sending task can see whether its handle is still there.
+    pub(crate) async fn take(&self, most: usize) -> Vec<(T, tokio::sync::oneshot::Sender<R>)> {
+        let take = || {
+            let mut queue = self.lock();
+            let at = queue.len().min(most);
+            let rest = queue.split_off(at);
+            std::mem::replace(&mut *queue, rest)
+        };
+        let batch = take();
+        if !batch.is_empty() {
+            return batch;
+        }
+        tokio::select! {
+            () = self.wake.notified() => {}
+            () = tokio::time::sleep(Duration::from_secs(30)) => {}
+        }
+        take()
+    }
+}
+
+/// The pause between retries of a failed request.
+pub(crate) fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// `sql`, written for the schema `lease`, for `schema`.
+pub(crate) fn in_schema(sql: &str, schema: &str) -> String {
+    if schema == super::config::DEFAULT_SCHEMA {
+        return sql.to_owned();
+    }
+    sql.replace(
+        "SCHEMA IF NOT EXISTS lease;",
+        &format!("SCHEMA IF NOT EXISTS {schema};"),
+    )
+    .replace("lease.", &format!("{schema}."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The migration names its schema only as `lease.` prefixes and in its `CREATE SCHEMA`, so
+    /// another schema's text names nothing of `lease`.
+    #[test]
+    fn another_schema_is_renamed_everywhere() {
+        let sql = in_schema(crate::LEASE_SQL, "app_leases");
+        assert!(sql.contains("CREATE SCHEMA IF NOT EXISTS app_leases;"));
+        assert!(sql.contains("app_leases.try_acquire("));
+        let code: String = sql
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .collect();
+        assert!(!code.contains(" lease."), "{code}");
+        assert!(!code.contains("(lease."), "{code}");
+        assert!(!code.contains("'lease."), "{code}");
+    }
+}

@@ -1,0 +1,499 @@
+//! The PostgreSQL lease backend (`lease_postgres::Postgres`) against a real server, beyond the
+//! conformance suite: many leases on a small connection budget, a row deleted under its holder,
+//! a holder's connections terminated by the server, a partitioned holder's self-fence, and a
+//! hand-over on release.
+//!
+//! Each test has a database of its own (`lease_tests::postgres::TestDb`); PostgreSQL must run
+//! on 127.0.0.1:5432 (or `LEASE_TEST_POSTGRES_URL`), see `lease_tests::postgres`.
+//!
+//! Run: `cargo test -p lease-tests --test postgres_lease`
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::support::within;
+use lease_core::backend::Reachability;
+use lease_core::{Backend, Error, LeaseSpec, LostReason, Wait};
+use lease_postgres::Postgres;
+use lease_tests::postgres::TestDb;
+use tokio_postgres::Client;
+
+/// A backend on `db` whose connections are named `app`, so they can be counted and terminated.
+fn backend(db: &TestDb, app: &str) -> Postgres {
+    Postgres::builder()
+        .url(db.url())
+        .application_name(app)
+        .build()
+        .unwrap()
+}
+
+/// How many sessions named `app` are connected to `db`.
+async fn sessions(admin: &Client, db: &TestDb, app: &str) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2",
+            &[&db.name(), &app],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits (bounded, polling the table every 20 ms) until every row of `holders` expires later
+/// than `after` (the database's clock) plus `ttl`: each was renewed after `after`.
+async fn renewed_after(admin: &Client, holders: &[String], after: f64, ttl: Duration) {
+    within(Duration::from_secs(30), "every row to be renewed", async {
+        loop {
+            let row = admin
+                .query_one(
+                    "SELECT count(*) FROM lease.leases WHERE holder = ANY($1) \
+                     AND extract(epoch FROM expires_at)::float8 > $2::float8",
+                    &[&holders, &(after + ttl.as_secs_f64())],
+                )
+                .await
+                .unwrap();
+            if row.get::<_, i64>(0) == i64::try_from(holders.len()).unwrap() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// The database's clock, in seconds since the epoch.
+async fn db_now(admin: &Client) -> f64 {
+    admin
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// One process holds 1,000 leader leases on 3 connections (2 for work, 1 listening), and keeps
+/// them through a renewal of all of them; waiting costs no connection either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_leases_on_three_connections() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("thousand").await;
+    let admin = db.connect().await;
+    let app = "lease-thousand";
+    let postgres = backend(&db, app);
+    let ttl = Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    let mut acquiring = tokio::task::JoinSet::new();
+    for n in 0..1_000 {
+        let postgres = postgres.clone();
+        acquiring.spawn(async move {
+            postgres
+                .acquire(&LeaseSpec::leader(format!("many/{n}")).ttl(ttl))
+                .await
+        });
+    }
+    let mut leases = Vec::new();
+    within(Duration::from_secs(40), "1,000 acquisitions", async {
+        while let Some(acquired) = acquiring.join_next().await {
+            leases.push(acquired.unwrap().unwrap());
+        }
+    })
+    .await;
+    eprintln!("1,000 leases acquired in {:?}", started.elapsed());
+    // A hundred waiters on held keys: no connection of their own either.
+    let mut waiting = tokio::task::JoinSet::new();
+    for n in 0..100 {
+        let postgres = postgres.clone();
+        waiting.spawn(async move {
+            postgres
+                .acquire(&LeaseSpec::leader(format!("many/{n}")).ttl(ttl))
+                .await
+        });
+    }
+    let holders: Vec<String> = leases
+        .iter()
+        .map(|l| l.sequencer().holder().to_owned())
+        .collect();
+    let acquired_by = db_now(&admin).await;
+    renewed_after(&admin, &holders, acquired_by, ttl).await;
+    assert!(leases.iter().all(|l| l.is_held()));
+    let connected = sessions(&admin, &db, app).await;
+    eprintln!("renewed, on {connected} connections");
+    assert!(
+        connected <= 3,
+        "{connected} sessions for 1,000 leases and 100 waiters; the budget is 2 + 1 listening"
+    );
+    waiting.abort_all();
+    postgres.shutdown().await;
+    assert!(leases.iter().all(|l| !l.is_held()));
+    let left: i64 = admin
+        .query_one("SELECT count(*) FROM lease.leases", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "shutdown released every lease");
+}
+
+/// A holder whose row is deleted behind its back (an operator's DELETE) loses the lease at once,
+/// told by the notification, not by its next renewal; and a waiter does not get it before the
+/// holder's settle time (the key is barred).
+#[tokio::test]
+async fn a_holder_whose_row_is_deleted_loses_at_once() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("deleted").await;
+    let admin = db.connect().await;
+    let postgres = backend(&db, "lease-deleted");
+    // A TTL of a minute: a loss noticed by the renewal would take 20 s.
+    let spec = LeaseSpec::leader("jobs/deleted")
+        .ttl(Duration::from_secs(60))
+        .lock_delay(Duration::ZERO)
+        .settle(Duration::from_secs(1));
+    let lease = postgres.acquire(&spec).await.unwrap();
+    let waiter = {
+        let (postgres, spec) = (postgres.clone(), spec.clone());
+        tokio::spawn(async move { postgres.acquire(&spec).await })
+    };
+    let holder = lease.sequencer().holder().to_owned();
+    let deleted = admin
+        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    let barred: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM lease.bars WHERE holder = $1 AND until > now()",
+            &[&holder],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(barred, 1, "the key is barred for the holder's settle time");
+    let next = within(Duration::from_secs(10), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.sequencer().index() > lease.sequencer().index());
+    // The bar had ended when the waiter got in.
+    let bar_ended: bool = admin
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
+            &[&holder],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(bar_ended);
+    next.release().await.unwrap();
+}
+
+/// The server terminates every connection of the holder's backend (`pg_terminate_backend`):
+/// brief trouble, not loss. The backend connects again, keeps renewing the lease past the
+/// deadline its old connections would have fenced it at, and listens again (a row deleted
+/// afterwards is a loss at once).
+#[tokio::test]
+async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("terminated").await;
+    let admin = db.connect().await;
+    let app = "lease-terminated";
+    let postgres = backend(&db, app);
+    let ttl = Duration::from_secs(10);
+    let lease = postgres
+        .acquire(&LeaseSpec::leader("jobs/terminated").ttl(ttl))
+        .await
+        .unwrap();
+    // The listening connection is up once an observation sees the holder.
+    let observer = postgres.observe_leader("jobs/terminated").await.unwrap();
+    assert!(observer.leader().is_some());
+    let terminated: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND application_name = $2) t",
+            &[&db.name(), &app],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated >= 2, "{terminated} sessions terminated");
+    let at = db_now(&admin).await;
+    let holder = lease.sequencer().holder().to_owned();
+    renewed_after(&admin, std::slice::from_ref(&holder), at, ttl).await;
+    assert!(lease.is_held());
+    lease.check().await.unwrap();
+    // Renewed over a new connection; now a deletion must be heard on a new listening one.
+    within(Duration::from_secs(10), "listening again", async {
+        while sessions(&admin, &db, app).await < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    admin
+        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
+        .await
+        .unwrap();
+    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    // And the client goes on: a new acquisition.
+    let again = postgres
+        .acquire(
+            &LeaseSpec::leader("jobs/terminated-2")
+                .ttl(ttl)
+                .wait(Wait::Never),
+        )
+        .await
+        .unwrap();
+    again.release().await.unwrap();
+}
+
+/// A holder cut off from the database (a proxy that holds every byte) self-fences before its
+/// row expires: by the time it is lost, the database still holds the row, so nobody else could
+/// have had the lease yet.
+#[tokio::test]
+async fn a_partitioned_holder_self_fences_before_its_row_expires() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("partitioned").await;
+    let admin = db.connect().await;
+    let config: tokio_postgres::Config = db.url().parse().unwrap();
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("the tests' server must be reached over TCP, not {other:?}"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let upstream = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = lease_tests::proxy::Proxy::start(upstream).await.unwrap();
+    let proxied = db
+        .url()
+        .replacen(&format!("{host}:{port}"), &proxy.addr().to_string(), 1);
+    assert_ne!(proxied, db.url(), "the URL names {host}:{port}");
+    let postgres = Postgres::builder()
+        .url(proxied)
+        .application_name("lease-partitioned")
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let lease = postgres
+        .acquire(&LeaseSpec::leader("jobs/partitioned").ttl(ttl))
+        .await
+        .unwrap();
+    proxy.set_blackhole(true);
+    let reason = within(ttl * 2, "the self-fence", lease.lost()).await;
+    assert!(
+        matches!(reason, LostReason::SelfFenced { .. }),
+        "lost with {reason:?}"
+    );
+    let live: bool = admin
+        .query_one(
+            "SELECT expires_at > clock_timestamp() FROM lease.leases WHERE holder = $1",
+            &[&lease.sequencer().holder()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(live, "the row expired before the holder fenced itself");
+    assert!(
+        matches!(postgres.reachability(), Reachability::Unreachable { .. }),
+        "{:?}",
+        postgres.reachability()
+    );
+    proxy.set_blackhole(false);
+    drop(lease);
+    postgres.shutdown().await;
+}
+
+/// A release hands the key to a waiter at once (a notification), long before the holder's row
+/// would have expired (a TTL of a minute here); `Wait::Never` and `Wait::UpTo` answer `Busy`
+/// meanwhile.
+#[tokio::test]
+async fn a_release_hands_over_without_waiting_for_expiry() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("handover").await;
+    let a = backend(&db, "lease-handover-a");
+    let b = backend(&db, "lease-handover-b");
+    let spec = LeaseSpec::leader("jobs/handover").ttl(Duration::from_secs(60));
+    let first = a.acquire(&spec).await.unwrap();
+    let first_sequencer = first.sequencer().clone();
+    let busy = b.acquire(&spec.clone().wait(Wait::Never)).await;
+    assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
+    let waiter = {
+        let (b, spec) = (b.clone(), spec.clone());
+        tokio::spawn(async move { b.acquire(&spec).await })
+    };
+    let observer = Arc::new(b.observe_leader("jobs/handover").await.unwrap());
+    assert_eq!(
+        observer.leader().map(|l| l.sequencer),
+        Some(first_sequencer.clone())
+    );
+    first.release().await.unwrap();
+    let second = within(Duration::from_secs(5), "the hand-over", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.sequencer().index() > first_sequencer.index());
+    assert!(matches!(
+        b.check_sequencer(&first_sequencer).await,
+        Err(Error::Lost(_))
+    ));
+    b.check_sequencer(second.sequencer()).await.unwrap();
+    second.release().await.unwrap();
+}
+
+/// Acquisitions dropped right after their attempt was sent leave no row behind (the attempt may
+/// have inserted it: it is given back in the background), in a schema of the application's
+/// choosing, with a semaphore's holders untouched.
+#[tokio::test]
+async fn cancelled_acquisitions_leave_nothing_in_another_schema() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("cancelled").await;
+    let admin = db.connect().await;
+    let postgres = Postgres::builder()
+        .url(db.url())
+        .schema("app_leases")
+        .build()
+        .unwrap();
+    let spec = LeaseSpec::semaphore("jobs/reports", 5);
+    let held = [
+        postgres.acquire(&spec).await.unwrap(),
+        postgres.acquire(&spec).await.unwrap(),
+    ];
+    for _ in 0..20 {
+        let acquiring = postgres.acquire(&spec);
+        // One poll: far enough to send the attempt, then dropped.
+        tokio::select! {
+            biased;
+            _ = acquiring => {}
+            () = std::future::ready(()) => {}
+        }
+    }
+    let count = || async {
+        let rows: i64 = admin
+            .query_one("SELECT count(*) FROM app_leases.leases", &[])
+            .await
+            .unwrap()
+            .get(0);
+        rows
+    };
+    within(Duration::from_secs(10), "the cancelled rows to go", async {
+        while count().await != 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for lease in &held {
+        assert!(lease.is_held());
+        lease.check().await.unwrap();
+    }
+    let in_default: bool = admin
+        .query_one("SELECT to_regclass('lease.leases') IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(in_default, "nothing was installed in the default schema");
+    postgres.shutdown().await;
+    assert_eq!(count().await, 0);
+}
+
+/// A semaphore holder whose row is deleted loses its slot at once; the slot stays barred for its
+/// settle time, then goes to a waiter, while the other holder keeps its own throughout.
+#[tokio::test]
+async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_its_settle_time() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("semaphore").await;
+    let admin = db.connect().await;
+    let postgres = backend(&db, "lease-semaphore");
+    let spec = LeaseSpec::semaphore("jobs/reports", 2)
+        .ttl(Duration::from_secs(60))
+        .lock_delay(Duration::ZERO)
+        .settle(Duration::from_secs(1));
+    let a = postgres.acquire(&spec).await.unwrap();
+    let b = postgres.acquire(&spec).await.unwrap();
+    assert_eq!(
+        a.sequencer().key(),
+        format!("jobs/reports/{}", a.sequencer().holder())
+    );
+    let busy = postgres.acquire(&spec.clone().wait(Wait::Never)).await;
+    assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
+    let waiter = {
+        let (postgres, spec) = (postgres.clone(), spec.clone());
+        tokio::spawn(async move { postgres.acquire(&spec).await })
+    };
+    let holder = a.sequencer().holder().to_owned();
+    admin
+        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
+        .await
+        .unwrap();
+    let reason = within(Duration::from_secs(5), "the loss", a.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    assert!(matches!(a.check().await, Err(Error::Lost(_))));
+    let c = within(Duration::from_secs(10), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let bar_ended: bool = admin
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
+            &[&holder],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The bar goes only with an attempt made at or after its end.
+    assert!(bar_ended, "the waiter got the slot inside its bar");
+    assert!(b.is_held());
+    b.check().await.unwrap();
+    c.check().await.unwrap();
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+}
+
+/// A runtime that ends while it holds a lease (a `main` that returns without
+/// `Backend::shutdown`) gives the lease back from a detached runtime: the next holder gets it at
+/// once, not after its TTL of a minute. The same handle, used on a new runtime, starts its
+/// background tasks and connections again.
+#[test]
+fn a_runtime_that_ends_holding_a_lease_gives_it_back() {
+    lease_tests::init_tracing();
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let db = first.block_on(TestDb::create("abandoned"));
+    let postgres = backend(&db, "lease-abandoned");
+    let spec = LeaseSpec::leader("jobs/abandoned").ttl(Duration::from_secs(60));
+    let lease = first.block_on(postgres.acquire(&spec)).unwrap();
+    // The holder task goes with the runtime, the lease handle outlives it.
+    drop(first);
+    let second = runtime();
+    second.block_on(async {
+        let next = within(
+            Duration::from_secs(10),
+            "the lease after the runtime ended",
+            postgres.acquire(&spec.clone().wait(Wait::UpTo(Duration::from_secs(5)))),
+        )
+        .await
+        .unwrap();
+        assert!(next.sequencer().index() > lease.sequencer().index());
+        // Waiting, renewing and releasing work on the new runtime.
+        let waiter = {
+            let (postgres, spec) = (postgres.clone(), spec.clone());
+            tokio::spawn(async move { postgres.acquire(&spec).await })
+        };
+        next.release().await.unwrap();
+        let last = within(Duration::from_secs(5), "the hand-over", waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        last.check().await.unwrap();
+        postgres.shutdown().await;
+        assert!(!last.is_held());
+    });
+    drop(second);
+    drop(db);
+}
