@@ -35,18 +35,21 @@
 //! per waiter, where gRPC would multiplex them), and each keep-alive is one short request.
 
 mod config;
-mod http;
+mod connect;
+mod grpc;
 mod observe;
+mod pool;
+mod proto;
 mod queue;
 mod session;
-mod wire;
+mod watch;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use config::EtcdBuilder;
 
-use http::EtcdHttp;
+use grpc::EtcdClient;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
@@ -72,7 +75,7 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 /// ```
 #[derive(Clone)]
 pub struct Etcd {
-    http: Arc<EtcdHttp>,
+    http: Arc<EtcdClient>,
 }
 
 impl fmt::Debug for Etcd {
@@ -94,7 +97,7 @@ impl Etcd {
         EtcdBuilder::from_env().build()
     }
 
-    fn from_http(http: Arc<EtcdHttp>) -> Etcd {
+    fn from_client(http: Arc<EtcdClient>) -> Etcd {
         Etcd { http }
     }
 
@@ -103,7 +106,8 @@ impl Etcd {
         self.http.address()
     }
 
-    /// How many HTTP requests this client (and its clones) has sent to etcd, for measuring.
+    /// How many requests this client (and its clones) has sent to etcd, for measuring: calls,
+    /// and the messages on its watch and keep-alive streams.
     pub fn requests_sent(&self) -> u64 {
         self.http.requests_sent()
     }
@@ -165,6 +169,13 @@ impl Backend for Etcd {
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.http.keepers().shutdown())
+        Box::pin(async move {
+            self.http.keepers().shutdown().await;
+            // Every lease is given back, and with it every pooled etcd lease; any left (an
+            // acquire still running) goes too.
+            for id in self.http.pool().drain() {
+                let _ = pool::revoke(&self.http, id).await;
+            }
+        })
     }
 }
