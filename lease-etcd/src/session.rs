@@ -106,7 +106,8 @@ impl Session {
     /// Deletes the own key (only the one created at `created`, if given) and leaves the pooled
     /// lease, revoking it if nothing else is on it; retries brief trouble within
     /// [`RELEASE_BOUND`]. If the key cannot be deleted, the pooled lease is retired (its other
-    /// acquisitions lose it) and left to expire, so no contender key outlives its holder.
+    /// acquisitions lose it) and revoked, or left to expire, so no contender key outlives its
+    /// holder.
     pub(crate) async fn give_back(&mut self, created: Option<i64>) -> Result<(), Error> {
         self.given_back = true;
         give_back(&self.client, self.id, &self.name, &self.own, created).await
@@ -173,7 +174,10 @@ async fn give_back(
             Ok(())
         }
         Err(error) => {
+            // Revoking deletes the key with the lease (one attempt: if etcd cannot be reached,
+            // the lease, no longer kept alive, expires with its TTL).
             client.pool().retire(id);
+            let _ = client.lease_revoke(id).await;
             Err(error.into_error(client, format_args!("delete {own:?}")))
         }
     }
