@@ -203,6 +203,8 @@ pub(crate) struct EtcdClient {
     closed: CancellationToken,
     /// This client, for the stream tasks (which must not keep it alive).
     me: Weak<EtcdClient>,
+    /// Bumped when calls move on to another endpoint, so the streams follow them there.
+    moved: tokio::sync::watch::Sender<u64>,
 }
 
 impl fmt::Debug for EtcdClient {
@@ -249,6 +251,7 @@ impl EtcdClient {
             pool: Pool::default(),
             closed: CancellationToken::new(),
             me: me.clone(),
+            moved: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -363,6 +366,22 @@ impl EtcdClient {
         {
             let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
             conns[i] = None;
+            drop(conns);
+            self.moved.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    /// Completes when calls have moved on from endpoint `i` to another one: a stream on `i`
+    /// then opens again where the calls go. (With one endpoint it never completes.)
+    pub(crate) async fn moved_from(&self, i: usize) {
+        let mut moved = self.moved.subscribe();
+        loop {
+            if self.current.load(Ordering::Relaxed) % self.endpoints.len() != i {
+                return;
+            }
+            if moved.changed().await.is_err() {
+                return std::future::pending().await;
+            }
         }
     }
 

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::client::Grpc;
 use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, status_error};
+use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, status_error};
 use super::proto::{LeaseId, LeaseKeepAliveResponse, path};
 use lease_core::LeaseSpec;
 use lease_core::backend::{Fence, RELEASE_BOUND};
@@ -221,10 +221,16 @@ impl Pool {
     }
 
     /// Sends the keep-alives due, retires the leases whose fence passed; returns when to look
-    /// again.
-    fn tick(&self, client: &EtcdClient, stream: &mpsc::UnboundedSender<LeaseId>) -> Instant {
+    /// again, and whether a keep-alive went unanswered for [`REQUEST_TIMEOUT`] (the connection
+    /// is likely dead: the stream should move on).
+    fn tick(
+        &self,
+        client: &EtcdClient,
+        stream: &mpsc::UnboundedSender<LeaseId>,
+    ) -> (Instant, bool) {
         let now = Instant::now();
         let mut next = now + Duration::from_secs(3600);
+        let mut stalled = false;
         let mut fenced = Vec::new();
         let mut sent = 0;
         {
@@ -243,6 +249,10 @@ impl Pool {
                     pooled.due = now + pooled.class.0 / 3;
                 }
                 next = next.min(pooled.due);
+                if let Some(oldest) = pooled.sent.front() {
+                    stalled |= now.duration_since(*oldest) >= REQUEST_TIMEOUT;
+                    next = next.min(*oldest + REQUEST_TIMEOUT);
+                }
                 if let Some(deadline) = pooled.fence.deadline() {
                     next = next.min(deadline);
                 }
@@ -263,7 +273,7 @@ impl Pool {
             tracing::debug!(lease = %format_args!("{id:x}"), "no keep-alive answered in time; the etcd lease is retired");
             spawn_revoke(client, id);
         }
-        next
+        (next, stalled)
     }
 
     /// A keep-alive answered: confirms the lease's fence with the send time of the keep-alive
@@ -393,7 +403,7 @@ async fn serve(
         .await
     });
     let mut responses = None;
-    let mut next_tick = pool.tick(client, &requests);
+    let (mut next_tick, _) = pool.tick(client, &requests);
     let error = loop {
         tokio::select! {
             opened = &mut opening, if responses.is_none() => match opened {
@@ -409,7 +419,14 @@ async fn serve(
                 Ok(None) => break ApiError::Malformed("the keep-alive stream ended".into()),
                 Err(status) => break status_error(status),
             },
-            () = tokio::time::sleep_until(next_tick) => next_tick = pool.tick(client, &requests),
+            () = tokio::time::sleep_until(next_tick) => {
+                let (next, stalled) = pool.tick(client, &requests);
+                next_tick = next;
+                if stalled {
+                    break ApiError::TimedOut;
+                }
+            }
+            () = client.moved_from(i) => break super::watch::moved(),
             () = pool.joined.notified() => {
                 if let Some(due) = pool.lock().joined_due.take() {
                     next_tick = next_tick.min(due);
@@ -417,7 +434,7 @@ async fn serve(
             }
         }
     };
-    if matches!(error, ApiError::Transport(_)) {
+    if matches!(error, ApiError::Transport(_) | ApiError::TimedOut) {
         client.move_on(i);
         client.reachability_tracker().answered(false);
     }

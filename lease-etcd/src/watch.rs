@@ -271,7 +271,11 @@ async fn serve(
     };
     client.reachability_tracker().answered(true);
     loop {
-        match responses.message().await {
+        let message = tokio::select! {
+            message = responses.message() => message,
+            () = client.moved_from(i) => return moved(),
+        };
+        match message {
             Ok(Some(message)) => {
                 pause.reset();
                 if message.canceled && is_token_refusal(&message.cancel_reason) {
@@ -307,6 +311,15 @@ fn broken(client: &EtcdClient, endpoint: usize, error: ApiError) -> ApiError {
         client.token_refused();
     }
     error
+}
+
+/// Why a stream left an endpoint that calls had moved away from.
+pub(crate) fn moved() -> ApiError {
+    ApiError::Status {
+        status: http::StatusCode::OK,
+        grpc_code: Some(grpc::UNAVAILABLE),
+        message: "calls moved on to another etcd endpoint; following them".into(),
+    }
 }
 
 fn is_token_refusal(reason: &str) -> bool {
