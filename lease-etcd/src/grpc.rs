@@ -135,12 +135,29 @@ impl ErrorContext for EtcdClient {
 /// a status the local error as its source), else etcd's own status.
 pub(crate) fn status_error(status: tonic::Status) -> ApiError {
     if std::error::Error::source(&status).is_some() {
-        return ApiError::pool(Box::new(status));
+        return ApiError::pool(Box::new(NoAnswer(status)));
     }
     ApiError::Status {
         status: http::StatusCode::OK,
         grpc_code: Some(status.code() as i32),
         message: status.message().to_owned(),
+    }
+}
+
+/// A call that got no answer: its message is the chain of the local error under the status
+/// (what lease-http's `Cause` reads), not the status's own rendering of it.
+#[derive(Debug)]
+struct NoAnswer(tonic::Status);
+
+impl fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no answer from etcd")
+    }
+}
+
+impl std::error::Error for NoAnswer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
     }
 }
 
