@@ -48,6 +48,10 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`).
 const PING_EVERY: Duration = Duration::from_secs(10);
 
+/// The most unary calls in flight on an endpoint's connection; etcd batches its writes, so more
+/// would not make them faster.
+const MAX_CALLS_IN_FLIGHT: usize = 128;
+
 /// Whether etcd says the lease (or the thing asked about) does not exist.
 fn is_not_found(error: &ApiError) -> bool {
     matches!(
@@ -187,6 +191,15 @@ pub(crate) struct Endpoint {
     pub(crate) https: bool,
 }
 
+/// What a connection carries.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Use {
+    /// The unary calls.
+    Calls = 0,
+    /// The watch stream and the keep-alive stream.
+    Streams = 1,
+}
+
 /// An endpoint's channel, and a sentinel that tells whether the runtime its connection task runs
 /// on is still there: a channel made on a runtime that ended (a test's, a CLI's first one) is
 /// made again on the current one.
@@ -202,7 +215,8 @@ pub(crate) struct EtcdClient {
     tls: Option<Tls>,
     /// The endpoint calls go to; moved on by a transport failure.
     current: AtomicUsize,
-    conns: Mutex<Vec<Option<Conn>>>,
+    /// Per endpoint, the connection of the calls and that of the two streams.
+    conns: Mutex<Vec<[Option<Conn>; 2]>>,
     credentials: Option<Credentials>,
     /// etcd's token; `Some("")` when the cluster has authentication off.
     token: Mutex<Option<String>>,
@@ -250,7 +264,7 @@ impl EtcdClient {
         } else {
             None
         };
-        let conns = endpoints.iter().map(|_| None).collect();
+        let conns = endpoints.iter().map(|_| [None, None]).collect();
         Ok(Arc::new_cyclic(|me| EtcdClient {
             endpoints,
             tls_config,
@@ -334,12 +348,17 @@ impl EtcdClient {
         lease_core::metrics::backend_request(BackendKind::Etcd, write);
     }
 
-    /// The current endpoint's index and channel (made if there is none, or if the runtime of the
-    /// one there ended).
-    pub(crate) fn channel(&self) -> Result<(usize, Channel), ApiError> {
+    /// The current endpoint's index and the channel for `use_` there (made if there is none, or
+    /// if the runtime of the one there ended).
+    ///
+    /// Calls and streams have a connection each, so a burst of calls (thousands of acquisitions
+    /// at once) never queues the keep-alives and watch events behind it: at most two connections
+    /// per endpoint.
+    pub(crate) fn channel(&self, use_: Use) -> Result<(usize, Channel), ApiError> {
         let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(conn) = &conns[i] {
+        let conn = &mut conns[i][use_ as usize];
+        if let Some(conn) = conn {
             if !conn.alive.is_closed() {
                 return Ok((i, conn.channel.clone()));
             }
@@ -352,37 +371,49 @@ impl EtcdClient {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(PING_EVERY)
             .keep_alive_timeout(REQUEST_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .connect_with_connector_lazy(Connector {
-                host: endpoint.host.clone(),
-                port: endpoint.port,
-                tls: if endpoint.https {
-                    self.tls.clone()
-                } else {
-                    None
-                },
-            });
+            .keep_alive_while_idle(true);
+        // Calls beyond the limit wait (parked) for one in flight to end: thousands of
+        // acquisitions at once then queue here rather than in the runtime's run queue, which
+        // would delay the stream tasks (keep-alives, loss) behind them by seconds.
+        let channel = match use_ {
+            Use::Calls => channel.concurrency_limit(MAX_CALLS_IN_FLIGHT),
+            Use::Streams => channel,
+        }
+        .connect_with_connector_lazy(Connector {
+            host: endpoint.host.clone(),
+            port: endpoint.port,
+            tls: if endpoint.https {
+                self.tls.clone()
+            } else {
+                None
+            },
+        });
         let (alive, mut sentinel) = mpsc::channel(1);
         // Ends with the runtime (closing `alive`), or when the channel is replaced.
         tokio::spawn(async move { sentinel.recv().await });
-        conns[i] = Some(Conn {
+        *conn = Some(Conn {
             channel: channel.clone(),
             alive,
         });
         Ok((i, channel))
     }
 
-    /// After a transport failure at endpoint `i`: the next call goes to the next endpoint, on a
-    /// fresh connection (the failed one may be half-dead).
-    pub(crate) fn move_on(&self, i: usize) {
+    /// After a transport failure at endpoint `i` on the connection for `use_`: calls and
+    /// streams go to the next endpoint (on fresh connections), or, with one endpoint, that
+    /// connection is made again (the failed one may be half-dead).
+    pub(crate) fn move_on(&self, i: usize, use_: Use) {
         let next = (i + 1) % self.endpoints.len();
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        if next == i {
+            conns[i][use_ as usize] = None;
+            return;
+        }
         if self
             .current
             .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
-            let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-            conns[i] = None;
+            conns[i] = [None, None];
             drop(conns);
             self.moved.send_modify(|generation| *generation += 1);
         }
@@ -477,7 +508,7 @@ impl EtcdClient {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let (i, channel) = self.channel()?;
+        let (i, channel) = self.channel(Use::Calls)?;
         self.count_request(write);
         let mut grpc = Grpc::new(channel);
         let mut request = self.request(message, token);
@@ -506,7 +537,7 @@ impl EtcdClient {
         };
         let unanswered = matches!(error, ApiError::Transport(_) | ApiError::TimedOut);
         if unanswered {
-            self.move_on(i);
+            self.move_on(i, Use::Calls);
         }
         self.reachability.answered(!unanswered);
         lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());

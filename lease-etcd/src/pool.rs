@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::client::Grpc;
 use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, status_error};
+use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
 use super::proto::{LeaseId, LeaseKeepAliveResponse, path};
 use lease_core::LeaseSpec;
 use lease_core::backend::{Fence, RELEASE_BOUND};
@@ -55,8 +55,6 @@ const COALESCE: Duration = Duration::from_millis(50);
 #[derive(Default)]
 pub(crate) struct Pool {
     state: Mutex<PoolState>,
-    /// One grant at a time, so acquisitions that start together share the lease it grants.
-    granting: tokio::sync::Mutex<()>,
     /// Wakes the keep-alive task when a lease joins.
     joined: Notify,
 }
@@ -81,6 +79,9 @@ struct PoolState {
     joined_due: Option<Instant>,
     /// Since when the watches are down (see [`Pool::suspend`]).
     suspended: Option<Instant>,
+    /// The grants in flight, by token.
+    granting: HashMap<u64, Grant>,
+    last_grant: u64,
 }
 
 struct Pooled {
@@ -109,7 +110,11 @@ impl Pool {
     }
 
     /// A place for a contender of `spec`'s name on a pooled etcd lease of its TTL: one that
-    /// carries no other contender of that name, granted if none does.
+    /// carries no other contender of that name. If none does, it waits for a grant in flight
+    /// that can take the name too, or grants one itself; grants for contenders of one name run
+    /// side by side.
+    ///
+    /// Cancel safe: a place reserved on a grant in flight is given back.
     pub(crate) async fn attach(
         client: &Arc<EtcdClient>,
         spec: &LeaseSpec,
@@ -117,65 +122,67 @@ impl Pool {
         let pool = client.pool();
         let class = (spec.session_ttl(), spec.fence_after());
         let name = spec.key();
-        if let Some(attached) = pool.try_attach(class, name) {
-            return Ok(attached);
-        }
-        let _one_grant_at_a_time = pool.granting.lock().await;
-        if let Some(attached) = pool.try_attach(class, name) {
-            return Ok(attached);
-        }
-        let sent = Instant::now();
-        let id = client.lease_grant(class.0).await?;
-        tracing::debug!(lease = %format_args!("{id:x}"), ttl = ?class.0, "etcd lease granted for the pool");
-        let fence = Fence::new(class.1, sent);
-        let (end_tx, end) = watch::channel(None);
-        let due = sent + class.0 / 3;
-        {
-            let mut state = pool.lock();
-            if state.task.as_ref().is_none_or(mpsc::Sender::is_closed) {
-                let (alive, task_guard) = mpsc::channel(1);
-                state.task = Some(alive);
-                state.stream = None;
-                tokio::spawn(run(
-                    Arc::downgrade(client),
-                    client.closed().clone(),
-                    task_guard,
-                ));
+        loop {
+            let reserved = {
+                let mut state = pool.lock();
+                if let Some(attached) = try_attach(&mut state, class, name) {
+                    return Ok(attached);
+                }
+                let joinable = state
+                    .granting
+                    .iter_mut()
+                    .find(|(_, g)| g.class == class && !g.names.contains(name));
+                match joinable {
+                    Some((token, grant)) => {
+                        grant.names.insert(name.to_owned());
+                        Ok(Reservation {
+                            client,
+                            token: *token,
+                            name,
+                            granted: grant.granted.subscribe(),
+                            waiting: true,
+                        })
+                    }
+                    None => {
+                        state.last_grant += 1;
+                        let token = state.last_grant;
+                        let (granted, _) = watch::channel(None);
+                        state.granting.insert(
+                            token,
+                            Grant {
+                                class,
+                                names: HashSet::from([name.to_owned()]),
+                                granted,
+                            },
+                        );
+                        Err(GrantGuard { pool, token })
+                    }
+                }
+            };
+            match reserved {
+                Ok(mut reservation) => {
+                    let granted = reservation
+                        .granted
+                        .wait_for(Option::is_some)
+                        .await
+                        .map(|g| g.clone());
+                    reservation.waiting = false;
+                    match granted {
+                        Ok(Some(Ok(id))) => {
+                            let state = pool.lock();
+                            if let Some(attached) = attached(&state, id) {
+                                return Ok(attached);
+                            }
+                            // Ended already: look again.
+                        }
+                        Ok(Some(Err(error))) => return Err(error),
+                        // The contender that granted was cancelled: look again.
+                        Ok(None) | Err(_) => {}
+                    }
+                }
+                Err(guard) => return grant(client, class, guard).await,
             }
-            if let Some(since) = state.suspended {
-                fence.suspend(since);
-            }
-            state.joined_due = Some(state.joined_due.map_or(due, |d| d.min(due)));
-            state.leases.insert(
-                id,
-                Pooled {
-                    class,
-                    fence: fence.clone(),
-                    names: HashSet::from([name.to_owned()]),
-                    due,
-                    sent: VecDeque::new(),
-                    end: end_tx,
-                },
-            );
         }
-        pool.joined.notify_one();
-        Ok(Attached { id, fence, end })
-    }
-
-    fn try_attach(&self, class: Class, name: &str) -> Option<Attached> {
-        let mut state = self.lock();
-        let (id, pooled) = state.leases.iter_mut().find(|(_, p)| {
-            p.class == class
-                && !p.names.contains(name)
-                && p.end.borrow().is_none()
-                && !p.fence.is_past()
-        })?;
-        pooled.names.insert(name.to_owned());
-        Some(Attached {
-            id: *id,
-            fence: pooled.fence.clone(),
-            end: pooled.end.subscribe(),
-        })
     }
 
     /// Takes `name` off lease `id`; returns whether the lease has nothing left on it and left
@@ -321,6 +328,144 @@ impl Pool {
     }
 }
 
+/// A place on a live pooled lease of `class` that carries no contender of `name` yet.
+fn try_attach(state: &mut PoolState, class: Class, name: &str) -> Option<Attached> {
+    let (id, pooled) = state.leases.iter_mut().find(|(_, p)| {
+        p.class == class
+            && !p.names.contains(name)
+            && p.end.borrow().is_none()
+            && !p.fence.is_past()
+    })?;
+    pooled.names.insert(name.to_owned());
+    Some(Attached {
+        id: *id,
+        fence: pooled.fence.clone(),
+        end: pooled.end.subscribe(),
+    })
+}
+
+/// The place a grant reserved on lease `id`, if the lease is still live.
+fn attached(state: &PoolState, id: i64) -> Option<Attached> {
+    let pooled = state.leases.get(&id)?;
+    if pooled.end.borrow().is_some() {
+        return None;
+    }
+    Some(Attached {
+        id,
+        fence: pooled.fence.clone(),
+        end: pooled.end.subscribe(),
+    })
+}
+
+/// Grants the lease of the grant in flight `guard` names, and pools it with every name reserved
+/// on it meanwhile.
+async fn grant(
+    client: &Arc<EtcdClient>,
+    class: Class,
+    guard: GrantGuard<'_>,
+) -> Result<Attached, ApiError> {
+    let pool = client.pool();
+    let sent = Instant::now();
+    let granted = client.lease_grant(class.0).await;
+    let mut state = pool.lock();
+    let Some(grant) = state.granting.remove(&guard.token) else {
+        return Err(ApiError::Malformed("a grant in flight went missing".into()));
+    };
+    // Its entry is taken already (and the state lock held): nothing left for its drop to do.
+    std::mem::forget(guard);
+    let id = match granted {
+        Ok(id) => id,
+        Err(error) => {
+            grant.granted.send_replace(Some(Err(error.clone())));
+            return Err(error);
+        }
+    };
+    tracing::debug!(lease = %format_args!("{id:x}"), ttl = ?class.0, names = grant.names.len(), "etcd lease granted for the pool");
+    let fence = Fence::new(class.1, sent);
+    let (end_tx, end) = watch::channel(None);
+    let due = sent + class.0 / 3;
+    if state.task.as_ref().is_none_or(mpsc::Sender::is_closed) {
+        let (alive, task_guard) = mpsc::channel(1);
+        state.task = Some(alive);
+        state.stream = None;
+        tokio::spawn(run(
+            Arc::downgrade(client),
+            client.closed().clone(),
+            task_guard,
+        ));
+    }
+    if let Some(since) = state.suspended {
+        fence.suspend(since);
+    }
+    state.joined_due = Some(state.joined_due.map_or(due, |d| d.min(due)));
+    state.leases.insert(
+        id,
+        Pooled {
+            class,
+            fence: fence.clone(),
+            names: grant.names,
+            due,
+            sent: VecDeque::new(),
+            end: end_tx,
+        },
+    );
+    drop(state);
+    grant.granted.send_replace(Some(Ok(id)));
+    pool.joined.notify_one();
+    Ok(Attached { id, fence, end })
+}
+
+/// A grant in flight: the names reserved on the lease it will pool.
+struct Grant {
+    class: Class,
+    names: HashSet<String>,
+    granted: watch::Sender<Option<Result<i64, ApiError>>>,
+}
+
+/// Held by the contender that grants: if it is cancelled, the grant is dropped and the
+/// contenders waiting on it look again.
+struct GrantGuard<'a> {
+    pool: &'a Pool,
+    token: u64,
+}
+
+impl Drop for GrantGuard<'_> {
+    fn drop(&mut self) {
+        self.pool.lock().granting.remove(&self.token);
+    }
+}
+
+/// A place reserved on a grant in flight; given back if its contender is cancelled while it
+/// waits.
+struct Reservation<'a> {
+    client: &'a Arc<EtcdClient>,
+    token: u64,
+    name: &'a str,
+    granted: watch::Receiver<Option<Result<i64, ApiError>>>,
+    waiting: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.waiting {
+            return;
+        }
+        let pool = self.client.pool();
+        let mut state = pool.lock();
+        if let Some(grant) = state.granting.get_mut(&self.token) {
+            grant.names.remove(self.name);
+            return;
+        }
+        let granted = self.granted.borrow().clone();
+        drop(state);
+        if let Some(Ok(id)) = granted {
+            if pool.detach(id, self.name) {
+                spawn_revoke(self.client, id);
+            }
+        }
+    }
+}
+
 /// Revokes `id` in the background (a retired lease: its acquisitions are already lost).
 fn spawn_revoke(client: &EtcdClient, id: i64) {
     let Some(me) = client.me() else {
@@ -383,7 +528,7 @@ async fn serve(
         Ok(token) => token,
         Err(error) => return error,
     };
-    let (i, channel) = match client.channel() {
+    let (i, channel) = match client.channel(Use::Streams) {
         Ok(channel) => channel,
         Err(error) => return error,
     };
@@ -435,7 +580,7 @@ async fn serve(
         }
     };
     if matches!(error, ApiError::Transport(_) | ApiError::TimedOut) {
-        client.move_on(i);
+        client.move_on(i, Use::Streams);
         client.reachability_tracker().answered(false);
     }
     error

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::client::Grpc;
 use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, status_error};
+use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
 use super::proto::{
     RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchRequestUnion,
     WatchResponse, path,
@@ -248,7 +248,7 @@ async fn serve(
         Ok(token) => token,
         Err(error) => return error,
     };
-    let (i, channel) = match client.channel() {
+    let (i, channel) = match client.channel(Use::Streams) {
         Ok(channel) => channel,
         Err(error) => return error,
     };
@@ -298,7 +298,7 @@ async fn serve(
 
 fn broken(client: &EtcdClient, endpoint: usize, error: ApiError) -> ApiError {
     if matches!(error, ApiError::Transport(_)) {
-        client.move_on(endpoint);
+        client.move_on(endpoint, Use::Streams);
         client.reachability_tracker().answered(false);
     }
     if matches!(
