@@ -53,7 +53,7 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 const MAX_CALLS_IN_FLIGHT: usize = 128;
 
 /// Whether etcd says the lease (or the thing asked about) does not exist.
-fn is_not_found(error: &ApiError) -> bool {
+pub(crate) fn is_not_found(error: &ApiError) -> bool {
     matches!(
         error,
         ApiError::Status {

@@ -55,7 +55,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::grpc::{ApiError, EtcdClient};
+use super::grpc::{ApiError, EtcdClient, is_not_found};
 use super::pool::LeaseEnd;
 use super::proto::{Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::session::{self, Session, Won, holder_of, lease_of, retrying};
@@ -224,6 +224,11 @@ pub(crate) async fn acquire(
                     sequencer, own, won, session, keep_alive, backend,
                 ));
             }
+            Ok(Err(Error::Lost(LostReason::SessionInvalidated))) => {
+                // The pooled lease went before the pool learned it: wait on another one.
+                http.pool().retire(session.id());
+                let _ = session.give_back(None).await;
+            }
             Ok(Err(error)) => {
                 // Give the lease back now, so a caller that asked not to wait leaves nothing
                 // behind.
@@ -258,7 +263,13 @@ async fn contend(
         key: key.to_owned(),
         waited: started.elapsed(),
     };
-    let failed = |e: ApiError| e.into_error(http, format_args!("contend for {key:?}"));
+    let failed = |e: ApiError| {
+        if is_not_found(&e) {
+            // etcd no longer has the pooled lease (revoked, expired) the key was to go on.
+            return Error::Lost(LostReason::SessionInvalidated);
+        }
+        e.into_error(http, format_args!("contend for {key:?}"))
+    };
     let value = rule.value(spec);
     let mut created = join(http, own, &value, lease, deadline)
         .await

@@ -291,7 +291,11 @@ impl Hold for KeyHold {
             .lease_time_to_live(self.session.id())
             .await
         {
-            Ok(left) if left < 0 => Some(LostReason::SessionInvalidated),
+            Ok(left) if left < 0 => {
+                // So no other acquisition attaches to it before the keep-alive says so.
+                self.session.client().pool().retire(self.session.id());
+                Some(LostReason::SessionInvalidated)
+            }
             _ => None,
         }
     }
