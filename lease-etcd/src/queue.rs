@@ -59,6 +59,7 @@ use super::grpc::{ApiError, EtcdClient, is_not_found};
 use super::pool::LeaseEnd;
 use super::proto::{Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::session::{self, Session, Won, holder_of, lease_of, retrying};
+use super::watch::WatchStream;
 use lease_core::backoff::Backoff;
 use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
@@ -275,6 +276,7 @@ async fn contend(
         .await
         .map_err(failed)?;
     let mut pause = lease_http::backoff();
+    let mut kept = None;
     let mut first_judgment = true;
     loop {
         let mut ops = vec![
@@ -325,7 +327,8 @@ async fn contend(
             return Err(busy());
         }
         let turn = async {
-            let removal = wait_for_removal(http, &range, ahead, read.revision(), &mut pause);
+            let removal =
+                wait_for_removal(http, &range, ahead, read.revision(), &mut pause, &mut kept);
             if removal.await == Removal::Unannounced {
                 tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
                 tokio::time::sleep(spec.settle_time()).await;
@@ -414,7 +417,8 @@ async fn removed_since_join(
     {
         let range = RangeRequest::key(&gone.key_str());
         // Deleted already, so the watch replays the deletion at once; bounded all the same.
-        let replayed = wait_for_removal(http, &range, then, created, pause);
+        let mut watch = None;
+        let replayed = wait_for_removal(http, &range, then, created, pause, &mut watch);
         let removal = tokio::time::timeout(HISTORY_REPLAY, replayed)
             .await
             .unwrap_or(Removal::Unannounced);
@@ -432,33 +436,62 @@ async fn wait_for_removal(
     holding: &[KeyValue],
     revision: i64,
     pause: &mut Backoff,
+    kept: &mut Option<KeptWatch>,
 ) -> Removal {
-    let mut stream = match http.watch(range, revision + 1).await {
-        Ok(stream) => stream,
-        Err(error) => {
-            tracing::debug!(%error, "cannot watch the queue; judging again");
-            pause.wait().await;
-            return Removal::Unannounced;
-        }
-    };
-    loop {
-        match stream.next().await {
-            Ok(batch) if batch.events.iter().any(Event::is_delete) => {
-                pause.reset();
-                let deletions = batch.events.iter().filter(|e| e.is_delete());
-                return deletions
-                    .map(|e| Removal::of(e, holding))
-                    .max()
-                    .unwrap_or(Removal::Released);
+    // The same range as last time (a semaphore's prefix): go on with that watch. etcd delivers
+    // a watch created at a past revision only from its next sync (up to 100 ms later), and a
+    // holder's touch often falls between a waiter's read and its new watch.
+    if kept.as_ref().is_none_or(|k| k.range != *range) {
+        *kept = None;
+        match http.watch(range, revision + 1).await {
+            Ok(stream) => {
+                *kept = Some(KeptWatch {
+                    range: range.clone(),
+                    stream,
+                });
             }
-            Ok(_) => {}
             Err(error) => {
-                tracing::debug!(%error, "the watch of the queue broke; judging again");
+                tracing::debug!(%error, "cannot watch the queue; judging again");
                 pause.wait().await;
                 return Removal::Unannounced;
             }
         }
     }
+    let Some(KeptWatch { stream, .. }) = kept.as_mut() else {
+        return Removal::Unannounced;
+    };
+    loop {
+        match stream.next().await {
+            Ok(batch) => {
+                // Deletions the read at `revision` already saw are not news.
+                let mut deletions = batch
+                    .events
+                    .iter()
+                    .filter(|e| e.is_delete() && e.kv().mod_revision > revision)
+                    .peekable();
+                if deletions.peek().is_none() {
+                    continue;
+                }
+                pause.reset();
+                return deletions
+                    .map(|e| Removal::of(e, holding))
+                    .max()
+                    .unwrap_or(Removal::Released);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "the watch of the queue broke; judging again");
+                *kept = None;
+                pause.wait().await;
+                return Removal::Unannounced;
+            }
+        }
+    }
+}
+
+/// A waiter's watch, kept from one judgment to the next while it watches the same range.
+struct KeptWatch {
+    range: RangeRequest,
+    stream: WatchStream,
 }
 
 /// Whether `sequencer` (of this backend) still names a holder: one linearizable transaction reads
