@@ -1,11 +1,11 @@
-//! etcd's v3 gRPC API over one HTTP/2 connection per endpoint: the unary calls this crate makes,
-//! and what their errors mean.
+//! etcd's v3 gRPC API over two HTTP/2 connections per endpoint: the unary calls this crate
+//! makes, and what their errors mean.
 //!
 //! Every call goes to one endpoint at a time; a transport failure moves the client on to the next
 //! of its endpoints, so the retry that follows ([`lease_http::retry_transient`]) reaches another
-//! member. The endpoint's channel is one HTTP/2 connection (tonic's, over [`Connector`]'s TCP or
-//! TLS), shared by every call, the one watch stream ([`Watches`]) and the one keep-alive stream
-//! ([`Pool`]): a process's leases cost no connection of their own. With a user and password the
+//! member. An endpoint's channels are HTTP/2 connections (tonic's, over [`Connector`]'s TCP or
+//! TLS): one shared by every call, one by the watch stream ([`Watches`]) and the keep-alive
+//! stream ([`Pool`]); a process's leases cost no connection of their own. With a user and password the
 //! client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
 //! longer knows (they expire after five idle minutes by default) is replaced once, transparently.
 //!

@@ -1,9 +1,8 @@
 //! The etcd backend: leases on etcd leases, revisions and watches, over etcd's v3 gRPC API.
 //!
-//! [`Etcd`] is a cheap, cloneable handle (one HTTP/2 connection per endpoint in use, shared by its
-//! clones). Every call, one `Watch` stream carrying every watch of the process, and one
-//! `LeaseKeepAlive` stream share that connection: a lease or a waiter costs no connection of its
-//! own. Acquisitions attach their keys to a few pooled etcd leases per TTL, each kept alive every
+//! [`Etcd`] is a cheap, cloneable handle (two HTTP/2 connections per endpoint in use, shared by
+//! its clones): one carries the calls, the other one `Watch` stream with every watch of the
+//! process and one `LeaseKeepAlive` stream. A lease or a waiter costs no connection of its own. Acquisitions attach their keys to a few pooled etcd leases per TTL, each kept alive every
 //! TTL/3 for all the keys on it, so keep-alives do not grow with the leases held.
 //!
 //! - **Leader**: the recipe of etcd's `concurrency.Election`, so a lease here and
@@ -56,7 +55,7 @@ use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 
-/// Leases on etcd. Cloning is cheap, and clones share one connection per endpoint.
+/// Leases on etcd. Cloning is cheap, and clones share the connections (two per endpoint).
 ///
 /// # Examples
 ///
