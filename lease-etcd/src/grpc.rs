@@ -341,7 +341,7 @@ impl EtcdClient {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Counts a request (a call, or a message on a stream) for [`requests_sent`] and the
+    /// Counts a request (a call, or a message on a stream) for [`EtcdClient::requests_sent`] and the
     /// metrics.
     pub(crate) fn count_request(&self, write: bool) {
         self.requests.fetch_add(1, Ordering::Relaxed);
