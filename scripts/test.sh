@@ -136,13 +136,15 @@ side_checks() {
     RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
   done
   # Each backend crate with its default TLS (rustls), with none, and with the cfg-gated
-  # native-tls code of its own (lease-http's serves etcd's); lease-postgres with each client and
-  # with its lease backend alone.
+  # native-tls code of its own (lease-etcd's connects its gRPC channel); lease-postgres with each
+  # client and with its lease backend alone.
   for args in "-p lease-http" "-p lease-http --no-default-features" \
     "-p lease-http --no-default-features --features native-tls" \
     "-p lease-consul" "-p lease-consul --no-default-features" \
     "-p lease-consul --no-default-features --features native-tls" \
-    "-p lease-etcd --no-default-features" "-p lease-amqp --no-default-features" \
+    "-p lease-etcd --no-default-features" \
+    "-p lease-etcd --no-default-features --features native-tls" \
+    "-p lease-amqp --no-default-features" \
     "-p lease-postgres" "-p lease-postgres --features tokio-postgres" \
     "-p lease-postgres --features sqlx" "-p lease-postgres --features backend"; do
     # shellcheck disable=SC2086

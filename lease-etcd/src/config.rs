@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::Etcd;
-use super::http::{Credentials, EtcdHttp};
+use super::grpc::{Credentials, Endpoint, EtcdClient};
 use lease_core::Error;
 use lease_http::ClientConfig;
 
@@ -132,7 +132,6 @@ impl EtcdBuilder {
                 )),
                 None => None,
             },
-            max_connections: 8,
             ..ClientConfig::default()
         };
         let secure = tls.wants_tls();
@@ -143,57 +142,66 @@ impl EtcdBuilder {
         };
         let endpoints = endpoints
             .iter()
-            .map(|e| endpoint_url(e, secure))
+            .map(|e| endpoint(e, secure))
             .collect::<Result<Vec<_>, _>>()?;
-        if endpoints.iter().any(|e| e.scheme() == "https") && !lease_http::TLS {
+        if endpoints.iter().any(|e| e.https) && !lease_http::TLS {
             return Err(lease_http::tls_missing("an https etcd endpoint"));
         }
-        tls.https = endpoints.iter().any(|e| e.scheme() == "https");
-        let client = tls.build().map_err(|e| {
-            let message = format!(
-                "cannot build the HTTP client for etcd (TLS): {}",
-                lease_http::DisplayChain(&e)
-            );
-            Error::config_caused_by(message, e)
-        })?;
+        tls.https = endpoints.iter().any(|e| e.https);
         let credentials = self
             .user
             .map(|(user, password)| Credentials { user, password });
         if credentials.as_ref().is_some_and(|c| c.user.is_empty()) {
             return Err(Error::config("the etcd user name is empty (ETCD_USER)"));
         }
-        Ok(Etcd::from_http(EtcdHttp::new(
-            client,
-            tls,
-            endpoints,
-            credentials,
-        )))
+        let client = EtcdClient::new(tls, endpoints, credentials).map_err(|e| {
+            let message = format!(
+                "cannot set up TLS for etcd: {}",
+                lease_http::DisplayChain(&*e)
+            );
+            Error::config(message)
+        })?;
+        Ok(Etcd::from_client(client))
     }
 }
 
-/// `http://127.0.0.1:2379` from `127.0.0.1:2379`-style input.
-fn endpoint_url(endpoint: &str, secure: bool) -> Result<reqwest::Url, Error> {
-    let text = if endpoint.contains("://") {
-        endpoint.to_owned()
-    } else {
-        format!("{}://{endpoint}", if secure { "https" } else { "http" })
+/// An endpoint from `http://host:port`, `https://host:port` or `host:port` (then `https` if
+/// TLS material was given, as etcdctl does).
+fn endpoint(endpoint: &str, secure: bool) -> Result<Endpoint, Error> {
+    let invalid = |why: &str| {
+        Error::config(format!(
+            "invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): {why}"
+        ))
     };
-    let url = reqwest::Url::parse(&text).map_err(|e| {
-        let message = format!("invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): {e}");
-        Error::config_caused_by(message, e)
-    })?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(Error::config(format!(
-            "invalid etcd endpoint {endpoint:?} (ETCD_ENDPOINTS): use http://host:port or https://host:port"
-        )));
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest),
+        None => ((if secure { "https" } else { "http" }).to_owned(), endpoint),
+    };
+    if scheme != "http" && scheme != "https" {
+        return Err(invalid("use http://host:port or https://host:port"));
     }
-    if !url.username().is_empty() || url.password().is_some() {
+    let authority = rest.trim_end_matches('/');
+    if authority.contains('@') {
         return Err(Error::config(format!(
             "the etcd endpoint {} carries credentials; use ETCD_USER and ETCD_PASSWORD (or EtcdBuilder::user)",
-            url.host_str().unwrap_or_default()
+            authority.rsplit_once('@').map_or("", |(_, host)| host)
         )));
     }
-    Ok(url)
+    if authority.contains('/') {
+        return Err(invalid("an endpoint has no path: use http://host:port"));
+    }
+    let parsed: http::uri::Authority = authority.parse().map_err(|e| invalid(&format!("{e}")))?;
+    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(invalid("no host"));
+    }
+    let port = parsed.port_u16().unwrap_or(2379);
+    Ok(Endpoint {
+        url: format!("{scheme}://{}:{port}", parsed.host()),
+        host: host.to_owned(),
+        port,
+        https: scheme == "https",
+    })
 }
 
 #[cfg(test)]
@@ -203,22 +211,22 @@ mod tests {
     #[test]
     fn endpoints_parse_like_etcdctl() {
         assert_eq!(
-            endpoint_url("127.0.0.1:2379", false).unwrap().as_str(),
-            "http://127.0.0.1:2379/"
+            endpoint("127.0.0.1:2379", false).unwrap().url,
+            "http://127.0.0.1:2379"
         );
-        assert_eq!(
-            endpoint_url("etcd-0:2379", true).unwrap().as_str(),
-            "https://etcd-0:2379/"
-        );
-        assert!(endpoint_url("ftp://x:1", false).is_err());
-        assert!(endpoint_url("http://u:p@x:1", false).is_err());
+        let tls = endpoint("etcd-0:2379", true).unwrap();
+        assert_eq!((tls.url.as_str(), tls.https), ("https://etcd-0:2379", true));
+        assert_eq!(endpoint("http://[::1]:2379/", false).unwrap().host, "::1");
+        assert_eq!(endpoint("http://etcd-0", false).unwrap().port, 2379);
+        assert!(endpoint("ftp://x:1", false).is_err());
+        assert!(endpoint("http://u:p@x:1", false).is_err());
+        assert!(endpoint("http://x:1/v3", false).is_err());
         let etcd = EtcdBuilder::new()
             .endpoints(" http://a:1 ,, b:2".split(','))
             .build()
             .unwrap();
         assert_eq!(etcd.endpoints(), "http://a:1,http://b:2");
     }
-
     #[test]
     fn password_is_redacted() {
         let builder = EtcdBuilder::new().user("root", "hunter2");

@@ -1,8 +1,9 @@
-//! The etcd backend: leases on etcd leases, revisions and watches, over etcd's v3 JSON gateway.
+//! The etcd backend: leases on etcd leases, revisions and watches, over etcd's v3 gRPC API.
 //!
-//! [`Etcd`] is a cheap, cloneable handle (an HTTP client and its endpoints). Each acquisition
-//! grants its own etcd lease with the spec's TTL, keeps it alive every TTL/3, and revokes it on
-//! release, which deletes its key in the same step.
+//! [`Etcd`] is a cheap, cloneable handle (two HTTP/2 connections per endpoint in use, shared by
+//! its clones): one carries the calls, the other one `Watch` stream with every watch of the
+//! process and one `LeaseKeepAlive` stream. A lease or a waiter costs no connection of its own. Acquisitions attach their keys to a few pooled etcd leases per TTL, each kept alive every
+//! TTL/3 for all the keys on it, so keep-alives do not grow with the leases held.
 //!
 //! - **Leader**: the recipe of etcd's `concurrency.Election`, so a lease here and
 //!   `etcdctl elect <name>` exclude each other on the same name: each contender creates
@@ -22,36 +23,39 @@
 //!   [`LeaseSpec::fence_after`] (the TTL less a tenth, at least a second), which is before etcd
 //!   could expire the lease.
 //! - **No lock-delay; waiters settle instead**: etcd has none, and the spec's lock-delay is
-//!   ignored. A holder releases by touching its key, then revoking its lease, so waiters can tell
+//!   ignored. A holder releases by touching its key, then deleting it, so waiters can tell
 //!   a release (taken at once) from a key that went under a holder still running (deleted by an
 //!   operator, its lease revoked or expired): after that, they wait
 //!   [`LeaseSpec::settle_time`] while the old holder notices and stops. A holder that is slower
 //!   than that is fenced by the next holder's higher revision: downstream systems that check the
 //!   sequencer refuse it.
 //!
-//! Why the JSON gateway rather than gRPC: the crate already speaks HTTP through reqwest for
-//! Consul, so this backend adds no protobuf compiler, no tonic and no second TLS stack to a
-//! build. The price: each watch is one long HTTP/1.1 response (one connection per held lease and
-//! per waiter, where gRPC would multiplex them), and each keep-alive is one short request.
+//! The messages are hand-written prost structs for the few calls used, so a build needs no
+//! protobuf compiler and no build script. An etcd lease is shared by the acquisitions on it: one
+//! revoked (`etcdctl lease revoke`, [`Etcd::revoke_lease`]) or expired loses every lease of this
+//! process on it.
 
 mod config;
-mod http;
+mod connect;
+mod grpc;
 mod observe;
+mod pool;
+mod proto;
 mod queue;
 mod session;
-mod wire;
+mod watch;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use config::EtcdBuilder;
 
-use http::EtcdHttp;
+use grpc::EtcdClient;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
 
-/// Leases on etcd. Cloning is cheap and clones share one connection pool.
+/// Leases on etcd. Cloning is cheap, and clones share the connections (two per endpoint).
 ///
 /// # Examples
 ///
@@ -72,7 +76,7 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 /// ```
 #[derive(Clone)]
 pub struct Etcd {
-    http: Arc<EtcdHttp>,
+    http: Arc<EtcdClient>,
 }
 
 impl fmt::Debug for Etcd {
@@ -94,7 +98,7 @@ impl Etcd {
         EtcdBuilder::from_env().build()
     }
 
-    fn from_http(http: Arc<EtcdHttp>) -> Etcd {
+    fn from_client(http: Arc<EtcdClient>) -> Etcd {
         Etcd { http }
     }
 
@@ -103,7 +107,8 @@ impl Etcd {
         self.http.address()
     }
 
-    /// How many HTTP requests this client (and its clones) has sent to etcd, for measuring.
+    /// How many requests this client (and its clones) has sent to etcd, for measuring: calls,
+    /// and the messages on its watch and keep-alive streams.
     pub fn requests_sent(&self) -> u64 {
         self.http.requests_sent()
     }
@@ -118,8 +123,9 @@ impl Etcd {
     }
 
     /// Operator action: revokes the etcd lease a sequencer's holder names (its hex ID, as
-    /// `etcdctl lease revoke` takes it), deleting its keys and taking its lease away from the
-    /// holder, whose work is cancelled when it notices. `Ok(false)` if it no longer existed.
+    /// `etcdctl lease revoke` takes it), deleting its keys and taking their leases away from
+    /// their holders (every lease of that process on the same pooled etcd lease), whose work is
+    /// cancelled when they notice. `Ok(false)` if it no longer existed.
     pub async fn revoke_lease(&self, holder: &str) -> Result<bool, Error> {
         let id = session::lease_of(holder)
             .ok_or_else(|| Error::config(format!("{holder:?} is not an etcd lease ID (hex)")))?;
@@ -165,6 +171,13 @@ impl Backend for Etcd {
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.http.keepers().shutdown())
+        Box::pin(async move {
+            self.http.keepers().shutdown().await;
+            // Every lease is given back, and with it every pooled etcd lease; any left (an
+            // acquire still running) goes too.
+            for id in self.http.pool().drain() {
+                let _ = pool::revoke(&self.http, id).await;
+            }
+        })
     }
 }

@@ -10,15 +10,15 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::http::{ApiError, EtcdHttp};
+use super::grpc::{ApiError, EtcdClient};
+use super::proto::RangeRequest;
 use super::session::holder_of;
-use super::wire::RangeRequest;
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 
 /// Starts observing `key`; the first read happens before this returns, so errors (bad
 /// credentials, an unreachable cluster) are reported here rather than swallowed by the task.
-pub(crate) async fn observe(http: &Arc<EtcdHttp>, key: &str) -> Result<LeaderObserver, Error> {
+pub(crate) async fn observe(http: &Arc<EtcdClient>, key: &str) -> Result<LeaderObserver, Error> {
     lease_core::validate_key(key)?;
     let (leader, revision) = leader_of(http, key)
         .await
@@ -29,7 +29,7 @@ pub(crate) async fn observe(http: &Arc<EtcdHttp>, key: &str) -> Result<LeaderObs
 }
 
 /// The leader of the election `key` (its oldest key) and the revision it was read at.
-async fn leader_of(http: &EtcdHttp, key: &str) -> Result<(Option<Leader>, i64), ApiError> {
+async fn leader_of(http: &EtcdClient, key: &str) -> Result<(Option<Leader>, i64), ApiError> {
     let read = http
         .range(&RangeRequest::under(key).by_creation(true).limit(1))
         .await?;
@@ -40,11 +40,11 @@ async fn leader_of(http: &EtcdHttp, key: &str) -> Result<(Option<Leader>, i64), 
             kv.value.clone(),
         )
     });
-    Ok((leader, read.header.revision))
+    Ok((leader, read.revision()))
 }
 
 async fn follow(
-    http: Arc<EtcdHttp>,
+    http: Arc<EtcdClient>,
     key: String,
     revision: i64,
     tx: watch::Sender<Option<Leader>>,

@@ -28,8 +28,8 @@
 //! only while that kind's contenders are queued: nothing of it outlives its last lease.
 //!
 //! **Waiters settle after a removal nobody announced.** A holder that releases first *touches*
-//! its key (a put that keeps value and lease, so the key's version becomes 2), then revokes its
-//! lease. Waiters watch with `prev_kv`, so the deletion they see carries the key as it was: a
+//! its key (a put that keeps value and lease, so the key's version becomes 2), then deletes it.
+//! Waiters watch with `prev_kv`, so the deletion they see carries the key as it was: a
 //! holder's key deleted at version 2 was released, and the next waiter goes at once. Any other
 //! removal of a key that was holding (an operator's `etcdctl del` or `lease revoke`, an expired
 //! lease) may have happened while its holder still runs: the holder learns it from its own watch
@@ -55,9 +55,11 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::http::{ApiError, EtcdHttp};
-use super::session::{self, LeaseEnd, Session, Won, holder_of, lease_of, retrying};
-use super::wire::{B64, Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::grpc::{ApiError, EtcdClient, is_not_found};
+use super::pool::LeaseEnd;
+use super::proto::{Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::session::{self, Session, Won, holder_of, lease_of, retrying};
+use super::watch::WatchStream;
 use lease_core::backoff::Backoff;
 use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
@@ -196,7 +198,7 @@ impl SemaphoreValue {
 /// Acquires the leader key or semaphore `spec` names (validated by the caller); `backend` answers
 /// the lease's checks.
 pub(crate) async fn acquire(
-    http: &Arc<EtcdHttp>,
+    http: &Arc<EtcdClient>,
     spec: &LeaseSpec,
     backend: Arc<dyn Backend>,
 ) -> Result<Lease, Error> {
@@ -204,8 +206,8 @@ pub(crate) async fn acquire(
     let deadline = spec.wait_policy().deadline(started);
     let rule = Rule::of(spec)?;
     loop {
-        let (mut session, mut keep_alive) = Session::grant(http, spec).await?;
-        let own = format!("{}/{}", spec.key(), session.holder());
+        let (mut session, mut keep_alive) = Session::attach(http, spec).await?;
+        let own = session.own().to_owned();
         let outcome = tokio::select! {
             biased;
             end = &mut keep_alive => Err(end),
@@ -223,19 +225,24 @@ pub(crate) async fn acquire(
                     sequencer, own, won, session, keep_alive, backend,
                 ));
             }
+            Ok(Err(Error::Lost(LostReason::SessionInvalidated))) => {
+                // The pooled lease went before the pool learned it: wait on another one.
+                http.pool().retire(session.id());
+                let _ = session.give_back(None).await;
+            }
             Ok(Err(error)) => {
                 // Give the lease back now, so a caller that asked not to wait leaves nothing
                 // behind.
-                let _ = session.revoke().await;
+                let _ = session.give_back(None).await;
                 return Err(error);
             }
             // Our waiting lease was revoked (by an operator, or it expired): wait with a new one,
             // at the back of the queue.
             Err(LeaseEnd::Revoked) => {
-                let _ = session.revoke().await;
+                let _ = session.give_back(None).await;
             }
             Err(end @ LeaseEnd::Fenced { .. }) => {
-                let _ = session.revoke().await;
+                let _ = session.give_back(None).await;
                 return Err(Error::Lost(end.into()));
             }
         }
@@ -244,7 +251,7 @@ pub(crate) async fn acquire(
 
 /// Joins the queue and waits for our turn, or until the deadline passes.
 async fn contend(
-    http: &EtcdHttp,
+    http: &EtcdClient,
     rule: Rule,
     spec: &LeaseSpec,
     own: &str,
@@ -257,21 +264,28 @@ async fn contend(
         key: key.to_owned(),
         waited: started.elapsed(),
     };
-    let failed = |e: ApiError| e.into_error(http, format_args!("contend for {key:?}"));
+    let failed = |e: ApiError| {
+        if is_not_found(&e) {
+            // etcd no longer has the pooled lease (revoked, expired) the key was to go on.
+            return Error::Lost(LostReason::SessionInvalidated);
+        }
+        e.into_error(http, format_args!("contend for {key:?}"))
+    };
     let value = rule.value(spec);
     let mut created = join(http, own, &value, lease, deadline)
         .await
         .map_err(failed)?;
     let mut pause = lease_http::backoff();
+    let mut kept = None;
     let mut first_judgment = true;
     loop {
         let mut ops = vec![
-            RequestOp::RequestRange(RangeRequest::key(own)),
-            RequestOp::RequestRange(rule.ahead(key, created)),
+            RequestOp::range(RangeRequest::key(own)),
+            RequestOp::range(rule.ahead(key, created)),
         ];
         if first_judgment {
             // Who was ahead when we joined, from etcd's history.
-            ops.push(RequestOp::RequestRange(
+            ops.push(RequestOp::range(
                 rule.ahead(key, created).at_revision(created),
             ));
         }
@@ -304,7 +318,7 @@ async fn contend(
             Turn::Mine => {
                 return Ok(Won {
                     created,
-                    judged_at: read.header.revision,
+                    judged_at: read.revision(),
                 });
             }
             Turn::WaitFor(range) => range,
@@ -313,7 +327,8 @@ async fn contend(
             return Err(busy());
         }
         let turn = async {
-            let removal = wait_for_removal(http, &range, ahead, read.header.revision, &mut pause);
+            let removal =
+                wait_for_removal(http, &range, ahead, read.revision(), &mut pause, &mut kept);
             if removal.await == Removal::Unannounced {
                 tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
                 tokio::time::sleep(spec.settle_time()).await;
@@ -331,7 +346,7 @@ async fn contend(
 /// Writes the own key if it does not exist yet; returns its create revision. Idempotent: a retry
 /// after a lost answer finds the key it wrote.
 async fn join(
-    http: &EtcdHttp,
+    http: &EtcdClient,
     own: &str,
     value: &[u8],
     lease: i64,
@@ -339,17 +354,17 @@ async fn join(
 ) -> Result<i64, ApiError> {
     let txn = TxnRequest {
         compare: vec![Compare::absent(own)],
-        success: vec![RequestOp::RequestPut(PutRequest {
-            key: own.into(),
-            value: B64(value.to_vec()),
+        success: vec![RequestOp::put(PutRequest {
+            key: own.as_bytes().to_vec(),
+            value: value.to_vec(),
             lease,
             ..PutRequest::default()
         })],
-        failure: vec![RequestOp::RequestRange(RangeRequest::key(own))],
+        failure: vec![RequestOp::range(RangeRequest::key(own))],
     };
     let answer = retrying(deadline, || http.txn(&txn)).await?;
     if answer.succeeded {
-        return Ok(answer.header.revision);
+        return Ok(answer.revision());
     }
     answer
         .range(0)
@@ -372,7 +387,9 @@ enum Removal {
 impl Removal {
     /// How `event` (a deletion) removed its key, given the keys that held at the waiter's read.
     fn of(event: &Event, holding: &[KeyValue]) -> Removal {
-        let held = holding.iter().any(|kv| kv.key == event.kv.key);
+        let held = holding
+            .iter()
+            .any(|kv| event.kv.as_ref().is_some_and(|gone| gone.key == kv.key));
         let released = event.prev_kv.as_ref().is_some_and(|prev| prev.version >= 2);
         if held && !released {
             Removal::Unannounced
@@ -387,7 +404,7 @@ impl Removal {
 /// each one's deletion. Settle-worthy if any went unannounced, or if the history cannot be read
 /// (compacted): a deletion may have been missed.
 async fn removed_since_join(
-    http: &EtcdHttp,
+    http: &EtcdClient,
     created: i64,
     then: &[KeyValue],
     ahead: &[KeyValue],
@@ -400,7 +417,8 @@ async fn removed_since_join(
     {
         let range = RangeRequest::key(&gone.key_str());
         // Deleted already, so the watch replays the deletion at once; bounded all the same.
-        let replayed = wait_for_removal(http, &range, then, created, pause);
+        let mut watch = None;
+        let replayed = wait_for_removal(http, &range, then, created, pause, &mut watch);
         let removal = tokio::time::timeout(HISTORY_REPLAY, replayed)
             .await
             .unwrap_or(Removal::Unannounced);
@@ -413,33 +431,56 @@ async fn removed_since_join(
 /// the `holding` keys without a release; or when the watch breaks (the caller judges again either
 /// way; a broken watch first waits `pause`).
 async fn wait_for_removal(
-    http: &EtcdHttp,
+    http: &EtcdClient,
     range: &RangeRequest,
     holding: &[KeyValue],
     revision: i64,
     pause: &mut Backoff,
+    kept: &mut Option<KeptWatch>,
 ) -> Removal {
-    let mut stream = match http.watch(range, revision + 1).await {
-        Ok(stream) => stream,
-        Err(error) => {
-            tracing::debug!(%error, "cannot watch the queue; judging again");
-            pause.wait().await;
-            return Removal::Unannounced;
+    // The same range as last time (a semaphore's prefix): go on with that watch. etcd delivers
+    // a watch created at a past revision only from its next sync (up to 100 ms later), and a
+    // holder's touch often falls between a waiter's read and its new watch.
+    if kept.as_ref().is_none_or(|k| k.range != *range) {
+        *kept = None;
+        match http.watch(range, revision + 1).await {
+            Ok(stream) => {
+                *kept = Some(KeptWatch {
+                    range: range.clone(),
+                    stream,
+                });
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot watch the queue; judging again");
+                pause.wait().await;
+                return Removal::Unannounced;
+            }
         }
+    }
+    let Some(KeptWatch { stream, .. }) = kept.as_mut() else {
+        return Removal::Unannounced;
     };
     loop {
         match stream.next().await {
-            Ok(batch) if batch.events.iter().any(Event::is_delete) => {
+            Ok(batch) => {
+                // Deletions the read at `revision` already saw are not news.
+                let mut deletions = batch
+                    .events
+                    .iter()
+                    .filter(|e| e.is_delete() && e.kv().mod_revision > revision)
+                    .peekable();
+                if deletions.peek().is_none() {
+                    continue;
+                }
                 pause.reset();
-                let deletions = batch.events.iter().filter(|e| e.is_delete());
                 return deletions
                     .map(|e| Removal::of(e, holding))
                     .max()
                     .unwrap_or(Removal::Released);
             }
-            Ok(_) => {}
             Err(error) => {
                 tracing::debug!(%error, "the watch of the queue broke; judging again");
+                *kept = None;
                 pause.wait().await;
                 return Removal::Unannounced;
             }
@@ -447,9 +488,15 @@ async fn wait_for_removal(
     }
 }
 
+/// A waiter's watch, kept from one judgment to the next while it watches the same range.
+struct KeptWatch {
+    range: RangeRequest,
+    stream: WatchStream,
+}
+
 /// Whether `sequencer` (of this backend) still names a holder: one linearizable transaction reads
 /// the own key of a leader or a semaphore holder, and the keys ahead of it.
-pub(crate) async fn check_sequencer(http: &EtcdHttp, sequencer: &Sequencer) -> Result<(), Error> {
+pub(crate) async fn check_sequencer(http: &EtcdClient, sequencer: &Sequencer) -> Result<(), Error> {
     let Some(lease) = lease_of(sequencer.holder()) else {
         return Err(Error::Lost(LostReason::KeyDeleted));
     };
@@ -458,13 +505,13 @@ pub(crate) async fn check_sequencer(http: &EtcdHttp, sequencer: &Sequencer) -> R
     // A leader's sequencer names the election; a semaphore holder's, its own key.
     let leader_own = format!("{key}/{}", sequencer.holder());
     let mut ops = vec![
-        RequestOp::RequestRange(RangeRequest::key(&leader_own)),
-        RequestOp::RequestRange(Rule::Leader.ahead(key, index)),
-        RequestOp::RequestRange(RangeRequest::key(key)),
+        RequestOp::range(RangeRequest::key(&leader_own)),
+        RequestOp::range(Rule::Leader.ahead(key, index)),
+        RequestOp::range(RangeRequest::key(key)),
     ];
     let prefix = key.rsplit_once('/').map(|(prefix, _)| prefix);
     if let Some(prefix) = prefix {
-        ops.push(RequestOp::RequestRange(
+        ops.push(RequestOp::range(
             RangeRequest::under(prefix)
                 .keys_only()
                 .created_by(index - 1),
@@ -613,20 +660,20 @@ mod tests {
 
     /// Writes `key` (touched once more if `touched`, as a release does) and returns its create
     /// revision.
-    async fn put(http: &EtcdHttp, key: &str, touched: bool) -> i64 {
+    async fn put(http: &EtcdClient, key: &str, touched: bool) -> i64 {
         let put = |touch| TxnRequest {
-            success: vec![RequestOp::RequestPut(if touch {
+            success: vec![RequestOp::put(if touch {
                 PutRequest::touch(key)
             } else {
                 PutRequest {
-                    key: key.into(),
-                    value: B64(b"v".to_vec()),
+                    key: key.as_bytes().to_vec(),
+                    value: b"v".to_vec(),
                     ..PutRequest::default()
                 }
             })],
             ..TxnRequest::default()
         };
-        let created = http.txn(&put(false)).await.unwrap().header.revision;
+        let created = http.txn(&put(false)).await.unwrap().revision();
         if touched {
             http.txn(&put(true)).await.unwrap();
         }
@@ -634,7 +681,7 @@ mod tests {
     }
 
     /// The keys ahead at the join, as the first read's history range reads them.
-    async fn ahead_at(http: &EtcdHttp, rule: Rule, created: i64) -> Vec<KeyValue> {
+    async fn ahead_at(http: &EtcdClient, rule: Rule, created: i64) -> Vec<KeyValue> {
         let range = rule.ahead("q", created).at_revision(created);
         http.range(&range).await.unwrap().kvs
     }

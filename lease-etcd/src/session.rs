@@ -1,37 +1,31 @@
-//! An etcd lease as the session of one acquisition: granted, kept alive, watched, revoked.
+//! One acquisition's place on a pooled etcd lease: attached, watched, given back.
 //!
-//! Every acquisition grants its own etcd lease with the spec's TTL and attaches its key to it, so
-//! revoking the lease (a release, an operator's `etcdctl lease revoke`, expiry) deletes the key in
-//! the same step. While the lease lives, one keep-alive is sent every TTL/3 (as etcd's own client
-//! does); each answered one confirms the lease's [`Fence`] with its send time, so the holder
-//! self-fences when no keep-alive has been answered for TTL − margin
-//! ([`LeaseSpec::fence_after`]), before etcd could expire the lease and let another contender in.
+//! An acquisition attaches its contender key to a pooled etcd lease of its TTL (see `pool`),
+//! which the client keeps alive for all the keys on it; each answered keep-alive confirms the
+//! shared [`Fence`] with its send time, so the holder self-fences when no keep-alive has been
+//! answered for TTL − margin ([`LeaseSpec::fence_after`]), before etcd could expire the lease and
+//! let another contender in.
 //!
-//! The holder watches its own key: its deletion (an operator's `etcdctl del`, the lease revoked)
-//! is loss. A failed keep-alive or a broken watch is retried; only the fence decides that trouble
-//! has lasted too long: brief server trouble is not loss.
+//! The holder watches its own key (on the client's one watch stream): its deletion (an
+//! operator's `etcdctl del`, the lease revoked) is loss. Giving the place back deletes the own
+//! key (a release touches it first) and leaves the pooled lease, which is revoked once nothing
+//! is left on it. A broken watch is opened again by the stream; only the fence decides that
+//! trouble has lasted too long: brief server trouble is not loss.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::http::{ApiError, EtcdHttp};
-use super::wire::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::grpc::{ApiError, EtcdClient};
+use super::pool::{self, LeaseEnd, Pool};
+use super::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
-use lease_http::{backoff, retry_pause, retry_transient, within};
-
-/// Why a lease's keep-alive stopped.
-#[derive(Debug)]
-pub(crate) enum LeaseEnd {
-    /// etcd says the lease no longer exists (revoked, or expired).
-    Revoked,
-    /// No keep-alive was answered for the fence's time.
-    Fenced { unconfirmed_for: Duration },
-}
+use lease_http::{backoff, retry_transient, within};
 
 impl From<LeaseEnd> for LostReason {
     fn from(end: LeaseEnd) -> Self {
@@ -42,17 +36,22 @@ impl From<LeaseEnd> for LostReason {
     }
 }
 
-/// What keeps a lease alive, boxed so acquire can poll it while waiting and then hand it to the
-/// holder task. It ends when the lease must be considered gone.
+/// What tells that the pooled lease under an acquisition is gone, boxed so acquire can poll it
+/// while waiting and then hand it to the holder task.
 pub(crate) type KeepAlive = Pin<Box<dyn Future<Output = LeaseEnd> + Send>>;
 
-/// An etcd lease this process granted. Dropping it revokes it in the background.
+/// An acquisition's place on a pooled etcd lease, under the contender key `<name>/<lease hex>`.
+/// Dropping it gives the place back in the background.
 #[derive(Debug)]
 pub(crate) struct Session {
-    http: Arc<EtcdHttp>,
+    client: Arc<EtcdClient>,
     id: i64,
+    /// The name contended for (a leader key, a semaphore's prefix).
+    name: String,
+    /// The contender key.
+    own: String,
     fence: Fence,
-    ended: bool,
+    given_back: bool,
 }
 
 /// The lease ID as `etcdctl` writes it in key names: lowercase hex.
@@ -66,29 +65,25 @@ pub(crate) fn lease_of(holder: &str) -> Option<i64> {
 }
 
 impl Session {
-    /// Grants a lease with `spec`'s TTL, and what keeps it alive (returned, to be polled).
-    pub(crate) async fn grant(
-        http: &Arc<EtcdHttp>,
+    /// A place for a contender of `spec` on a pooled lease, and what tells that the lease is gone
+    /// (returned, to be polled).
+    pub(crate) async fn attach(
+        client: &Arc<EtcdClient>,
         spec: &LeaseSpec,
     ) -> Result<(Session, KeepAlive), Error> {
-        let ttl = spec.session_ttl();
-        let sent = Instant::now();
-        let id = http
-            .lease_grant(ttl)
-            .await
-            .map_err(|e| e.into_error(http, format_args!("grant a lease for {:?}", spec.key())))?;
-        tracing::debug!(lease = %holder_of(id), ?ttl, "etcd lease granted");
-        let fence = Fence::new(spec.fence_after(), sent);
-        let keep_alive = Box::pin(keep_alive(Arc::clone(http), id, ttl, fence.clone()));
-        Ok((
-            Session {
-                http: Arc::clone(http),
-                id,
-                fence,
-                ended: false,
-            },
-            keep_alive,
-        ))
+        let attached = Pool::attach(client, spec).await.map_err(|e| {
+            e.into_error(client, format_args!("grant a lease for {:?}", spec.key()))
+        })?;
+        let keep_alive = Box::pin(ended(attached.end, attached.fence.clone()));
+        let session = Session {
+            client: Arc::clone(client),
+            id: attached.id,
+            name: spec.key().to_owned(),
+            own: format!("{}/{}", spec.key(), holder_of(attached.id)),
+            fence: attached.fence,
+            given_back: false,
+        };
+        Ok((session, keep_alive))
     }
 
     pub(crate) fn id(&self) -> i64 {
@@ -99,95 +94,141 @@ impl Session {
         holder_of(self.id)
     }
 
-    pub(crate) fn http(&self) -> &Arc<EtcdHttp> {
-        &self.http
+    /// The contender key, `<name>/<lease hex>`.
+    pub(crate) fn own(&self) -> &str {
+        &self.own
     }
 
-    /// Revokes the lease, deleting its key with it; retries brief trouble within
-    /// [`RELEASE_BOUND`].
-    pub(crate) async fn revoke(&mut self) -> Result<(), Error> {
-        self.ended = true;
-        revoke(&self.http, self.id).await
+    pub(crate) fn client(&self) -> &Arc<EtcdClient> {
+        &self.client
     }
 
-    /// [`revoke`](Session::revoke) on a detached runtime, for a process that is ending.
+    /// Deletes the own key (only the one created at `created`, if given) and leaves the pooled
+    /// lease, revoking it if nothing else is on it; retries brief trouble within
+    /// [`RELEASE_BOUND`]. If the key cannot be deleted, the pooled lease is retired (its other
+    /// acquisitions lose it) and revoked, or left to expire, so no contender key outlives its
+    /// holder.
+    pub(crate) async fn give_back(&mut self, created: Option<i64>) -> Result<(), Error> {
+        self.given_back = true;
+        give_back(&self.client, self.id, &self.name, &self.own, created).await
+    }
+
+    /// [`give_back`](Session::give_back) on a detached runtime, for a process that is ending.
     pub(crate) fn abandon(mut self) -> Option<BoxFuture<'static, ()>> {
-        self.ended = true;
-        detached_revoke(&self.http, self.id)
+        self.given_back = true;
+        detached_give_back(&self.client, self.id, &self.name, &self.own)
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if self.ended {
+        if self.given_back {
             return;
         }
-        // A cancelled acquire: revoke in the background, or from a detached runtime if this
-        // runtime is ending.
-        let (http, id) = (Arc::clone(&self.http), self.id);
-        let abandoned = Arc::clone(&http);
-        http.keepers().clone().spawn_clean_up(
+        // A cancelled acquire: give the place back in the background, or from a detached
+        // runtime if this runtime is ending.
+        let (client, id, name, own) = (
+            Arc::clone(&self.client),
+            self.id,
+            self.name.clone(),
+            self.own.clone(),
+        );
+        let abandoned = Arc::clone(&client);
+        let (abandoned_name, abandoned_own) = (name.clone(), own.clone());
+        client.keepers().clone().spawn_clean_up(
             async move {
-                if let Err(error) = revoke(&http, id).await {
-                    tracing::warn!(lease = %holder_of(id), %error, "could not revoke an etcd lease; it expires with its TTL");
+                if let Err(error) = give_back(&client, id, &name, &own, None).await {
+                    tracing::warn!(key = %own, %error, "could not delete a contender key; its etcd lease expires with its TTL");
                 }
             },
-            move || detached_revoke(&abandoned, id),
+            move || detached_give_back(&abandoned, id, &abandoned_name, &abandoned_own),
         );
     }
 }
 
-fn detached_revoke(http: &EtcdHttp, id: i64) -> Option<BoxFuture<'static, ()>> {
-    let http = http.detached()?;
+fn delete_own(own: &str, created: Option<i64>) -> TxnRequest {
+    TxnRequest {
+        compare: created
+            .map(|created| vec![Compare::created(own, created)])
+            .unwrap_or_default(),
+        success: vec![RequestOp::delete(own)],
+        ..TxnRequest::default()
+    }
+}
+
+async fn give_back(
+    client: &EtcdClient,
+    id: i64,
+    name: &str,
+    own: &str,
+    created: Option<i64>,
+) -> Result<(), Error> {
+    let delete = delete_own(own, created);
+    match retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await {
+        Ok(_) => {
+            if client.pool().detach(id, name) {
+                pool::revoke(client, id).await.map_err(|e| {
+                    e.into_error(client, format_args!("revoke lease {}", holder_of(id)))
+                })?;
+            }
+            Ok(())
+        }
+        Err(error) => {
+            // Revoking deletes the key with the lease (one attempt: if etcd cannot be reached,
+            // the lease, no longer kept alive, expires with its TTL).
+            client.pool().retire(id);
+            let _ = client.lease_revoke(id).await;
+            Err(error.into_error(client, format_args!("delete {own:?}")))
+        }
+    }
+}
+
+fn detached_give_back(
+    client: &EtcdClient,
+    id: i64,
+    name: &str,
+    own: &str,
+) -> Option<BoxFuture<'static, ()>> {
+    let last = client.pool().detach(id, name);
+    let client = client.detached()?;
+    let delete = delete_own(own, None);
     Some(Box::pin(async move {
-        let _ = revoke(&http, id).await;
+        let _ = retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await;
+        if last {
+            let _ = pool::revoke(&client, id).await;
+        }
     }))
 }
 
-async fn revoke(http: &EtcdHttp, id: i64) -> Result<(), Error> {
-    retry_transient(within(RELEASE_BOUND), || http.lease_revoke(id))
-        .await
-        .map_err(|e| e.into_error(http, format_args!("revoke lease {}", holder_of(id))))?;
-    tracing::debug!(lease = %holder_of(id), "etcd lease revoked");
-    Ok(())
-}
-
-/// Sends a keep-alive every TTL/3, confirming `fence` with each answered one's send time, until
-/// etcd says the lease is gone or the fence's deadline passes (then it returns `Fenced`, at that
-/// deadline, not later).
-async fn keep_alive(http: Arc<EtcdHttp>, id: i64, ttl: Duration, fence: Fence) -> LeaseEnd {
-    let every = ttl / 3;
-    let retry_every = retry_pause(ttl);
-    let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + every;
+/// Completes when the pooled lease ends (etcd says it is gone) or its fence's deadline passes
+/// (then it returns `Fenced`, at that deadline, not later).
+async fn ended(mut end: watch::Receiver<Option<LeaseEnd>>, fence: Fence) -> LeaseEnd {
     loop {
-        let Some(deadline) = fence.deadline() else {
-            return std::future::pending().await;
+        let deadline = fence.deadline();
+        let expiry = async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
         };
-        tokio::time::sleep_until(next.min(deadline)).await;
-        if let Some(unconfirmed_for) = fence.overdue() {
-            return LeaseEnd::Fenced { unconfirmed_for };
-        }
-        let sent = Instant::now();
-        match tokio::time::timeout_at(deadline, http.lease_keep_alive(id)).await {
-            Ok(Ok(left)) if left > 0 => {
-                fence.confirm(sent);
-                next = sent + every;
-            }
-            Ok(Ok(_)) => return LeaseEnd::Revoked,
-            Ok(Err(error)) => {
-                tracing::debug!(lease = %holder_of(id), %error, "etcd keep-alive failed; retrying");
-                next = Instant::now() + retry_every;
-            }
-            Err(_) => {
-                return LeaseEnd::Fenced {
-                    unconfirmed_for: fence.confirmed_at().map_or(Duration::ZERO, |c| c.elapsed()),
+        tokio::select! {
+            biased;
+            ended = end.wait_for(Option::is_some) => {
+                return match ended {
+                    Ok(ended) => ended.clone().unwrap_or(LeaseEnd::Revoked),
+                    Err(_) => LeaseEnd::Revoked,
                 };
+            }
+            () = expiry => {
+                if let Some(unconfirmed_for) = fence.overdue() {
+                    return LeaseEnd::Fenced { unconfirmed_for };
+                }
             }
         }
     }
 }
 
-/// The [`Hold`] of every etcd lease: the etcd lease, its keep-alive, and the own key it wrote.
+/// The [`Hold`] of every etcd lease: its place on a pooled etcd lease, and the own key it wrote.
 pub(crate) struct KeyHold {
     session: Session,
     keep_alive: KeepAlive,
@@ -217,7 +258,7 @@ pub(crate) fn start_lease(
     backend: Arc<dyn Backend>,
 ) -> Lease {
     tracing::info!(%sequencer, "lease acquired");
-    let (keepers, fence) = (session.http().keepers().clone(), session.fence.clone());
+    let (keepers, fence) = (session.client().keepers().clone(), session.fence.clone());
     let hold = KeyHold {
         session,
         keep_alive,
@@ -230,8 +271,8 @@ pub(crate) fn start_lease(
 
 impl Hold for KeyHold {
     async fn watch(&mut self) -> LostReason {
-        let http = Arc::clone(self.session.http());
-        let own_key = watch_own_key(&http, &self.key, self.created, self.judged_at);
+        let client = Arc::clone(self.session.client());
+        let own_key = watch_own_key(&client, &self.key, self.created, self.judged_at);
         tokio::select! {
             biased;
             end = &mut self.keep_alive => end.into(),
@@ -246,24 +287,28 @@ impl Hold for KeyHold {
         // The key went with the lease (revoked, or expired) if the lease is gone too.
         match self
             .session
-            .http()
+            .client()
             .lease_time_to_live(self.session.id())
             .await
         {
-            Ok(left) if left < 0 => Some(LostReason::SessionInvalidated),
+            Ok(left) if left < 0 => {
+                // So no other acquisition attaches to it before the keep-alive says so.
+                self.session.client().pool().retire(self.session.id());
+                Some(LostReason::SessionInvalidated)
+            }
             _ => None,
         }
     }
 
     async fn release(&mut self) -> Result<(), Error> {
-        announce_release(self.session.http(), &self.key, self.created).await;
-        self.session.revoke().await
+        announce_release(self.session.client(), &self.key, self.created).await;
+        self.session.give_back(Some(self.created)).await
     }
 
     async fn clean_up(&mut self, _reason: &LostReason) {
         // etcd has no lock-delay to keep: the next holder's higher revision fences this one.
-        if let Err(error) = self.session.revoke().await {
-            tracing::warn!(%error, "could not revoke the etcd lease of a lost lease; it expires with its TTL");
+        if let Err(error) = self.session.give_back(Some(self.created)).await {
+            tracing::warn!(%error, "could not delete the key of a lost lease; its etcd lease is retired and expires with its TTL");
         }
     }
 
@@ -272,14 +317,14 @@ impl Hold for KeyHold {
     }
 }
 
-/// Touches the own `key` (if it is still the one created at `created`) before the lease that
-/// deletes it is revoked, so that waiters, which see the deletion with the key's version, know it
+/// Touches the own `key` (if it is still the one created at `created`) before it is deleted, so
+/// that waiters, which see the deletion with the key's version, know it
 /// was released and need not settle (see the `queue` module). One attempt: if it fails, waiters
 /// settle, which is slower but as safe.
-async fn announce_release(http: &EtcdHttp, key: &str, created: i64) {
+async fn announce_release(http: &EtcdClient, key: &str, created: i64) {
     let touch = TxnRequest {
         compare: vec![Compare::created(key, created)],
-        success: vec![RequestOp::RequestPut(PutRequest::touch(key))],
+        success: vec![RequestOp::put(PutRequest::touch(key))],
         ..TxnRequest::default()
     };
     if let Err(error) = http.txn(&touch).await {
@@ -290,7 +335,7 @@ async fn announce_release(http: &EtcdHttp, key: &str, created: i64) {
 /// Completes when the own `key` (created at `created`) is deleted or replaced after revision
 /// `from`. A watch that breaks is opened again from the last revision seen; one that cannot be
 /// (its revision compacted) is replaced by one read of the key.
-async fn watch_own_key(http: &EtcdHttp, key: &str, created: i64, from: i64) -> LostReason {
+async fn watch_own_key(http: &EtcdClient, key: &str, created: i64, from: i64) -> LostReason {
     let mut seen = from;
     let mut backoff = backoff();
     loop {
@@ -301,7 +346,7 @@ async fn watch_own_key(http: &EtcdHttp, key: &str, created: i64, from: i64) -> L
                 if let Ok(read) = http.range(&RangeRequest::key(key)).await {
                     match read.kvs.first() {
                         Some(kv) if kv.create_revision == created => {
-                            seen = seen.max(read.header.revision);
+                            seen = seen.max(read.revision());
                         }
                         Some(kv) => return taken(kv.create_revision, kv.lease),
                         None => return LostReason::KeyDeleted,
@@ -315,7 +360,7 @@ async fn watch_own_key(http: &EtcdHttp, key: &str, created: i64, from: i64) -> L
 
 /// Watches `key` after revision `seen`, advancing it; `None` when the watch broke.
 async fn watch_from(
-    http: &EtcdHttp,
+    http: &EtcdClient,
     key: &str,
     created: i64,
     seen: &mut i64,
@@ -333,11 +378,12 @@ async fn watch_from(
             if event.is_delete() {
                 return Some(LostReason::KeyDeleted);
             }
-            if event.kv.create_revision != created {
-                return Some(taken(event.kv.create_revision, event.kv.lease));
+            let kv = event.kv();
+            if kv.create_revision != created {
+                return Some(taken(kv.create_revision, kv.lease));
             }
         }
-        *seen = (*seen).max(batch.header.revision);
+        *seen = (*seen).max(batch.revision());
     }
 }
 

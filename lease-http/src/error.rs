@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use reqwest::StatusCode;
+use http::StatusCode;
 
 use lease_core::metrics::RequestError;
 
@@ -34,8 +34,8 @@ pub mod grpc {
 pub enum ApiError {
     /// No answer: the connection failed, was dropped, or the request timed out. Shared, so the
     /// one failure of a batch of requests can be the source of every error it causes. Built by
-    /// [`ApiError::transport`], which strips the request's URL (it may carry a key), or
-    /// [`ApiError::pool`].
+    /// `ApiError::transport` (feature `reqwest`), which strips the request's URL (it may carry a
+    /// key), or [`ApiError::pool`].
     Transport(Arc<dyn std::error::Error + Send + Sync>),
     /// An error answer, or an error message in a streamed answer (whose status is then 200).
     Status {
@@ -56,12 +56,13 @@ pub enum ApiError {
 
 impl ApiError {
     /// A request that got no answer, without its URL (which may carry a key).
+    #[cfg(feature = "reqwest")]
     pub fn transport(error: reqwest::Error) -> Self {
         ApiError::Transport(Arc::new(error.without_url()))
     }
 
-    /// A failure of a backend's own connection pool (Consul's counted one), whose errors carry
-    /// no URL.
+    /// A failure of a backend's own connections (Consul's counted pool, etcd's gRPC channel),
+    /// whose errors carry no URL.
     pub fn pool(error: lease_core::BoxError) -> Self {
         ApiError::Transport(Arc::from(error))
     }

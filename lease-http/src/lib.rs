@@ -1,5 +1,6 @@
-//! HTTP plumbing shared by the Consul (`lease-consul`) and etcd (`lease-etcd`) backends of
-//! [lease-core](https://docs.rs/lease-core): how a client is built ([`ClientConfig`]), the one
+//! HTTP plumbing shared by the Consul (`lease-consul`) and etcd (`lease-etcd`, over gRPC, without
+//! the `reqwest` feature) backends of [lease-core](https://docs.rs/lease-core): how a client is
+//! built ([`ClientConfig`]), the one
 //! retry loop for brief trouble ([`retry_transient`]), why a call failed ([`ApiError`], which
 //! each backend turns into the public error through its [`ErrorContext`]), why a request got no
 //! answer ([`Cause`]), and an error's chain as text ([`DisplayChain`]).
@@ -116,6 +117,7 @@ impl Cause {
     /// Reads `error` and its sources: a reqwest timeout, an I/O error's kind, or the words of a
     /// DNS, TLS or dropped-connection failure.
     pub fn of(error: &(dyn std::error::Error + 'static)) -> Cause {
+        #[cfg(feature = "reqwest")]
         if error
             .downcast_ref::<reqwest::Error>()
             .is_some_and(reqwest::Error::is_timeout)
@@ -232,9 +234,10 @@ impl ClientConfig {
         self.ca_pem.is_some() || self.identity_pem.is_some() || self.skip_verify
     }
 
-    /// Builds a reqwest client (etcd's): rustls (with the platform's verifier) if this crate's
+    /// Builds a reqwest client (feature `reqwest`): rustls (with the platform's verifier) if this crate's
     /// `rustls` feature is on, else native-tls if `native-tls` is, else plain HTTP only. (Consul's is
     /// built by its own connection pool, which counts connections.)
+    #[cfg(feature = "reqwest")]
     pub fn build(&self) -> Result<reqwest::Client, reqwest::Error> {
         let mut client = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT))
@@ -280,7 +283,7 @@ impl ClientConfig {
 
 /// A client certificate and its key (PEM) as reqwest takes them: any key rustls reads (PKCS #8,
 /// PKCS #1, SEC1).
-#[cfg(feature = "rustls")]
+#[cfg(all(feature = "reqwest", feature = "rustls"))]
 fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
     let mut pem = cert.to_vec();
     pem.push(b'\n');
@@ -289,18 +292,20 @@ fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error
 }
 
 /// A client certificate and its key (PEM) as reqwest takes them: native-tls needs a PKCS #8 key.
-#[cfg(all(feature = "native-tls", not(feature = "rustls")))]
+#[cfg(all(feature = "reqwest", feature = "native-tls", not(feature = "rustls")))]
 fn identity(cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, reqwest::Error> {
     reqwest::Identity::from_pkcs8_pem(cert, key)
 }
 
 /// Resolves every name to one host, so a URL can name the server's TLS name while the connection
 /// goes to its address.
+#[cfg(feature = "reqwest")]
 struct ConnectTo {
     host: String,
     port: u16,
 }
 
+#[cfg(feature = "reqwest")]
 impl reqwest::dns::Resolve for ConnectTo {
     fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let target = (self.host.clone(), self.port);

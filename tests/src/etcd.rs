@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::consul::{ensured_tool, free_port, workspace_root};
+use crate::consul::{AgentTls, ensured_tool, free_port, workspace_root};
 
 /// How long a start or an election may take before it is an error.
 pub const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -60,6 +60,8 @@ struct Member {
     data: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// Also serve TLS clients on this port, with these certificates, verifying clients.
+    tls: Option<(AgentTls, u16)>,
 }
 
 impl Member {
@@ -78,6 +80,7 @@ impl Member {
             data,
             log,
             child: None,
+            tls: None,
         }
     }
 
@@ -94,12 +97,26 @@ impl Member {
             .open(&self.log)
             .map_err(|e| e.to_string())?;
         let client = format!("http://127.0.0.1:{}", self.client_port);
-        let child = Command::new(etcd_bin())
+        let mut listen = client.clone();
+        let mut command = Command::new(etcd_bin());
+        if let Some((tls, port)) = &self.tls {
+            // The plain URL stays for the readiness probe and the operator's calls.
+            listen = format!("{client},https://127.0.0.1:{port}");
+            command
+                .arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &self.name, "--data-dir"])
             .arg(&self.data)
             .args([
                 "--listen-client-urls",
-                &client,
+                &listen,
                 "--advertise-client-urls",
                 &client,
             ])
@@ -164,10 +181,22 @@ impl std::ops::Deref for Server {
 impl Server {
     /// Starts etcd and waits (up to [`READY_WITHIN`]) until it serves linearizable reads.
     pub async fn start() -> Server {
+        Server::start_with(None).await
+    }
+
+    /// [`Server::start`], also serving TLS clients (`https://`, [`Server::https_url`]) with
+    /// `tls`'s server certificate and `--client-cert-auth`: a client must present a certificate
+    /// signed by `tls.ca`.
+    pub async fn start_tls(tls: &AgentTls) -> Server {
+        Server::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<&AgentTls>) -> Server {
         let mut last = String::new();
         // Free ports can be taken between choosing and binding; a few attempts make that moot.
         for _ in 0..3 {
             let mut member = Member::new("solo".into());
+            member.tls = tls.map(|tls| (tls.clone(), free_port()));
             let cluster = format!("solo={}", member.peer_url());
             let token = format!("lease-{}", member.client_port);
             if let Err(e) = member.spawn(&cluster, "new", &token) {
@@ -191,6 +220,16 @@ impl Server {
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr())
+    }
+
+    /// `https://127.0.0.1:<port>`, of a server started with [`Server::start_tls`].
+    pub fn https_url(&self) -> String {
+        let (_, port) = self
+            .member
+            .tls
+            .as_ref()
+            .expect("the server was started without start_tls");
+        format!("https://127.0.0.1:{port}")
     }
 
     /// A backend talking to this etcd.

@@ -568,3 +568,38 @@ async fn nothing_is_left_behind() {
     })
     .await;
 }
+
+/// TLS on the gRPC channel: an `https://` endpoint, the CA that signed etcd's certificate and a
+/// client certificate (etcd verifies clients); refused without the client certificate, and
+/// without the CA.
+#[tokio::test]
+async fn tls_with_a_ca_and_a_client_certificate() {
+    lease_tests::init_tracing();
+    let tls = lease_tests::consul::AgentTls::create().await;
+    let server = Server::start_tls(&tls).await;
+    let etcd = Etcd::builder()
+        .endpoints([server.https_url()])
+        .ca_cert(&tls.ca)
+        .client_cert(&tls.client_cert, &tls.client_key)
+        .build()
+        .unwrap();
+    let lease = etcd.acquire(&leader("tls/leader")).await.unwrap();
+    lease.check().await.unwrap();
+    lease.release().await.unwrap();
+    let spec = leader("tls/refused").wait(Wait::Never);
+    let without_certificate = Etcd::builder()
+        .endpoints([server.https_url()])
+        .ca_cert(&tls.ca)
+        .build()
+        .unwrap();
+    let refused = without_certificate.acquire(&spec).await.unwrap_err();
+    assert!(matches!(refused, Error::Unreachable { .. }), "{refused}");
+    let without_ca = Etcd::builder()
+        .endpoints([server.https_url()])
+        .client_cert(&tls.client_cert, &tls.client_key)
+        .build()
+        .unwrap();
+    let untrusted = without_ca.acquire(&spec).await.unwrap_err();
+    assert!(untrusted.to_string().contains("ETCD_CACERT"), "{untrusted}");
+    assert!(server.leases().await.is_empty());
+}

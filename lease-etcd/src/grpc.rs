@@ -1,0 +1,659 @@
+//! etcd's v3 gRPC API over two HTTP/2 connections per endpoint: the unary calls this crate
+//! makes, and what their errors mean.
+//!
+//! Every call goes to one endpoint at a time; a transport failure moves the client on to the next
+//! of its endpoints, so the retry that follows ([`lease_http::retry_transient`]) reaches another
+//! member. An endpoint's channels are HTTP/2 connections (tonic's, over [`Connector`]'s TCP or
+//! TLS): one shared by every call, one by the watch stream ([`Watches`]) and the keep-alive
+//! stream ([`Pool`]); a process's leases cost no connection of their own. With a user and password the
+//! client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
+//! longer knows (they expire after five idle minutes by default) is replaced once, transparently.
+//!
+//! Errors are lease-http's [`ApiError`], which fits gRPC as it fits etcd's JSON gateway: an
+//! answer with a gRPC status is `Status` with that code (and HTTP 200, which is what gRPC answers
+//! with), and a call that got no answer (no connection, a reset, a GOAWAY) is `Transport`, whose
+//! cause lease-http reads from the I/O error underneath. So the one retry loop and the error
+//! hints stay shared with Consul.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::client::Grpc;
+use tonic::transport::Channel;
+use tonic_prost::ProstCodec;
+
+use super::connect::{Connector, Tls};
+use super::pool::Pool;
+use super::proto::{
+    self, AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse,
+    Empty, LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseTimeToLiveResponse, RangeRequest,
+    RangeResponse, TxnRequest, TxnResponse, path,
+};
+use super::watch::{WatchStream, Watches};
+use lease_core::backend::ReachabilityTracker;
+use lease_core::backend::{Keepers, Reachability};
+use lease_core::{BackendKind, Error};
+pub(crate) use lease_http::ApiError;
+use lease_http::{Cause, ClientConfig, ErrorContext, grpc};
+
+/// Timeout of every unary call.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the connection is pinged while idle, to find a dead one before a request does.
+/// etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`).
+const PING_EVERY: Duration = Duration::from_secs(10);
+
+/// The most unary calls in flight on an endpoint's connection; etcd batches its writes, so more
+/// would not make them faster.
+const MAX_CALLS_IN_FLIGHT: usize = 128;
+
+/// Whether etcd says the lease (or the thing asked about) does not exist.
+pub(crate) fn is_not_found(error: &ApiError) -> bool {
+    matches!(
+        error,
+        ApiError::Status {
+            grpc_code: Some(grpc::NOT_FOUND),
+            ..
+        }
+    )
+}
+
+/// Whether etcd refused the call's permission or credentials.
+fn is_permission(error: &ApiError) -> bool {
+    match error {
+        ApiError::Status {
+            grpc_code: Some(grpc::PERMISSION_DENIED | grpc::UNAUTHENTICATED),
+            ..
+        } => true,
+        // A wrong user or password is InvalidArgument, and only its message says so.
+        ApiError::Status { message, .. } => message.contains("authentication failed"),
+        _ => false,
+    }
+}
+
+/// What the user should do about `error`, for errors and warnings.
+fn hint(error: &ApiError) -> &'static str {
+    match error {
+        ApiError::Transport(source) => match Cause::of(&**source) {
+            Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
+            Cause::Dns => {
+                "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
+            }
+            Cause::Dropped => {
+                "etcd closed the connection: is it an etcd client URL (not a peer URL), with \
+                 https:// if it serves TLS?"
+            }
+            Cause::TimedOut => "no answer in time: etcd or the network is overloaded",
+            Cause::Tls => {
+                "the TLS handshake failed: trust the CA that signed etcd's certificate \
+                 (ETCD_CACERT), connect by a name the certificate carries, and give a client \
+                 certificate if etcd verifies clients (ETCD_CERT and ETCD_KEY)"
+            }
+            Cause::Other => "is it running? Check ETCD_ENDPOINTS",
+        },
+        ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
+        ApiError::Status { .. } | ApiError::Malformed(_) => "",
+    }
+}
+
+impl ErrorContext for EtcdClient {
+    fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
+        let transient = error.is_transient();
+        let permission = is_permission(&error);
+        let hint = hint(&error);
+        match error {
+            ApiError::Transport(source) => Error::Unreachable {
+                backend: "etcd",
+                address: self.address(),
+                hint,
+                source: lease_http::unreachable_source(&*source),
+            },
+            ApiError::Status { message, .. } if permission => Error::PermissionDenied {
+                operation: operation.to_string(),
+                message,
+                hint: "use credentials (ETCD_USER and ETCD_PASSWORD, or EtcdBuilder::user) whose \
+                       role allows it",
+            },
+            ApiError::Status { .. } | ApiError::Malformed(_) => Error::Backend {
+                backend: "etcd",
+                operation: operation.to_string(),
+                message: error.to_string(),
+                transient,
+            },
+            ApiError::TimedOut => Error::Backend {
+                backend: "etcd",
+                operation: operation.to_string(),
+                message: "no answer in the time left; etcd may be overloaded".to_owned(),
+                transient,
+            },
+        }
+    }
+}
+
+/// The error of a call that ended with `status`: `Transport` if no answer came (tonic gives such
+/// a status the local error as its source), else etcd's own status.
+pub(crate) fn status_error(status: tonic::Status) -> ApiError {
+    if std::error::Error::source(&status).is_some() {
+        return ApiError::pool(Box::new(NoAnswer(status)));
+    }
+    ApiError::Status {
+        status: http::StatusCode::OK,
+        grpc_code: Some(status.code() as i32),
+        message: status.message().to_owned(),
+    }
+}
+
+/// A call that got no answer: its message is the chain of the local error under the status
+/// (what lease-http's `Cause` reads), not the status's own rendering of it.
+#[derive(Debug)]
+struct NoAnswer(tonic::Status);
+
+impl fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no answer from etcd")
+    }
+}
+
+impl std::error::Error for NoAnswer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
+/// A user and password for etcd's authentication.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// One of the cluster's client URLs.
+#[derive(Clone, Debug)]
+pub(crate) struct Endpoint {
+    /// `http://host:port` or `https://host:port`, for messages.
+    pub(crate) url: String,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) https: bool,
+}
+
+/// What a connection carries.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Use {
+    /// The unary calls.
+    Calls = 0,
+    /// The watch stream and the keep-alive stream.
+    Streams = 1,
+}
+
+/// An endpoint's channel, and a sentinel that tells whether the runtime its connection task runs
+/// on is still there: a channel made on a runtime that ended (a test's, a CLI's first one) is
+/// made again on the current one.
+struct Conn {
+    channel: Channel,
+    alive: mpsc::Sender<()>,
+}
+
+/// etcd's gRPC API, as this crate uses it.
+pub(crate) struct EtcdClient {
+    endpoints: Vec<Endpoint>,
+    tls_config: ClientConfig,
+    tls: Option<Tls>,
+    /// The endpoint calls go to; moved on by a transport failure.
+    current: AtomicUsize,
+    /// Per endpoint, the connection of the calls and that of the two streams.
+    conns: Mutex<Vec<[Option<Conn>; 2]>>,
+    credentials: Option<Credentials>,
+    /// etcd's token; `Some("")` when the cluster has authentication off.
+    token: Mutex<Option<String>>,
+    authenticating: tokio::sync::Mutex<()>,
+    /// The holder tasks of every lease this client (and its clones) acquired.
+    keepers: Keepers,
+    requests: AtomicU64,
+    /// This client on connections of the clean-up runtime, built by the first clean-up that
+    /// needs it (see [`EtcdClient::detached`]).
+    detached: OnceLock<Option<Arc<EtcdClient>>>,
+    reachability: ReachabilityTracker,
+    watches: Watches,
+    pool: Pool,
+    /// Cancelled when the client is dropped: ends the stream tasks.
+    closed: CancellationToken,
+    /// This client, for the stream tasks (which must not keep it alive).
+    me: Weak<EtcdClient>,
+    /// Bumped when calls move on to another endpoint, so the streams follow them there.
+    moved: tokio::sync::watch::Sender<u64>,
+}
+
+impl fmt::Debug for EtcdClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdClient")
+            .field("endpoints", &self.address())
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for EtcdClient {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+impl EtcdClient {
+    pub(crate) fn new(
+        tls_config: ClientConfig,
+        endpoints: Vec<Endpoint>,
+        credentials: Option<Credentials>,
+    ) -> Result<Arc<Self>, lease_core::BoxError> {
+        let tls = if endpoints.iter().any(|e| e.https) {
+            Tls::new(&tls_config)?
+        } else {
+            None
+        };
+        let conns = endpoints.iter().map(|_| [None, None]).collect();
+        Ok(Arc::new_cyclic(|me| EtcdClient {
+            endpoints,
+            tls_config,
+            tls,
+            current: AtomicUsize::new(0),
+            conns: Mutex::new(conns),
+            credentials,
+            token: Mutex::new(None),
+            authenticating: tokio::sync::Mutex::new(()),
+            keepers: Keepers::new(),
+            requests: AtomicU64::new(0),
+            detached: OnceLock::new(),
+            reachability: ReachabilityTracker::default(),
+            watches: Watches::default(),
+            pool: Pool::default(),
+            closed: CancellationToken::new(),
+            me: me.clone(),
+            moved: tokio::sync::watch::Sender::new(0),
+        }))
+    }
+
+    /// The same client on its own connections, for the clean-ups that run on the detached
+    /// runtime. Built once and shared by every clean-up of this client.
+    pub(crate) fn detached(&self) -> Option<Arc<EtcdClient>> {
+        self.detached
+            .get_or_init(|| {
+                EtcdClient::new(
+                    self.tls_config.clone(),
+                    self.endpoints.clone(),
+                    self.credentials.clone(),
+                )
+                .ok()
+            })
+            .clone()
+    }
+
+    pub(crate) fn keepers(&self) -> &Keepers {
+        &self.keepers
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn watches(&self) -> &Watches {
+        &self.watches
+    }
+
+    /// This client, shared (`None` only while it is being dropped).
+    pub(crate) fn me(&self) -> Option<Arc<EtcdClient>> {
+        self.me.upgrade()
+    }
+
+    pub(crate) fn closed(&self) -> &CancellationToken {
+        &self.closed
+    }
+
+    /// The endpoints, comma-separated, for messages (URLs never carry credentials here).
+    pub(crate) fn address(&self) -> String {
+        let urls: Vec<&str> = self.endpoints.iter().map(|e| e.url.as_str()).collect();
+        urls.join(",")
+    }
+
+    /// Whether an endpoint answered this client's last request.
+    pub(crate) fn reachability(&self) -> Reachability {
+        self.reachability.get()
+    }
+
+    pub(crate) fn reachability_tracker(&self) -> &ReachabilityTracker {
+        &self.reachability
+    }
+
+    pub(crate) fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request (a call, or a message on a stream) for [`EtcdClient::requests_sent`] and the
+    /// metrics.
+    pub(crate) fn count_request(&self, write: bool) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        lease_core::metrics::backend_request(BackendKind::Etcd, write);
+    }
+
+    /// The current endpoint's index and the channel for `use_` there (made if there is none, or
+    /// if the runtime of the one there ended).
+    ///
+    /// Calls and streams have a connection each, so a burst of calls (thousands of acquisitions
+    /// at once) never queues the keep-alives and watch events behind it: at most two connections
+    /// per endpoint.
+    pub(crate) fn channel(&self, use_: Use) -> Result<(usize, Channel), ApiError> {
+        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        let conn = &mut conns[i][use_ as usize];
+        if let Some(conn) = conn {
+            if !conn.alive.is_closed() {
+                return Ok((i, conn.channel.clone()));
+            }
+        }
+        let endpoint = &self.endpoints[i];
+        let scheme_less = format!("http://{}:{}", endpoint.host, endpoint.port);
+        let channel = tonic::transport::Endpoint::from_shared(scheme_less)
+            .map_err(|e| ApiError::Malformed(format!("endpoint {}: {e}", endpoint.url)))?
+            .connect_timeout(lease_http::DEFAULT_CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(PING_EVERY)
+            .keep_alive_timeout(REQUEST_TIMEOUT)
+            .keep_alive_while_idle(true);
+        // Calls beyond the limit wait (parked) for one in flight to end: thousands of
+        // acquisitions at once then queue here rather than in the runtime's run queue, which
+        // would delay the stream tasks (keep-alives, loss) behind them by seconds.
+        let channel = match use_ {
+            Use::Calls => channel.concurrency_limit(MAX_CALLS_IN_FLIGHT),
+            Use::Streams => channel,
+        }
+        .connect_with_connector_lazy(Connector {
+            host: endpoint.host.clone(),
+            port: endpoint.port,
+            tls: if endpoint.https {
+                self.tls.clone()
+            } else {
+                None
+            },
+        });
+        let (alive, mut sentinel) = mpsc::channel(1);
+        // Ends with the runtime (closing `alive`), or when the channel is replaced.
+        tokio::spawn(async move { sentinel.recv().await });
+        *conn = Some(Conn {
+            channel: channel.clone(),
+            alive,
+        });
+        Ok((i, channel))
+    }
+
+    /// After a transport failure at endpoint `i` on the connection for `use_`: calls and
+    /// streams go to the next endpoint (on fresh connections), or, with one endpoint, that
+    /// connection is made again (the failed one may be half-dead).
+    pub(crate) fn move_on(&self, i: usize, use_: Use) {
+        let next = (i + 1) % self.endpoints.len();
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        if next == i {
+            conns[i][use_ as usize] = None;
+            return;
+        }
+        if self
+            .current
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            conns[i] = [None, None];
+            drop(conns);
+            self.moved.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    /// Completes when calls have moved on from endpoint `i` to another one: a stream on `i`
+    /// then opens again where the calls go. (With one endpoint it never completes.)
+    pub(crate) async fn moved_from(&self, i: usize) {
+        let mut moved = self.moved.subscribe();
+        loop {
+            if self.current.load(Ordering::Relaxed) % self.endpoints.len() != i {
+                return;
+            }
+            if moved.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    fn set_token(&self, token: Option<String>) {
+        *self.token.lock().unwrap_or_else(PoisonError::into_inner) = token;
+    }
+
+    fn cached_token(&self) -> Option<String> {
+        self.token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The token to send (authenticating first if there is none yet); `None` without
+    /// credentials or with authentication off.
+    pub(crate) async fn token(&self) -> Result<Option<String>, ApiError> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(None);
+        };
+        if let Some(token) = self.cached_token() {
+            return Ok(Some(token).filter(|t| !t.is_empty()));
+        }
+        let _one_at_a_time = self.authenticating.lock().await;
+        if let Some(token) = self.cached_token() {
+            return Ok(Some(token).filter(|t| !t.is_empty()));
+        }
+        let request = AuthenticateRequest {
+            name: credentials.user.clone(),
+            password: credentials.password.clone(),
+        };
+        let token = match self
+            .call::<_, AuthenticateResponse>(path::AUTHENTICATE, request, None, false)
+            .await
+        {
+            Ok(answer) => answer.token,
+            // Authentication is off on the cluster: calls need no token.
+            Err(ApiError::Status { message, .. })
+                if message.contains("authentication is not enabled") =>
+            {
+                String::new()
+            }
+            Err(error) => return Err(error),
+        };
+        self.set_token(Some(token.clone()));
+        Ok(Some(token).filter(|t| !t.is_empty()))
+    }
+
+    /// Forgets a token etcd refused, so the next call authenticates again.
+    pub(crate) fn token_refused(&self) {
+        if self.credentials.is_some() {
+            self.set_token(None);
+        }
+    }
+
+    /// A request with the token as metadata.
+    pub(crate) fn request<T>(&self, message: T, token: Option<&str>) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = token {
+            if let Ok(value) = token.parse() {
+                request.metadata_mut().insert("token", value);
+            }
+        }
+        request
+    }
+
+    /// One unary call to the current endpoint, with `token`.
+    async fn call<Req, Resp>(
+        &self,
+        path: &'static str,
+        message: Req,
+        token: Option<&str>,
+        write: bool,
+    ) -> Result<Resp, ApiError>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let (i, channel) = self.channel(Use::Calls)?;
+        self.count_request(write);
+        let mut grpc = Grpc::new(channel);
+        let mut request = self.request(message, token);
+        request.set_timeout(REQUEST_TIMEOUT);
+        let in_flight = self.reachability.sending();
+        let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::from_error(e.into()))?;
+            grpc.unary(
+                request,
+                PathAndQuery::from_static(path),
+                ProstCodec::<Req, Resp>::default(),
+            )
+            .await
+        })
+        .await;
+        drop(in_flight);
+        let error = match answer {
+            Ok(Ok(response)) => {
+                self.reachability.answered(true);
+                return Ok(response.into_inner());
+            }
+            Ok(Err(status)) => status_error(status),
+            Err(_) => ApiError::TimedOut,
+        };
+        let unanswered = matches!(error, ApiError::Transport(_) | ApiError::TimedOut);
+        if unanswered {
+            self.move_on(i, Use::Calls);
+        }
+        self.reachability.answered(!unanswered);
+        lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
+        Err(error)
+    }
+
+    /// One unary call, authenticated if the client has credentials; a refused token is
+    /// replaced once.
+    async fn unary<Req, Resp>(
+        &self,
+        path: &'static str,
+        message: Req,
+        write: bool,
+    ) -> Result<Resp, ApiError>
+    where
+        Req: prost::Message + Clone + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut renewed_token = false;
+        loop {
+            let token = self.token().await?;
+            match self
+                .call(path, message.clone(), token.as_deref(), write)
+                .await
+            {
+                Err(ApiError::Status {
+                    grpc_code: Some(grpc::UNAUTHENTICATED),
+                    ..
+                }) if self.credentials.is_some() && !renewed_token => {
+                    // The token expired (or the member restarted): authenticate again, once.
+                    self.token_refused();
+                    renewed_token = true;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// `KV/Range`, linearizable.
+    pub(crate) async fn range(&self, request: &RangeRequest) -> Result<RangeResponse, ApiError> {
+        self.unary(path::RANGE, request.clone(), false).await
+    }
+
+    /// `KV/Txn`.
+    pub(crate) async fn txn(&self, request: &TxnRequest) -> Result<TxnResponse, ApiError> {
+        self.unary(path::TXN, request.clone(), true).await
+    }
+
+    /// `KV/DeleteRange` of `key`, or of every key under `key/` too.
+    pub(crate) async fn delete(&self, key: &str, with_dir: bool) -> Result<i64, ApiError> {
+        let mut requests = vec![DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: Vec::new(),
+        }];
+        if with_dir {
+            let (key, range_end) = proto::dir_range(key);
+            requests.push(DeleteRangeRequest { key, range_end });
+        }
+        let mut count = 0;
+        for request in requests {
+            let deleted: DeleteRangeResponse =
+                self.unary(path::DELETE_RANGE, request, true).await?;
+            count += deleted.deleted;
+        }
+        Ok(count)
+    }
+
+    /// `Lease/LeaseGrant`: a new lease of `ttl`; returns its ID.
+    pub(crate) async fn lease_grant(&self, ttl: Duration) -> Result<i64, ApiError> {
+        let request = LeaseGrantRequest {
+            ttl: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+        };
+        let granted: LeaseGrantResponse = self.unary(path::LEASE_GRANT, request, true).await?;
+        if !granted.error.is_empty() {
+            return Err(ApiError::Malformed(granted.error));
+        }
+        if granted.id <= 0 || granted.ttl <= 0 {
+            return Err(ApiError::Malformed(format!(
+                "LeaseGrant answered ID {} and TTL {}",
+                granted.id, granted.ttl
+            )));
+        }
+        Ok(granted.id)
+    }
+
+    /// `Lease/LeaseRevoke`: deletes the lease and every key attached to it. `false` if the
+    /// lease was already gone.
+    pub(crate) async fn lease_revoke(&self, id: i64) -> Result<bool, ApiError> {
+        match self
+            .unary::<_, Empty>(path::LEASE_REVOKE, LeaseId { id }, true)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `Lease/LeaseTimeToLive`: the seconds the lease has left, or -1 if it is gone.
+    pub(crate) async fn lease_time_to_live(&self, id: i64) -> Result<i64, ApiError> {
+        let answer: LeaseTimeToLiveResponse = self
+            .unary(path::LEASE_TIME_TO_LIVE, LeaseId { id }, false)
+            .await?;
+        Ok(answer.ttl)
+    }
+
+    /// A watch of `range` from `start_revision` on, each event with the key as it was before
+    /// (`prev_kv`), on the client's one watch stream. Etcd has created it when this returns.
+    pub(crate) async fn watch(
+        &self,
+        range: &RangeRequest,
+        start_revision: i64,
+    ) -> Result<WatchStream, ApiError> {
+        let me = self
+            .me()
+            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))?;
+        Watches::watch(&me, range, start_revision).await
+    }
+}
