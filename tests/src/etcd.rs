@@ -57,6 +57,8 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// `/metrics` on a port of its own, so that scraping it is no connection to the client port.
+    metrics_port: u16,
     data: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -66,6 +68,7 @@ impl Member {
     fn new(name: String) -> Member {
         let client_port = free_port();
         let peer_port = free_port();
+        let metrics_port = free_port();
         let data =
             std::env::temp_dir().join(format!("lease-etcd-{}-{client_port}", std::process::id()));
         let logs = workspace_root().join("target/etcd-logs");
@@ -75,6 +78,7 @@ impl Member {
             name,
             client_port,
             peer_port,
+            metrics_port,
             data,
             log,
             child: None,
@@ -104,6 +108,10 @@ impl Member {
                 &client,
             ])
             .args(["--listen-peer-urls", &self.peer_url()])
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", self.metrics_port),
+            ])
             .args(["--initial-advertise-peer-urls", &self.peer_url()])
             .args(["--initial-cluster", initial_cluster])
             .args(["--initial-cluster-state", state])
@@ -199,6 +207,33 @@ impl Server {
             .endpoints([self.url()])
             .build()
             .expect("valid test configuration")
+    }
+
+    /// The sum of every series of the Prometheus metric `name` on etcd's `/metrics` (0 if it has
+    /// none), served on a port of its own (no connection to the client port), e.g. `grpc_server_msg_received_total`: the gRPC messages etcd received, whether from
+    /// gRPC clients or through its JSON gateway (which forwards each call over gRPC).
+    pub async fn metric_total(&self, name: &str) -> f64 {
+        let text = self
+            .api
+            .http
+            .get(format!(
+                "http://127.0.0.1:{}/metrics",
+                self.member.metrics_port
+            ))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+        text.lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// An `etcdctl` command pointed at this etcd (API 3).
@@ -476,29 +511,6 @@ impl Api {
             .as_str()
             .and_then(|c| c.parse().ok())
             .unwrap_or(0)
-    }
-
-    /// The sum of every series of the Prometheus metric `name` on etcd's `/metrics` (0 if it has
-    /// none), e.g. `grpc_server_msg_received_total`: the gRPC messages etcd received, whether from
-    /// gRPC clients or through its JSON gateway (which forwards each call over gRPC).
-    pub async fn metric_total(&self, name: &str) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
-            .text()
-            .await
-            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
-        text.lines()
-            .filter(|line| {
-                line.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-            })
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
     }
 
     /// The IDs (hex) of every lease etcd has.

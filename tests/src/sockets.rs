@@ -86,15 +86,18 @@ pub struct ConnectionSampler {
 }
 
 impl ConnectionSampler {
-    /// Starts sampling the connections to `ports` (one sample at once, then one every `every`).
+    /// Starts sampling the connections to `ports`, one sample every `every`, the first `every`
+    /// from now (a connection this process closed just before, an operator's call that was
+    /// answered, is gone from the socket table by then).
     pub fn start(ports: &[u16], every: Duration) -> ConnectionSampler {
         let ports = ports.to_vec();
-        let peaks = Arc::new(Mutex::new(established_to_ports(&ports)));
-        let samples = Arc::new(Mutex::new(1));
+        let peaks: Arc<Mutex<HashMap<u16, usize>>> =
+            Arc::new(Mutex::new(ports.iter().map(|&p| (p, 0)).collect()));
+        let samples = Arc::new(Mutex::new(0));
         let task = tokio::spawn({
             let (peaks, samples) = (Arc::clone(&peaks), Arc::clone(&samples));
             async move {
-                let mut tick = tokio::time::interval(every);
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
@@ -137,11 +140,23 @@ impl ConnectionSampler {
         *self.samples.lock().unwrap()
     }
 
-    /// Starts the peaks afresh from a sample taken now.
+    /// Takes one last sample now, and stops: a window shorter than `every` has a sample too.
+    pub fn stop(&self) {
+        self.task.abort();
+        let mut peaks = self.peaks.lock().unwrap();
+        let ports: Vec<u16> = peaks.keys().copied().collect();
+        for (port, count) in established_to_ports(&ports) {
+            let peak = peaks.entry(port).or_default();
+            *peak = (*peak).max(count);
+        }
+        *self.samples.lock().unwrap() += 1;
+    }
+
+    /// Starts the peaks afresh, from the next sample on.
     pub fn reset(&self) {
-        let ports: Vec<u16> = self.peaks.lock().unwrap().keys().copied().collect();
-        let now = established_to_ports(&ports);
-        *self.peaks.lock().unwrap() = now;
+        for peak in self.peaks.lock().unwrap().values_mut() {
+            *peak = 0;
+        }
     }
 }
 
