@@ -28,8 +28,9 @@
 //!   committed it) to the guarded work's drop; a cancellation before the answer counts as 0. The
 //!   p99 from just before the delete request was sent follows in brackets (it adds etcd's commit,
 //!   a disk sync, to the figure);
-//! - the peak connections while N waiters are queued behind 100 holders (N/100 on each leader
-//!   key), sampled over [`WAITING`] once etcd lists all of their keys.
+//! - the peak connections while N waiters queue behind 100 holders (N/100 on each leader key),
+//!   sampled until [`WAITING`] after etcd has all of their keys (`etcd_debugging_mvcc_keys_total`
+//!   on its metrics port).
 //!
 //! Beside each loss figure: `etcdctl lock`'s loss → exit on the same etcd, measured while our N
 //! leases are held (an operator revokes its lease; it learns of it from its next keep-alive).
@@ -226,9 +227,15 @@ async fn loss_to_cancel(
     (from_answer, from_request)
 }
 
-/// N waiters queued behind [`HOLDERS`] holders: once etcd lists every waiter's key (or
-/// [`STALL`] passed), the peak connections over [`WAITING`]; and how many keys etcd listed.
+/// N waiters queued behind [`HOLDERS`] holders: the peak connections from the holders'
+/// acquisition until [`WAITING`] after etcd has every waiter's key (or [`STALL`] passed); and
+/// how many waiters were queued.
 async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
+    const KEYS: &str = "etcd_debugging_mvcc_keys_total";
+    let port = server.addr().port();
+    // Counted on etcd's metrics port: no operator call on the client port while sampling.
+    let before = server.metric_total(KEYS).await as u64;
+    let sampler = ConnectionSampler::start(&[port], SAMPLE_EVERY);
     let spec = |k: usize| LeaseSpec::leader(format!("wait/{k}")).ttl(TTL);
     let holders = acquire_all(
         etcd,
@@ -240,10 +247,12 @@ async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
         let (etcd, spec) = (etcd.clone(), spec(i % HOLDERS));
         waiting.spawn(async move { etcd.acquire(&spec).await });
     }
-    let expected = (HOLDERS + n) as u64;
+    // Every waiter is queued once etcd has its key (a contender queues by writing a key of its
+    // own under the name).
+    let expected = before + (HOLDERS + n) as u64;
     let deadline = Instant::now() + STALL;
-    let mut queued = server.count("wait/").await;
-    while queued < expected && Instant::now() < deadline {
+    let mut keys = server.metric_total(KEYS).await as u64;
+    while keys < expected && Instant::now() < deadline {
         if let Ok(Some(Ok(early))) =
             tokio::time::timeout(Duration::from_millis(250), waiting.join_next()).await
         {
@@ -253,22 +262,19 @@ async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
                 early.map(|l| l.sequencer().clone())
             );
         }
-        queued = server.count("wait/").await;
+        keys = server.metric_total(KEYS).await as u64;
     }
-    if queued < expected {
-        eprintln!(
-            "  only {} of {n} waiters queued after {STALL:?}",
-            queued.saturating_sub(HOLDERS as u64)
-        );
+    let queued = keys.saturating_sub(before + HOLDERS as u64);
+    if keys < expected {
+        eprintln!("  only {queued} of {n} waiters queued after {STALL:?}");
     }
-    // No operator call from here on: only the client's connections are open.
-    let sampler = ConnectionSampler::start(&[server.addr().port()], SAMPLE_EVERY);
+    // Queued: sampled a while longer, over a keep-alive round.
     tokio::time::sleep(scaled(WAITING, Duration::from_secs(1))).await;
     sampler.stop();
-    let peak = sampler.peak(server.addr().port());
+    let peak = sampler.peak(port);
     waiting.shutdown().await;
     release_all(holders.into_iter().flatten()).await;
-    (queued.saturating_sub(HOLDERS as u64), peak)
+    (queued, peak)
 }
 
 async fn run(n: usize, hold: Duration) -> Figures {

@@ -495,24 +495,6 @@ impl Api {
         })
     }
 
-    /// How many keys there are under `prefix` (a count-only range).
-    pub async fn count(&self, prefix: &str) -> u64 {
-        let mut end = prefix.as_bytes().to_vec();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
-        let answer = self
-            .post(
-                "/v3/kv/range",
-                json!({"key": b64(prefix), "range_end": b64(&String::from_utf8_lossy(&end)), "count_only": true}),
-            )
-            .await;
-        answer["count"]
-            .as_str()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0)
-    }
-
     /// The IDs (hex) of every lease etcd has.
     pub async fn leases(&self) -> Vec<String> {
         let answer = self.post("/v3/lease/leases", json!({})).await;
