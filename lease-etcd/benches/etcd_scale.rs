@@ -257,21 +257,28 @@ async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
     let expected = before + (HOLDERS + n) as u64;
     let deadline = Instant::now() + STALL;
     let mut keys = server.metric_total(KEYS).await as u64;
+    // Waiters that acquired (a holder was lost) or failed while they should have been queued.
+    let mut finished = 0;
     while keys < expected && Instant::now() < deadline {
         if let Ok(Some(Ok(early))) =
             tokio::time::timeout(Duration::from_millis(250), waiting.join_next()).await
         {
-            // Acquired (or failed) while every holder holds: reported with the count.
-            eprintln!(
-                "  a waiter finished while queued: {:?}",
-                early.map(|l| l.sequencer().clone())
-            );
+            if finished == 0 {
+                eprintln!(
+                    "  a waiter finished while queued: {:?}",
+                    early.map(|l| l.sequencer().clone())
+                );
+            }
+            finished += 1;
         }
         keys = server.metric_total(KEYS).await as u64;
     }
     let queued = keys.saturating_sub(before + HOLDERS as u64);
     if keys < expected {
         eprintln!("  only {queued} of {n} waiters queued after {STALL:?}");
+    }
+    if finished > 0 {
+        eprintln!("  {finished} waiters finished while they should have been queued");
     }
     // Queued: sampled a while longer, over a keep-alive round.
     tokio::time::sleep(scaled(WAITING, Duration::from_secs(1))).await;

@@ -5,7 +5,10 @@
 //! `PATH`, else `scripts/ensure-etcd.sh` (which fetches Debian bookworm's etcd 3.4 into
 //! `tools/etcd/`). Each member's output goes to a log under `target/etcd-logs/`, whose path is
 //! printed when it fails to start. [`Api`] is what an operator does to etcd behind the clients'
-//! backs, over the same JSON gateway: revoke a lease, delete keys, list leases and keys.
+//! backs, over the same JSON gateway: revoke a lease, delete keys, list leases and keys, find the
+//! key one acquisition holds. It keeps no idle connection, and each member serves `/metrics` on
+//! a port of its own ([`Server::metric_total`]), so a test that counts a client's connections to
+//! the client port (`crate::sockets`) counts only the client's.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
