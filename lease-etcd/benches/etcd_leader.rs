@@ -20,16 +20,14 @@
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lease_core::{Backend, LeaseSpec};
 use lease_etcd::Etcd;
-use lease_tests::etcd::Server;
-use lease_tests::overlap::{now_ns, semaphore_jobs};
+use lease_tests::etcd::{Server, etcdctl_lock_loss_to_exit};
+use lease_tests::overlap::{DropStamp, now_ns, semaphore_jobs};
 use lease_tests::stats::{percentile, scaled};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LOSS_TRIALS: usize = 30;
 const ETCDCTL_TRIALS: usize = 8;
@@ -43,22 +41,13 @@ const JOB: Duration = Duration::from_millis(50);
 /// far above any round's time, not a timing that is asserted.
 const STALL: Duration = Duration::from_secs(120);
 
-struct DropStamp(Arc<Mutex<Option<u128>>>);
-
-impl Drop for DropStamp {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(now_ns());
-    }
-}
-
 async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
     let mut samples = Vec::new();
     for trial in 0..scaled(LOSS_TRIALS, 5) {
         let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
         let fence = spec.fence_after();
         let lease = etcd.acquire(&spec).await.unwrap();
-        let dropped = Arc::new(Mutex::new(None));
-        let stamp = DropStamp(Arc::clone(&dropped));
+        let (stamp, dropped) = DropStamp::new();
         let holder = lease.sequencer().holder().to_owned();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let runner = tokio::spawn(async move {
@@ -88,38 +77,6 @@ async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
              fence interval {fence:?}"
         );
         samples.push(noticed_ms);
-    }
-    samples
-}
-
-async fn etcdctl_loss_to_exit(server: &Server, trials: usize) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for trial in 0..trials {
-        let name = format!("bench/loss/etcdctl-{trial}");
-        let mut child = server
-            .etcdctl()
-            .args(["lock", "--ttl", "10", &name])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        // It prints its key `<name>/<lease hex>` once it holds the lock.
-        let key = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("etcdctl lock holds");
-        let holder = key.rsplit('/').next().unwrap().to_owned();
-        let t0 = now_ns();
-        assert!(server.revoke(&holder).await);
-        let exited = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
-        let t1 = now_ns();
-        if exited.is_ok() {
-            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
-        } else {
-            let _ = child.kill().await;
-        }
     }
     samples
 }
@@ -192,7 +149,7 @@ async fn main() {
 
     let ours_loss = ours_loss_to_cancel(&server, &etcd).await;
     let etcdctl_trials = scaled(ETCDCTL_TRIALS, 2);
-    let ctl_loss = etcdctl_loss_to_exit(&server, etcdctl_trials).await;
+    let ctl_loss = etcdctl_lock_loss_to_exit(&server, etcdctl_trials).await;
     let gap = ours_handoff(&etcd).await;
     let jobs = scaled(JOBS, 8);
     let sem_total = semaphore_total(&etcd, jobs).await;

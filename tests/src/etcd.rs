@@ -5,7 +5,10 @@
 //! `PATH`, else `scripts/ensure-etcd.sh` (which fetches Debian bookworm's etcd 3.4 into
 //! `tools/etcd/`). Each member's output goes to a log under `target/etcd-logs/`, whose path is
 //! printed when it fails to start. [`Api`] is what an operator does to etcd behind the clients'
-//! backs, over the same JSON gateway: revoke a lease, delete keys, list leases and keys.
+//! backs, over the same JSON gateway: revoke a lease, delete keys, list leases and keys, find the
+//! key one acquisition holds. It keeps no idle connection, and each member serves `/metrics` on
+//! a port of its own ([`Server::metric_total`]), so a test that counts a client's connections to
+//! the client port (`crate::sockets`) counts only the client's.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -57,6 +60,8 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// `/metrics` on a port of its own, so that scraping it is no connection to the client port.
+    metrics_port: u16,
     data: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -68,6 +73,7 @@ impl Member {
     fn new(name: String) -> Member {
         let client_port = free_port();
         let peer_port = free_port();
+        let metrics_port = free_port();
         let data =
             std::env::temp_dir().join(format!("lease-etcd-{}-{client_port}", std::process::id()));
         let logs = workspace_root().join("target/etcd-logs");
@@ -77,6 +83,7 @@ impl Member {
             name,
             client_port,
             peer_port,
+            metrics_port,
             data,
             log,
             child: None,
@@ -121,6 +128,10 @@ impl Member {
                 &client,
             ])
             .args(["--listen-peer-urls", &self.peer_url()])
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", self.metrics_port),
+            ])
             .args(["--initial-advertise-peer-urls", &self.peer_url()])
             .args(["--initial-cluster", initial_cluster])
             .args(["--initial-cluster-state", state])
@@ -240,6 +251,33 @@ impl Server {
             .expect("valid test configuration")
     }
 
+    /// The sum of every series of the Prometheus metric `name` on etcd's `/metrics` (0 if it has
+    /// none), served on a port of its own (no connection to the client port), e.g. `grpc_server_msg_received_total`: the gRPC messages etcd received, whether from
+    /// gRPC clients or through its JSON gateway (which forwards each call over gRPC).
+    pub async fn metric_total(&self, name: &str) -> f64 {
+        let text = self
+            .api
+            .http
+            .get(format!(
+                "http://127.0.0.1:{}/metrics",
+                self.member.metrics_port
+            ))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+        text.lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// An `etcdctl` command pointed at this etcd (API 3).
     pub fn etcdctl(&self) -> Command {
         etcdctl(&self.url())
@@ -262,6 +300,47 @@ impl Server {
         }
         self.api = Api::new(self.addr(), Some(("root".into(), password.into())));
     }
+}
+
+/// `etcdctl lock`'s loss → exit, in ms, over `trials` locks on `server`: each trial runs
+/// `etcdctl lock --ttl 10 <name>` (no command: it holds until its session ends), revokes its
+/// lease as an operator would, and times from just before the revoke until etcdctl exits
+/// ("session expired"). etcdctl learns of the revoke from its next keep-alive (every TTL/3). A
+/// trial whose etcdctl has not exited 30 s later is left out.
+pub async fn etcdctl_lock_loss_to_exit(server: &Server, trials: usize) -> Vec<f64> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    use crate::overlap::now_ns;
+
+    let mut samples = Vec::new();
+    for trial in 0..trials {
+        let name = format!("bench/loss/etcdctl-{trial}");
+        let mut child = server
+            .etcdctl()
+            .args(["lock", "--ttl", "10", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // It prints its key `<name>/<lease hex>` once it holds the lock.
+        let key = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("etcdctl lock holds");
+        let holder = key.rsplit('/').next().unwrap().to_owned();
+        let t0 = now_ns();
+        assert!(server.revoke(&holder).await);
+        let exited = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+        let t1 = now_ns();
+        if exited.is_ok() {
+            samples.push(t1.saturating_sub(t0) as f64 / 1e6);
+        } else {
+            let _ = child.kill().await;
+        }
+    }
+    samples
 }
 
 /// An `etcdctl` command (API 3) for the endpoints `endpoints`.
@@ -334,8 +413,12 @@ impl Api {
     pub fn new(addr: SocketAddr, user: Option<(String, String)>) -> Api {
         Api {
             base: format!("http://{addr}"),
+            // No idle connections kept: an operator's call is gone from this process's sockets
+            // once answered, so counting a client's connections (`crate::sockets`) counts only
+            // the client's.
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
+                .pool_max_idle_per_host(0)
                 .build()
                 .expect("an HTTP client"),
             user,
@@ -429,6 +512,29 @@ impl Api {
         answer["TTL"]
             .as_str()
             .map_or(0, |t| t.parse().expect("a TTL in seconds"))
+    }
+
+    /// The key etcd holds for `sequencer`'s acquisition: of the keys that are the sequencer's key
+    /// or under `<key>/`, the one whose create revision is the sequencer's index (a leader's
+    /// sequencer names the election, whose contenders' keys are under it; a semaphore slot's may
+    /// name its own key). `None` if it is gone. What an operator deletes to take that one lease
+    /// away.
+    pub async fn own_key(&self, sequencer: &lease_core::Sequencer) -> Option<String> {
+        let key = sequencer.key();
+        // [key, key + "0"): the key itself, everything under `key/`, and (filtered out below)
+        // names that continue with a byte below '0'.
+        let answer = self
+            .post(
+                "/v3/kv/range",
+                json!({"key": b64(key), "range_end": b64(&format!("{key}0")), "keys_only": true}),
+            )
+            .await;
+        let index = sequencer.index().to_string();
+        answer["kvs"].as_array()?.iter().find_map(|kv| {
+            let name = unb64(kv["key"].as_str()?);
+            let ours = name == key || name.starts_with(&format!("{key}/"));
+            (ours && kv["create_revision"].as_str() == Some(index.as_str())).then_some(name)
+        })
     }
 
     /// The IDs (hex) of every lease etcd has.

@@ -11,6 +11,8 @@
 //!   of what the library logs and how its spans nest.
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
 //! - [`stats`]: percentiles for the benchmarks.
+//! - [`sockets`]: a client's connections to a server, counted from outside the client (the
+//!   kernel's socket table), and their peak while a test runs.
 //! - [`history`]: the histories `lease-worker` processes write, and verdicts judged from them.
 //! - [`proxy`]: a TCP proxy between a client and a service that can stop forwarding, cut every
 //!   connection, or answer HTTP requests with 500 — the faults the leases must survive or detect.
@@ -34,6 +36,7 @@ pub mod history;
 pub mod overlap;
 pub mod postgres;
 pub mod proxy;
+pub mod sockets;
 pub mod stats;
 pub mod workers;
 

@@ -17,6 +17,25 @@ pub fn now_ns() -> u128 {
         .unwrap_or_default()
 }
 
+/// Records when it is dropped ([`now_ns`]): moved into guarded work, it stamps the moment the work
+/// is cancelled (or ends), for loss → cancel timings.
+#[derive(Debug, Default)]
+pub struct DropStamp(Arc<Mutex<Option<u128>>>);
+
+impl DropStamp {
+    /// A stamp, and the slot it writes its drop time into.
+    pub fn new() -> (DropStamp, Arc<Mutex<Option<u128>>>) {
+        let at = Arc::new(Mutex::new(None));
+        (DropStamp(Arc::clone(&at)), at)
+    }
+}
+
+impl Drop for DropStamp {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(now_ns());
+    }
+}
+
 /// A shared record of holder intervals.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
