@@ -69,13 +69,26 @@ struct Member {
     tls: Option<(AgentTls, u16)>,
 }
 
+/// Where members keep their data: in memory (`/dev/shm`) where the machine has it, as Consul's
+/// dev agent (`consul agent -dev`) keeps its Raft log in memory. etcd fsyncs every write; on a
+/// shared VM disk that is 5–20 ms a write, which the benchmarks would time instead of the
+/// protocol, and which makes the tests slower than the code they test.
+fn data_root() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let usable = std::fs::metadata(shm).is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
+    if usable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 impl Member {
     fn new(name: String) -> Member {
         let client_port = free_port();
         let peer_port = free_port();
         let metrics_port = free_port();
-        let data =
-            std::env::temp_dir().join(format!("lease-etcd-{}-{client_port}", std::process::id()));
+        let data = data_root().join(format!("lease-etcd-{}-{client_port}", std::process::id()));
         let logs = workspace_root().join("target/etcd-logs");
         std::fs::create_dir_all(&logs).expect("target/etcd-logs");
         let log = logs.join(format!("{name}-{client_port}.log"));
