@@ -27,7 +27,7 @@ use tonic::client::Grpc;
 use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
 
-use super::connect::{Connector, Tls};
+use super::connect::Connector;
 use super::pool::Pool;
 use super::proto::{
     self, AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse,
@@ -39,6 +39,7 @@ use lease_core::backend::ReachabilityTracker;
 use lease_core::backend::{Keepers, Reachability};
 use lease_core::{BackendKind, Error};
 pub(crate) use lease_http::ApiError;
+use lease_http::tls::Tls;
 use lease_http::{Cause, ClientConfig, ErrorContext, grpc};
 
 /// Timeout of every unary call.
@@ -260,7 +261,7 @@ impl EtcdClient {
         credentials: Option<Credentials>,
     ) -> Result<Arc<Self>, lease_core::BoxError> {
         let tls = if endpoints.iter().any(|e| e.https) {
-            Tls::new(&tls_config)?
+            Tls::new(&tls_config, "h2")?
         } else {
             None
         };

@@ -3,7 +3,8 @@
 //! built ([`ClientConfig`]), the one
 //! retry loop for brief trouble ([`retry_transient`]), why a call failed ([`ApiError`], which
 //! each backend turns into the public error through its [`ErrorContext`]), why a request got no
-//! answer ([`Cause`]), and an error's chain as text ([`DisplayChain`]).
+//! answer ([`Cause`]), an error's chain as text ([`DisplayChain`]), and TLS over a connection the
+//! backend made ([`tls`]).
 //!
 //! It is a support crate: an application uses the backend crates, which re-export what it needs.
 //! A third-party HTTP backend may use it too; it follows lease-core's versions.
@@ -22,6 +23,7 @@ use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
 
 mod error;
+pub mod tls;
 
 pub use error::{ApiError, ErrorContext, grpc};
 

@@ -15,7 +15,6 @@ use serde::Deserialize;
 mod budget;
 mod error;
 mod pool;
-mod tls;
 mod types;
 
 use budget::Kind;

@@ -26,8 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::tls::{Stream, Tls};
 use lease_core::BoxError;
+use lease_http::tls::{Stream, Tls};
 use lease_http::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
 
 /// An HTTP client whose connections never exceed its budget.
@@ -42,7 +42,7 @@ impl Pool {
     pub(crate) fn new(config: &ClientConfig) -> Result<Pool, BoxError> {
         let max = config.max_connections;
         let tls = if config.https {
-            Tls::new(config)?
+            Tls::new(config, "http/1.1")?
         } else {
             None
         };

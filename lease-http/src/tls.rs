@@ -1,9 +1,10 @@
-//! TLS over the counted pool's connections: rustls with the platform's verifier (lease-core's
-//! `rustls` feature, the default) or the platform's library (`native-tls`), configured from a
-//! [`ClientConfig`] as the `consul` CLI's variables say.
+//! TLS for the backends' own connections (Consul's counted pool, etcd's gRPC channels): rustls
+//! with the platform's verifier (the `rustls` feature, the default) or the platform's library
+//! (`native-tls`), configured from a [`ClientConfig`]: extra CA roots, a client certificate, and
+//! (Consul's `CONSUL_HTTP_SSL_VERIFY=false`) no verification.
 //!
-//! The handshake runs over a connection that already holds its permit of the budget, so a TLS
-//! connection is counted like a plain one, from connect to close.
+//! A backend connects TCP itself, then hands the stream to [`Tls::connect`]; the [`Stream`] it
+//! gets back reads and writes the same whether TLS is on or not.
 
 use std::io;
 use std::pin::Pin;
@@ -12,14 +13,16 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::ClientConfig;
 use lease_core::BoxError;
-use lease_http::ClientConfig;
 
-/// What makes a TLS connection of a TCP one.
+/// What makes a TLS connection of a TCP one. A build without TLS has none ([`Tls::new`] says so).
 #[derive(Clone)]
-pub(super) enum Tls {
+pub enum Tls {
+    /// rustls, with the platform's verifier.
     #[cfg(feature = "rustls")]
     Rustls(tokio_rustls::TlsConnector),
+    /// The platform's library.
     #[cfg(all(feature = "native-tls", not(feature = "rustls")))]
     Native(tokio_native_tls::TlsConnector),
 }
@@ -32,31 +35,35 @@ impl std::fmt::Debug for Tls {
 
 /// A connection, plain or TLS.
 #[derive(Debug)]
-pub(super) enum Stream {
+pub enum Stream {
+    /// Plain TCP.
     Plain(TcpStream),
+    /// TLS by rustls.
     #[cfg(feature = "rustls")]
     Rustls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// TLS by the platform's library.
     #[cfg(all(feature = "native-tls", not(feature = "rustls")))]
     Native(Box<tokio_native_tls::TlsStream<TcpStream>>),
 }
 
 impl Tls {
-    /// The TLS of `config`: `Ok(None)` if this build has no TLS (the builder refuses an `https`
-    /// address then).
-    pub(super) fn new(config: &ClientConfig) -> Result<Option<Tls>, BoxError> {
+    /// The TLS of `config`, offering the ALPN protocol `alpn` (`"h2"` for gRPC, `"http/1.1"`):
+    /// `Ok(None)` if this build has no TLS (the backend's builder then refuses an `https`
+    /// address with [`tls_missing`](crate::tls_missing)).
+    pub fn new(config: &ClientConfig, alpn: &'static str) -> Result<Option<Tls>, BoxError> {
         #[cfg(feature = "rustls")]
-        return rustls::connector(config).map(|c| Some(Tls::Rustls(c)));
+        return rustls::connector(config, alpn).map(|c| Some(Tls::Rustls(c)));
         #[cfg(all(feature = "native-tls", not(feature = "rustls")))]
-        return native::connector(config).map(|c| Some(Tls::Native(c)));
+        return native::connector(config, alpn).map(|c| Some(Tls::Native(c)));
         #[cfg(not(any(feature = "rustls", feature = "native-tls")))]
         {
-            let _ = config;
+            let _ = (config, alpn);
             Ok(None)
         }
     }
 
     /// The handshake over `tcp`, checking the certificate against `server_name`.
-    pub(super) async fn connect(&self, server_name: &str, tcp: TcpStream) -> io::Result<Stream> {
+    pub async fn connect(&self, server_name: &str, tcp: TcpStream) -> io::Result<Stream> {
         // A build without TLS has no `Tls` to call this on.
         #[cfg(not(any(feature = "rustls", feature = "native-tls")))]
         {
@@ -100,7 +107,10 @@ mod rustls {
     use super::ClientConfig;
     use lease_core::BoxError;
 
-    pub(super) fn connector(config: &ClientConfig) -> Result<tokio_rustls::TlsConnector, BoxError> {
+    pub(super) fn connector(
+        config: &ClientConfig,
+        alpn: &str,
+    ) -> Result<tokio_rustls::TlsConnector, BoxError> {
         let provider = Arc::new(crypto::aws_lc_rs::default_provider());
         let builder = tls::ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()?;
@@ -131,7 +141,7 @@ mod rustls {
             }
             None => builder.with_no_client_auth(),
         };
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tls.alpn_protocols = vec![alpn.as_bytes().to_vec()];
         Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
     }
 
@@ -195,6 +205,7 @@ mod native {
 
     pub(super) fn connector(
         config: &ClientConfig,
+        alpn: &str,
     ) -> Result<tokio_native_tls::TlsConnector, BoxError> {
         let mut builder = native_tls::TlsConnector::builder();
         if let Some(pem) = &config.ca_pem {
@@ -207,7 +218,7 @@ mod native {
                 format!(
                     "the client certificate and key are not usable ({e}): with native-tls the \
                      key must be PKCS #8 PEM (`openssl pkcs8 -topk8 -nocrypt -in key.pem`; \
-                     `consul tls cert create` writes SEC1), or use lease-core's `rustls` feature, \
+                     `consul tls cert create` writes SEC1), or use the backend crate's `rustls` feature, \
                      which reads both"
                 )
             })?;
@@ -218,7 +229,7 @@ mod native {
                 .danger_accept_invalid_certs(true)
                 .danger_accept_invalid_hostnames(true);
         }
-        builder.request_alpns(&["http/1.1"]);
+        builder.request_alpns(&[alpn]);
         Ok(tokio_native_tls::TlsConnector::from(builder.build()?))
     }
 
