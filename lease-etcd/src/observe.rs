@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::grpc::{ApiError, EtcdClient};
 use super::proto::RangeRequest;
-use super::session::holder_of;
+use super::session::holder_in;
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 
@@ -36,7 +36,12 @@ async fn leader_of(http: &EtcdClient, key: &str) -> Result<(Option<Leader>, i64)
     let leader = read.kvs.first().map(|kv| {
         let index = u64::try_from(kv.create_revision).unwrap_or_default();
         Leader::new(
-            Sequencer::new(BackendKind::Etcd, key, index, holder_of(kv.lease)),
+            Sequencer::new(
+                BackendKind::Etcd,
+                key,
+                index,
+                holder_in(key, &kv.key_str(), kv.lease),
+            ),
             kv.value.clone(),
         )
     });
