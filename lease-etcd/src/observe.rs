@@ -1,7 +1,8 @@
 //! Who leads an election: a watch on `<key>/`, the oldest key being the leader.
 //!
-//! One task per observation follows the prefix and publishes the oldest key's holder (its lease,
-//! its create revision) and value; it stops when the last [`LeaderObserver`] clone is dropped. A
+//! One task per observation follows the prefix and publishes the oldest key's holder (its key's
+//! part after `<key>/` if that names its lease, else its lease in hex; its create revision) and
+//! value; it stops when the last [`LeaderObserver`] clone is dropped. A
 //! watch that breaks ends the observation ([`Error::ObserverClosed`] for its observers), so a
 //! stale leader is never reported as current through an outage. Leaders elected with
 //! `etcdctl elect` are seen the same way.
