@@ -1,7 +1,8 @@
 //! Leader and semaphore: contenders queued by the create revision of their keys.
 //!
-//! Every contender writes its own key `<key>/<lease ID in hex>`, attached to its etcd lease, if it
-//! does not exist yet (one transaction). etcd gives each write the next revision of the whole
+//! Every contender writes its own key `<key>/<lease ID in hex>` (`<key>/<lease ID in hex>_<n>` if
+//! another contender of this process on that name has that pooled lease: see `pool::Slot`),
+//! attached to its etcd lease, if it does not exist yet (one transaction). etcd gives each write the next revision of the whole
 //! cluster, so the keys under `<key>/` are a queue in arrival order:
 //!
 //! - **leader** (etcd's `concurrency.Election`, the recipe `etcdctl elect` uses): the oldest key
