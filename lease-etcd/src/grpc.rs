@@ -79,7 +79,7 @@ fn is_permission(error: &ApiError) -> bool {
 /// What the user should do about `error`, for errors and warnings.
 fn hint(error: &ApiError) -> &'static str {
     match error {
-        ApiError::Transport(source) => match Cause::of(&**source) {
+        ApiError::Transport(source) => match cause_of(&**source) {
             Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
             Cause::Dns => {
                 "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
@@ -99,6 +99,19 @@ fn hint(error: &ApiError) -> &'static str {
         ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
         ApiError::Status { .. } | ApiError::Malformed(_) => "",
     }
+}
+
+/// What went wrong under a call that got no answer: lease-http's [`Cause`], and tonic's own
+/// timeout (its connect timeout expiring, which carries no I/O error kind), a timeout too.
+fn cause_of(error: &(dyn std::error::Error + 'static)) -> Cause {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return Cause::TimedOut;
+        }
+        source = e.source();
+    }
+    Cause::of(error)
 }
 
 impl ErrorContext for EtcdClient {
