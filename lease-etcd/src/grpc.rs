@@ -546,7 +546,9 @@ impl EtcdClient {
                 return Ok(response.into_inner());
             }
             Ok(Err(status)) => status_error(status),
-            Err(_) => ApiError::TimedOut,
+            // The request's own timeout (tonic's, the same) usually ends it first, as a transport
+            // error: this one, a hair later, must not read differently ("etcd refused").
+            Err(_) => ApiError::pool(Box::new(tonic::TimeoutExpired(()))),
         };
         let unanswered = matches!(error, ApiError::Transport(_) | ApiError::TimedOut);
         if unanswered {
