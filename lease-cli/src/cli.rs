@@ -29,7 +29,8 @@ the semaphore lives under KEY, in `consul lock -n`'s format, so `lease lock` and
 exclude each other. On RabbitMQ (--amqp), KEY is the semaphore's name.
 
 On etcd (--etcd URL, or LEASE_ETCD_ENDPOINTS), KEY is the lock's name as `etcdctl lock KEY`
-takes it: each contender holds an etcd lease and creates KEY/<lease ID in hex> with it, and the
+takes it: each contender holds an etcd lease and creates KEY/<lease ID in hex> with it (or
+KEY/<lease ID in hex>_<n> when contenders of one process share the lease), and the
 key with the lowest create revision holds, so `lease lock` and `etcdctl lock` (and
 `etcdctl elect`) exclude each other on the same KEY. With -n N, KEY is this tool's own FIFO
 semaphore under KEY/ (etcdctl has no semaphore: do not share that KEY with `etcdctl lock`).

@@ -32,7 +32,8 @@ pub enum BackendKind {
     /// etcd: `key` is the election name (a leader) or the holder's own key `<prefix>/<lease>` (a
     /// semaphore), `index` the create revision of the holder's key (rises with every write to the
     /// cluster, whatever the key), `holder` the etcd lease ID in hex, as `etcdctl elect` names
-    /// its keys.
+    /// its keys, followed by `_<n>` for the second and later contenders of one process on one name
+    /// and lease.
     Etcd,
     /// PostgreSQL (lease-postgres): `key` is the leader key, or the holder's own key
     /// `<prefix>/<holder>` (a semaphore), `index` a value of the database's lease sequence, drawn

@@ -28,9 +28,9 @@
 //!   committed it) to the guarded work's drop; a cancellation before the answer counts as 0. The
 //!   p99 from just before the delete request was sent follows in brackets (it adds etcd's commit,
 //!   a disk sync, to the figure);
-//! - the peak connections while N waiters queue behind 100 holders (N/100 on each leader key),
-//!   sampled until [`WAITING`] after etcd has all of their keys (`etcd_debugging_mvcc_keys_total`
-//!   on its metrics port).
+//! - the time N waiters take to queue behind 100 holders (N/100 on each leader key), from the
+//!   first waiter's start until etcd has all of their keys (`etcd_debugging_mvcc_keys_total` on
+//!   its metrics port), and the peak connections meanwhile, sampled until [`WAITING`] after.
 //!
 //! Beside each loss figure: `etcdctl lock`'s loss → exit on the same etcd, measured while our N
 //! leases are held (an operator revokes its lease; it learns of it from its next keep-alive).
@@ -86,6 +86,8 @@ struct Figures {
     etcdctl_p50_ms: f64,
     etcdctl_p99_ms: f64,
     waiters_queued: u64,
+    /// Seconds until etcd had every waiter's key.
+    waiters_queue_s: f64,
     peak_conns_waiting: usize,
 }
 
@@ -233,9 +235,10 @@ async fn loss_to_cancel(
 }
 
 /// N waiters queued behind [`HOLDERS`] holders: the peak connections from the holders'
-/// acquisition until [`WAITING`] after etcd has every waiter's key (or [`STALL`] passed); and
-/// how many waiters were queued.
-async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
+/// acquisition until [`WAITING`] after etcd has every waiter's key (or [`STALL`] passed); how
+/// many waiters were queued; and the seconds from the first waiter's start until etcd had every
+/// waiter's key (or until the count stalled).
+async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize, f64) {
     const KEYS: &str = "etcd_debugging_mvcc_keys_total";
     let port = server.addr().port();
     // Counted on etcd's metrics port: no operator call on the client port while sampling.
@@ -248,6 +251,7 @@ async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
     )
     .await;
     let mut waiting = JoinSet::new();
+    let started = Instant::now();
     for i in 0..n {
         let (etcd, spec) = (etcd.clone(), spec(i % HOLDERS));
         waiting.spawn(async move { etcd.acquire(&spec).await });
@@ -273,6 +277,7 @@ async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
         }
         keys = server.metric_total(KEYS).await as u64;
     }
+    let queue_s = started.elapsed().as_secs_f64();
     let queued = keys.saturating_sub(before + HOLDERS as u64);
     if keys < expected {
         eprintln!("  only {queued} of {n} waiters queued after {STALL:?}");
@@ -286,7 +291,7 @@ async fn waiters(server: &Server, etcd: &Etcd, n: usize) -> (u64, usize) {
     let peak = sampler.peak(port);
     waiting.shutdown().await;
     release_all(holders.into_iter().flatten()).await;
-    (queued, peak)
+    (queued, peak, queue_s)
 }
 
 async fn run(n: usize, hold: Duration) -> Figures {
@@ -328,7 +333,7 @@ async fn run(n: usize, hold: Duration) -> Figures {
     // Released here, so their clean-up does not overlap the waiters' figures.
     release_all(leases.into_iter().flatten()).await;
 
-    (f.waiters_queued, f.peak_conns_waiting) = waiters(&server, &etcd, n).await;
+    (f.waiters_queued, f.peak_conns_waiting, f.waiters_queue_s) = waiters(&server, &etcd, n).await;
     etcd.shutdown().await;
     f
 }
@@ -338,7 +343,7 @@ fn print(n: usize, f: &Figures) {
         "N={n:>6}  held {:>6}  acquire-all {:>7.2} s  peak conns {:>5}  idle {:>8.1} msg/s \
          ({:>7.1} calls/s)  RSS {:>6.1} KB/lease  loss→cancel p50 {:>6.2} p99 {:>6.2} ms \
          (from the request: p99 {:>6.2})  (etcdctl lock: p50 {:>7.1} p99 {:>7.1} ms)  \
-         {} waiters queued: peak conns {}",
+         {} waiters queued in {:.2} s: peak conns {}",
         f.held,
         f.acquire_s,
         f.peak_conns,
@@ -351,6 +356,7 @@ fn print(n: usize, f: &Figures) {
         f.etcdctl_p50_ms,
         f.etcdctl_p99_ms,
         f.waiters_queued,
+        f.waiters_queue_s,
         f.peak_conns_waiting,
     );
 }
@@ -380,7 +386,8 @@ async fn main() {
         result += &format!(
             " held_{n}={} acquire_s_{n}={:.2} max_conns_{n}={} idle_msgs_per_s_{n}={:.1} \
              rss_kb_per_lease_{n}={:.1} loss_p50_ms_at_{n}={:.2} loss_p99_ms_at_{n}={:.2} \
-             etcdctl_loss_p99_ms_at_{n}={:.1} waiters_queued_{n}={} max_conns_waiting_{n}={}",
+             etcdctl_loss_p99_ms_at_{n}={:.1} waiters_queued_{n}={} waiters_queue_s_{n}={:.2} \
+             max_conns_waiting_{n}={}",
             f.held,
             f.acquire_s,
             f.peak_conns,
@@ -390,6 +397,7 @@ async fn main() {
             f.loss_p99_ms,
             f.etcdctl_p99_ms,
             f.waiters_queued,
+            f.waiters_queue_s,
             f.peak_conns_waiting,
         );
     }

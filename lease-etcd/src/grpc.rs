@@ -80,7 +80,7 @@ fn is_permission(error: &ApiError) -> bool {
 /// What the user should do about `error`, for errors and warnings.
 fn hint(error: &ApiError) -> &'static str {
     match error {
-        ApiError::Transport(source) => match Cause::of(&**source) {
+        ApiError::Transport(source) => match cause_of(&**source) {
             Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
             Cause::Dns => {
                 "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
@@ -100,6 +100,19 @@ fn hint(error: &ApiError) -> &'static str {
         ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
         ApiError::Status { .. } | ApiError::Malformed(_) => "",
     }
+}
+
+/// What went wrong under a call that got no answer: lease-http's [`Cause`], and tonic's own
+/// timeout (its connect timeout expiring, which carries no I/O error kind), a timeout too.
+fn cause_of(error: &(dyn std::error::Error + 'static)) -> Cause {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return Cause::TimedOut;
+        }
+        source = e.source();
+    }
+    Cause::of(error)
 }
 
 impl ErrorContext for EtcdClient {
@@ -534,7 +547,9 @@ impl EtcdClient {
                 return Ok(response.into_inner());
             }
             Ok(Err(status)) => status_error(status),
-            Err(_) => ApiError::TimedOut,
+            // The request's own timeout (tonic's, the same) usually ends it first, as a transport
+            // error: this one, a hair later, must not read differently ("etcd refused").
+            Err(_) => ApiError::pool(Box::new(tonic::TimeoutExpired(()))),
         };
         let unanswered = matches!(error, ApiError::Transport(_) | ApiError::TimedOut);
         if unanswered {

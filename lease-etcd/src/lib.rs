@@ -7,15 +7,18 @@
 //!
 //! - **Leader**: the recipe of etcd's `concurrency.Election`, so a lease here and
 //!   `etcdctl elect <name>` exclude each other on the same name: each contender creates
-//!   `<key>/<lease ID in hex>` with its lease, the oldest key (lowest create revision) leads, and
+//!   `<key>/<lease ID in hex>` with its lease (`<key>/<lease ID in hex>_<n>` for the second and
+//!   later contenders of this process on one name and lease), the oldest key (lowest create
+//!   revision) leads, and
 //!   a waiter watches only the key just before its own.
 //! - **Semaphore (limit N)**: the N oldest keys under `<prefix>/` hold; waiters are admitted in
 //!   arrival order (FIFO), each time a key ahead of them is deleted.
 //! - **One kind per name**: a key's value says whether it is a semaphore contender (our format)
 //!   or a leader contender, and a contender that finds the other kind ahead of it is refused at
 //!   once with [`Error::FlagsConflict`], at no extra request.
-//! - **Sequencer**: `etcd:<create revision>:<lease ID hex>:<key>` (the election name for a leader,
-//!   the holder's own key for a semaphore). The create revision rises with every write anywhere
+//! - **Sequencer**: `etcd:<create revision>:<holder>:<key>`, the holder being the own key's part
+//!   after `<key>/` (`<lease ID hex>` or `<lease ID hex>_<n>`) and the key the election name for a
+//!   leader, the holder's own key for a semaphore. The create revision rises with every write anywhere
 //!   in the cluster, so a downstream system can refuse any token older than the newest it has
 //!   seen, even across keys: a property Consul's per-key LockIndex lacks.
 //! - **Loss**: the own key deleted or its lease revoked (a watch on the own key), the keep-alive
@@ -123,7 +126,7 @@ impl Etcd {
     }
 
     /// Operator action: revokes the etcd lease a sequencer's holder names (its hex ID, as
-    /// `etcdctl lease revoke` takes it), deleting its keys and taking their leases away from
+    /// `etcdctl lease revoke` takes it, optionally followed by `_<n>`), deleting its keys and taking their leases away from
     /// their holders (every lease of that process on the same pooled etcd lease), whose work is
     /// cancelled when they notice. `Ok(false)` if it no longer existed.
     pub async fn revoke_lease(&self, holder: &str) -> Result<bool, Error> {

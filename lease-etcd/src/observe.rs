@@ -1,7 +1,8 @@
 //! Who leads an election: a watch on `<key>/`, the oldest key being the leader.
 //!
-//! One task per observation follows the prefix and publishes the oldest key's holder (its lease,
-//! its create revision) and value; it stops when the last [`LeaderObserver`] clone is dropped. A
+//! One task per observation follows the prefix and publishes the oldest key's holder (its key's
+//! part after `<key>/` if that names its lease, else its lease in hex; its create revision) and
+//! value; it stops when the last [`LeaderObserver`] clone is dropped. A
 //! watch that breaks ends the observation ([`Error::ObserverClosed`] for its observers), so a
 //! stale leader is never reported as current through an outage. Leaders elected with
 //! `etcdctl elect` are seen the same way.
@@ -12,7 +13,7 @@ use tokio::sync::watch;
 
 use super::grpc::{ApiError, EtcdClient};
 use super::proto::RangeRequest;
-use super::session::holder_of;
+use super::session::holder_in;
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 
@@ -36,7 +37,12 @@ async fn leader_of(http: &EtcdClient, key: &str) -> Result<(Option<Leader>, i64)
     let leader = read.kvs.first().map(|kv| {
         let index = u64::try_from(kv.create_revision).unwrap_or_default();
         Leader::new(
-            Sequencer::new(BackendKind::Etcd, key, index, holder_of(kv.lease)),
+            Sequencer::new(
+                BackendKind::Etcd,
+                key,
+                index,
+                holder_in(key, &kv.key_str(), kv.lease),
+            ),
             kv.value.clone(),
         )
     });

@@ -4,10 +4,11 @@
 //! An acquisition does not grant an etcd lease of its own: it attaches its key to a pooled etcd
 //! lease of its TTL (granting one only when none fits), as many Consul locks share one session.
 //! So keep-alive traffic grows with the number of pooled etcd leases, not with the number of
-//! leases held: one process holding 10,000 leader keys keeps one etcd lease alive. A contender's
-//! key is `<name>/<etcd lease in hex>` (etcd's election recipe), so two contenders of this
-//! process on one name never share an etcd lease: each name appears at most once per pooled
-//! lease. An etcd lease with nothing left on it is revoked at once.
+//! leases held: one process holding 10,000 leader keys, or waiting with 10,000 contenders on one
+//! name, keeps one etcd lease alive. A contender's key is `<name>/<holder>`: the holder is the
+//! etcd lease in hex (etcd's election recipe) for the first contender of the lease under that
+//! name, and `<lease hex>_<n>` for more (see [`Slot`]), so contenders of one name share a lease
+//! too. An etcd lease with nothing left on it is revoked at once.
 //!
 //! Every pooled lease is kept alive every TTL/3 on the client's one `LeaseKeepAlive` stream.
 //! Its [`Fence`] is shared by every acquisition on it: an answered keep-alive confirms them all
@@ -18,6 +19,7 @@
 //! once on the new one; the fences cover the gap.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -87,8 +89,12 @@ struct PoolState {
 struct Pooled {
     class: Class,
     fence: Fence,
-    /// The names (leader keys, semaphore prefixes) with a contender key on this lease.
-    names: HashSet<String>,
+    /// The names (leader keys, semaphore prefixes) with contender keys on this lease, and the
+    /// slots their contenders hold.
+    names: HashMap<String, HashSet<u64>>,
+    /// The last extra slot given out on this lease: extra slots are never given twice, so a
+    /// late deletion of a gone contender's key cannot hit a newer contender's.
+    last_extra: u64,
     /// When the next keep-alive is due.
     due: Instant,
     /// The send times of the keep-alives not answered yet, oldest first.
@@ -96,10 +102,50 @@ struct Pooled {
     end: watch::Sender<Option<LeaseEnd>>,
 }
 
+/// A contender's place among the contenders of one name on one pooled lease: the holder part of
+/// its key. Slot 0 is the etcd lease ID in lowercase hex, exactly as etcd's election recipe
+/// (`etcdctl elect`, `etcdctl lock`) names its keys; slot n > 0 is `<lease hex>_<n>` (n in
+/// decimal). An underscore is no hex digit, so no slot of one lease is ever a key of another, and
+/// the lease a key belongs to is read back from the part before it ([`Slot::parse`]). etcd's
+/// recipe never parses the key's suffix: it orders a name's keys by create revision only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub(crate) lease: i64,
+    pub(crate) n: u64,
+}
+
+impl Slot {
+    /// The slot a holder string names, if it names one: `<hex>` or `<hex>_<n>` with n ≥ 1 in
+    /// decimal without leading zeros, the lease positive.
+    pub(crate) fn parse(holder: &str) -> Option<Slot> {
+        let (hex, n) = match holder.split_once('_') {
+            Some((_, n)) if n.starts_with('0') || !n.bytes().all(|b| b.is_ascii_digit()) => {
+                return None;
+            }
+            Some((hex, n)) => (hex, n.parse().ok()?),
+            None => (holder, 0),
+        };
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let lease = i64::from_str_radix(hex, 16).ok().filter(|id| *id > 0)?;
+        Some(Slot { lease, n })
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.n {
+            0 => write!(f, "{:x}", self.lease),
+            n => write!(f, "{:x}_{n}", self.lease),
+        }
+    }
+}
+
 /// An acquisition's place on a pooled etcd lease.
 #[derive(Debug)]
 pub(crate) struct Attached {
-    pub(crate) id: i64,
+    pub(crate) slot: Slot,
     pub(crate) fence: Fence,
     pub(crate) end: watch::Receiver<Option<LeaseEnd>>,
 }
@@ -109,12 +155,13 @@ impl Pool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for a contender of `spec`'s name on a pooled etcd lease of its TTL: one that
-    /// carries no other contender of that name. If none does, it waits for a grant in flight
-    /// that can take the name too, or grants one itself; grants for contenders of one name run
-    /// side by side.
+    /// A place for a contender of `spec`'s name on a pooled etcd lease of its TTL: the first
+    /// live one, in a slot of that name not taken on it (see [`Slot`]). If there is none, it
+    /// waits for the grant in flight of that TTL, or grants one itself: contenders that arrive
+    /// together share one grant.
     ///
-    /// Cancel safe: a place reserved on a grant in flight is given back.
+    /// Cancel safe: a contender cancelled while it waits for a grant holds no place yet, and a
+    /// cancelled granter lets the waiting contenders look again.
     pub(crate) async fn attach(
         client: &Arc<EtcdClient>,
         spec: &LeaseSpec,
@@ -123,78 +170,52 @@ impl Pool {
         let class = (spec.session_ttl(), spec.fence_after());
         let name = spec.key();
         loop {
-            let reserved = {
+            let waiting = {
                 let mut state = pool.lock();
                 if let Some(attached) = try_attach(&mut state, class, name) {
                     return Ok(attached);
                 }
-                let joinable = state
-                    .granting
-                    .iter_mut()
-                    .find(|(_, g)| g.class == class && !g.names.contains(name));
+                let joinable = state.granting.values().find(|g| g.class == class);
                 match joinable {
-                    Some((token, grant)) => {
-                        grant.names.insert(name.to_owned());
-                        Ok(Reservation {
-                            client,
-                            token: *token,
-                            name,
-                            granted: grant.granted.subscribe(),
-                            waiting: true,
-                        })
-                    }
+                    Some(grant) => Ok(grant.granted.subscribe()),
                     None => {
                         state.last_grant += 1;
                         let token = state.last_grant;
                         let (granted, _) = watch::channel(None);
-                        state.granting.insert(
-                            token,
-                            Grant {
-                                class,
-                                names: HashSet::from([name.to_owned()]),
-                                granted,
-                            },
-                        );
+                        state.granting.insert(token, Grant { class, granted });
                         Err(GrantGuard { pool, token })
                     }
                 }
             };
-            match reserved {
-                Ok(mut reservation) => {
-                    let granted = reservation
-                        .granted
-                        .wait_for(Option::is_some)
-                        .await
-                        .map(|g| g.clone());
-                    reservation.waiting = false;
+            match waiting {
+                Ok(mut granted) => {
+                    let granted = granted.wait_for(Option::is_some).await.map(|g| g.clone());
                     match granted {
-                        Ok(Some(Ok(id))) => {
-                            let state = pool.lock();
-                            if let Some(attached) = attached(&state, id) {
-                                return Ok(attached);
-                            }
-                            // Ended already: look again.
-                        }
+                        // The lease was pooled (and may be live still): look again.
+                        Ok(Some(Ok(_))) | Ok(None) | Err(_) => {}
                         Ok(Some(Err(error))) => return Err(error),
-                        // The contender that granted was cancelled: look again.
-                        Ok(None) | Err(_) => {}
                     }
                 }
-                Err(guard) => return grant(client, class, guard).await,
+                Err(guard) => return grant(client, class, name, guard).await,
             }
         }
     }
 
-    /// Takes `name` off lease `id`; returns whether the lease has nothing left on it and left
-    /// the pool, to be revoked by the caller.
-    pub(crate) fn detach(&self, id: i64, name: &str) -> bool {
+    /// Takes `slot` of `name` off its lease; returns whether the lease has nothing left on it
+    /// and left the pool, to be revoked by the caller.
+    pub(crate) fn detach(&self, slot: Slot, name: &str) -> bool {
         let mut state = self.lock();
-        let Some(pooled) = state.leases.get_mut(&id) else {
+        let Some(pooled) = state.leases.get_mut(&slot.lease) else {
             return false;
         };
-        pooled.names.remove(name);
+        if let Some(slots) = pooled.names.get_mut(name) {
+            slots.remove(&slot.n);
+            if slots.is_empty() {
+                pooled.names.remove(name);
+            }
+        }
         if pooled.names.is_empty() {
-            state.leases.remove(&id);
+            state.leases.remove(&slot.lease);
             return true;
         }
         false
@@ -328,40 +349,40 @@ impl Pool {
     }
 }
 
-/// A place on a live pooled lease of `class` that carries no contender of `name` yet.
+/// A place for a contender of `name` on a live pooled lease of `class`.
 fn try_attach(state: &mut PoolState, class: Class, name: &str) -> Option<Attached> {
-    let (id, pooled) = state.leases.iter_mut().find(|(_, p)| {
-        p.class == class
-            && !p.names.contains(name)
-            && p.end.borrow().is_none()
-            && !p.fence.is_past()
-    })?;
-    pooled.names.insert(name.to_owned());
-    Some(Attached {
-        id: *id,
-        fence: pooled.fence.clone(),
-        end: pooled.end.subscribe(),
-    })
+    let (id, pooled) = state
+        .leases
+        .iter_mut()
+        .find(|(_, p)| p.class == class && p.end.borrow().is_none() && !p.fence.is_past())?;
+    Some(pooled.take_slot(*id, name))
 }
 
-/// The place a grant reserved on lease `id`, if the lease is still live.
-fn attached(state: &PoolState, id: i64) -> Option<Attached> {
-    let pooled = state.leases.get(&id)?;
-    if pooled.end.borrow().is_some() {
-        return None;
+impl Pooled {
+    /// Slot 0 of `name` if it is free, else an extra slot never given out on this lease.
+    fn take_slot(&mut self, id: i64, name: &str) -> Attached {
+        let slots = self.names.entry(name.to_owned()).or_default();
+        let n = if slots.contains(&0) {
+            self.last_extra += 1;
+            self.last_extra
+        } else {
+            0
+        };
+        slots.insert(n);
+        Attached {
+            slot: Slot { lease: id, n },
+            fence: self.fence.clone(),
+            end: self.end.subscribe(),
+        }
     }
-    Some(Attached {
-        id,
-        fence: pooled.fence.clone(),
-        end: pooled.end.subscribe(),
-    })
 }
 
-/// Grants the lease of the grant in flight `guard` names, and pools it with every name reserved
-/// on it meanwhile.
+/// Grants the lease of the grant in flight `guard` names, pools it with a place for `name` on
+/// it, and lets the contenders waiting on the grant look again.
 async fn grant(
     client: &Arc<EtcdClient>,
     class: Class,
+    name: &str,
     guard: GrantGuard<'_>,
 ) -> Result<Attached, ApiError> {
     let pool = client.pool();
@@ -380,9 +401,9 @@ async fn grant(
             return Err(error);
         }
     };
-    tracing::debug!(lease = %format_args!("{id:x}"), ttl = ?class.0, names = grant.names.len(), "etcd lease granted for the pool");
+    tracing::debug!(lease = %format_args!("{id:x}"), ttl = ?class.0, "etcd lease granted for the pool");
     let fence = Fence::new(class.1, sent);
-    let (end_tx, end) = watch::channel(None);
+    let (end_tx, _) = watch::channel(None);
     let due = sent + class.0 / 3;
     if state.task.as_ref().is_none_or(mpsc::Sender::is_closed) {
         let (alive, task_guard) = mpsc::channel(1);
@@ -398,27 +419,26 @@ async fn grant(
         fence.suspend(since);
     }
     state.joined_due = Some(state.joined_due.map_or(due, |d| d.min(due)));
-    state.leases.insert(
-        id,
-        Pooled {
-            class,
-            fence: fence.clone(),
-            names: grant.names,
-            due,
-            sent: VecDeque::new(),
-            end: end_tx,
-        },
-    );
+    let mut pooled = Pooled {
+        class,
+        fence,
+        names: HashMap::new(),
+        last_extra: 0,
+        due,
+        sent: VecDeque::new(),
+        end: end_tx,
+    };
+    let attached = pooled.take_slot(id, name);
+    state.leases.insert(id, pooled);
     drop(state);
     grant.granted.send_replace(Some(Ok(id)));
     pool.joined.notify_one();
-    Ok(Attached { id, fence, end })
+    Ok(attached)
 }
 
-/// A grant in flight: the names reserved on the lease it will pool.
+/// A grant in flight, which the contenders of its class that arrive meanwhile wait for.
 struct Grant {
     class: Class,
-    names: HashSet<String>,
     granted: watch::Sender<Option<Result<i64, ApiError>>>,
 }
 
@@ -432,37 +452,6 @@ struct GrantGuard<'a> {
 impl Drop for GrantGuard<'_> {
     fn drop(&mut self) {
         self.pool.lock().granting.remove(&self.token);
-    }
-}
-
-/// A place reserved on a grant in flight; given back if its contender is cancelled while it
-/// waits.
-struct Reservation<'a> {
-    client: &'a Arc<EtcdClient>,
-    token: u64,
-    name: &'a str,
-    granted: watch::Receiver<Option<Result<i64, ApiError>>>,
-    waiting: bool,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if !self.waiting {
-            return;
-        }
-        let pool = self.client.pool();
-        let mut state = pool.lock();
-        if let Some(grant) = state.granting.get_mut(&self.token) {
-            grant.names.remove(self.name);
-            return;
-        }
-        let granted = self.granted.borrow().clone();
-        drop(state);
-        if let Some(Ok(id)) = granted {
-            if pool.detach(id, self.name) {
-                spawn_revoke(self.client, id);
-            }
-        }
     }
 }
 
@@ -584,4 +573,32 @@ async fn serve(
         client.reachability_tracker().answered(false);
     }
     error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slot;
+
+    #[test]
+    fn a_slot_is_written_and_read_back() {
+        for (holder, lease, n) in [
+            ("1a2b", 0x1a2b, 0),
+            ("1a2b_1", 0x1a2b, 1),
+            ("7f_12", 0x7f, 12),
+        ] {
+            let slot = Slot::parse(holder).unwrap();
+            assert_eq!(slot, Slot { lease, n });
+            assert_eq!(slot.to_string(), holder);
+        }
+    }
+
+    #[test]
+    fn only_a_lease_in_hex_with_an_optional_decimal_slot_is_a_slot() {
+        for holder in [
+            "", "_1", "1a2b_", "1a2b_0", "1a2b_01", "1a2b_x", "1a2b_1_2", "0", "-1", "+1a", "xyz",
+            "1a2b/1",
+        ] {
+            assert_eq!(Slot::parse(holder), None, "{holder:?}");
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Leader and semaphore: contenders queued by the create revision of their keys.
 //!
-//! Every contender writes its own key `<key>/<lease ID in hex>`, attached to its etcd lease, if it
-//! does not exist yet (one transaction). etcd gives each write the next revision of the whole
+//! Every contender writes its own key `<key>/<lease ID in hex>` (`<key>/<lease ID in hex>_<n>` if
+//! another contender of this process on that name has that pooled lease: see `pool::Slot`),
+//! attached to its etcd lease, if it does not exist yet (one transaction). etcd gives each write the next revision of the whole
 //! cluster, so the keys under `<key>/` are a queue in arrival order:
 //!
 //! - **leader** (etcd's `concurrency.Election`, the recipe `etcdctl elect` uses): the oldest key
@@ -58,7 +59,7 @@ use tokio::time::Instant;
 use super::grpc::{ApiError, EtcdClient, is_not_found};
 use super::pool::LeaseEnd;
 use super::proto::{Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
-use super::session::{self, Session, Won, holder_of, lease_of, retrying};
+use super::session::{self, Session, Won, holder_in, lease_of, retrying};
 use super::watch::WatchStream;
 use lease_core::backoff::Backoff;
 use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
@@ -205,13 +206,16 @@ pub(crate) async fn acquire(
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
     let rule = Rule::of(spec)?;
+    // Set once our waiting key went with its etcd lease: the contenders of this process on that
+    // lease went with it, unannounced, a holder of this name among them perhaps.
+    let mut lost_with_a_lease = false;
     loop {
         let (mut session, mut keep_alive) = Session::attach(http, spec).await?;
         let own = session.own().to_owned();
         let outcome = tokio::select! {
             biased;
             end = &mut keep_alive => Err(end),
-            result = contend(http, rule, spec, &own, session.id(), started, deadline) => Ok(result),
+            result = contend(http, rule, spec, &session, lost_with_a_lease, started, deadline) => Ok(result),
         };
         match outcome {
             Ok(Ok(won)) => {
@@ -229,6 +233,7 @@ pub(crate) async fn acquire(
                 // The pooled lease went before the pool learned it: wait on another one.
                 http.pool().retire(session.id());
                 let _ = session.give_back(None).await;
+                lost_with_a_lease = true;
             }
             Ok(Err(error)) => {
                 // Give the lease back now, so a caller that asked not to wait leaves nothing
@@ -240,6 +245,7 @@ pub(crate) async fn acquire(
             // at the back of the queue.
             Err(LeaseEnd::Revoked) => {
                 let _ = session.give_back(None).await;
+                lost_with_a_lease = true;
             }
             Err(end @ LeaseEnd::Fenced { .. }) => {
                 let _ = session.give_back(None).await;
@@ -249,13 +255,16 @@ pub(crate) async fn acquire(
     }
 }
 
-/// Joins the queue and waits for our turn, or until the deadline passes.
+/// Joins the queue with `session`'s key and waits for our turn, or until the deadline passes.
+/// `rejoined`: our previous key went with its etcd lease, and a holder of this process ahead of
+/// it may have gone with it (contenders of one name share pooled leases): settle once before the
+/// first judgment, as for any holder that went without a release.
 async fn contend(
     http: &EtcdClient,
     rule: Rule,
     spec: &LeaseSpec,
-    own: &str,
-    lease: i64,
+    session: &Session,
+    rejoined: bool,
     started: Instant,
     deadline: Option<Instant>,
 ) -> Result<Won, Error> {
@@ -271,6 +280,7 @@ async fn contend(
         }
         e.into_error(http, format_args!("contend for {key:?}"))
     };
+    let (own, lease) = (session.own(), session.id());
     let value = rule.value(spec);
     let mut created = join(http, own, &value, lease, deadline)
         .await
@@ -307,10 +317,11 @@ async fn contend(
         // A waiter is in the queue from its join on: a holder ahead of it then that went without
         // a release before this read is settled for like one it saw go.
         if std::mem::take(&mut first_judgment)
-            && removed_since_join(http, created, &read.range(2).kvs, ahead, &mut pause).await
-                == Removal::Unannounced
+            && (rejoined
+                || removed_since_join(http, created, &read.range(2).kvs, ahead, &mut pause).await
+                    == Removal::Unannounced)
         {
-            tracing::debug!(key, settle = ?spec.settle_time(), "a holder ahead of us at our join went without a release; settling");
+            tracing::debug!(key, settle = ?spec.settle_time(), rejoined, "a holder ahead of us at our join, or of our lost key, went without a release; settling");
             tokio::time::sleep(spec.settle_time()).await;
             continue;
         }
@@ -528,7 +539,7 @@ pub(crate) async fn check_sequencer(http: &EtcdClient, sequencer: &Sequencer) ->
     let taken = |kv: &KeyValue| {
         lost(LostReason::KeyTaken {
             lock_index: u64::try_from(kv.create_revision).unwrap_or_default(),
-            session: holder_of(kv.lease),
+            session: holder_in(key, &kv.key_str(), kv.lease),
         })
     };
     if let Some(own) = read.range(0).kvs.first() {

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::grpc::{ApiError, EtcdClient};
-use super::pool::{self, LeaseEnd, Pool};
+use super::pool::{self, LeaseEnd, Pool, Slot};
 use super::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
@@ -40,12 +40,13 @@ impl From<LeaseEnd> for LostReason {
 /// while waiting and then hand it to the holder task.
 pub(crate) type KeepAlive = Pin<Box<dyn Future<Output = LeaseEnd> + Send>>;
 
-/// An acquisition's place on a pooled etcd lease, under the contender key `<name>/<lease hex>`.
-/// Dropping it gives the place back in the background.
+/// An acquisition's place on a pooled etcd lease, under the contender key `<name>/<holder>`
+/// (the holder is the lease in hex, or `<lease hex>_<n>`: see [`Slot`]). Dropping it gives the
+/// place back in the background.
 #[derive(Debug)]
 pub(crate) struct Session {
     client: Arc<EtcdClient>,
-    id: i64,
+    slot: Slot,
     /// The name contended for (a leader key, a semaphore's prefix).
     name: String,
     /// The contender key.
@@ -59,9 +60,18 @@ pub(crate) fn holder_of(id: i64) -> String {
     format!("{id:x}")
 }
 
-/// The lease ID a sequencer's holder names, if it is one.
+/// The lease ID a sequencer's holder names (`<lease hex>` or `<lease hex>_<n>`), if it is one.
 pub(crate) fn lease_of(holder: &str) -> Option<i64> {
-    i64::from_str_radix(holder, 16).ok().filter(|id| *id > 0)
+    Slot::parse(holder).map(|slot| slot.lease)
+}
+
+/// The holder a contender key of `name` names: the part after `<name>/` if it is a slot of the
+/// key's own lease `lease` (ours, or etcd's election recipe's), else that lease in hex.
+pub(crate) fn holder_in(name: &str, key: &str, lease: i64) -> String {
+    key.strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .filter(|holder| Slot::parse(holder).is_some_and(|slot| slot.lease == lease))
+        .map_or_else(|| holder_of(lease), str::to_owned)
 }
 
 impl Session {
@@ -77,24 +87,26 @@ impl Session {
         let keep_alive = Box::pin(ended(attached.end, attached.fence.clone()));
         let session = Session {
             client: Arc::clone(client),
-            id: attached.id,
+            slot: attached.slot,
             name: spec.key().to_owned(),
-            own: format!("{}/{}", spec.key(), holder_of(attached.id)),
+            own: format!("{}/{}", spec.key(), attached.slot),
             fence: attached.fence,
             given_back: false,
         };
         Ok((session, keep_alive))
     }
 
+    /// The pooled etcd lease.
     pub(crate) fn id(&self) -> i64 {
-        self.id
+        self.slot.lease
     }
 
+    /// The holder a sequencer names: the part of the contender key after `<name>/`.
     pub(crate) fn holder(&self) -> String {
-        holder_of(self.id)
+        self.slot.to_string()
     }
 
-    /// The contender key, `<name>/<lease hex>`.
+    /// The contender key, `<name>/<holder>`.
     pub(crate) fn own(&self) -> &str {
         &self.own
     }
@@ -110,13 +122,13 @@ impl Session {
     /// holder.
     pub(crate) async fn give_back(&mut self, created: Option<i64>) -> Result<(), Error> {
         self.given_back = true;
-        give_back(&self.client, self.id, &self.name, &self.own, created).await
+        give_back(&self.client, self.slot, &self.name, &self.own, created).await
     }
 
     /// [`give_back`](Session::give_back) on a detached runtime, for a process that is ending.
     pub(crate) fn abandon(mut self) -> Option<BoxFuture<'static, ()>> {
         self.given_back = true;
-        detached_give_back(&self.client, self.id, &self.name, &self.own)
+        detached_give_back(&self.client, self.slot, &self.name, &self.own)
     }
 }
 
@@ -129,7 +141,7 @@ impl Drop for Session {
         // runtime if this runtime is ending.
         let (client, id, name, own) = (
             Arc::clone(&self.client),
-            self.id,
+            self.slot,
             self.name.clone(),
             self.own.clone(),
         );
@@ -158,7 +170,7 @@ fn delete_own(own: &str, created: Option<i64>) -> TxnRequest {
 
 async fn give_back(
     client: &EtcdClient,
-    id: i64,
+    slot: Slot,
     name: &str,
     own: &str,
     created: Option<i64>,
@@ -166,9 +178,12 @@ async fn give_back(
     let delete = delete_own(own, created);
     match retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await {
         Ok(_) => {
-            if client.pool().detach(id, name) {
-                pool::revoke(client, id).await.map_err(|e| {
-                    e.into_error(client, format_args!("revoke lease {}", holder_of(id)))
+            if client.pool().detach(slot, name) {
+                pool::revoke(client, slot.lease).await.map_err(|e| {
+                    e.into_error(
+                        client,
+                        format_args!("revoke lease {}", holder_of(slot.lease)),
+                    )
                 })?;
             }
             Ok(())
@@ -176,8 +191,8 @@ async fn give_back(
         Err(error) => {
             // Revoking deletes the key with the lease (one attempt: if etcd cannot be reached,
             // the lease, no longer kept alive, expires with its TTL).
-            client.pool().retire(id);
-            let _ = client.lease_revoke(id).await;
+            client.pool().retire(slot.lease);
+            let _ = client.lease_revoke(slot.lease).await;
             Err(error.into_error(client, format_args!("delete {own:?}")))
         }
     }
@@ -185,17 +200,17 @@ async fn give_back(
 
 fn detached_give_back(
     client: &EtcdClient,
-    id: i64,
+    slot: Slot,
     name: &str,
     own: &str,
 ) -> Option<BoxFuture<'static, ()>> {
-    let last = client.pool().detach(id, name);
+    let last = client.pool().detach(slot, name);
     let client = client.detached()?;
     let delete = delete_own(own, None);
     Some(Box::pin(async move {
         let _ = retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await;
         if last {
-            let _ = pool::revoke(&client, id).await;
+            let _ = pool::revoke(&client, slot.lease).await;
         }
     }))
 }
@@ -232,7 +247,7 @@ async fn ended(mut end: watch::Receiver<Option<LeaseEnd>>, fence: Fence) -> Leas
 pub(crate) struct KeyHold {
     session: Session,
     keep_alive: KeepAlive,
-    /// The holder's own key: `<name>/<lease>` (a leader) or `<prefix>/<lease>` (a semaphore).
+    /// The holder's own key: `<name>/<holder>` (a leader) or `<prefix>/<holder>` (a semaphore).
     key: String,
     created: i64,
     /// The revision the acquisition was judged at: later changes are watched.
@@ -407,3 +422,18 @@ where
 
 /// The least time a read gets, whatever the acquire's deadline.
 const READ_GRACE: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::holder_in;
+
+    #[test]
+    fn the_holder_of_a_key_is_its_slot_of_its_own_lease() {
+        assert_eq!(holder_in("q", "q/1a2b", 0x1a2b), "1a2b");
+        assert_eq!(holder_in("q", "q/1a2b_3", 0x1a2b), "1a2b_3");
+        // A key that does not name its own lease is named by its lease.
+        assert_eq!(holder_in("q", "q/ff_3", 0x1a2b), "1a2b");
+        assert_eq!(holder_in("q", "q/other", 0x1a2b), "1a2b");
+        assert_eq!(holder_in("q", "qq/1a2b", 0x1a2b), "1a2b");
+    }
+}

@@ -470,9 +470,10 @@ impl Api {
             .unwrap_or_else(|e| panic!("POST {path} {body}: {e}"))
     }
 
-    /// Operator action: `etcdctl lease revoke <hex>`; whether the lease existed.
+    /// Operator action: `etcdctl lease revoke <hex>` of the lease `holder` (a sequencer's holder:
+    /// `<lease hex>` or `<lease hex>_<n>`) names; whether the lease existed.
     pub async fn revoke(&self, holder: &str) -> bool {
-        let id = i64::from_str_radix(holder, 16).expect("a hex lease ID");
+        let id = lease_id(holder);
         match self
             .try_post("/v3/lease/revoke", &json!({"ID": id.to_string()}))
             .await
@@ -514,10 +515,10 @@ impl Api {
             .unwrap_or(0)
     }
 
-    /// The whole seconds lease `holder` (hex) has left by etcd's own clock (0: less than one), or
-    /// -1 if it is gone.
+    /// The whole seconds the lease `holder` names (see [`Server::revoke`]) has left by etcd's own
+    /// clock (0: less than one), or -1 if it is gone.
     pub async fn time_to_live(&self, holder: &str) -> i64 {
-        let id = i64::from_str_radix(holder, 16).expect("a hex lease ID");
+        let id = lease_id(holder);
         let answer = self
             .post("/v3/lease/timetolive", json!({"ID": id.to_string()}))
             .await;
@@ -681,4 +682,11 @@ impl Cluster {
     pub fn logs(&self) -> Vec<&Path> {
         self.members.iter().map(|m| m.log.as_path()).collect()
     }
+}
+
+/// The etcd lease a holder names: the hex before its `_<n>` slot suffix, if any (lease-etcd
+/// names the second and later contenders of one name on one etcd lease `<lease hex>_<n>`).
+fn lease_id(holder: &str) -> i64 {
+    let hex = holder.split_once('_').map_or(holder, |(hex, _)| hex);
+    i64::from_str_radix(hex, 16).expect("a hex lease ID")
 }

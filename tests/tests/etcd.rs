@@ -205,12 +205,42 @@ async fn twenty_waiters_acquire_in_the_order_they_arrived() {
         })
         .await;
     }
+    // Contenders of one process on one name share its pooled etcd lease: the first under its
+    // plain hex, the others under `<hex>_<n>`.
+    let leases = server.leases().await;
+    assert_eq!(leases.len(), 1, "one etcd lease for 21 contenders");
+    let keys: Vec<String> = server
+        .keys("fifo/")
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys[0], format!("fifo/{}", leases[0]));
+    for key in &keys[1..] {
+        let suffix = key.strip_prefix(&format!("fifo/{}_", leases[0]));
+        assert!(suffix.is_some_and(|n| n.parse::<u64>().is_ok()), "{key}");
+    }
+    let observer = etcd.observe_leader("fifo").await.unwrap();
     let mut last = first.sequencer().clone();
     first.release().await.unwrap();
     for expected in 0..20 {
         let (i, lease) = within(EVENT, "the next waiter", rx.recv()).await.unwrap();
         assert_eq!(i, expected, "waiters acquired out of arrival order");
         assert!(lease.sequencer().index() > last.index());
+        // A holder under a `_<n>` key is checked, observed and named like any other.
+        etcd.check_sequencer(lease.sequencer()).await.unwrap();
+        etcd.check_sequencer(&last).await.unwrap_err();
+        let mut seen = observer.clone();
+        within(EVENT, "the observer to see the new leader", async {
+            while seen.leader().map(|l| l.sequencer) != Some(lease.sequencer().clone()) {
+                seen.changed().await.unwrap();
+            }
+        })
+        .await;
+        assert_eq!(
+            server.own_key(lease.sequencer()).await,
+            Some(format!("fifo/{}", lease.sequencer().holder()))
+        );
         last = lease.sequencer().clone();
         lease.release().await.unwrap();
     }
