@@ -256,3 +256,21 @@ impl Operator for lease_amqp::Amqp {
         })
     }
 }
+
+/// STAND-IN (branch `pgbench`), replaced at merge by branch `pg28`'s operator for the real
+/// backend (deleting the holder's row, or ending its sessions): the stand-in `Postgres` keeps its
+/// leases in an in-process store, so its operator acts there.
+#[cfg(feature = "postgres")]
+impl Operator for lease_postgres::Postgres {
+    fn destroy_session<'a>(&'a self, holder: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        let found = self.standin_memory().invalidate_session(holder);
+        Box::pin(std::future::ready(if found {
+            Ok(())
+        } else {
+            Err(OperatorError::NotFound {
+                what: "session",
+                name: holder.to_owned(),
+            })
+        }))
+    }
+}

@@ -68,3 +68,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod fence;
+
+// STAND-IN (branch `pgbench`): dropped at merge, with `src/standin.rs`, for branch `pg28`'s
+// backend.
+#[cfg(feature = "backend")]
+#[doc(hidden)]
+pub mod standin;
+#[cfg(feature = "backend")]
+pub use standin::{Postgres, PostgresBuilder};
