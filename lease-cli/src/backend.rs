@@ -35,8 +35,9 @@ pub(crate) enum Chosen {
 
 impl Chosen {
     /// `--amqp`, else `--postgres`, else `--etcd`, else (no backend flag given)
-    /// `LEASE_POSTGRES_URL` or `LEASE_ETCD_ENDPOINTS` (both set is refused), else Consul. `grace` is the time `lease lock` needs between loss and its child being gone (zero
-    /// for the other commands).
+    /// `LEASE_POSTGRES_URL` or `LEASE_ETCD_ENDPOINTS` (both set is refused), else Consul.
+    /// `grace` is the time `lease lock` needs between loss and its child being gone (zero for the
+    /// other commands).
     pub(crate) fn from_args(args: &BackendArgs, grace: Duration) -> Result<Chosen, Failure> {
         if let Some(url) = &args.amqp {
             // The AMQP lease self-fences at 3/4 of the heartbeat and the broker frees its

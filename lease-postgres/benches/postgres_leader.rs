@@ -31,10 +31,10 @@
 //! - loss → cancel: an operator takes the holder's lease (ours: deletes its row; the table's:
 //!   deletes its `shedlock` row); we time until the guarded work is dropped. ShedLock has no loss
 //!   detection at all: its holder runs to the end whatever happens to the row. The figure given
-//!   for it is that of a holder that checks its row every [`POLL`] (`locked_by = me AND lock_until
-//!   > now()`) and stops when it is not: a generous model, not something ShedLock does. The
-//!   operator acts at a random point of that polling period, so the figure is not an artefact of
-//!   its phase.
+//!   for it is that of a holder that checks its row every [`POLL`] (`locked_by = me AND
+//!   lock_until > now()`) and stops when it is not: a generous model, not something ShedLock
+//!   does. The operator acts at a random point of that polling period, so the figure is not an
+//!   artefact of its phase.
 //! - hand-off gap: 16 contenders each hold 20 ms and release; the gap between one holder's end and
 //!   the next holder's start.
 //! - semaphore: 32 jobs of 50 ms at limit 4; the ideal is 32 / 4 × 50 ms = 0.4 s. The table's

@@ -5,10 +5,9 @@
 //! lease check, and their table must hold no stale row.
 //!
 //! The seed is `CHAOS_SEED` (default `lease_tests::chaos::DEFAULT_SEED`); a failure prints it and the merged
-//! interleaving around the violation, faults included. The six scenarios (seven with PostgreSQL's,
-//! once its backend has landed) run two at a time (the
-//! test harness's threads on two cores) and take about 80 s together (58 s without the fenced
-//! two). The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
+//! interleaving around the violation, faults included. The six scenarios (seven with
+//! PostgreSQL's, once its backend has landed) run two at a time (the test harness's threads on
+//! two cores) and take about 80 s together (58 s without the fenced two). The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
 //!
 //! ```sh
 //! CHAOS_SEED=7 cargo test -p lease-tests --test chaos -- --nocapture

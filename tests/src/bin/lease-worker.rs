@@ -10,9 +10,10 @@
 //!
 //! `--limit N` makes the lease a semaphore of N slots, else it is a leader key. `--etcd` takes one
 //! client URL or several, comma-separated; `--postgres` a `postgres://` URL (the chaos driver
-//! adds `application_name` to tell the workers' sessions apart). TTL and lock-delay default to lease-core's defaults
-//! (15 s, 15 s; etcd ignores the lock-delay). One guarded work writes a `write`
-//! line every `--write-every-ms` (default 5) for `--hold-ms` (default: until the lease is lost).
+//! adds `application_name` to tell the workers' sessions apart). TTL and lock-delay default to
+//! lease-core's defaults (15 s, 15 s; etcd ignores the lock-delay). One guarded work writes a
+//! `write` line every `--write-every-ms` (default 5) for `--hold-ms` (default: until the lease is
+//! lost).
 //!
 //! Modes:
 //! - `loop` (default): forever acquire (waiting forever), run the work under `Lease::run`,
