@@ -33,6 +33,7 @@ async fn run(args: &[&str]) -> std::process::Output {
 /// finished. The command gets a `postgres:` LEASE_SEQUENCER that `lease status` shows and `lease
 /// check` finds current while held and stale after.
 #[tokio::test]
+#[ignore = "STAND-IN: needs the real PostgreSQL backend (branch pg28); drop this line at merge"]
 async fn two_lease_locks_on_one_key_take_turns() {
     let db = TestDb::create("cli_take_turns").await;
     let url = db.url();
@@ -117,6 +118,7 @@ async fn two_lease_locks_on_one_key_take_turns() {
 /// A server that refuses connections: `lease lock` exits 125 with a message naming the address,
 /// and does not start the command.
 #[tokio::test]
+#[ignore = "STAND-IN: needs the real PostgreSQL backend (branch pg28); drop this line at merge"]
 async fn an_unreachable_postgres_is_a_clear_error() {
     let scratch = Scratch::new("postgres-unreachable");
     let marker = scratch.path("started");
