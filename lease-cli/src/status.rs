@@ -175,6 +175,16 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             backend::etcd(backend::etcd_endpoints(&args.backend).as_deref()).map_err(failed)?,
         ),
         // By name: the backend's kind is new in lease-core with the PostgreSQL backend.
+        kind if kind.as_str() == "postgres"
+            && (args.backend.amqp.is_some()
+                || args.backend.consul.is_some()
+                || args.backend.etcd.is_some()) =>
+        {
+            return Err(Failure::new(
+                exit::QUERY_FAILED,
+                "a postgres: sequencer is checked with PostgreSQL: drop --consul, --amqp and --etcd",
+            ));
+        }
         kind if kind.as_str() == "postgres" => {
             let url = (args.backend.postgres.clone())
                 .map(|url| (url, "--postgres"))
