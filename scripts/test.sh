@@ -205,6 +205,8 @@ bounded 2400 cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | te
 
 # Every benchmark in its quick mode, in the test profile (the test build's dependencies): a few
 # trials each, failing on the correctness bounds they measure around, never on a timing.
+# `--all-features` takes in those behind a feature too (lease-postgres's postgres_leader needs
+# `backend`).
 step "benchmarks, quick mode"
 bench_status=0
 LEASE_BENCH_QUICK=1 bounded 900 cargo test --workspace --all-features --no-fail-fast --bench '*' 2>&1 |

@@ -40,7 +40,8 @@ pub struct PostgresBuilder {
     max_connections: usize,
     tcp_user_timeout: Duration,
     connect_timeout: Duration,
-    application_name: String,
+    /// Set by [`PostgresBuilder::application_name`]; else the URL's, else `lease`.
+    application_name: Option<String>,
     install: bool,
 }
 
@@ -52,7 +53,7 @@ impl Default for PostgresBuilder {
             max_connections: 2,
             tcp_user_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
-            application_name: "lease".to_owned(),
+            application_name: None,
             install: true,
         }
     }
@@ -106,10 +107,10 @@ impl PostgresBuilder {
         self
     }
 
-    /// The `application_name` of the connections (default `lease`), as `pg_stat_activity`
-    /// shows them.
+    /// The `application_name` of the connections, as `pg_stat_activity` shows them. Default:
+    /// the URL's `application_name` parameter, else `lease`. This setting wins over the URL's.
     pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.application_name = name.into();
+        self.application_name = Some(name.into());
         self
     }
 
@@ -161,7 +162,15 @@ impl PostgresBuilder {
                 "max_connections must be at least 1: the backend needs a connection for its work",
             ));
         }
-        config.application_name(&self.application_name);
+        match &self.application_name {
+            Some(name) => {
+                config.application_name(name);
+            }
+            None if config.get_application_name().is_none() => {
+                config.application_name("lease");
+            }
+            None => {}
+        }
         config.connect_timeout(self.connect_timeout);
         // The server's side of the same settings, set after connecting rather than as startup
         // options, which some poolers refuse.
@@ -257,6 +266,31 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("schema"), "{err}");
+    }
+
+    #[test]
+    fn the_url_names_the_sessions_unless_the_builder_does() {
+        let name = |builder: PostgresBuilder| {
+            let postgres = builder.build().unwrap();
+            postgres
+                .shared
+                .config
+                .get_application_name()
+                .map(str::to_owned)
+        };
+        let url = "postgres://u@h/db?application_name=worker-7";
+        assert_eq!(
+            name(Postgres::builder().url(url)).as_deref(),
+            Some("worker-7")
+        );
+        assert_eq!(
+            name(Postgres::builder().url(url).application_name("mine")).as_deref(),
+            Some("mine")
+        );
+        assert_eq!(
+            name(Postgres::builder().url("postgres://u@h/db")).as_deref(),
+            Some("lease")
+        );
     }
 
     #[test]
