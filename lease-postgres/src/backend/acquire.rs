@@ -119,10 +119,19 @@ pub(crate) async fn acquire(
         settle: spec.settle_after_removal().as_secs_f64(),
         value: spec.advertised_value().to_vec(),
     };
+    // Until the server has answered once, trouble is retried for at most RETRY_GRACE (or until
+    // the deadline, if later), whatever the wait: a server that cannot be reached at all is an
+    // error the caller sees (`Unreachable`, naming the address), as on the other backends, not
+    // a wait without end. A waiter the server has answered rides out an outage within its wait.
+    let mut answered = false;
     loop {
         // From here until the answer is read, the row may exist.
         pending.armed = true;
-        let mut retry = Retry::until(deadline);
+        let mut retry = Retry::until(if answered {
+            deadline
+        } else {
+            Some(deadline.unwrap_or_else(Instant::now))
+        });
         let answer = loop {
             match super::attempt::attempt(shared, attempt.clone()).await {
                 Err(error) if retry.again(&error).await => {}
@@ -130,6 +139,7 @@ pub(crate) async fn acquire(
             }
         }
         .map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        answered = true;
         let sent = answer.sent;
         if semaphore {
             if let Some(in_use) = answer.in_use {

@@ -334,7 +334,7 @@ impl Shared {
 }
 
 /// How a failed request is retried: through transient trouble, paused by [`retry_backoff`],
-/// until a deadline (at least [`RETRY_GRACE`] from the start).
+/// until a deadline (at least [`RETRY_GRACE`] from the start; none: for ever).
 pub(crate) struct Retry {
     give_up: Option<Instant>,
     pause: Backoff,
