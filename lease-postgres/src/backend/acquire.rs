@@ -321,6 +321,7 @@ const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
 struct Detached {
     config: tokio_postgres::Config,
     session_sql: Option<String>,
+    tls: super::tls::Connector,
     schema: String,
 }
 
@@ -329,6 +330,7 @@ impl Detached {
         Detached {
             config: shared.config.clone(),
             session_sql: shared.session_sql.clone(),
+            tls: shared.tls.clone(),
             schema: shared.schema.clone(),
         }
     }
@@ -336,7 +338,8 @@ impl Detached {
     /// A release on a connection of its own.
     fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let Ok(client) = Shared::connect(&self.config, self.session_sql.as_deref()).await
+            let Ok(client) =
+                Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls).await
             else {
                 return;
             };
