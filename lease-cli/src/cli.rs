@@ -43,7 +43,8 @@ On PostgreSQL (--postgres URL, or LEASE_POSTGRES_URL; not DATABASE_URL), KEY is 
 in the lease table the backend keeps in that database; with -n N, a semaphore of N slots on KEY.
 Expiry is judged by the database's clock, so the hosts' clocks do not matter, and a holder whose
 row is deleted loses the lease. Only `lease` and programs using lease-postgres share these
-leases.
+leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
+require (or verify-full) also verifies its certificate; sslrootcert=PATH names a private CA.
 
 When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
 the command's process group gets SIGTERM, then SIGKILL after --grace. `lease` treats the lease as
