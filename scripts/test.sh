@@ -137,14 +137,15 @@ side_checks() {
   done
   # Each backend crate with its default TLS (rustls), with none, and with the cfg-gated
   # native-tls code of its own (lease-http's serves etcd's); lease-postgres with each client and
-  # with its lease backend alone.
+  # with its lease backend, with its TLS (rustls, the default) and without.
   for args in "-p lease-http" "-p lease-http --no-default-features" \
     "-p lease-http --no-default-features --features native-tls" \
     "-p lease-consul" "-p lease-consul --no-default-features" \
     "-p lease-consul --no-default-features --features native-tls" \
     "-p lease-etcd --no-default-features" "-p lease-amqp --no-default-features" \
     "-p lease-postgres" "-p lease-postgres --features tokio-postgres" \
-    "-p lease-postgres --features sqlx" "-p lease-postgres --features backend"; do
+    "-p lease-postgres --features sqlx" "-p lease-postgres --features backend" \
+    "-p lease-postgres --no-default-features --features backend"; do
     # shellcheck disable=SC2086
     cargo clippy --quiet $args -- -D warnings
   done
