@@ -132,13 +132,24 @@ pub(crate) async fn acquire(
         } else {
             Some(deadline.unwrap_or_else(Instant::now))
         });
+        // Whether a failed try may have reached the server (and inserted the row).
+        let mut maybe_sent = false;
         let answer = loop {
             match super::attempt::attempt(shared, attempt.clone()).await {
-                Err(error) if retry.again(&error).await => {}
+                Err(error) => {
+                    maybe_sent |= error.maybe_sent();
+                    if !retry.again(&error).await {
+                        break Err(error);
+                    }
+                }
                 answer => break answer,
             }
+        };
+        if answer.is_err() && !maybe_sent {
+            // Never sent: there is no row to give back (and no server to give it to).
+            pending.armed = false;
         }
-        .map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let answer = answer.map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
         answered = true;
         let sent = answer.sent;
         if semaphore {

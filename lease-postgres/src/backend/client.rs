@@ -129,6 +129,15 @@ impl PgError {
         }
     }
 
+    /// Whether the statement may have reached the server: anything but a failure to connect.
+    pub(crate) fn maybe_sent(&self) -> bool {
+        match self {
+            PgError::Batch(shared) => shared.maybe_sent(),
+            PgError::Connect(_) | PgError::Tls(_) => false,
+            _ => true,
+        }
+    }
+
     fn answered(&self) -> bool {
         match self {
             PgError::Batch(shared) => shared.answered(),
