@@ -252,8 +252,8 @@ pub fn signal(sig: &str, pids: &[u32]) {
 }
 
 /// The backend a worker binary's flags name: `--consul URL`, else `--etcd URL[,URL…]`, else
-/// `--postgres URL`, else the RabbitMQ `--amqp URL` (the caller checks that one is given). One place for every worker
-/// binary, so they all build their clients alike.
+/// `--postgres URL`, else the RabbitMQ `--amqp URL` (the caller checks that one is given). One
+/// place for every worker binary, so they all build their clients alike.
 pub fn worker_backend(
     consul: Option<&str>,
     etcd: Option<&str>,
