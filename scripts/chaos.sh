@@ -2,7 +2,10 @@
 # The chaos suite's long mode (issue 15): every scenario (Consul leader and semaphore, AMQP leader
 # and semaphore, a 3-server cluster whose raft leader is killed with kill -9 and restarted, etcd
 # leader and semaphore (etcd-leader, etcd-sem2: one etcd server, each worker behind its own proxy;
-# the operator revokes holders' leases and deletes their keys), and `consul lock` /
+# the operator revokes holders' leases and deletes their keys), PostgreSQL leader and semaphore
+# (postgres-leader, postgres-sem2: a database of their own on the test server, each worker behind
+# its own proxy; the operator deletes holders' rows and ends their sessions with
+# pg_terminate_backend), and `consul lock` /
 # `consul lock -n 2` as the reference, and the Consul and etcd leaders with every write going
 # through the PostgreSQL fence without a lease check (consul-leader-fenced, etcd-leader-fenced;
 # judged from the table too: rows/stale rows/refused writes; no operator key delete on Consul,
@@ -18,6 +21,7 @@
 #     bash scripts/chaos.sh --minutes 20   # ours at once, each for 20 min, a fault a second
 #   CHAOS_PARALLEL=1 CHAOS_MEAN_GAP_MS=1000 CHAOS_ONLY=etcd bash scripts/chaos.sh --minutes 16
 #   CHAOS_ONLY=fenced bash scripts/chaos.sh --minutes 5   # the fenced two, 2.5 min each
+#   CHAOS_ONLY=postgres bash scripts/chaos.sh --minutes 4  # PostgreSQL's two, 2 min each
 #
 # A failure of ours prints the seed and the interleaving; `CHAOS_SEED=N` (or --seed N) replays the
 # same fault schedule. The reference's violations are printed, not failed on: they are what
@@ -31,7 +35,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done

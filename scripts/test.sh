@@ -136,8 +136,9 @@ side_checks() {
     RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-core --no-deps $features
   done
   # Each backend crate with its default TLS (rustls), with none, and with the cfg-gated
-  # native-tls code of its own (lease-etcd's connects its gRPC channel); lease-postgres with each
-  # client and with its lease backend alone.
+  # native-tls code of its own (lease-http's, under Consul's pool and etcd's gRPC channel);
+  # lease-postgres with each client and with its lease backend, with its TLS (rustls, the
+  # default) and without.
   for args in "-p lease-http" "-p lease-http --no-default-features" \
     "-p lease-http --no-default-features --features native-tls" \
     "-p lease-consul" "-p lease-consul --no-default-features" \
@@ -146,7 +147,8 @@ side_checks() {
     "-p lease-etcd --no-default-features --features native-tls" \
     "-p lease-amqp --no-default-features" \
     "-p lease-postgres" "-p lease-postgres --features tokio-postgres" \
-    "-p lease-postgres --features sqlx" "-p lease-postgres --features backend"; do
+    "-p lease-postgres --features sqlx" "-p lease-postgres --features backend" \
+    "-p lease-postgres --no-default-features --features backend"; do
     # shellcheck disable=SC2086
     cargo clippy --quiet $args -- -D warnings
   done
@@ -207,6 +209,8 @@ bounded 2400 cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | te
 
 # Every benchmark in its quick mode, in the test profile (the test build's dependencies): a few
 # trials each, failing on the correctness bounds they measure around, never on a timing.
+# `--all-features` takes in those behind a feature too (lease-postgres's postgres_leader needs
+# `backend`).
 step "benchmarks, quick mode"
 bench_status=0
 LEASE_BENCH_QUICK=1 bounded 900 cargo test --workspace --all-features --no-fail-fast --bench '*' 2>&1 |

@@ -8,6 +8,7 @@ use lease_amqp::{Amqp, DEFAULT_HEARTBEAT};
 use lease_consul::{Consul, ConsulBuilder};
 use lease_core::{Backend, LeaseSpec};
 use lease_etcd::{Etcd, EtcdBuilder};
+use lease_postgres::Postgres;
 
 use crate::cli::BackendArgs;
 use crate::exit::{Failure, in_cli_terms};
@@ -18,18 +19,25 @@ use crate::exit::{Failure, in_cli_terms};
 /// must not silently move `lease lock` off the Consul locks its peers still take.
 pub(crate) const ETCD_ENDPOINTS_ENV: &str = "LEASE_ETCD_ENDPOINTS";
 
+/// Points `lease` at PostgreSQL (a `postgres://` URL) when no backend flag is given. The library
+/// also reads `DATABASE_URL`, which `lease` does not: that one is set on many hosts for their
+/// applications, and must not silently move `lease lock` off the Consul locks its peers take.
+pub(crate) const POSTGRES_URL_ENV: &str = "LEASE_POSTGRES_URL";
+
 /// The backend a command talks to.
 #[derive(Debug)]
 pub(crate) enum Chosen {
     Consul(Consul),
     Amqp(Amqp),
     Etcd(Etcd),
+    Postgres(Postgres),
 }
 
 impl Chosen {
-    /// `--amqp`, else `--etcd` (or `LEASE_ETCD_ENDPOINTS` when no backend flag is given), else
-    /// Consul. `grace` is the time `lease lock` needs between loss and its child being gone (zero
-    /// for the other commands).
+    /// `--amqp`, else `--postgres`, else `--etcd`, else (no backend flag given)
+    /// `LEASE_POSTGRES_URL` or `LEASE_ETCD_ENDPOINTS` (both set is refused), else Consul.
+    /// `grace` is the time `lease lock` needs between loss and its child being gone (zero for the
+    /// other commands).
     pub(crate) fn from_args(args: &BackendArgs, grace: Duration) -> Result<Chosen, Failure> {
         if let Some(url) = &args.amqp {
             // The AMQP lease self-fences at 3/4 of the heartbeat and the broker frees its
@@ -45,6 +53,20 @@ impl Chosen {
                     Failure::usage(format_args!("--amqp: {}", in_cli_terms(&e.to_string())))
                 });
         }
+        if let Some(url) = &args.postgres {
+            return postgres(url, "--postgres").map(Chosen::Postgres);
+        }
+        if args.consul.is_none() && args.etcd.is_none() {
+            if let Some(url) = postgres_url_env() {
+                if etcd_endpoints(args).is_some() {
+                    return Err(Failure::usage(format_args!(
+                        "both {POSTGRES_URL_ENV} and {ETCD_ENDPOINTS_ENV} are set: unset one, or \
+                         choose with --postgres, --etcd or --consul"
+                    )));
+                }
+                return postgres(&url, POSTGRES_URL_ENV).map(Chosen::Postgres);
+            }
+        }
         if args.consul.is_none() {
             if let Some(endpoints) = etcd_endpoints(args) {
                 // The etcd lease self-fences by the spec's fence lead (the grace), as on Consul.
@@ -59,13 +81,15 @@ impl Chosen {
             Chosen::Consul(consul) => Arc::new(consul.clone()),
             Chosen::Amqp(amqp) => Arc::new(amqp.clone()),
             Chosen::Etcd(etcd) => Arc::new(etcd.clone()),
+            Chosen::Postgres(postgres) => Arc::new(postgres.clone()),
         }
     }
 
     /// The lease KEY names: on Consul, `consul lock`'s layout (the leader key `KEY/.lock`, or the
     /// semaphore under `KEY`); on AMQP, the semaphore `KEY` (one slot for a leader); on etcd, the
     /// election `KEY` (contender keys `KEY/<lease ID>`, the recipe `etcdctl lock KEY` and
-    /// `etcdctl elect KEY` use), or the library's FIFO semaphore under `KEY`.
+    /// `etcdctl elect KEY` use), or the library's FIFO semaphore under `KEY`; on PostgreSQL, the
+    /// lease `KEY` in the backend's lease table (a leader, or a semaphore of `limit` slots).
     pub(crate) fn spec(&self, key: &str, limit: u32) -> Result<LeaseSpec, Failure> {
         // The key rule is checked on KEY itself, so the message names what the user typed.
         LeaseSpec::leader(key)
@@ -73,7 +97,7 @@ impl Chosen {
             .map_err(|e| Failure::from_error(&e))?;
         Ok(match (self, limit) {
             (Chosen::Consul(_), 1) => LeaseSpec::leader(leader_key(key)),
-            (Chosen::Amqp(_) | Chosen::Etcd(_), 1) => LeaseSpec::leader(key),
+            (Chosen::Amqp(_) | Chosen::Etcd(_) | Chosen::Postgres(_), 1) => LeaseSpec::leader(key),
             (_, limit) => LeaseSpec::semaphore(key, limit),
         })
     }
@@ -119,6 +143,29 @@ pub(crate) fn etcd(endpoints: Option<&str>) -> Result<Etcd, Failure> {
     builder.build().map_err(|e| {
         Failure::usage(format_args!(
             "etcd configuration (--etcd, {ETCD_ENDPOINTS_ENV} or ETCD_*): {}",
+            in_cli_terms(&e.to_string())
+        ))
+    })
+}
+
+/// `LEASE_POSTGRES_URL`, set and not blank.
+pub(crate) fn postgres_url_env() -> Option<String> {
+    std::env::var(POSTGRES_URL_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// A PostgreSQL backend at `url`, which came from `source` (a flag or a variable, named in the
+/// message if the URL is refused). Nothing is connected until the first lease.
+pub(crate) fn postgres(url: &str, source: &str) -> Result<Postgres, Failure> {
+    if url.trim().is_empty() {
+        return Err(Failure::usage(format_args!(
+            "{source}: give PostgreSQL's URL, e.g. {source} postgres://user@127.0.0.1:5432/app"
+        )));
+    }
+    Postgres::new(url).map_err(|e| {
+        Failure::usage(format_args!(
+            "PostgreSQL configuration ({source}): {}",
             in_cli_terms(&e.to_string())
         ))
     })

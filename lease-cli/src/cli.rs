@@ -15,7 +15,8 @@ Exit codes of `lease lock`:
   64         bad usage: unknown option, missing `--`, invalid key or duration (nothing started)
   75         busy: -try/-timeout ran out while the lease was held elsewhere (nothing started)
   124        lost: the lease was lost while the command ran; the command was stopped
-  125        backend error: Consul, etcd or RabbitMQ failed or could not be reached (nothing started)
+  125        backend error: Consul, etcd, RabbitMQ or PostgreSQL failed or could not be reached
+             (nothing started)
   126, 127   the command could not be run / was not found
   128+N      `lease` itself got signal N while waiting for the lease (nothing started)
 `lease status`: 0 held, 1 not held, 2 error. `lease check`: 0 current, 1 stale, 2 error.
@@ -39,6 +40,13 @@ etcd has no lock-delay (--lock-delay is not used): after a holder's key went wit
 `etcdctl lock` not at all, so the next command may start while the old one is still within its
 --grace: fence such work with LEASE_SEQUENCER, whose create revision only rises.
 
+On PostgreSQL (--postgres URL, or LEASE_POSTGRES_URL; not DATABASE_URL), KEY is the lease's key
+in the lease table the backend keeps in that database; with -n N, a semaphore of N slots on KEY.
+Expiry is judged by the database's clock, so the hosts' clocks do not matter, and a holder whose
+row is deleted loses the lease. Only `lease` and programs using lease-postgres share these
+leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
+require (or verify-full) also verifies its certificate; sslrootcert=PATH names a private CA.
+
 When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
 the command's process group gets SIGTERM, then SIGKILL after --grace. `lease` treats the lease as
 lost --grace earlier than the session's TTL would allow (its self-fencing deadline is moved
@@ -51,7 +59,8 @@ runs under a supervisor (`lease` itself) that the kernel signals when `lease` di
 have no such signal; there a command whose `lease` was killed runs on until it ends.
 
 The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock
-or etcd:<create revision>:<lease ID>:jobs/backup; check it with `lease check`), LEASE_KEY and
+etcd:<create revision>:<lease ID>:jobs/backup or postgres:<index>:<holder>:jobs/backup; check it
+with `lease check`), LEASE_KEY and
 LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to it.
 When it exits, the lease is released at once (the next holder does not wait for the lock-delay)
 and `lease` exits with its code.
@@ -70,7 +79,9 @@ Examples:
   # Over RabbitMQ.
   lease lock --amqp amqp://guest:guest@127.0.0.1:5672/%2f jobs/backup -- ./backup.sh
   # Over etcd, excluding `etcdctl lock jobs/backup` (LEASE_ETCD_ENDPOINTS instead of --etcd).
-  lease lock --etcd http://127.0.0.1:2379 jobs/backup -- ./backup.sh";
+  lease lock --etcd http://127.0.0.1:2379 jobs/backup -- ./backup.sh
+  # Over PostgreSQL (LEASE_POSTGRES_URL instead of --postgres).
+  lease lock --postgres postgres://lease@db.internal:5432/app jobs/backup -- ./backup.sh";
 
 /// Distributed leases for shell commands: run a command on one node (or N) at a time.
 #[derive(Debug, Parser)]
@@ -124,6 +135,10 @@ pub(crate) struct BackendArgs {
     /// Credentials and TLS: ETCD_USER, ETCD_PASSWORD, ETCD_CACERT, ETCD_CERT, ETCD_KEY.
     #[arg(long, value_name = "URL", conflicts_with = "consul")]
     pub(crate) etcd: Option<String>,
+    /// Use PostgreSQL at this URL (postgres://user:password@host:5432/database) instead of
+    /// Consul. Default: LEASE_POSTGRES_URL, if set (and no other backend flag is given).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["consul", "amqp", "etcd"])]
+    pub(crate) postgres: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -171,7 +186,7 @@ pub(crate) struct LockArgs {
     #[arg(long, hide = true)]
     pub(crate) child_exit_code: bool,
     /// The lock's prefix (Consul, as `consul lock PREFIX`), the lock's name (etcd, as
-    /// `etcdctl lock NAME`) or the semaphore's name (AMQP).
+    /// `etcdctl lock NAME`), the semaphore's name (AMQP) or the lease's key (PostgreSQL).
     #[arg(value_name = "KEY")]
     pub(crate) key: String,
     /// The command and its arguments, after `--`.
@@ -295,6 +310,7 @@ const SINGLE_DASH_LONG: &[&str] = &[
     "consul",
     "amqp",
     "etcd",
+    "postgres",
     "json",
 ];
 

@@ -51,7 +51,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             tokio::time::sleep(QUIET_WAIT).await;
             let consul = match &chosen {
                 Chosen::Consul(consul) => Some(consul),
-                Chosen::Amqp(_) | Chosen::Etcd(_) => None,
+                Chosen::Amqp(_) | Chosen::Etcd(_) | Chosen::Postgres(_) => None,
             };
             report_waiting(&*backend, consul, &spec, &holder).await
         };
@@ -268,7 +268,11 @@ async fn report_waiting(
                 }
             },
             // RabbitMQ does not name holders.
-            Err(_) => say("held elsewhere".to_owned()),
+            Err(error) if error.kind() == lease_core::ErrorKind::Unsupported => {
+                say("held elsewhere".to_owned());
+            }
+            // The backend cannot be read (unreachable, say): the acquire reports that itself.
+            Err(_) => {}
         },
         Target::Semaphore { limit, .. } => match consul {
             // The holders are read again whenever the wait goes on: a semaphore has no single

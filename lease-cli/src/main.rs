@@ -1,10 +1,10 @@
 //! `lease`: distributed leases for shell commands.
 //!
 //! `lease lock KEY -- CMD` runs CMD while holding a lease on Consul (interoperating with
-//! `consul lock`), etcd (interoperating with `etcdctl lock`) or RabbitMQ, and stops it before the
-//! lease could be given away; `lease status` and `lease check` inspect leases and sequencers;
-//! `lease amqp …` administers RabbitMQ semaphores. `lease --help` documents the flags, examples
-//! and exit codes.
+//! `consul lock`), etcd (interoperating with `etcdctl lock`), RabbitMQ or PostgreSQL, and stops it
+//! before the lease could be given away; `lease status` and `lease check` inspect leases and
+//! sequencers; `lease amqp …` administers RabbitMQ semaphores. `lease --help` documents the
+//! flags, examples and exit codes.
 
 mod amqp;
 mod backend;

@@ -24,6 +24,14 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 args.key
             )));
         }
+        Chosen::Postgres(postgres) if args.limit == 1 => leader(postgres, &args.key).await,
+        Chosen::Postgres(_) => {
+            return Err(Failure::usage(format_args!(
+                "-n on PostgreSQL: `lease status` cannot list a semaphore's holders there; \
+                 the backend's lease table lists them (rows of key {:?})",
+                args.key
+            )));
+        }
     };
     let report = report.map_err(|e| Failure::new(exit::QUERY_FAILED, e))?;
     let held = report["held"].as_bool().unwrap_or(false);
@@ -138,26 +146,60 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         BackendKind::Amqp if args.backend.amqp.is_none() => {
             Chosen::Amqp(Amqp::from_env().map_err(|e| Failure::new(exit::QUERY_FAILED, e))?)
         }
-        BackendKind::Consul if args.backend.amqp.is_some() || args.backend.etcd.is_some() => {
+        BackendKind::Consul
+            if args.backend.amqp.is_some()
+                || args.backend.etcd.is_some()
+                || args.backend.postgres.is_some() =>
+        {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
-                "a consul: sequencer is checked with Consul: drop --amqp and --etcd",
+                "a consul: sequencer is checked with Consul: drop --amqp, --etcd and --postgres",
             ));
         }
         BackendKind::Consul => Chosen::Consul(backend::consul(&args.backend).map_err(failed)?),
         BackendKind::Amqp => {
             Chosen::from_args(&args.backend, std::time::Duration::ZERO).map_err(failed)?
         }
-        BackendKind::Etcd if args.backend.amqp.is_some() || args.backend.consul.is_some() => {
+        BackendKind::Etcd
+            if args.backend.amqp.is_some()
+                || args.backend.consul.is_some()
+                || args.backend.postgres.is_some() =>
+        {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
-                "an etcd: sequencer is checked with etcd: drop --consul and --amqp",
+                "an etcd: sequencer is checked with etcd: drop --consul, --amqp and --postgres",
             ));
         }
         // --etcd, else LEASE_ETCD_ENDPOINTS, else the library's ETCD_ENDPOINTS or its default.
         BackendKind::Etcd => Chosen::Etcd(
             backend::etcd(backend::etcd_endpoints(&args.backend).as_deref()).map_err(failed)?,
         ),
+        BackendKind::Postgres
+            if args.backend.amqp.is_some()
+                || args.backend.consul.is_some()
+                || args.backend.etcd.is_some() =>
+        {
+            return Err(Failure::new(
+                exit::QUERY_FAILED,
+                "a postgres: sequencer is checked with PostgreSQL: drop --consul, --amqp and --etcd",
+            ));
+        }
+        // --postgres, else LEASE_POSTGRES_URL (not DATABASE_URL, as for `lease lock`).
+        BackendKind::Postgres => {
+            let url = (args.backend.postgres.clone())
+                .map(|url| (url, "--postgres"))
+                .or_else(|| {
+                    backend::postgres_url_env().map(|url| (url, backend::POSTGRES_URL_ENV))
+                });
+            let Some((url, source)) = url else {
+                return Err(Failure::new(
+                    exit::QUERY_FAILED,
+                    "a postgres: sequencer is checked with PostgreSQL: give --postgres URL (or set \
+                     LEASE_POSTGRES_URL)",
+                ));
+            };
+            Chosen::Postgres(backend::postgres(&url, source).map_err(failed)?)
+        }
         other => {
             return Err(Failure::new(
                 exit::QUERY_FAILED,

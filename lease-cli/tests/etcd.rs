@@ -7,71 +7,17 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lease_core::{BackendKind, Sequencer};
 use lease_tests::etcd::Server;
-use lease_tests::overlap::Timeline;
 use lease_tests::proxy::{Mode, Proxy};
 use lease_tests::within;
 use lease_tests::workers::wait_for_async;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use support::*;
-
-/// A shell command for either tool: writes `env` (shell words expanded) to its env file, stamps
-/// its start, waits for its go file (at most 30 s, then exits 3), and appends `start end` (its own
-/// wall-clock ns) to its stamps file.
-struct Gated {
-    script: String,
-    env: PathBuf,
-    go: PathBuf,
-    stamps: PathBuf,
-}
-
-impl Gated {
-    fn new(scratch: &Scratch, name: &str, env: &str) -> Gated {
-        let (env_file, go, stamps) = (
-            scratch.path(&format!("{name}-env")),
-            scratch.path(&format!("{name}-go")),
-            scratch.path(&format!("{name}-stamps")),
-        );
-        let script = format!(
-            "echo \"{env}\" > {e}; s=$(date +%s%N); n=0; \
-             until [ -e {g} ]; do n=$((n+1)); [ $n -gt 600 ] && exit 3; sleep 0.05; done; \
-             e=$(date +%s%N); echo \"$s $e\" >> {st}",
-            e = env_file.display(),
-            g = go.display(),
-            st = stamps.display()
-        );
-        Gated {
-            script,
-            env: env_file,
-            go,
-            stamps,
-        }
-    }
-
-    /// One that runs through as soon as it starts.
-    fn ungated(scratch: &Scratch, name: &str, env: &str) -> Gated {
-        let gated = Gated::new(scratch, name, env);
-        gated.open();
-        gated
-    }
-
-    fn open(&self) {
-        std::fs::write(&self.go, "").unwrap();
-    }
-
-    /// Its one `(start, end)`.
-    fn interval(&self) -> (u128, u128) {
-        let text = std::fs::read_to_string(&self.stamps).unwrap();
-        let mut words = text.split_whitespace().map(|w| w.parse::<u128>().unwrap());
-        (words.next().unwrap(), words.next().unwrap())
-    }
-}
 
 /// `lease ARGS…` with no Consul, RabbitMQ or etcd configured (the flags say which).
 fn lease_cmd() -> tokio::process::Command {
@@ -97,25 +43,6 @@ async fn queue_of(server: &Server, prefix: &str, n: usize, what: &str) -> Vec<(S
         },
     )
     .await
-}
-
-/// Asserts that `first` ended before `second` started (both ran, one at a time).
-fn assert_in_turn(first: (&str, &Gated), second: (&str, &Gated)) {
-    let ((a, first), (b, second)) = (first, second);
-    let timeline = Timeline::new();
-    timeline.record_file(a, &first.stamps);
-    timeline.record_file(b, &second.stamps);
-    assert_eq!(timeline.len(), 2, "each command ran once");
-    timeline.assert_at_most(1);
-    let (first_end, second_start) = (first.interval().1, second.interval().0);
-    assert!(
-        first_end <= second_start,
-        "{b} started at {second_start}, before {a} ended at {first_end}"
-    );
-    eprintln!(
-        "{a} → {b}: hand-over in {:.1} ms",
-        (second_start - first_end) as f64 / 1e6
-    );
 }
 
 /// While `lease lock --etcd` runs its command, `etcdctl lock KEY -- CMD` queues behind it and

@@ -88,9 +88,12 @@
 //!
 //! # Features
 //!
-//! None by default: the SQL and [`fence::Token`] work with any client.
+//! No client by default: the SQL and [`fence::Token`] work with any client.
 //!
-//! - `backend`: the lease backend `Postgres` (tokio-postgres 0.7 with its runtime; no TLS yet).
+//! - `backend`: the lease backend `Postgres` (tokio-postgres 0.7 with its runtime).
+//! - `rustls` (default; it adds nothing without `backend`): the backend's TLS, with rustls and
+//!   the platform's certificate verifier, as the URL's `sslmode` asks
+//!   (`PostgresBuilder::ca_cert` says how).
 //! - `tokio-postgres`: `fence::tokio_postgres` (tokio-postgres 0.7, without its `runtime`
 //!   feature: the application connects).
 //! - `sqlx`: `fence::sqlx` (sqlx 0.8 with its `postgres` feature; the application picks sqlx's

@@ -36,6 +36,14 @@
 //! and delete the holder's own key (`<election>/<lease>` for a leader, the sequencer's key for a
 //! semaphore). A crashed worker's lease expires one TTL after its last keep-alive.
 //!
+//! PostgreSQL (`postgres-leader`, `postgres-sem2`) runs in a database of the scenario's own on the
+//! test server (`crate::postgres`), each worker behind its own proxy and connecting with
+//! `application_name=chaos-<worker>`. Its operator faults: delete the holder's row from the lease
+//! table (the backend's own `Postgres::delete_holder`, as an administrator's `DELETE`) and `pg_terminate_backend` of the holder's
+//! sessions ([`crate::postgres::terminate_sessions`]); its network faults: blackhole and cut (no
+//! HTTP to answer 500 to). A leak is a row left in the lease table under the scenario's key, or a
+//! worker's session still open after it exited.
+//!
 //! The `consul lock` reference runs `consul lock [-n N] PREFIX <child>` in a shell loop; the
 //! child shell appends `write` lines stamped with `date +%s%N`. Its token is per child process
 //! (`consul:<child pid>:cl<child pid>:<key>`), not Consul's LockIndex: the column detects two
@@ -59,7 +67,7 @@ use crate::consul::{Agent, Api, consul_bin};
 use crate::etcd::Server as EtcdServer;
 use crate::history::{History, Kind, Line, gap_percentiles};
 use crate::overlap::now_ns;
-use crate::postgres::TestDb;
+use crate::postgres::{self as pg, TestDb};
 use crate::proxy::{Mode, Proxy};
 use crate::workers::{Run, signal};
 
@@ -119,6 +127,9 @@ pub enum Backend {
     ConsulCluster,
     /// `lease-worker`s on a single etcd server, each through its own proxy.
     Etcd,
+    /// `lease-worker`s on the test PostgreSQL server (a database of the scenario's own), each
+    /// through its own proxy.
+    Postgres,
 }
 
 /// One kind of fault.
@@ -128,10 +139,11 @@ pub enum Fault {
     Kill9,
     /// SIGSTOP for longer than the TTL, then SIGCONT.
     Pause,
-    /// An operator destroys a holder's session.
+    /// An operator destroys a holder's session (PostgreSQL: `pg_terminate_backend` of the
+    /// holder's sessions).
     DestroySession,
     /// An operator deletes the leader key, the semaphore's `.lock`, or a contender key (etcd: the
-    /// holder's own key).
+    /// holder's own key; PostgreSQL: the holder's row).
     DeleteKey,
     /// An operator revokes a holder's etcd lease (`etcdctl lease revoke`).
     RevokeLease,
@@ -299,6 +311,15 @@ impl Scenario {
                 Fault::Cut,
                 Fault::Http500,
             ],
+            // The operator's row delete and session kill; no HTTP, so no 500s.
+            Backend::Postgres => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::DestroySession,
+                Fault::DeleteKey,
+                Fault::Blackhole,
+                Fault::Cut,
+            ],
         }
     }
 
@@ -312,7 +333,7 @@ impl Scenario {
             Backend::Amqp => (AMQP_HEARTBEAT_SECS * 2500, AMQP_HEARTBEAT_SECS * 4000),
             // `consul lock`'s session (TTL 15 s) may live up to twice its TTL: outlast that.
             Backend::ConsulLock => (31_000, 33_000),
-            Backend::Consul | Backend::ConsulCluster | Backend::Etcd => {
+            Backend::Consul | Backend::ConsulCluster | Backend::Etcd | Backend::Postgres => {
                 (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000)
             }
         }
@@ -328,6 +349,8 @@ impl Scenario {
             Backend::ConsulLock => Duration::from_secs(31),
             // etcd expires a lease one TTL after its last keep-alive (checked every 500 ms).
             Backend::Etcd => Duration::from_secs(self.ttl_secs + 3),
+            // A row expires one TTL after its last renewal, by the database's clock.
+            Backend::Postgres => Duration::from_secs(self.ttl_secs + 3),
         }
     }
 }
@@ -766,6 +789,16 @@ enum Restore {
     Restart(usize),
 }
 
+/// A PostgreSQL scenario's database, the operator's session for its own statements
+/// (`pg_terminate_backend`, the leftovers), and the backend handle whose operator actions delete
+/// holders' rows.
+#[derive(Debug)]
+struct PgServices {
+    db: TestDb,
+    admin: tokio_postgres::Client,
+    operator: lease_postgres::Postgres,
+}
+
 /// The services one scenario runs against.
 #[derive(Debug)]
 struct Services {
@@ -777,6 +810,8 @@ struct Services {
     key: String,
     /// A fenced scenario's database.
     db: Option<TestDb>,
+    /// A PostgreSQL scenario's database and the operator's handles on it.
+    postgres: Option<PgServices>,
 }
 
 impl Services {
@@ -803,6 +838,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             etcd: None,
             key: format!("chaos/{}", scenario.name),
             db: None,
+            postgres: None,
         },
         Backend::ConsulCluster => Services {
             agent: None,
@@ -812,6 +848,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             etcd: None,
             key: format!("chaos/{}", scenario.name),
             db: None,
+            postgres: None,
         },
         Backend::Amqp => {
             crate::amqp::require_broker().await;
@@ -825,6 +862,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
                 etcd: None,
                 key: crate::amqp::unique(&format!("chaos-{}", scenario.name)),
                 db: None,
+                postgres: None,
             }
         }
         Backend::Etcd => Services {
@@ -835,7 +873,32 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             etcd: Some(EtcdServer::start().await),
             key: format!("chaos/{}", scenario.name),
             db: None,
+            postgres: None,
         },
+        Backend::Postgres => {
+            let db = TestDb::create(&format!("chaos_{}", scenario.name)).await;
+            let admin = db.connect().await;
+            // Not named `chaos-…`, so its sessions are not taken for a worker's leftovers.
+            let operator = lease_postgres::Postgres::builder()
+                .url(db.url())
+                .application_name("lease-chaos-operator")
+                .build()
+                .unwrap_or_else(|e| panic!("the operator's PostgreSQL handle: {e}"));
+            Services {
+                agent: None,
+                cluster: None,
+                amqp: None,
+                amqp_url: String::new(),
+                etcd: None,
+                key: format!("chaos/{}", scenario.name),
+                db: None,
+                postgres: Some(PgServices {
+                    db,
+                    admin,
+                    operator,
+                }),
+            }
+        }
     };
     if scenario.fenced {
         services.db = Some(fenced_db(scenario).await);
@@ -853,6 +916,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
         let upstream = match scenario.backend {
             Backend::Consul | Backend::ConsulLock => services.agent.as_ref().map(Agent::addr),
             Backend::Etcd => services.etcd.as_ref().map(EtcdServer::addr),
+            Backend::Postgres => Some(pg::server_addr(&pg::url())),
             Backend::ConsulCluster | Backend::Amqp => None,
         };
         let proxy = match upstream {
@@ -1062,6 +1126,16 @@ fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i
             args.extend(["--etcd".into(), url]);
             args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
         }
+        Backend::Postgres => {
+            let PgServices { db, .. } = services
+                .postgres
+                .as_ref()
+                .expect("a PostgreSQL scenario has its database");
+            let proxy = slot.proxy.as_ref().expect("each worker has its proxy");
+            let url = pg::through(db.url(), proxy.addr(), &application_name(&name));
+            args.extend(["--postgres".into(), url]);
+            args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
+        }
         Backend::ConsulLock => return start_consul_lock(run, scenario, services, slot, &name),
     }
     args.extend(["--key".into(), services.key.clone()]);
@@ -1163,6 +1237,22 @@ fn targets(scenario: &Scenario, pid: u32) -> Vec<u32> {
         Backend::ConsulLock => children_of(pid),
         _ => vec![pid],
     }
+}
+
+/// The `application_name` of worker `name`'s PostgreSQL sessions.
+fn application_name(worker: &str) -> String {
+    format!("chaos-{worker}")
+}
+
+/// The name of the worker that acquired `seq` (from the histories).
+fn worker_of(run: &Run, seq: &str) -> Option<String> {
+    let history = run.all();
+    let pid = (history.lines().iter())
+        .find(|l| l.kind == Kind::Acquired && l.seq == seq)?
+        .pid;
+    (run.workers.iter())
+        .find(|w| w.pid == pid)
+        .map(|w| w.name.clone())
 }
 
 /// The holder a fault with `pick` hits, if any: one of [`holders`], and its parsed sequencer.
@@ -1282,6 +1372,32 @@ async fn inject(
         }
         // Only etcd leases can be revoked.
         Fault::RevokeLease => false,
+        Fault::DestroySession | Fault::DeleteKey if services.postgres.is_some() => {
+            let Some(postgres) = &services.postgres else {
+                return false;
+            };
+            let Some((seq, parsed)) = pick_holder(run, p.pick) else {
+                return false;
+            };
+            if p.fault == Fault::DeleteKey {
+                let deleted = postgres.operator.delete_holder(parsed.holder()).await;
+                faults.log(&format!(
+                    "delete row of {seq} (deleted: {})",
+                    deleted.map_or_else(|e| e.to_string(), |found| found.to_string())
+                ));
+            } else {
+                let Some(worker) = worker_of(run, &seq) else {
+                    return false;
+                };
+                let name = application_name(&worker);
+                let ended = pg::terminate_sessions(&postgres.admin, &name).await;
+                faults.log(&format!(
+                    "pg_terminate_backend of {name} (holder {seq}; sessions ended: {})",
+                    ended.map_or_else(|e| pg::with_sources(&e), |n| n.to_string())
+                ));
+            }
+            true
+        }
         Fault::DestroySession | Fault::DeleteKey => {
             let Some(agent) = services.api() else {
                 return false;
@@ -1473,6 +1589,22 @@ async fn leftovers(scenario: &Scenario, services: &Services) -> Vec<String> {
             if held || contender {
                 found.push(format!("key {key}{}", if held { " (held)" } else { "" }));
             }
+        }
+    }
+    if let Some(PgServices { db, admin, .. }) = &services.postgres {
+        match pg::lease_rows(admin, &services.key).await {
+            Ok(rows) => found.extend(rows.into_iter().map(|row| format!("row {row}"))),
+            Err(e) => found.push(format!(
+                "the lease table of {} cannot be read: {}",
+                db.name(),
+                pg::with_sources(&e)
+            )),
+        }
+        for session in pg::sessions_named(admin, "chaos-%")
+            .await
+            .unwrap_or_default()
+        {
+            found.push(format!("session {session}"));
         }
     }
     if let Some(etcd) = &services.etcd {

@@ -112,6 +112,18 @@ impl Timeline {
         (best, who)
     }
 
+    /// The gaps between consecutive intervals (ms), from one's end to the next one's start, in
+    /// start order: the hand-off gaps of a leader lock. Panics if two intervals overlap.
+    pub fn handoff_gaps_ms(&self) -> Vec<f64> {
+        self.assert_at_most(1);
+        let mut spans = self.spans.lock().unwrap().clone();
+        spans.sort_unstable();
+        spans
+            .windows(2)
+            .map(|w| w[1].0.saturating_sub(w[0].1) as f64 / 1e6)
+            .collect()
+    }
+
     /// Panics if more than `limit` intervals were ever open at once.
     pub fn assert_at_most(&self, limit: usize) {
         let (max, who) = self.max_concurrency();
@@ -218,9 +230,77 @@ where
     took
 }
 
+/// The benchmarks' leader hand-off: `contenders` tasks each acquire the leader `spec` on
+/// `backend`, hold it for `hold` (lost while held: a failure) and release it. Returns the gaps
+/// (ms) between one holder's end and the next one's start. Fails if the round takes longer than
+/// `stall` (a liveness bound, not a timing), if two held at once, or if a contender never held.
+pub async fn leader_handoff<B>(
+    backend: &B,
+    spec: &lease_core::LeaseSpec,
+    contenders: usize,
+    hold: std::time::Duration,
+    stall: std::time::Duration,
+) -> Vec<f64>
+where
+    B: lease_core::Backend + Clone + 'static,
+{
+    let timeline = Timeline::new();
+    let tasks: Vec<_> = (0..contenders)
+        .map(|i| {
+            let (backend, spec, timeline) = (backend.clone(), spec.clone(), timeline.clone());
+            tokio::spawn(async move {
+                let lease = backend
+                    .acquire(&spec)
+                    .await
+                    .unwrap_or_else(|error| panic!("contender-{i}: acquire: {error}"));
+                let guard = timeline.hold(format!("contender-{i}"));
+                lease
+                    .run(tokio::time::sleep(hold))
+                    .await
+                    .unwrap_or_else(|reason| {
+                        panic!("contender-{i}: lease lost while held: {reason:?}")
+                    });
+                drop(guard);
+                lease
+                    .release()
+                    .await
+                    .unwrap_or_else(|error| panic!("contender-{i}: release: {error}"));
+            })
+        })
+        .collect();
+    let joined = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(stall, joined)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{contenders} contenders on {:?} stalled for {stall:?}",
+                spec.key()
+            )
+        });
+    assert_eq!(
+        timeline.len(),
+        contenders,
+        "not every contender held the lease"
+    );
+    timeline.handoff_gaps_ms()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gaps_between_touching_and_separate_intervals() {
+        let t = Timeline::new();
+        t.record("b", 12_000_000, 20_000_000);
+        t.record("a", 0, 10_000_000);
+        t.record("c", 20_000_000, 25_000_000);
+        assert_eq!(t.handoff_gaps_ms(), vec![2.0, 0.0]);
+    }
 
     #[test]
     fn sweeps_intervals() {

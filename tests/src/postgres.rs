@@ -187,3 +187,124 @@ pub async fn backend_pid(client: &Client) -> i32 {
         .unwrap()
         .get(0)
 }
+
+/// The rows of the PostgreSQL lease backend's table (`lease.leases`, in the default schema) whose
+/// key is `key` or under `key/`, each as `key holder`: what a run left behind. (To delete a
+/// holder's row, as an operator, use the backend's own `Postgres::delete_holder`.)
+pub async fn lease_rows(client: &Client, key: &str) -> Result<Vec<String>, tokio_postgres::Error> {
+    let under = format!(
+        "{}/%",
+        key.replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    let rows = client
+        .query(
+            "SELECT lease_key, holder FROM lease.leases WHERE lease_key = $1 OR lease_key LIKE $2 \
+             ORDER BY lease_key, holder",
+            &[&key, &under],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| format!("{} {}", r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect())
+}
+
+/// The sessions of the current database whose `application_name` is `LIKE` `pattern`, other
+/// than the caller's, each as `<application_name> pid <pid>`.
+pub async fn sessions_named(
+    client: &Client,
+    pattern: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT application_name, pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name LIKE $1 \
+             AND pid <> pg_backend_pid()",
+            &[&pattern],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| format!("{} pid {}", r.get::<_, String>(0), r.get::<_, i32>(1)))
+        .collect())
+}
+
+/// The operator's other fault: `pg_terminate_backend` of every session whose
+/// `application_name` is `name` (a client connected with `?application_name=<name>` in its URL),
+/// other than the caller's. Returns how many were terminated.
+pub async fn terminate_sessions(
+    client: &Client,
+    application_name: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+            &[&application_name],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The server's address in `url` (`host:port`, port 5432 if none), resolved, for a
+/// [`Proxy`](crate::proxy::Proxy) in front of it.
+pub fn server_addr(url: &str) -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let authority = authority(url);
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    let with_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5432")
+    };
+    with_port
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .unwrap_or_else(|| panic!("cannot resolve the PostgreSQL server {with_port:?} of {url}"))
+}
+
+/// `url` pointed at `addr` (a proxy) instead of its server, its sessions named
+/// `application_name` (so an operator can find them in `pg_stat_activity`).
+pub fn through(url: &str, addr: std::net::SocketAddr, application_name: &str) -> String {
+    let (scheme, rest) = url
+        .split_once("://")
+        .unwrap_or_else(|| panic!("{URL_ENV} must be a postgres:// URL, not {url:?}"));
+    let authority = authority(url);
+    let user = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"))
+        .unwrap_or_default();
+    let rest = &rest[authority.len()..];
+    let sep = if rest.contains('?') { '&' } else { '?' };
+    format!("{scheme}://{user}{addr}{rest}{sep}application_name={application_name}")
+}
+
+fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split(['/', '?']).next().unwrap_or(rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_pointed_at_a_proxy_with_its_user_database_and_parameters() {
+        let addr: std::net::SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert_eq!(
+            through("postgres://u:p@db:5432/app?sslmode=disable", addr, "w1"),
+            "postgres://u:p@127.0.0.1:4000/app?sslmode=disable&application_name=w1"
+        );
+        assert_eq!(
+            through("postgres://127.0.0.1/app", addr, "w1"),
+            "postgres://127.0.0.1:4000/app?application_name=w1"
+        );
+        assert_eq!(
+            server_addr("postgres://u@127.0.0.1/x"),
+            "127.0.0.1:5432".parse().unwrap()
+        );
+    }
+}

@@ -251,12 +251,13 @@ pub fn signal(sig: &str, pids: &[u32]) {
     assert!(status.success(), "kill -{sig} {pids:?} failed");
 }
 
-/// The backend a worker binary's flags name: `--consul URL`, else `--etcd URL[,URL…]`, else the
-/// RabbitMQ `--amqp URL` (the caller checks that one is given). One place for every worker
-/// binary, so they all build their clients alike.
+/// The backend a worker binary's flags name: `--consul URL`, else `--etcd URL[,URL…]`, else
+/// `--postgres URL`, else the RabbitMQ `--amqp URL` (the caller checks that one is given). One
+/// place for every worker binary, so they all build their clients alike.
 pub fn worker_backend(
     consul: Option<&str>,
     etcd: Option<&str>,
+    postgres: Option<&str>,
     amqp: Option<&str>,
 ) -> Result<Arc<dyn Backend>, lease_core::Error> {
     if let Some(url) = consul {
@@ -270,6 +271,9 @@ pub fn worker_backend(
                 .endpoints(urls.split(','))
                 .build()?,
         ));
+    }
+    if let Some(url) = postgres {
+        return Ok(Arc::new(lease_postgres::Postgres::new(url)?));
     }
     Ok(Arc::new(
         lease_amqp::Amqp::builder(amqp.unwrap_or_default())

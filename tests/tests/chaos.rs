@@ -5,9 +5,9 @@
 //! lease check, and their table must hold no stale row.
 //!
 //! The seed is `CHAOS_SEED` (default `lease_tests::chaos::DEFAULT_SEED`); a failure prints it and the merged
-//! interleaving around the violation, faults included. The six scenarios run two at a time (the
-//! test harness's threads on two cores) and take about 80 s together (58 s without the fenced
-//! two). The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
+//! interleaving around the violation, faults included. The seven scenarios run two at a time (the
+//! test harness's threads on two cores) and take about 80 s together without PostgreSQL's (58 s
+//! without the fenced two). The long mode is `scripts/chaos.sh --minutes N [--seed N]`.
 //!
 //! ```sh
 //! CHAOS_SEED=7 cargo test -p lease-tests --test chaos -- --nocapture
@@ -81,6 +81,20 @@ async fn chaos_etcd_leader_fenced() {
     short(Scenario::new("etcd-leader-fenced", Backend::Etcd, None, SHORT).fenced()).await;
 }
 
+/// PostgreSQL (issue 28 part 2): three workers on a leader lease of the PostgreSQL backend, each
+/// behind its own proxy; the operator deletes the holder's row and ends its sessions
+/// (`pg_terminate_backend`), the network blackholes and cuts.
+#[tokio::test]
+async fn chaos_postgres_leader() {
+    short(Scenario::new(
+        "postgres-leader",
+        Backend::Postgres,
+        None,
+        SHORT,
+    ))
+    .await;
+}
+
 /// The long mode: `scripts/chaos.sh` sets `CHAOS_MINUTES` (and maybe `CHAOS_SEED`) and runs
 /// this; it prints one table row per scenario, `consul lock` included, and fails on a violation
 /// of ours (the reference's are its findings). `CHAOS_ONLY=consul-lock` runs the scenarios whose
@@ -101,6 +115,8 @@ async fn chaos_long() {
         ("consul-raft-leader", Backend::ConsulCluster, None),
         ("etcd-leader", Backend::Etcd, None),
         ("etcd-sem2", Backend::Etcd, Some(2)),
+        ("postgres-leader", Backend::Postgres, None),
+        ("postgres-sem2", Backend::Postgres, Some(2)),
         ("consul-lock-leader", Backend::ConsulLock, None),
         ("consul-lock-n2", Backend::ConsulLock, Some(2)),
         ("consul-leader-fenced", Backend::Consul, None),

@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! cargo run -p lease-demo                                   # in-process memory backend
-//! cargo run -p lease-demo --features consul -- --consul     # a Consul agent (also: etcd, amqp)
+//! cargo run -p lease-demo --features consul -- --consul     # a Consul agent (also: etcd, amqp,
+//!                                                           # postgres)
 //! cargo run -p lease-demo -- --help
 //! ```
 
@@ -41,7 +42,7 @@ const HELP: &str = "\
 lease-demo: leader failover and a shared job semaphore, measured.
 
 USAGE:
-    cargo run -p lease-demo [--features consul|etcd|amqp] [-- OPTIONS]
+    cargo run -p lease-demo [--features consul|etcd|amqp|postgres] [-- OPTIONS]
 
 OPTIONS:
     (none)          Run on the in-process memory backend: nothing to install.
@@ -53,11 +54,16 @@ OPTIONS:
                     by revoking its etcd lease, as `etcdctl lease revoke` does.
     --amqp URL      Run against RabbitMQ, e.g. amqp://guest:guest@127.0.0.1:5672/%2f. The leader
                     (a one-slot persistent semaphore) is killed by removing its slot.
+    --postgres [URL]
+                    Run against PostgreSQL (URL defaults to LEASE_POSTGRES_URL, then
+                    DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/postgres. The
+                    leader is killed by deleting its row from the lease table.
     -h, --help      Print this help.
 
 The demo ends by itself after about 8 seconds and prints a summary; its last line is
 `SUMMARY key=value ...` for scripts. The exit status is 1 if two leaders ever overlapped.
-RUST_LOG filters the output (default: lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error).";
+RUST_LOG filters the output (default: lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error,
+lease_postgres=error).";
 
 /// Which backend the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -66,6 +72,7 @@ enum Choice {
     Consul(Option<String>),
     Etcd(Option<String>),
     Amqp(String),
+    Postgres(Option<String>),
     Help,
 }
 
@@ -77,6 +84,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
             "-h" | "--help" => return Ok(Choice::Help),
             "--consul" => Choice::Consul(args.next_if(|a| !a.starts_with("--"))),
             "--etcd" => Choice::Etcd(args.next_if(|a| !a.starts_with("--"))),
+            "--postgres" => Choice::Postgres(args.next_if(|a| !a.starts_with("--"))),
             "--amqp" => match args.next() {
                 Some(url) if !url.starts_with("--") => Choice::Amqp(url),
                 _ => {
@@ -88,7 +96,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
             other => return Err(format!("unknown argument {other:?}; see --help")),
         };
         if choice != Choice::Memory {
-            return Err("choose one backend: --consul, --etcd or --amqp, not several".into());
+            return Err(
+                "choose one backend: --consul, --etcd, --amqp or --postgres, not several".into(),
+            );
         }
         choice = next;
     }
@@ -148,13 +158,36 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(amqp),
             })
         }
-        #[cfg(not(all(feature = "consul", feature = "etcd", feature = "amqp")))]
+        #[cfg(feature = "postgres")]
+        Choice::Postgres(url) => {
+            let postgres = match url {
+                Some(url) => lease_postgres::Postgres::new(&url),
+                None => lease_postgres::Postgres::from_env(),
+            }
+            .map_err(|e| e.to_string())?;
+            Ok(Setup {
+                name: "PostgreSQL",
+                backend: Arc::new(postgres.clone()),
+                operator: Box::new(postgres),
+            })
+        }
+        #[cfg(not(all(
+            feature = "consul",
+            feature = "etcd",
+            feature = "amqp",
+            feature = "postgres"
+        )))]
         other => Err(not_built(&other)),
     }
 }
 
 /// Why a backend the flags asked for is not in this build, and the command that has it.
-#[cfg(not(all(feature = "consul", feature = "etcd", feature = "amqp")))]
+#[cfg(not(all(
+    feature = "consul",
+    feature = "etcd",
+    feature = "amqp",
+    feature = "postgres"
+)))]
 fn not_built(choice: &Choice) -> String {
     let with_url = |flag: &str, url: Option<&String>| match url {
         Some(url) => format!("{flag} {url}"),
@@ -164,6 +197,7 @@ fn not_built(choice: &Choice) -> String {
         Choice::Consul(url) => ("consul", with_url("--consul", url.as_ref())),
         Choice::Etcd(urls) => ("etcd", with_url("--etcd", urls.as_ref())),
         Choice::Amqp(url) => ("amqp", with_url("--amqp", Some(url))),
+        Choice::Postgres(url) => ("postgres", with_url("--postgres", url.as_ref())),
         Choice::Memory | Choice::Help => ("", String::new()),
     };
     format!(
@@ -706,7 +740,7 @@ async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error".into()),
+                .unwrap_or_else(|_| "lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error,lease_postgres=error".into()),
         )
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())
@@ -749,6 +783,12 @@ mod tests {
             Ok(Choice::Etcd(Some("http://e:2379".into())))
         );
         assert!(parse(&["--etcd", "--consul"]).is_err());
+        assert_eq!(parse(&["--postgres"]), Ok(Choice::Postgres(None)));
+        assert_eq!(
+            parse(&["--postgres", "postgres://p/db"]),
+            Ok(Choice::Postgres(Some("postgres://p/db".into())))
+        );
+        assert!(parse(&["--postgres", "--etcd"]).is_err());
         assert!(parse(&["--consul", "--amqp", "amqp://x"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
         assert_eq!(parse(&["--help"]), Ok(Choice::Help));

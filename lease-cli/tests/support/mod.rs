@@ -7,7 +7,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use lease_tests::consul::{Agent, workspace_root};
-use lease_tests::overlap::now_ns;
+use lease_tests::overlap::{Timeline, now_ns};
 use tokio::process::Command;
 
 /// The bound on any single wait in these tests.
@@ -23,6 +23,8 @@ pub fn lease(consul_addr: &str) -> Command {
         // Neither may move a test onto etcd, or onto an etcd it did not start.
         .env_remove("LEASE_ETCD_ENDPOINTS")
         .env_remove("ETCD_ENDPOINTS")
+        // Nor onto a PostgreSQL server.
+        .env_remove("LEASE_POSTGRES_URL")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd
@@ -227,5 +229,76 @@ pub async fn assert_nothing_left(agent: &Agent, prefix: &str) {
         "left behind: sessions {:?}, keys {:?}",
         ours(sessions_of(agent, prefix).await),
         leftover_keys(agent, prefix).await
+    );
+}
+
+/// A shell command for `lease lock` or another tool: writes `env` (shell words expanded) to its
+/// env file, stamps its start, waits for its go file (at most 30 s, then exits 3), and appends
+/// `start end` (its own wall-clock ns) to its stamps file.
+pub struct Gated {
+    pub script: String,
+    pub env: PathBuf,
+    pub go: PathBuf,
+    pub stamps: PathBuf,
+}
+
+impl Gated {
+    pub fn new(scratch: &Scratch, name: &str, env: &str) -> Gated {
+        let (env_file, go, stamps) = (
+            scratch.path(&format!("{name}-env")),
+            scratch.path(&format!("{name}-go")),
+            scratch.path(&format!("{name}-stamps")),
+        );
+        let script = format!(
+            "echo \"{env}\" > {e}; s=$(date +%s%N); n=0; \
+             until [ -e {g} ]; do n=$((n+1)); [ $n -gt 600 ] && exit 3; sleep 0.05; done; \
+             e=$(date +%s%N); echo \"$s $e\" >> {st}",
+            e = env_file.display(),
+            g = go.display(),
+            st = stamps.display()
+        );
+        Gated {
+            script,
+            env: env_file,
+            go,
+            stamps,
+        }
+    }
+
+    /// One that runs through as soon as it starts.
+    pub fn ungated(scratch: &Scratch, name: &str, env: &str) -> Gated {
+        let gated = Gated::new(scratch, name, env);
+        gated.open();
+        gated
+    }
+
+    pub fn open(&self) {
+        std::fs::write(&self.go, "").unwrap();
+    }
+
+    /// Its one `(start, end)`.
+    pub fn interval(&self) -> (u128, u128) {
+        let text = std::fs::read_to_string(&self.stamps).unwrap();
+        let mut words = text.split_whitespace().map(|w| w.parse::<u128>().unwrap());
+        (words.next().unwrap(), words.next().unwrap())
+    }
+}
+
+/// Asserts that `first` ended before `second` started (both ran, one at a time).
+pub fn assert_in_turn(first: (&str, &Gated), second: (&str, &Gated)) {
+    let ((a, first), (b, second)) = (first, second);
+    let timeline = Timeline::new();
+    timeline.record_file(a, &first.stamps);
+    timeline.record_file(b, &second.stamps);
+    assert_eq!(timeline.len(), 2, "each command ran once");
+    timeline.assert_at_most(1);
+    let (first_end, second_start) = (first.interval().1, second.interval().0);
+    assert!(
+        first_end <= second_start,
+        "{b} started at {second_start}, before {a} ended at {first_end}"
+    );
+    eprintln!(
+        "{a} → {b}: hand-over in {:.1} ms",
+        (second_start - first_end) as f64 / 1e6
     );
 }

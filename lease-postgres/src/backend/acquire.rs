@@ -119,17 +119,38 @@ pub(crate) async fn acquire(
         settle: spec.settle_after_removal().as_secs_f64(),
         value: spec.advertised_value().to_vec(),
     };
+    // Until the server has answered once, trouble is retried for at most RETRY_GRACE (or until
+    // the deadline, if later), whatever the wait: a server that cannot be reached at all is an
+    // error the caller sees (`Unreachable`, naming the address), as on the other backends, not
+    // a wait without end. A waiter the server has answered rides out an outage within its wait.
+    let mut answered = false;
     loop {
         // From here until the answer is read, the row may exist.
         pending.armed = true;
-        let mut retry = Retry::until(deadline);
+        let mut retry = Retry::until(if answered {
+            deadline
+        } else {
+            Some(deadline.unwrap_or_else(Instant::now))
+        });
+        // Whether a failed try may have reached the server (and inserted the row).
+        let mut maybe_sent = false;
         let answer = loop {
             match super::attempt::attempt(shared, attempt.clone()).await {
-                Err(error) if retry.again(&error).await => {}
+                Err(error) => {
+                    maybe_sent |= error.maybe_sent();
+                    if !retry.again(&error).await {
+                        break Err(error);
+                    }
+                }
                 answer => break answer,
             }
+        };
+        if answer.is_err() && !maybe_sent {
+            // Never sent: there is no row to give back (and no server to give it to).
+            pending.armed = false;
         }
-        .map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let answer = answer.map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        answered = true;
         let sent = answer.sent;
         if semaphore {
             if let Some(in_use) = answer.in_use {
@@ -311,6 +332,7 @@ const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
 struct Detached {
     config: tokio_postgres::Config,
     session_sql: Option<String>,
+    tls: super::tls::Connector,
     schema: String,
 }
 
@@ -319,6 +341,7 @@ impl Detached {
         Detached {
             config: shared.config.clone(),
             session_sql: shared.session_sql.clone(),
+            tls: shared.tls.clone(),
             schema: shared.schema.clone(),
         }
     }
@@ -326,7 +349,8 @@ impl Detached {
     /// A release on a connection of its own.
     fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let Ok(client) = Shared::connect(&self.config, self.session_sql.as_deref()).await
+            let Ok(client) =
+                Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls).await
             else {
                 return;
             };

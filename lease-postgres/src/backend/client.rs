@@ -14,12 +14,13 @@ use lease_core::metrics::RequestError;
 use lease_core::{BackendKind, Error};
 use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::attempt::Attempts;
 use super::listen::Listener;
 use super::release::Releaser;
 use super::renew::Renewer;
+use super::tls::{self, Connector};
 
 /// The longest a request may go unanswered before it counts as failed (and is retried, within
 /// the caller's bound). Far above a healthy answer, below the shortest TTL's renewal period.
@@ -34,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) config: tokio_postgres::Config,
     /// Run on every new connection, best effort: the server's side of the TCP settings.
     pub(crate) session_sql: Option<String>,
+    /// TLS, as the URL's `sslmode` asks.
+    pub(crate) tls: Connector,
     pub(crate) address: String,
     pub(crate) schema: String,
     install: bool,
@@ -62,6 +65,8 @@ impl fmt::Debug for Shared {
 pub(crate) enum PgError {
     /// Connecting failed.
     Connect(tokio_postgres::Error),
+    /// TLS failed while connecting: refused by the server, or a certificate not accepted.
+    Tls(tokio_postgres::Error),
     /// A statement failed (the server's error, or the connection under it).
     Query(tokio_postgres::Error),
     /// No answer within [`REQUEST_TIMEOUT`].
@@ -75,7 +80,9 @@ pub(crate) enum PgError {
 impl fmt::Display for PgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PgError::Connect(e) | PgError::Query(e) => write!(f, "{}", with_sources(e)),
+            PgError::Connect(e) | PgError::Tls(e) | PgError::Query(e) => {
+                write!(f, "{}", with_sources(e))
+            }
             PgError::TimedOut => write!(f, "no answer within {REQUEST_TIMEOUT:?}"),
             PgError::Malformed(what) => write!(f, "unexpected answer: {what}"),
             PgError::Batch(shared) => shared.fmt(f),
@@ -118,14 +125,25 @@ impl PgError {
         match (self, self.sqlstate()) {
             (PgError::Batch(shared), _) => shared.is_transient(),
             (_, Some(code)) => transient_sqlstate(code),
-            (_, None) => !matches!(self, PgError::Malformed(_)),
+            (_, None) => !matches!(self, PgError::Malformed(_) | PgError::Tls(_)),
+        }
+    }
+
+    /// Whether the statement may have reached the server: anything but a failure to connect.
+    pub(crate) fn maybe_sent(&self) -> bool {
+        match self {
+            PgError::Batch(shared) => shared.maybe_sent(),
+            PgError::Connect(_) | PgError::Tls(_) => false,
+            _ => true,
         }
     }
 
     fn answered(&self) -> bool {
         match self {
             PgError::Batch(shared) => shared.answered(),
-            _ => self.sqlstate().is_some() || matches!(self, PgError::Malformed(_)),
+            _ => {
+                self.sqlstate().is_some() || matches!(self, PgError::Malformed(_) | PgError::Tls(_))
+            }
         }
     }
 
@@ -164,6 +182,7 @@ impl PgError {
         let text = self.to_string();
         match (self, code) {
             (PgError::Batch(error), _) => error.describe(shared, operation),
+            (PgError::Tls(_), _) => tls::tls_failure(&shared.address, &text),
             (_, Some(code)) if code.starts_with("28") || code == "42501" => {
                 Error::PermissionDenied {
                     operation,
@@ -214,6 +233,7 @@ impl Shared {
     pub(crate) fn new(
         config: tokio_postgres::Config,
         session_sql: Option<String>,
+        tls: Connector,
         address: String,
         schema: String,
         max_connections: usize,
@@ -222,6 +242,7 @@ impl Shared {
         Shared {
             config,
             session_sql,
+            tls,
             address,
             schema,
             install,
@@ -252,8 +273,15 @@ impl Shared {
     pub(crate) async fn connect(
         config: &tokio_postgres::Config,
         session_sql: Option<&str>,
+        tls: &Connector,
     ) -> Result<Client, PgError> {
-        let (client, connection) = config.connect(NoTls).await.map_err(PgError::Connect)?;
+        let (client, connection) = config.connect(tls.clone()).await.map_err(|e| {
+            if tls::is_tls_failure(&e) {
+                PgError::Tls(e)
+            } else {
+                PgError::Connect(e)
+            }
+        })?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");
@@ -270,7 +298,8 @@ impl Shared {
         if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(client));
         }
-        let client = Arc::new(Self::connect(&self.config, self.session_sql.as_deref()).await?);
+        let client =
+            Arc::new(Self::connect(&self.config, self.session_sql.as_deref(), &self.tls).await?);
         if self.install {
             self.installed
                 .get_or_try_init(|| async {
@@ -334,7 +363,7 @@ impl Shared {
 }
 
 /// How a failed request is retried: through transient trouble, paused by [`retry_backoff`],
-/// until a deadline (at least [`RETRY_GRACE`] from the start).
+/// until a deadline (at least [`RETRY_GRACE`] from the start; none: for ever).
 pub(crate) struct Retry {
     give_up: Option<Instant>,
     pause: Backoff,

@@ -1,6 +1,8 @@
 //! [`PostgresBuilder`]: the URL, the schema, the connection budget and the TCP settings of a
 //! [`Postgres`] backend; [`Postgres::from_env`] reads the URL from the environment.
 
+use std::borrow::Cow;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lease_core::Error;
@@ -40,8 +42,11 @@ pub struct PostgresBuilder {
     max_connections: usize,
     tcp_user_timeout: Duration,
     connect_timeout: Duration,
-    application_name: String,
+    /// Set by [`PostgresBuilder::application_name`]; else the URL's, else `lease`.
+    application_name: Option<String>,
     install: bool,
+    /// Set by [`PostgresBuilder::ca_cert`]; else the URL's `sslrootcert`.
+    ca_cert: Option<PathBuf>,
 }
 
 impl Default for PostgresBuilder {
@@ -52,8 +57,9 @@ impl Default for PostgresBuilder {
             max_connections: 2,
             tcp_user_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
-            application_name: "lease".to_owned(),
+            application_name: None,
             install: true,
+            ca_cert: None,
         }
     }
 }
@@ -106,10 +112,10 @@ impl PostgresBuilder {
         self
     }
 
-    /// The `application_name` of the connections (default `lease`), as `pg_stat_activity`
-    /// shows them.
+    /// The `application_name` of the connections, as `pg_stat_activity` shows them. Default:
+    /// the URL's `application_name` parameter, else `lease`. This setting wins over the URL's.
     pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.application_name = name.into();
+        self.application_name = Some(name.into());
         self
     }
 
@@ -121,13 +127,41 @@ impl PostgresBuilder {
         self
     }
 
+    /// A PEM file of the CA certificates that may sign the server's certificate, trusted
+    /// beside the platform's roots when the URL says `sslmode=require` (libpq's `sslrootcert`;
+    /// the URL's `sslrootcert=PATH` is read too, and this setting wins over it). Read by
+    /// [`build`](Self::build).
+    ///
+    /// TLS follows the URL's `sslmode` (feature `rustls`, on by default): `disable`, plain TCP;
+    /// `prefer` (the default), TLS when the server offers it, its certificate not verified (as
+    /// libpq's `prefer`); `require`, TLS or no connection, the certificate verified and the
+    /// URL's host checked against it (libpq's `verify-full`; the URL's `verify-ca` and
+    /// `verify-full` are read as `require`).
+    ///
+    /// ```no_run
+    /// use lease_postgres::Postgres;
+    ///
+    /// let postgres = Postgres::builder()
+    ///     .url("postgres://app@db.example.com:5432/app?sslmode=require")
+    ///     // The CA that signed the server's certificate, e.g. your provider's bundle.
+    ///     .ca_cert("/etc/ssl/certs/db-provider-ca.pem")
+    ///     .build()?;
+    /// # let _ = postgres;
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    pub fn ca_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_cert = Some(path.into());
+        self
+    }
+
     /// The backend. Nothing is connected yet: the first acquisition (or check, or
     /// observation) connects.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when there is no URL, the URL does not parse, names no host or asks
-    /// for TLS (`sslmode=require`, not supported yet), or the schema name breaks its rule.
+    /// [`Error::Config`] when there is no URL, the URL does not parse or names no host, the CA
+    /// file cannot be read, TLS is asked for (`sslmode=require`) in a build without the `rustls`
+    /// feature, or the schema name breaks its rule.
     pub fn build(self) -> Result<Postgres, Error> {
         let url = self.url.ok_or_else(|| {
             Error::config(format!(
@@ -135,6 +169,7 @@ impl PostgresBuilder {
                  {URL_ENV} (or {DATABASE_URL_ENV}) for Postgres::from_env"
             ))
         })?;
+        let (url, url_ca_cert) = libpq_tls_params(&url);
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             Error::config_caused_by(
                 format!(
@@ -148,20 +183,35 @@ impl PostgresBuilder {
                 "the PostgreSQL URL names no host: use postgres://user:password@host:5432/database",
             ));
         }
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(Error::config(
-                "the PostgreSQL URL asks for TLS (sslmode=require), which this version of \
-                 lease-postgres does not support yet: use sslmode=disable or prefer, on a \
-                 network you trust",
-            ));
-        }
+        let ca_pem = match self.ca_cert.or(url_ca_cert) {
+            Some(path) => Some(std::fs::read(&path).map_err(|e| {
+                Error::config_caused_by(
+                    format!(
+                        "cannot read the PostgreSQL CA certificate {} ({e}): give a readable \
+                         PEM file to PostgresBuilder::ca_cert or the URL's sslrootcert",
+                        path.display()
+                    ),
+                    e,
+                )
+            })?),
+            None => None,
+        };
+        let tls = super::tls::connector(config.get_ssl_mode(), ca_pem.as_deref())?;
         check_schema(&self.schema)?;
         if self.max_connections == 0 {
             return Err(Error::config(
                 "max_connections must be at least 1: the backend needs a connection for its work",
             ));
         }
-        config.application_name(&self.application_name);
+        match &self.application_name {
+            Some(name) => {
+                config.application_name(name);
+            }
+            None if config.get_application_name().is_none() => {
+                config.application_name("lease");
+            }
+            None => {}
+        }
         config.connect_timeout(self.connect_timeout);
         // The server's side of the same settings, set after connecting rather than as startup
         // options, which some poolers refuse.
@@ -184,6 +234,7 @@ impl PostgresBuilder {
         Ok(Postgres::from_shared(Shared::new(
             config,
             session_sql,
+            tls,
             address,
             self.schema,
             self.max_connections,
@@ -206,6 +257,85 @@ impl PostgresBuilder {
             ..PostgresBuilder::default()
         }
     }
+}
+
+/// The URL with libpq's TLS parameters that tokio-postgres does not parse made into ones it
+/// does: `sslmode=verify-ca` and `verify-full` become `require` (which verifies as
+/// `verify-full` does here), and `sslrootcert=PATH` is taken out and returned. Both forms: a
+/// `postgres://` URL's query, and a key-value string's unquoted `key=value` words.
+fn libpq_tls_params(url: &str) -> (Cow<'_, str>, Option<PathBuf>) {
+    let mut root_cert = None;
+    let mut changed = false;
+    let mut param = |key: &str, value: &str| -> Option<String> {
+        match (key, value) {
+            ("sslmode", "verify-ca" | "verify-full") => {
+                changed = true;
+                Some("sslmode=require".to_owned())
+            }
+            ("sslrootcert", path) => {
+                changed = true;
+                root_cert = Some(PathBuf::from(percent_decoded(path)));
+                None
+            }
+            _ => Some(format!("{key}={value}")),
+        }
+    };
+    let rewritten = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        match url.split_once('?') {
+            Some((base, query)) => {
+                let kept: Vec<String> = query
+                    .split('&')
+                    .filter_map(|pair| match pair.split_once('=') {
+                        Some((key, value)) => param(key, value),
+                        None => Some(pair.to_owned()),
+                    })
+                    .collect();
+                if kept.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
+            }
+            None => url.to_owned(),
+        }
+    } else {
+        url.split_whitespace()
+            .filter_map(|word| match word.split_once('=') {
+                Some((key, value)) if !value.starts_with('\'') => param(key, value),
+                _ => Some(word.to_owned()),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if changed {
+        (Cow::Owned(rewritten), root_cert)
+    } else {
+        (Cow::Borrowed(url), None)
+    }
+}
+
+/// `%XX` escapes decoded (a path in a URL's query); anything else kept as it is.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The schema rule: a plain lowercase identifier, short enough that `<schema>_leases` is a
@@ -249,14 +379,65 @@ mod tests {
         ));
         let err = Postgres::new("postgres://u@h:notaport/db").unwrap_err();
         assert!(err.to_string().contains("does not parse"), "{err}");
-        let err = Postgres::new("postgres://u@h/db?sslmode=require").unwrap_err();
-        assert!(err.to_string().contains("TLS"), "{err}");
+        let err = Postgres::new("postgres://u@h/db?sslmode=require&sslrootcert=/no/such.pem")
+            .unwrap_err();
+        assert!(err.to_string().contains("/no/such.pem"), "{err}");
         let err = Postgres::builder()
             .url("postgres://u@h/db")
             .schema("Bad-Name")
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("schema"), "{err}");
+    }
+
+    #[cfg(not(feature = "rustls"))]
+    #[test]
+    fn a_build_without_tls_refuses_sslmode_require() {
+        let err = Postgres::new("postgres://u@h/db?sslmode=require").unwrap_err();
+        assert!(err.to_string().contains("`rustls` feature"), "{err}");
+        assert!(Postgres::new("postgres://u@h/db?sslmode=prefer").is_ok());
+    }
+
+    #[test]
+    fn libpq_tls_parameters_become_ones_tokio_postgres_reads() {
+        let (url, ca) = libpq_tls_params(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x",
+        );
+        assert_eq!(url, "postgres://u@h/db?sslmode=require&application_name=x");
+        assert_eq!(ca, Some(PathBuf::from("/etc/ca.pem")));
+        let (url, ca) = libpq_tls_params("host=h sslmode=verify-ca sslrootcert=/ca.pem user=u");
+        assert_eq!(url, "host=h sslmode=require user=u");
+        assert_eq!(ca, Some(PathBuf::from("/ca.pem")));
+        let plain = "postgres://u@h/db?sslmode=prefer";
+        assert_eq!(libpq_tls_params(plain), (Cow::Borrowed(plain), None));
+        let (url, _) = libpq_tls_params("postgres://u@h/db?sslrootcert=/ca.pem");
+        assert_eq!(url, "postgres://u@h/db");
+        assert!(url.parse::<tokio_postgres::Config>().is_ok());
+    }
+
+    #[test]
+    fn the_url_names_the_sessions_unless_the_builder_does() {
+        let name = |builder: PostgresBuilder| {
+            let postgres = builder.build().unwrap();
+            postgres
+                .shared
+                .config
+                .get_application_name()
+                .map(str::to_owned)
+        };
+        let url = "postgres://u@h/db?application_name=worker-7";
+        assert_eq!(
+            name(Postgres::builder().url(url)).as_deref(),
+            Some("worker-7")
+        );
+        assert_eq!(
+            name(Postgres::builder().url(url).application_name("mine")).as_deref(),
+            Some("mine")
+        );
+        assert_eq!(
+            name(Postgres::builder().url("postgres://u@h/db")).as_deref(),
+            Some("lease")
+        );
     }
 
     #[test]

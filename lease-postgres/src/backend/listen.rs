@@ -164,9 +164,10 @@ async fn listen(shared: Weak<Shared>) {
         };
         let config = strong.config.clone();
         let session_sql = strong.session_sql.clone();
+        let tls = strong.tls.clone();
         let listen = format!("LISTEN {}", strong.channel());
         drop(strong);
-        let connected = config.connect(tokio_postgres::NoTls).await;
+        let connected = config.connect(tls).await;
         let (client, mut connection) = match connected {
             Ok(connected) => connected,
             Err(error) => {

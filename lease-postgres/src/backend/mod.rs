@@ -10,6 +10,7 @@ mod listen;
 mod observe;
 mod release;
 mod renew;
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -49,8 +50,9 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 ///   leases, and waiters cost none of their own.
 ///
 /// The tables are installed on first use ([`LEASE_SQL`](crate::LEASE_SQL), idempotent) unless
-/// [`PostgresBuilder::install`] says not to. TLS is not supported yet (the connections use
-/// `NoTls`).
+/// [`PostgresBuilder::install`] says not to. TLS follows the URL's `sslmode` (feature
+/// `rustls`, on by default): `prefer`, the default, encrypts when the server offers TLS;
+/// `require` also verifies the certificate ([`PostgresBuilder::ca_cert`]).
 ///
 /// # Examples
 ///

@@ -128,7 +128,7 @@ fn parse_args() -> Result<Args, String> {
 
 fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
     // parse_args makes sure exactly one of --consul and --etcd is given.
-    lease_tests::workers::worker_backend(args.consul.as_deref(), args.etcd.as_deref(), None)
+    lease_tests::workers::worker_backend(args.consul.as_deref(), args.etcd.as_deref(), None, None)
 }
 
 fn exit_with(message: &str) -> ! {

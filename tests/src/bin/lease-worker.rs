@@ -2,15 +2,18 @@
 //! history file (see `lease_tests::history` for the format and the verdicts).
 //!
 //! ```text
-//! lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] --history FILE
+//! lease-worker (--consul URL | --amqp URL | --etcd URLS | --postgres URL) --key KEY [--limit N]
+//!              --history FILE
 //!              [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] [--mode MODE]
 //!              [--fenced-writes POSTGRES_URL]
 //! ```
 //!
 //! `--limit N` makes the lease a semaphore of N slots, else it is a leader key. `--etcd` takes one
-//! client URL or several, comma-separated. TTL and lock-delay default to lease-core's defaults
-//! (15 s, 15 s; etcd ignores the lock-delay). One guarded work writes a `write`
-//! line every `--write-every-ms` (default 5) for `--hold-ms` (default: until the lease is lost).
+//! client URL or several, comma-separated; `--postgres` a `postgres://` URL (the chaos driver
+//! adds `application_name` to tell the workers' sessions apart). TTL and lock-delay default to
+//! lease-core's defaults (15 s, 15 s; etcd ignores the lock-delay). One guarded work writes a
+//! `write` line every `--write-every-ms` (default 5) for `--hold-ms` (default: until the lease is
+//! lost).
 //!
 //! Modes:
 //! - `loop` (default): forever acquire (waiting forever), run the work under `Lease::run`,
@@ -66,7 +69,8 @@ use lease_tests::postgres::with_sources;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_postgres::{Client, NoTls};
 
-const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS) --key KEY [--limit N] \
+const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS | --postgres URL) \
+--key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
 [--mode loop|campaign-select|campaign-signal|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit|\
 one-after-another|loop-stdin] [--count N] [--preheld M] [--fenced-writes POSTGRES_URL]";
@@ -95,6 +99,7 @@ struct Args {
     consul: Option<String>,
     amqp: Option<String>,
     etcd: Option<String>,
+    postgres: Option<String>,
     key: String,
     limit: Option<u32>,
     history: PathBuf,
@@ -111,7 +116,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let (mut consul, mut amqp, mut key, mut limit, mut history) = (None, None, None, None, None);
-    let mut etcd = None;
+    let (mut etcd, mut postgres) = (None, None);
     let (mut ttl, mut lock_delay, mut hold) = (None, None, None);
     let mut write_every = Duration::from_millis(5);
     let mut mode = Mode::Loop;
@@ -127,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
             "--consul" => consul = Some(value()?),
             "--amqp" => amqp = Some(value()?),
             "--etcd" => etcd = Some(value()?),
+            "--postgres" => postgres = Some(value()?),
             "--key" => key = Some(value()?),
             "--limit" => {
                 let n = number(value()?)?;
@@ -158,13 +164,18 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if [consul.is_some(), amqp.is_some(), etcd.is_some()]
-        .iter()
-        .filter(|given| **given)
-        .count()
+    if [
+        consul.is_some(),
+        amqp.is_some(),
+        etcd.is_some(),
+        postgres.is_some(),
+    ]
+    .iter()
+    .filter(|given| **given)
+    .count()
         != 1
     {
-        return Err("give exactly one of --consul, --amqp and --etcd".into());
+        return Err("give exactly one of --consul, --amqp, --etcd and --postgres".into());
     }
     if fenced_writes.is_some() && mode != Mode::Loop {
         return Err("--fenced-writes works in --mode loop only".into());
@@ -173,6 +184,7 @@ fn parse_args() -> Result<Args, String> {
         consul,
         amqp,
         etcd,
+        postgres,
         key: key.ok_or("--key is required")?,
         limit,
         history: history.ok_or("--history is required")?,
@@ -324,6 +336,7 @@ fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
     lease_tests::workers::worker_backend(
         args.consul.as_deref(),
         args.etcd.as_deref(),
+        args.postgres.as_deref(),
         args.amqp.as_deref(),
     )
 }
