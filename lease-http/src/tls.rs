@@ -92,6 +92,19 @@ impl Tls {
     }
 }
 
+/// The rustls client configuration [`Tls::new`] uses (feature `rustls`), for a client that runs
+/// the handshake itself (tokio-postgres's `MakeTlsConnect`): the platform's verifier with
+/// `config.ca_pem` as extra roots, or any certificate with `config.skip_verify` (the handshake's
+/// signatures are still checked), `config.identity_pem` as the client certificate, and `alpn`
+/// offered.
+#[cfg(feature = "rustls")]
+pub fn rustls_client_config(
+    config: &ClientConfig,
+    alpn: &str,
+) -> Result<std::sync::Arc<tokio_rustls::rustls::ClientConfig>, BoxError> {
+    rustls::client_config(config, alpn)
+}
+
 #[cfg(feature = "rustls")]
 mod rustls {
     use std::sync::Arc;
@@ -111,6 +124,14 @@ mod rustls {
         config: &ClientConfig,
         alpn: &str,
     ) -> Result<tokio_rustls::TlsConnector, BoxError> {
+        client_config(config, alpn).map(tokio_rustls::TlsConnector::from)
+    }
+
+    /// See [`rustls_client_config`](super::rustls_client_config).
+    pub(super) fn client_config(
+        config: &ClientConfig,
+        alpn: &str,
+    ) -> Result<Arc<tls::ClientConfig>, BoxError> {
         let provider = Arc::new(crypto::aws_lc_rs::default_provider());
         let builder = tls::ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()?;
@@ -142,7 +163,7 @@ mod rustls {
             None => builder.with_no_client_auth(),
         };
         tls.alpn_protocols = vec![alpn.as_bytes().to_vec()];
-        Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
+        Ok(Arc::new(tls))
     }
 
     /// `ssl_verify(false)`: any certificate, for any name; the handshake's signatures are still

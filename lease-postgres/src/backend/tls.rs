@@ -16,8 +16,6 @@
 //! the other password methods work over it as usual.
 
 use lease_core::Error;
-#[cfg(not(feature = "rustls"))]
-pub(crate) use tokio_postgres::NoTls as Connector;
 use tokio_postgres::config::SslMode;
 #[cfg(feature = "rustls")]
 pub(crate) use with_rustls::RustlsConnector as Connector;
@@ -39,6 +37,23 @@ pub(crate) fn connector(mode: SslMode, ca_pem: Option<&[u8]>) -> Result<Connecto
                  sslmode=disable or prefer on a network you trust",
             ));
         }
+        Ok(Connector)
+    }
+}
+
+/// No TLS, in a build without `rustls`: tokio-postgres's `NoTls`, as a type that is `Clone` but
+/// not `Copy`, so the code that clones the rustls connector reads the same in both builds.
+#[cfg(not(feature = "rustls"))]
+#[derive(Clone, Debug)]
+pub(crate) struct Connector;
+
+#[cfg(not(feature = "rustls"))]
+impl<S> tokio_postgres::tls::MakeTlsConnect<S> for Connector {
+    type Stream = tokio_postgres::tls::NoTlsStream;
+    type TlsConnect = tokio_postgres::NoTls;
+    type Error = tokio_postgres::tls::NoTlsError;
+
+    fn make_tls_connect(&mut self, _: &str) -> Result<Self::TlsConnect, Self::Error> {
         Ok(tokio_postgres::NoTls)
     }
 }
@@ -94,13 +109,8 @@ mod with_rustls {
     use lease_core::Error;
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
     use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
-    use tokio_rustls::rustls::client::danger::{
-        HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
-    };
-    use tokio_rustls::rustls::crypto::{self, CryptoProvider};
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    use tokio_rustls::rustls::{self as tls, DigitallySignedStruct, SignatureScheme};
+    use tokio_rustls::rustls::pki_types::ServerName;
+    use tokio_rustls::rustls::{self as tls};
 
     /// Makes a TLS session of each connection (tokio-postgres asks only when the mode and the
     /// server call for one). Cloning is cheap.
@@ -118,37 +128,16 @@ mod with_rustls {
     impl RustlsConnector {
         /// `verify`: check the certificate (`require`), else accept any (`prefer`).
         pub(crate) fn new(verify: bool, ca_pem: Option<&[u8]>) -> Result<Self, Error> {
-            let provider = Arc::new(crypto::aws_lc_rs::default_provider());
-            let tls_error = |what: &str, e: &dyn std::fmt::Display| {
-                Error::config(format!("PostgreSQL TLS: {what}: {e}"))
+            let settings = lease_http::ClientConfig {
+                ca_pem: ca_pem.map(<[u8]>::to_vec),
+                skip_verify: !verify,
+                ..lease_http::ClientConfig::default()
             };
-            let builder = tls::ClientConfig::builder_with_provider(Arc::clone(&provider))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| tls_error("no protocol version", &e))?;
-            let verifier: Arc<dyn ServerCertVerifier> = if verify {
-                let extra = match ca_pem {
-                    Some(pem) => CertificateDer::pem_slice_iter(pem)
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| tls_error("the CA certificate is not PEM", &e))?,
-                    None => Vec::new(),
-                };
-                Arc::new(
-                    rustls_platform_verifier::Verifier::new_with_extra_roots(extra, provider)
-                        .map_err(|e| tls_error("the certificate verifier", &e))?,
-                )
-            } else {
-                Arc::new(AnyCertificate(provider))
-            };
-            let mut config = builder
-                .dangerous()
-                .with_custom_certificate_verifier(verifier)
-                .with_no_client_auth();
-            // What PostgreSQL 17 asks of a direct TLS handshake (`sslnegotiation=direct`);
-            // servers that negotiate first ignore it.
-            config.alpn_protocols = vec![b"postgresql".to_vec()];
-            Ok(RustlsConnector {
-                config: Arc::new(config),
-            })
+            // "postgresql": what PostgreSQL 17 asks of a direct TLS handshake
+            // (`sslnegotiation=direct`); servers that negotiate first ignore it.
+            let config = lease_http::tls::rustls_client_config(&settings, "postgresql")
+                .map_err(|e| Error::config(format!("PostgreSQL TLS: {e}")))?;
+            Ok(RustlsConnector { config })
         }
     }
 
@@ -230,56 +219,6 @@ mod with_rustls {
 
         fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             Pin::new(self.get_mut().0.as_mut()).poll_shutdown(cx)
-        }
-    }
-
-    /// `sslmode=prefer`: any certificate, for any name, as libpq's `prefer`; the handshake's
-    /// signatures are still checked against the certificate presented.
-    #[derive(Debug)]
-    struct AnyCertificate(Arc<CryptoProvider>);
-
-    impl ServerCertVerifier for AnyCertificate {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: UnixTime,
-        ) -> Result<ServerCertVerified, tls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, tls::Error> {
-            crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, tls::Error> {
-            crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
         }
     }
 }
