@@ -515,7 +515,7 @@ impl Api {
             .unwrap_or(0)
     }
 
-    /// The whole seconds the lease `holder` names (see [`Server::revoke`]) has left by etcd's own
+    /// The whole seconds the lease `holder` names (see [`Api::revoke`]) has left by etcd's own
     /// clock (0: less than one), or -1 if it is gone.
     pub async fn time_to_live(&self, holder: &str) -> i64 {
         let id = lease_id(holder);
