@@ -17,7 +17,8 @@
 //!
 //! Modes:
 //! - `loop` (default): forever acquire (waiting forever), run the work under `Lease::run`,
-//!   release (logging what `release()` answered), repeat. SIGTERM: release, then exit.
+//!   release (logging what `release()` answered), repeat. SIGTERM: release (or drop the acquire
+//!   in progress), shut the backend down, as the README asks of a service, then exit.
 //! - `campaign-select`: `select!` between `Campaign::run_until` and SIGTERM, then return from
 //!   `main` at once (no explicit release).
 //! - `campaign-signal`: the README's way: a campaign spawned with `run_until`, stepped down when
@@ -538,7 +539,7 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
     };
     tokio::join!(
         loop_on(
-            backend,
+            Arc::clone(&backend),
             spec(args),
             history.clone(),
             args,
@@ -547,6 +548,9 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
         ),
         on_sigterm
     );
+    // Gives back what a dropped acquire left to the background (etcd: its pooled lease), as a
+    // service does before it exits; without it that is left to expire with its TTL.
+    backend.shutdown().await;
     history.log("exit", "-", "");
 }
 
