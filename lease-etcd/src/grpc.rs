@@ -672,4 +672,17 @@ impl EtcdClient {
             .ok_or_else(|| ApiError::Malformed("the client is gone".into()))?;
         Watches::watch(&me, range, start_revision).await
     }
+
+    /// As [`watch`](EtcdClient::watch), on one etcd watch shared by every watcher of `range` in
+    /// this process (see the `watch` module).
+    pub(crate) async fn watch_shared(
+        &self,
+        range: &RangeRequest,
+        start_revision: i64,
+    ) -> Result<WatchStream, ApiError> {
+        let me = self
+            .me()
+            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))?;
+        Watches::watch_shared(&me, range, start_revision).await
+    }
 }

@@ -2,17 +2,20 @@
 //!
 //! Every contender writes its own key `<key>/<lease ID in hex>` (`<key>/<lease ID in hex>_<n>` if
 //! another contender of this process on that name has that pooled lease: see `pool::Slot`),
-//! attached to its etcd lease, if it does not exist yet (one transaction). etcd gives each write the next revision of the whole
-//! cluster, so the keys under `<key>/` are a queue in arrival order:
+//! attached to its etcd lease, if it does not exist yet (one transaction). etcd gives each write
+//! the next revision of the whole cluster, so the keys under `<key>/` are a queue in arrival
+//! order:
 //!
 //! - **leader** (etcd's `concurrency.Election`, the recipe `etcdctl elect` uses): the oldest key
 //!   leads. A waiter watches only the key just before its own, so a hand-over wakes one waiter,
 //!   not all of them. The key's value is the advertised value, as `etcdctl elect` writes its
 //!   proposal, so the two interoperate on the same name.
-//! - **semaphore of limit N**: the N oldest keys hold; the others wait in arrival order (FIFO),
-//!   and any deletion under the prefix makes them judge again. The value is
-//!   `{"limit": N, "value": <base64>}`: every contender must ask for the limit of the oldest, or
-//!   gets [`Error::LimitMismatch`].
+//! - **semaphore of limit N**: the N oldest keys hold; the others wait in arrival order (FIFO).
+//!   A waiter's read also counts the keys ahead of it, and it counts their deletions down on the
+//!   process's one watch of the prefix (shared by all its waiters there: see the `watch`
+//!   module), so a release wakes the waiter whose turn may have come, not every waiter. The
+//!   value is `{"limit": N, "value": <base64>}`: every contender must ask for the limit of the
+//!   oldest, or gets [`Error::LimitMismatch`].
 //!
 //! **One kind of lock per name.** Both kinds queue under `<key>/`, so the values tell them apart:
 //! a key whose value is exactly our semaphore format is a semaphore contender, any other a leader
@@ -36,9 +39,12 @@
 //! lease) may have happened while its holder still runs: the holder learns it from its own watch
 //! a few milliseconds later, and cancels its work. A waiter is in the queue from its join on, so
 //! this holds for keys that were ahead of it when it joined and were gone by its first read too
-//! (that read also reads, from etcd's history, who was ahead at the join). Waiters wait
-//! [`LeaseSpec::settle_time`] (100 ms by default, above the loss-to-cancel p99 under load)
-//! before they judge again, so the two never run at once. A watch that breaks counts as such a
+//! (that read also reads, from etcd's history, who was ahead at the join), and for holders gone
+//! between the deletion a semaphore waiter was woken by and its read (the count tells how many
+//! the read saw gone that the watch has not shown yet; the waiter takes them from the watch
+//! before it judges). Waiters wait [`LeaseSpec::settle_time`] (100 ms by default, above the
+//! loss-to-cancel p99 under load) from the removal before they judge again, so the two never
+//! run at once. A watch that breaks counts as such a
 //! removal, since a deletion may have been missed. `etcdctl lock` and `etcdctl elect` contenders
 //! do not settle; the touch changes nothing they read.
 //!
@@ -66,6 +72,20 @@ use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequ
 
 /// How long the replay of a deletion from etcd's history may take before it counts as missed.
 const HISTORY_REPLAY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How many of the keys ahead of a semaphore waiter its read counts (more if the limit is
+/// higher); further back, it counts down from this many and reads again when that is done.
+const COUNTED_AHEAD: usize = 1000;
+
+/// How many keys ahead of it a waiter on a semaphore of `limit` counts: more than the limit, so
+/// the count is exact whenever the waiter may be let in.
+fn counted_ahead(limit: u32) -> usize {
+    COUNTED_AHEAD.max(
+        usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1),
+    )
+}
 
 /// Who holds, among the keys under `<key>/`.
 #[derive(Clone, Copy, Debug)]
@@ -111,6 +131,20 @@ impl Rule {
             Rule::Semaphore { limit } => RangeRequest::under(key)
                 .by_creation(true)
                 .limit(i64::from(limit)),
+        }
+    }
+
+    /// For a semaphore, the keys older than ours (keys only, at most [`counted_ahead`]): how
+    /// many deletions a waiter waits for before it judges again (see [`CountDown`]).
+    fn older(self, key: &str, created: i64) -> Option<RangeRequest> {
+        match self {
+            Rule::Leader => None,
+            Rule::Semaphore { limit } => Some(
+                RangeRequest::under(key)
+                    .keys_only()
+                    .created_by(created - 1)
+                    .limit(i64::try_from(counted_ahead(limit)).unwrap_or(i64::MAX)),
+            ),
         }
     }
 
@@ -287,18 +321,25 @@ async fn contend(
         .map_err(failed)?;
     let mut pause = lease_http::backoff();
     let mut kept = None;
+    // A semaphore waiter's count of the keys ahead, from its last wait.
+    let mut counted: Option<CountDown> = None;
     let mut first_judgment = true;
     loop {
         let mut ops = vec![
             RequestOp::range(RangeRequest::key(own)),
             RequestOp::range(rule.ahead(key, created)),
         ];
+        let older = rule.older(key, created).map(|older| {
+            ops.push(RequestOp::range(older));
+            ops.len() - 1
+        });
         if first_judgment {
             // Who was ahead when we joined, from etcd's history.
             ops.push(RequestOp::range(
                 rule.ahead(key, created).at_revision(created),
             ));
         }
+        let ops_len = ops.len();
         let read = TxnRequest {
             success: ops,
             ..TxnRequest::default()
@@ -311,6 +352,7 @@ async fn contend(
             created = join(http, own, &value, lease, deadline)
                 .await
                 .map_err(failed)?;
+            counted = None;
             continue;
         }
         let ahead = &read.range(1).kvs;
@@ -318,12 +360,30 @@ async fn contend(
         // a release before this read is settled for like one it saw go.
         if std::mem::take(&mut first_judgment)
             && (rejoined
-                || removed_since_join(http, created, &read.range(2).kvs, ahead, &mut pause).await
-                    == Removal::Unannounced)
+                || removed_since_join(
+                    http,
+                    created,
+                    &read.range(ops_len - 1).kvs,
+                    ahead,
+                    &mut pause,
+                )
+                .await
+                .is_unannounced())
         {
             tracing::debug!(key, settle = ?spec.settle_time(), rejoined, "a holder ahead of us at our join, or of our lost key, went without a release; settling");
             tokio::time::sleep(spec.settle_time()).await;
             continue;
+        }
+        let older = older.map(|at| read.range(at).kvs.len());
+        // Keys the read found gone that the watch has not shown yet: how they went, before the
+        // judgment.
+        if let (Some(count), Some(older)) = (counted.take(), older) {
+            let removal = count.catch_up(&mut kept, read.revision(), older).await;
+            if let Removal::Unannounced(seen) = removal {
+                tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
+                tokio::time::sleep_until(seen + spec.settle_time()).await;
+                continue;
+            }
         }
         let range = match rule.judge(key, own, ahead)? {
             Turn::Mine => {
@@ -337,12 +397,25 @@ async fn contend(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(busy());
         }
+        let mut waiting = match (rule, older) {
+            (Rule::Semaphore { limit }, Some(older)) => {
+                let read_at = read.revision();
+                Waiting::CountDown(CountDown::of(own, created, limit, (ahead, older), read_at))
+            }
+            _ => Waiting::Any { holding: ahead },
+        };
         let turn = async {
-            let removal =
-                wait_for_removal(http, &range, ahead, read.revision(), &mut pause, &mut kept);
-            if removal.await == Removal::Unannounced {
+            let removal = wait_for_removal(
+                http,
+                &range,
+                &mut waiting,
+                read.revision(),
+                &mut pause,
+                &mut kept,
+            );
+            if let Removal::Unannounced(seen) = removal.await {
                 tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
-                tokio::time::sleep(spec.settle_time()).await;
+                tokio::time::sleep_until(seen + spec.settle_time()).await;
             }
         };
         match deadline {
@@ -350,6 +423,9 @@ async fn contend(
             Some(deadline) => tokio::time::timeout_at(deadline, turn)
                 .await
                 .map_err(|_| busy())?,
+        }
+        if let Waiting::CountDown(count) = waiting {
+            counted = Some(count);
         }
     }
 }
@@ -385,14 +461,15 @@ async fn join(
         .ok_or_else(|| ApiError::Malformed("the own key neither absent nor present".into()))
 }
 
-/// How a key a waiter was waiting on went; of several removals, the greatest decides.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// How a key a waiter was waiting on went; of several removals, the greatest (the latest
+/// unannounced one) decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Removal {
     /// Released: touched by its holder, then deleted; or not one of the keys that held.
     Released,
     /// A holding key deleted without a release (or a watch that broke, which may have missed
-    /// one): its holder may still be running.
-    Unannounced,
+    /// one), seen at this instant: its holder may still be running; the waiter settles from then.
+    Unannounced(Instant),
 }
 
 impl Removal {
@@ -401,12 +478,163 @@ impl Removal {
         let held = holding
             .iter()
             .any(|kv| event.kv.as_ref().is_some_and(|gone| gone.key == kv.key));
-        let released = event.prev_kv.as_ref().is_some_and(|prev| prev.version >= 2);
-        if held && !released {
-            Removal::Unannounced
+        if held && !released(event) {
+            Removal::unannounced()
         } else {
             Removal::Released
         }
+    }
+
+    fn unannounced() -> Removal {
+        Removal::Unannounced(Instant::now())
+    }
+
+    fn is_unannounced(self) -> bool {
+        matches!(self, Removal::Unannounced(_))
+    }
+}
+
+/// Whether a deletion's key had been touched by its holder first: a release.
+fn released(event: &Event) -> bool {
+    event.prev_kv.as_ref().is_some_and(|prev| prev.version >= 2)
+}
+
+/// What a waiter waits for between two reads.
+enum Waiting<'a> {
+    /// The first deletion in the watched range after the read (a leader waiter's: of the key
+    /// just ahead of it); `holding`: the keys that held at the read.
+    Any { holding: &'a [KeyValue] },
+    /// A semaphore waiter: the deletions of keys ahead of it, until it may be in.
+    CountDown(CountDown),
+}
+
+/// A semaphore waiter's place in the queue, kept up to date from the deletions under the prefix
+/// so that it reads again only when its turn may have come (or its own key went), not on every
+/// release ahead of it. Only a read decides a turn; the count only decides when to read, and it
+/// never overstates what is ahead: keys only leave the queue ahead of a waiter, each deletion of
+/// an older key removes exactly one, and the read counts at most [`counted_ahead`] of them.
+struct CountDown {
+    own: Vec<u8>,
+    created: i64,
+    limit: usize,
+    /// Keys older than ours at the read (at least), less those deleted since.
+    older: usize,
+    /// Whether the read counted every key older than ours.
+    exact: bool,
+    /// The revision of the read.
+    read_at: i64,
+    /// The keys that held at the read and are not yet seen deleted.
+    holding: Vec<Vec<u8>>,
+    /// Whether a holder went since the read, so some waiter of then may hold now: a deletion
+    /// without a release of any key ahead then counts as a holder's.
+    moved_up: bool,
+    /// The latest holder seen gone without a release.
+    worst: Removal,
+}
+
+impl CountDown {
+    /// The count-down of the waiter with the own key `own` (created at `created`), given the
+    /// keys that hold (`ahead`) and the number of keys older than ours (`older`, counted up to
+    /// [`counted_ahead`]) at the read at revision `read_at`.
+    fn of(
+        own: &str,
+        created: i64,
+        limit: u32,
+        (ahead, older): (&[KeyValue], usize),
+        read_at: i64,
+    ) -> CountDown {
+        CountDown {
+            read_at,
+            own: own.as_bytes().to_vec(),
+            created,
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            older,
+            exact: older < counted_ahead(limit),
+            holding: ahead.iter().map(|kv| kv.key.clone()).collect(),
+            moved_up: false,
+            worst: Removal::Released,
+        }
+    }
+
+    /// Takes in one deletion (after the read); true once the waiter should read again.
+    fn deleted(&mut self, event: &Event) -> bool {
+        let key = event.kv.as_ref().map(|kv| kv.key.as_slice());
+        if key == Some(self.own.as_slice()) {
+            // Our own key went: the read finds out and joins again.
+            return true;
+        }
+        let Some(prev) = &event.prev_kv else {
+            // Cannot tell whose key it was.
+            self.worst = Removal::unannounced();
+            return true;
+        };
+        if prev.create_revision >= self.created {
+            // Behind us.
+            return false;
+        }
+        self.older = self.older.saturating_sub(1);
+        let was_holding = match self.holding.iter().position(|k| *k == prev.key) {
+            Some(at) => {
+                self.holding.swap_remove(at);
+                self.moved_up = true;
+                true
+            }
+            None => self.moved_up,
+        };
+        if was_holding && !released(event) {
+            // Settled for when our turn comes.
+            self.worst = Removal::unannounced();
+        }
+        self.older < self.limit
+    }
+
+    /// The latest holder gone without a release since the last call (or the read).
+    fn take_worst(&mut self) -> Removal {
+        std::mem::replace(&mut self.worst, Removal::Released)
+    }
+
+    /// After a read at `revision` found `older` keys ahead of us: the deletions it saw that the
+    /// watch had not delivered yet (the count tells how many), taken from the watch, since one
+    /// of them may have been a holder's without a release. Bounded by [`HISTORY_REPLAY`]; what
+    /// cannot be told counts as a removal without a release.
+    async fn catch_up(
+        mut self,
+        kept: &mut Option<KeptWatch>,
+        revision: i64,
+        older: usize,
+    ) -> Removal {
+        if older >= self.limit || self.older <= older && self.exact {
+            // Not let in by this read, or nothing missed.
+            return Removal::Released;
+        }
+        let Some(KeptWatch { stream, .. }) = kept.as_mut().filter(|_| self.exact) else {
+            // We cannot tell what we missed.
+            return Removal::unannounced();
+        };
+        let deadline = Instant::now() + HISTORY_REPLAY;
+        while self.older > older {
+            let Ok(Ok(batch)) = tokio::time::timeout_at(deadline, stream.next()).await else {
+                *kept = None;
+                return Removal::unannounced();
+            };
+            let (seen, later): (Vec<Event>, Vec<Event>) = batch
+                .events
+                .into_iter()
+                .partition(|e| e.kv().mod_revision <= revision);
+            let read_at = self.read_at;
+            let since_count = |e: &&Event| e.is_delete() && e.kv().mod_revision > read_at;
+            for deletion in seen.iter().filter(since_count) {
+                self.deleted(deletion);
+            }
+            if !later.is_empty() {
+                // The watch is past the read: it delivered everything the read saw.
+                stream.put_back(later);
+                if self.older > older {
+                    return Removal::unannounced();
+                }
+            }
+        }
+        self.take_worst()
     }
 }
 
@@ -429,22 +657,24 @@ async fn removed_since_join(
         let range = RangeRequest::key(&gone.key_str());
         // Deleted already, so the watch replays the deletion at once; bounded all the same.
         let mut watch = None;
-        let replayed = wait_for_removal(http, &range, then, created, pause, &mut watch);
+        let mut waiting = Waiting::Any { holding: then };
+        let replayed = wait_for_removal(http, &range, &mut waiting, created, pause, &mut watch);
         let removal = tokio::time::timeout(HISTORY_REPLAY, replayed)
             .await
-            .unwrap_or(Removal::Unannounced);
+            .unwrap_or_else(|_| Removal::unannounced());
         worst = worst.max(removal);
     }
     worst
 }
 
-/// Completes at the first deletion in `range` after `revision`, saying whether it removed one of
-/// the `holding` keys without a release; or when the watch breaks (the caller judges again either
-/// way; a broken watch first waits `pause`).
+/// Completes once the deletions in `range` after `revision` are what `waiting` waits for, saying
+/// whether one of them removed a holding key without a release; or when the watch breaks (the
+/// caller judges again either way; a broken watch first waits `pause`). A range of many keys (a
+/// semaphore's prefix) is watched on the process's shared watch of it.
 async fn wait_for_removal(
     http: &EtcdClient,
     range: &RangeRequest,
-    holding: &[KeyValue],
+    waiting: &mut Waiting<'_>,
     revision: i64,
     pause: &mut Backoff,
     kept: &mut Option<KeptWatch>,
@@ -454,7 +684,12 @@ async fn wait_for_removal(
     // holder's touch often falls between a waiter's read and its new watch.
     if kept.as_ref().is_none_or(|k| k.range != *range) {
         *kept = None;
-        match http.watch(range, revision + 1).await {
+        let watched = if range.range_end.is_empty() {
+            http.watch(range, revision + 1).await
+        } else {
+            http.watch_shared(range, revision + 1).await
+        };
+        match watched {
             Ok(stream) => {
                 *kept = Some(KeptWatch {
                     range: range.clone(),
@@ -464,36 +699,42 @@ async fn wait_for_removal(
             Err(error) => {
                 tracing::debug!(%error, "cannot watch the queue; judging again");
                 pause.wait().await;
-                return Removal::Unannounced;
+                return Removal::unannounced();
             }
         }
     }
     let Some(KeptWatch { stream, .. }) = kept.as_mut() else {
-        return Removal::Unannounced;
+        return Removal::unannounced();
     };
     loop {
         match stream.next().await {
             Ok(batch) => {
                 // Deletions the read at `revision` already saw are not news.
-                let mut deletions = batch
+                let deletions = batch
                     .events
                     .iter()
-                    .filter(|e| e.is_delete() && e.kv().mod_revision > revision)
-                    .peekable();
-                if deletions.peek().is_none() {
-                    continue;
+                    .filter(|e| e.is_delete() && e.kv().mod_revision > revision);
+                let decided = match waiting {
+                    Waiting::Any { holding } => deletions.map(|e| Removal::of(e, holding)).max(),
+                    Waiting::CountDown(count) => {
+                        // Every deletion of the batch is counted, even past the one that decides.
+                        let mut read_again = false;
+                        for deletion in deletions {
+                            read_again |= count.deleted(deletion);
+                        }
+                        read_again.then(|| count.take_worst())
+                    }
+                };
+                if let Some(removal) = decided {
+                    pause.reset();
+                    return removal;
                 }
-                pause.reset();
-                return deletions
-                    .map(|e| Removal::of(e, holding))
-                    .max()
-                    .unwrap_or(Removal::Released);
             }
             Err(error) => {
                 tracing::debug!(%error, "the watch of the queue broke; judging again");
                 *kept = None;
                 pause.wait().await;
-                return Removal::Unannounced;
+                return Removal::unannounced();
             }
         }
     }
@@ -722,15 +963,179 @@ mod tests {
             http.delete(holder, false).await.unwrap();
             let mut pause = lease_http::backoff();
             let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
-            let expected = if released {
-                Removal::Released
-            } else {
-                Removal::Unannounced
-            };
-            assert_eq!(removal, expected, "{rule:?}, released: {released}");
+            assert_eq!(
+                removal.is_unannounced(),
+                !released,
+                "{rule:?}, released: {released}"
+            );
             // Nothing gone since the join: nothing to settle for.
             let still = removed_since_join(http, joined, &[], &[], &mut pause).await;
             assert_eq!(still, Removal::Released);
+            http.delete("q", true).await.unwrap();
+        }
+    }
+
+    fn deletion(key: &str, created: i64, version: i64) -> Event {
+        let key = format!("q/{key}").into_bytes();
+        Event {
+            kind: 1,
+            kv: Some(KeyValue {
+                key: key.clone(),
+                mod_revision: 1000,
+                ..KeyValue::default()
+            }),
+            prev_kv: Some(KeyValue {
+                key,
+                create_revision: created,
+                version,
+                ..KeyValue::default()
+            }),
+        }
+    }
+
+    /// A waiter with four keys ahead at a semaphore of limit 2 reads again only once two of them
+    /// went; a key behind it changes nothing; an unannounced removal of a key that may hold by
+    /// then is remembered for its settle; the deletion of its own key sends it to read at once.
+    #[test]
+    fn a_semaphore_waiter_counts_down_to_its_turn() {
+        let ahead = [contender("a", b""), contender("b", b"")];
+        let waiter = || CountDown::of("q/own", 100, 2, (&ahead[..], 4), 50);
+        let mut count = waiter();
+        // A waiter between the holders and us goes (cancelled: no touch): not a holder's.
+        assert!(!count.deleted(&deletion("c", 30, 1)));
+        assert_eq!(count.take_worst(), Removal::Released);
+        // Behind us: not counted.
+        assert!(!count.deleted(&deletion("later", 200, 1)));
+        // A holder releases: the waiter of then behind it holds now.
+        assert!(!count.deleted(&deletion("a", 10, 2)));
+        assert_eq!(count.take_worst(), Removal::Released);
+        // That waiter's key deleted without a release: settled for, and our turn may have come.
+        assert!(count.deleted(&deletion("d", 40, 1)));
+        assert!(count.take_worst().is_unannounced());
+
+        // A holder deleted without a release while we are still far back: remembered.
+        let mut count = waiter();
+        assert!(!count.deleted(&deletion("b", 20, 1)));
+        assert!(!count.deleted(&deletion("a", 10, 2)));
+        assert!(count.deleted(&deletion("c", 30, 2)));
+        assert!(count.take_worst().is_unannounced());
+
+        // Our own key went: read at once, nothing to settle for.
+        let mut count = waiter();
+        let mut own = deletion("own", 100, 1);
+        own.prev_kv = None;
+        assert!(count.deleted(&own));
+        assert_eq!(count.take_worst(), Removal::Released);
+    }
+
+    /// Waiters of one semaphore in one process share one etcd watch of its prefix, take their
+    /// turns in arrival order, and leave no watch behind.
+    #[tokio::test]
+    async fn the_waiters_of_a_semaphore_share_one_watch() {
+        let server = Server::start().await;
+        let etcd = crate::Etcd::builder()
+            .endpoints([server.url()])
+            .build()
+            .unwrap();
+        let spec = LeaseSpec::semaphore("shared", 1);
+        let holder = etcd.acquire(&spec).await.unwrap();
+        let (order, mut turns) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for i in 0..5 {
+            let (backend, spec, order) = (etcd.clone(), spec.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let lease = backend.acquire(&spec).await.unwrap();
+                order.send(i).unwrap();
+                lease.release().await.unwrap();
+            }));
+            // Joined before the next one starts: arrival order is known.
+            let joined = 2 + i;
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let keys = etcd
+                    .http
+                    .range(&RangeRequest::under("shared"))
+                    .await
+                    .unwrap();
+                if keys.kvs.len() == joined {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "waiter {i} did not join");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+        // The holder's watch of its own key, and one watch of the prefix for five waiters.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while etcd.http.watches().counts() != (2, 6) {
+            assert!(
+                Instant::now() < deadline,
+                "watches: {:?}",
+                etcd.http.watches().counts()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        holder.release().await.unwrap();
+        for waiter in waiters {
+            tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let mut taken = Vec::new();
+        while let Ok(i) = turns.try_recv() {
+            taken.push(i);
+        }
+        assert_eq!(taken, [0, 1, 2, 3, 4], "FIFO");
+        assert_eq!(etcd.http.watches().counts(), (0, 0), "a watch left behind");
+    }
+
+    /// The read after a waiter was woken saw holders gone that the watch had not shown yet: the
+    /// waiter takes them from the watch before it judges, and settles if one went without a
+    /// release.
+    #[tokio::test]
+    async fn holders_gone_before_a_read_are_taken_from_the_watch() {
+        let server = Server::start().await;
+        let etcd = crate::Etcd::builder()
+            .endpoints([server.url()])
+            .build()
+            .unwrap();
+        let http = &etcd.http;
+        for second_released in [true, false] {
+            put(http, "q/a", true).await;
+            put(http, "q/b", second_released).await;
+            let created = put(http, "q/own", false).await;
+            let read_at = http
+                .range(&RangeRequest::key("q/own"))
+                .await
+                .unwrap()
+                .revision();
+            let ahead = http
+                .range(&Rule::Semaphore { limit: 2 }.ahead("q", created))
+                .await
+                .unwrap()
+                .kvs;
+            let count = CountDown::of("q/own", created, 2, (&ahead[..2], 2), read_at);
+            let stream = http
+                .watch_shared(&RangeRequest::under("q"), read_at + 1)
+                .await;
+            let mut kept = Some(KeptWatch {
+                range: RangeRequest::under("q"),
+                stream: stream.unwrap(),
+            });
+            http.delete("q/a", false).await.unwrap();
+            http.delete("q/b", false).await.unwrap();
+            let read = http
+                .range(&RangeRequest::key("q/own"))
+                .await
+                .unwrap()
+                .revision();
+            // The read found both gone (0 ahead) before the watch showed either.
+            let removal = count.catch_up(&mut kept, read, 0).await;
+            assert_eq!(
+                removal.is_unannounced(),
+                !second_released,
+                "second released: {second_released}"
+            );
             http.delete("q", true).await.unwrap();
         }
     }

@@ -6,6 +6,16 @@
 //! creations go out at once, without waiting for one another, and every answer is routed by its
 //! ID to its [`WatchStream`]. Dropping a `WatchStream` cancels its watch.
 //!
+//! **Shared watches.** Every waiter of a semaphore watches the same prefix: one etcd watch per
+//! range serves all of them ([`Watches::watch_shared`]), its answers copied to each waiter's
+//! [`WatchStream`], so a release is one event on the stream, not one per waiter (etcd parks a
+//! stream's many small answers as a "slow watcher" and retries them only every few
+//! milliseconds). A waiter joining the shared watch after its read at revision `R` gets the
+//! events after `R` that the watch already delivered from a replay of its recent events, then
+//! the rest as they come: it sees exactly what a watch of its own from `R + 1` would. When the
+//! replay no longer reaches back to `R` (or the shared watch starts after `R + 1`), it gets a
+//! watch of its own. The etcd watch is cancelled with its last subscriber.
+//!
 //! When the stream breaks (the connection dropped, the member went away), one task opens it
 //! again, on the next endpoint if the failure was the transport's, and creates every watch again
 //! from the revision after the last event it delivered, so no event is missed: a watch sees the
@@ -15,7 +25,7 @@
 //! whose revision etcd compacted meanwhile ends with an error, as it would on creation: its
 //! owner reads instead.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use http::uri::PathAndQuery;
@@ -28,7 +38,7 @@ use tonic_prost::ProstCodec;
 
 use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
 use super::proto::{
-    RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchRequestUnion,
+    Event, RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchRequestUnion,
     WatchResponse, path,
 };
 use lease_http::grpc;
@@ -53,6 +63,8 @@ impl std::fmt::Debug for Watches {
 struct State {
     last_id: i64,
     watchers: HashMap<i64, Watcher>,
+    /// The shared watch of each range (its key and range end), by etcd watch ID.
+    shared: HashMap<(Vec<u8>, Vec<u8>), i64>,
     /// Where the current stream takes requests, while it is open (or opening).
     stream: Option<mpsc::UnboundedSender<WatchRequest>>,
     /// Closed when the stream task is gone (its runtime ended): the next watch starts another.
@@ -64,7 +76,42 @@ struct State {
 struct Watcher {
     /// The creation request, its start revision moved past every event delivered.
     create: WatchCreateRequest,
-    deliver: mpsc::UnboundedSender<Delivery>,
+    /// Who gets the answers, by subscriber number: one, or every waiter on a shared watch.
+    deliver: Vec<(u64, mpsc::UnboundedSender<Delivery>)>,
+    /// A shared watch's recent events, for the subscribers that join it later.
+    replay: Option<Replay>,
+}
+
+/// How many events a shared watch keeps for the subscribers that join it later.
+const REPLAY_EVENTS: usize = 1024;
+
+/// The events a shared watch delivered after revision `after`: every one of them, in order.
+struct Replay {
+    after: i64,
+    events: VecDeque<Event>,
+}
+
+impl Replay {
+    fn keep(&mut self, events: &[Event]) {
+        self.events.extend(events.iter().cloned());
+        while self.events.len() > REPLAY_EVENTS {
+            if let Some(oldest) = self.events.pop_front() {
+                // Events of that revision may be left, but every later one is kept.
+                self.after = self.after.max(oldest.kv().mod_revision);
+            }
+        }
+    }
+
+    /// The events after `revision`, if every one of them is kept.
+    fn since(&self, revision: i64) -> Option<Vec<Event>> {
+        (revision >= self.after).then(|| {
+            self.events
+                .iter()
+                .filter(|e| e.kv().mod_revision > revision)
+                .cloned()
+                .collect()
+        })
+    }
 }
 
 fn create_request(create: &WatchCreateRequest) -> WatchRequest {
@@ -85,9 +132,67 @@ impl Watches {
         range: &RangeRequest,
         start_revision: i64,
     ) -> Result<WatchStream, ApiError> {
+        let stream = client
+            .watches()
+            .create(client, range, start_revision, false);
+        stream.created().await
+    }
+
+    /// As [`watch`](Watches::watch), on the range's shared watch if there is one that can serve
+    /// every event after `start_revision - 1` (see the module docs); else on a new one, shared
+    /// with whoever watches the range next.
+    pub(crate) async fn watch_shared(
+        client: &Arc<EtcdClient>,
+        range: &RangeRequest,
+        start_revision: i64,
+    ) -> Result<WatchStream, ApiError> {
+        let watches = client.watches();
+        let joined = {
+            let mut state = watches.lock();
+            let state = &mut *state;
+            let range_key = (range.key.clone(), range.range_end.clone());
+            state.shared.get(&range_key).copied().and_then(|id| {
+                let watcher = state.watchers.get_mut(&id)?;
+                let replayed = watcher.replay.as_ref()?.since(start_revision - 1)?;
+                let (deliver, delivered) = mpsc::unbounded_channel();
+                state.last_id += 1;
+                let sub = state.last_id.unsigned_abs();
+                watcher.deliver.push((sub, deliver));
+                let queued = (!replayed.is_empty()).then(|| WatchResponse {
+                    watch_id: id,
+                    events: replayed,
+                    ..WatchResponse::default()
+                });
+                Some(WatchStream {
+                    id,
+                    sub,
+                    delivered,
+                    client: Arc::downgrade(client),
+                    queued,
+                })
+            })
+        };
+        match joined {
+            Some(stream) => Ok(stream),
+            None => {
+                let stream = watches.create(client, range, start_revision, true);
+                stream.created().await
+            }
+        }
+    }
+
+    /// Creates a watch (sending its creation if the stream is open); `shared`: the range's
+    /// shared watch from now on.
+    fn create(
+        &self,
+        client: &Arc<EtcdClient>,
+        range: &RangeRequest,
+        start_revision: i64,
+        shared: bool,
+    ) -> WatchStream {
         let (deliver, delivered) = mpsc::unbounded_channel();
         let id = {
-            let mut state = client.watches().lock();
+            let mut state = self.lock();
             if state.task.as_ref().is_none_or(mpsc::Sender::is_closed) {
                 let (alive, task_guard) = mpsc::channel(1);
                 state.task = Some(alive);
@@ -111,42 +216,51 @@ impl Watches {
             if let Some(stream) = &state.stream {
                 let _ = stream.send(create_request(&create));
             }
-            state.watchers.insert(id, Watcher { create, deliver });
+            let replay = shared.then(|| {
+                state
+                    .shared
+                    .insert((range.key.clone(), range.range_end.clone()), id);
+                Replay {
+                    after: start_revision - 1,
+                    events: VecDeque::new(),
+                }
+            });
+            let watcher = Watcher {
+                create,
+                deliver: vec![(id.unsigned_abs(), deliver)],
+                replay,
+            };
+            state.watchers.insert(id, watcher);
             id
         };
         client.count_request(false);
-        let mut stream = WatchStream {
+        WatchStream {
             id,
+            sub: id.unsigned_abs(),
             delivered,
             client: Arc::downgrade(client),
             queued: None,
-        };
-        let first = tokio::time::timeout(REQUEST_TIMEOUT, stream.delivered.recv()).await;
-        match first {
-            Ok(Some(Ok(message))) => {
-                if !message.events.is_empty() {
-                    stream.queued = Some(message);
-                }
-                Ok(stream)
-            }
-            Ok(Some(Err(error))) => Err(error),
-            Ok(None) => Err(stream_ended()),
-            Err(_) => Err(ApiError::TimedOut),
         }
     }
 
-    fn cancel(&self, id: i64) {
+    /// How many etcd watches the client has open, and how many streams they feed.
+    #[cfg(test)]
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let state = self.lock();
+        let streams = state.watchers.values().map(|w| w.deliver.len()).sum();
+        (state.watchers.len(), streams)
+    }
+
+    /// Ends subscriber `sub` of watch `id`; the etcd watch with its last subscriber.
+    fn cancel(&self, client: &EtcdClient, id: i64, sub: u64) {
         let mut state = self.lock();
-        if state.watchers.remove(&id).is_some() {
-            state.recreating.remove(&id);
-            if let Some(stream) = &state.stream {
-                let cancel = WatchRequest {
-                    request_union: Some(WatchRequestUnion::Cancel(WatchCancelRequest {
-                        watch_id: id,
-                    })),
-                };
-                let _ = stream.send(cancel);
-            }
+        let Some(watcher) = state.watchers.get_mut(&id) else {
+            return;
+        };
+        watcher.deliver.retain(|(s, _)| *s != sub);
+        if watcher.deliver.is_empty() && state.remove(id, true) {
+            drop(state);
+            client.pool().resume();
         }
     }
 
@@ -154,41 +268,65 @@ impl Watches {
     fn dispatch(&self, client: &EtcdClient, message: WatchResponse) {
         let mut state = self.lock();
         let id = message.watch_id;
+        let back = (message.created || message.canceled) && state.back(id);
         let Some(watcher) = state.watchers.get_mut(&id) else {
+            if back {
+                client.pool().resume();
+            }
             return;
         };
         if let Some(last) = message.events.last() {
             let revision = last.kv.as_ref().map_or(0, |kv| kv.mod_revision);
             watcher.create.start_revision = watcher.create.start_revision.max(revision + 1);
+            if let Some(replay) = &mut watcher.replay {
+                replay.keep(&message.events);
+            }
         } else if !message.created && !message.canceled && message.revision() > 0 {
             // A progress notification: the watch has seen everything up to its revision.
             let next = message.revision() + 1;
             watcher.create.start_revision = watcher.create.start_revision.max(next);
         }
-        let delivered = if message.canceled {
+        let resume = if message.canceled {
             let error = cancelled(&message);
-            let _ = watcher.deliver.send(Err(error));
-            false
-        } else {
-            watcher.deliver.send(Ok(message.clone())).is_ok()
-        };
-        if !delivered {
-            state.watchers.remove(&id);
-            if !message.canceled {
-                if let Some(stream) = &state.stream {
-                    let cancel = WatchCancelRequest { watch_id: id };
-                    let _ = stream.send(WatchRequest {
-                        request_union: Some(WatchRequestUnion::Cancel(cancel)),
-                    });
-                }
+            for (_, deliver) in &watcher.deliver {
+                let _ = deliver.send(Err(error.clone()));
             }
-        }
-        if (message.created || message.canceled)
-            && state.recreating.remove(&id)
-            && state.recreating.is_empty()
-        {
+            state.remove(id, false)
+        } else {
+            watcher
+                .deliver
+                .retain(|(_, deliver)| deliver.send(Ok(message.clone())).is_ok());
+            watcher.deliver.is_empty() && state.remove(id, true)
+        };
+        if back || resume {
             client.pool().resume();
         }
+    }
+}
+
+impl State {
+    /// Watch `id` is back on a new stream; true if it was the last one the fences waited for.
+    fn back(&mut self, id: i64) -> bool {
+        self.recreating.remove(&id) && self.recreating.is_empty()
+    }
+
+    /// Forgets watch `id`; `cancel`: asks etcd to cancel it too (not for a watch etcd ended).
+    /// True if it was the last watch the fences waited for (see [`State::back`]).
+    fn remove(&mut self, id: i64, cancel: bool) -> bool {
+        let Some(watcher) = self.watchers.remove(&id) else {
+            return false;
+        };
+        let range_key = (watcher.create.key, watcher.create.range_end);
+        if self.shared.get(&range_key) == Some(&id) {
+            self.shared.remove(&range_key);
+        }
+        if let (true, Some(stream)) = (cancel, &self.stream) {
+            let cancel = WatchCancelRequest { watch_id: id };
+            let _ = stream.send(WatchRequest {
+                request_union: Some(WatchRequestUnion::Cancel(cancel)),
+            });
+        }
+        self.back(id)
     }
 }
 
@@ -361,6 +499,8 @@ fn cancelled(message: &WatchResponse) -> ApiError {
 #[derive(Debug)]
 pub(crate) struct WatchStream {
     id: i64,
+    /// This stream among the watch's subscribers.
+    sub: u64,
     delivered: mpsc::UnboundedReceiver<Delivery>,
     client: Weak<EtcdClient>,
     /// Events that came with the watch's creation, returned by the first `next`.
@@ -368,6 +508,33 @@ pub(crate) struct WatchStream {
 }
 
 impl WatchStream {
+    /// Waits for etcd's answer to the watch's creation.
+    async fn created(mut self) -> Result<WatchStream, ApiError> {
+        let first = tokio::time::timeout(REQUEST_TIMEOUT, self.delivered.recv()).await;
+        match first {
+            Ok(Some(Ok(message))) => {
+                if !message.events.is_empty() {
+                    self.queued = Some(message);
+                }
+                Ok(self)
+            }
+            Ok(Some(Err(error))) => Err(error),
+            Ok(None) => Err(stream_ended()),
+            Err(_) => Err(ApiError::TimedOut),
+        }
+    }
+
+    /// Gives `events` (the rest of a batch, in order) back: the next [`next`](WatchStream::next)
+    /// returns them first.
+    pub(crate) fn put_back(&mut self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut batch = self.queued.take().unwrap_or_default();
+        batch.events.splice(0..0, events);
+        self.queued = Some(batch);
+    }
+
     /// The next batch of events (at least one). Errors when etcd cancels the watch (a revision
     /// compacted away, a lost permission) or the client is gone.
     pub(crate) async fn next(&mut self) -> Result<WatchResponse, ApiError> {
@@ -388,7 +555,7 @@ impl WatchStream {
 impl Drop for WatchStream {
     fn drop(&mut self) {
         if let Some(client) = self.client.upgrade() {
-            client.watches().cancel(self.id);
+            client.watches().cancel(&client, self.id, self.sub);
         }
     }
 }
