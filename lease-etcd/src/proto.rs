@@ -196,11 +196,13 @@ pub(crate) struct DeleteRangeResponse {
     pub(crate) deleted: i64,
 }
 
-/// `Compare.CompareResult.EQUAL` and `Compare.CompareTarget.CREATE`.
+/// `Compare.CompareResult.EQUAL`/`GREATER` and `Compare.CompareTarget.VERSION`/`CREATE`.
 const EQUAL: i32 = 0;
+const GREATER: i32 = 1;
+const TARGET_VERSION: i32 = 0;
 const TARGET_CREATE: i32 = 1;
 
-/// A compare of a transaction on a key's create revision.
+/// A compare of a transaction on a key's create revision or version.
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct Compare {
     #[prost(int32, tag = "1")]
@@ -209,13 +211,15 @@ pub(crate) struct Compare {
     pub(crate) target: i32,
     #[prost(bytes = "vec", tag = "3")]
     pub(crate) key: Vec<u8>,
-    /// The `target_union` member for `CREATE`: written even when 0 (a oneof member is).
-    #[prost(oneof = "CompareTarget", tags = "5")]
+    /// The `target_union` member for the target: written even when 0 (a oneof member is).
+    #[prost(oneof = "CompareTarget", tags = "4, 5")]
     pub(crate) target_union: Option<CompareTarget>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub(crate) enum CompareTarget {
+    #[prost(int64, tag = "4")]
+    Version(i64),
     #[prost(int64, tag = "5")]
     CreateRevision(i64),
 }
@@ -233,6 +237,16 @@ impl Compare {
             target: TARGET_CREATE,
             key: key.as_bytes().to_vec(),
             target_union: Some(CompareTarget::CreateRevision(revision)),
+        }
+    }
+
+    /// `key` written more than once: a holder's key touched for its release.
+    pub(crate) fn touched(key: &str) -> Self {
+        Compare {
+            result: GREATER,
+            target: TARGET_VERSION,
+            key: key.as_bytes().to_vec(),
+            target_union: Some(CompareTarget::Version(1)),
         }
     }
 }

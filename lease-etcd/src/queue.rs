@@ -32,7 +32,8 @@
 //! only while that kind's contenders are queued: nothing of it outlives its last lease.
 //!
 //! **Waiters settle after a removal nobody announced.** A holder that releases first *touches*
-//! its key (a put that keeps value and lease, so the key's version becomes 2), then deletes it.
+//! its key (a put that keeps value and lease, so the key's version becomes 2), then deletes it
+//! (both sent at once: the deletion takes only a touched key, so it cannot overtake the touch).
 //! Waiters watch with `prev_kv`, so the deletion they see carries the key as it was: a
 //! holder's key deleted at version 2 was released, and the next waiter goes at once. Any other
 //! removal of a key that was holding (an operator's `etcdctl del` or `lease revoke`, an expired

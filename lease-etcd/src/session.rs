@@ -125,6 +125,13 @@ impl Session {
         give_back(&self.client, self.slot, &self.name, &self.own, created).await
     }
 
+    /// Leaves the pooled lease once the own key is deleted, revoking it if nothing else is on
+    /// it.
+    async fn leave(&mut self) -> Result<(), Error> {
+        self.given_back = true;
+        leave(&self.client, self.slot, &self.name).await
+    }
+
     /// [`give_back`](Session::give_back) on a detached runtime, for a process that is ending.
     pub(crate) fn abandon(mut self) -> Option<BoxFuture<'static, ()>> {
         self.given_back = true;
@@ -177,17 +184,7 @@ async fn give_back(
 ) -> Result<(), Error> {
     let delete = delete_own(own, created);
     match retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await {
-        Ok(_) => {
-            if client.pool().detach(slot, name) {
-                pool::revoke(client, slot.lease).await.map_err(|e| {
-                    e.into_error(
-                        client,
-                        format_args!("revoke lease {}", holder_of(slot.lease)),
-                    )
-                })?;
-            }
-            Ok(())
-        }
+        Ok(_) => leave(client, slot, name).await,
         Err(error) => {
             // Revoking deletes the key with the lease (one attempt: if etcd cannot be reached,
             // the lease, no longer kept alive, expires with its TTL).
@@ -196,6 +193,18 @@ async fn give_back(
             Err(error.into_error(client, format_args!("delete {own:?}")))
         }
     }
+}
+
+async fn leave(client: &EtcdClient, slot: Slot, name: &str) -> Result<(), Error> {
+    if client.pool().detach(slot, name) {
+        pool::revoke(client, slot.lease).await.map_err(|e| {
+            e.into_error(
+                client,
+                format_args!("revoke lease {}", holder_of(slot.lease)),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 fn detached_give_back(
@@ -316,7 +325,23 @@ impl Hold for KeyHold {
     }
 
     async fn release(&mut self) -> Result<(), Error> {
-        announce_release(self.session.client(), &self.key, self.created).await;
+        // The touch and the delete go out together, one round trip instead of two: the delete
+        // takes only a touched key, so it cannot overtake the touch; if etcd took it first
+        // after all, the key is deleted again after the touch's answer.
+        let client = Arc::clone(self.session.client());
+        let delete = TxnRequest {
+            compare: vec![
+                Compare::created(&self.key, self.created),
+                Compare::touched(&self.key),
+            ],
+            success: vec![RequestOp::delete(&self.key)],
+            ..TxnRequest::default()
+        };
+        let announced = announce_release(&client, &self.key, self.created);
+        let (_, deleted) = tokio::join!(announced, client.txn(&delete));
+        if deleted.is_ok_and(|answer| answer.succeeded) {
+            return self.session.leave().await;
+        }
         self.session.give_back(Some(self.created)).await
     }
 

@@ -83,7 +83,7 @@ struct Watcher {
 }
 
 /// How many events a shared watch keeps for the subscribers that join it later.
-const REPLAY_EVENTS: usize = 1024;
+const REPLAY_EVENTS: usize = 256;
 
 /// The events a shared watch delivered after revision `after`: every one of them, in order.
 struct Replay {
@@ -557,5 +557,48 @@ impl Drop for WatchStream {
         if let Some(client) = self.client.upgrade() {
             client.watches().cancel(&client, self.id, self.sub);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::KeyValue;
+
+    fn event(revision: i64) -> Event {
+        Event {
+            kind: 1,
+            kv: Some(KeyValue {
+                mod_revision: revision,
+                ..KeyValue::default()
+            }),
+            prev_kv: None,
+        }
+    }
+
+    fn revisions(events: &[Event]) -> Vec<i64> {
+        events.iter().map(|e| e.kv().mod_revision).collect()
+    }
+
+    /// A subscriber joining after its read at some revision gets exactly the events after it,
+    /// while the replay reaches back that far; then none (it watches on its own).
+    #[test]
+    fn a_replay_serves_only_reads_it_reaches_back_to() {
+        let mut replay = Replay {
+            after: 9,
+            events: VecDeque::new(),
+        };
+        assert_eq!(replay.since(8), None, "before the shared watch started");
+        assert_eq!(replay.since(9), Some(Vec::new()));
+        replay.keep(&[event(10), event(10), event(12)]);
+        assert_eq!(revisions(&replay.since(9).unwrap()), [10, 10, 12]);
+        assert_eq!(revisions(&replay.since(10).unwrap()), [12]);
+        assert_eq!(revisions(&replay.since(15).unwrap()), [] as [i64; 0]);
+        let many: Vec<Event> = (13..13 + REPLAY_EVENTS as i64).map(event).collect();
+        replay.keep(&many);
+        assert_eq!(replay.events.len(), REPLAY_EVENTS);
+        assert_eq!(replay.since(11), None, "trimmed");
+        let newest = 12 + REPLAY_EVENTS as i64;
+        assert_eq!(revisions(&replay.since(newest - 1).unwrap()), [newest]);
     }
 }
