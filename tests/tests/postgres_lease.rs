@@ -1,7 +1,7 @@
 //! The PostgreSQL lease backend (`lease_postgres::Postgres`) against a real server, beyond the
 //! conformance suite: many leases on a small connection budget, a row deleted under its holder,
-//! a holder's connections terminated by the server, a partitioned holder's self-fence, and a
-//! hand-over on release.
+//! a holder's connections terminated by the server, a partitioned holder's self-fence, a
+//! hand-over on release, and a dropped handle's connections closing.
 //!
 //! Each test has a database of its own (`lease_tests::postgres::TestDb`); PostgreSQL must run
 //! on 127.0.0.1:5432 (or `LEASE_TEST_POSTGRES_URL`), see `lease_tests::postgres`.
@@ -243,6 +243,53 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
         .await
         .unwrap();
     again.release().await.unwrap();
+}
+
+/// Dropping every clone of a handle, its leases released and its observer dropped, closes its
+/// connections (the work ones and the listening one) at once: its background tasks (attempts,
+/// renewals, releases, listening) wait without keeping the handle, and its last clone going
+/// wakes them to end. They used to keep it, and so its connections, for up to 30 s.
+#[tokio::test]
+async fn dropping_every_handle_closes_its_connections() {
+    lease_tests::init_tracing();
+    let db = TestDb::create("dropped").await;
+    let admin = db.connect().await;
+    let app = "lease-dropped";
+    let postgres = backend(&db, app);
+    let clone = postgres.clone();
+    let ttl = Duration::from_secs(10);
+    // Every background task at work: an attempt, a renewal, a release, and the listening
+    // connection (up once an observation sees the holder).
+    let lease = clone
+        .acquire(&LeaseSpec::leader("jobs/dropped").ttl(ttl))
+        .await
+        .unwrap();
+    let observer = postgres.observe_leader("jobs/dropped").await.unwrap();
+    assert!(observer.leader().is_some());
+    let at = db_now(&admin).await;
+    let holder = lease.sequencer().holder().to_owned();
+    renewed_after(&admin, std::slice::from_ref(&holder), at, ttl).await;
+    within(Duration::from_secs(10), "the listening connection", async {
+        while sessions(&admin, &db, app).await < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    lease.release().await.unwrap();
+    drop((observer, clone, postgres));
+    let dropped = std::time::Instant::now();
+    // Far below the 30 s the tasks used to keep the handle for.
+    let ended = "every session of the handle to end";
+    within(Duration::from_secs(10), ended, async {
+        while sessions(&admin, &db, app).await > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    eprintln!(
+        "sessions ended {:?} after the last handle",
+        dropped.elapsed()
+    );
 }
 
 /// A holder cut off from the database (a proxy that holds every byte) self-fences before its
