@@ -39,6 +39,23 @@ async fn sessions(admin: &Client, db: &TestDb, app: &str) -> i64 {
         .get(0)
 }
 
+/// Waits (10 s at most, counting every 20 ms) until the number of sessions named `app` on `db`
+/// is `wanted`.
+async fn sessions_until(
+    admin: &Client,
+    db: &TestDb,
+    app: &str,
+    what: &str,
+    wanted: impl Fn(i64) -> bool,
+) {
+    within(Duration::from_secs(10), what, async {
+        while !wanted(sessions(admin, db, app).await) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 /// Waits (bounded, polling the table every 20 ms) until every row of `holders` expires later
 /// than `after` (the database's clock) plus `ttl`: each was renewed after `after`.
 async fn renewed_after(admin: &Client, holders: &[String], after: f64, ttl: Duration) {
@@ -221,12 +238,7 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
     assert!(lease.is_held());
     lease.check().await.unwrap();
     // Renewed over a new connection; now a deletion must be heard on a new listening one.
-    within(Duration::from_secs(10), "listening again", async {
-        while sessions(&admin, &db, app).await < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    sessions_until(&admin, &db, app, "listening again", |n| n >= 2).await;
     admin
         .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
         .await
@@ -269,22 +281,18 @@ async fn dropping_every_handle_closes_its_connections() {
     let at = db_now(&admin).await;
     let holder = lease.sequencer().holder().to_owned();
     renewed_after(&admin, std::slice::from_ref(&holder), at, ttl).await;
-    within(Duration::from_secs(10), "the listening connection", async {
-        while sessions(&admin, &db, app).await < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    sessions_until(&admin, &db, app, "the listening connection", |n| n >= 2).await;
     lease.release().await.unwrap();
     drop((observer, clone, postgres));
     let dropped = std::time::Instant::now();
     // Far below the 30 s the tasks used to keep the handle for.
-    let ended = "every session of the handle to end";
-    within(Duration::from_secs(10), ended, async {
-        while sessions(&admin, &db, app).await > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    sessions_until(
+        &admin,
+        &db,
+        app,
+        "every session of the handle to end",
+        |n| n == 0,
+    )
     .await;
     eprintln!(
         "sessions ended {:?} after the last handle",
