@@ -27,6 +27,17 @@ fn backend(db: &TestDb, app: &str) -> Postgres {
         .unwrap()
 }
 
+/// A test's database, a connection of its own to it, and a backend on it whose sessions are
+/// named `lease-<test>` (returned, for [`sessions`]).
+async fn set_up(test: &str) -> (TestDb, Client, Postgres, String) {
+    lease_tests::init_tracing();
+    let db = TestDb::create(test).await;
+    let admin = db.connect().await;
+    let app = format!("lease-{test}");
+    let postgres = backend(&db, &app);
+    (db, admin, postgres, app)
+}
+
 /// How many sessions named `app` are connected to `db`.
 async fn sessions(admin: &Client, db: &TestDb, app: &str) -> i64 {
     admin
@@ -91,11 +102,7 @@ async fn db_now(admin: &Client) -> f64 {
 /// them through a renewal of all of them; waiting costs no connection either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_leases_on_three_connections() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("thousand").await;
-    let admin = db.connect().await;
-    let app = "lease-thousand";
-    let postgres = backend(&db, app);
+    let (db, admin, postgres, app) = set_up("thousand").await;
     let ttl = Duration::from_secs(10);
     let started = std::time::Instant::now();
     let mut acquiring = tokio::task::JoinSet::new();
@@ -132,7 +139,7 @@ async fn a_thousand_leases_on_three_connections() {
     let acquired_by = db_now(&admin).await;
     renewed_after(&admin, &holders, acquired_by, ttl).await;
     assert!(leases.iter().all(|l| l.is_held()));
-    let connected = sessions(&admin, &db, app).await;
+    let connected = sessions(&admin, &db, &app).await;
     eprintln!("renewed, on {connected} connections");
     assert!(
         connected <= 3,
@@ -154,10 +161,7 @@ async fn a_thousand_leases_on_three_connections() {
 /// holder's settle time (the key is barred).
 #[tokio::test]
 async fn a_holder_whose_row_is_deleted_loses_at_once() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("deleted").await;
-    let admin = db.connect().await;
-    let postgres = backend(&db, "lease-deleted");
+    let (_db, admin, postgres, _) = set_up("deleted").await;
     // A TTL of a minute: a loss noticed by the renewal would take 20 s.
     let spec = LeaseSpec::leader("jobs/deleted")
         .ttl(Duration::from_secs(60))
@@ -209,11 +213,7 @@ async fn a_holder_whose_row_is_deleted_loses_at_once() {
 /// afterwards is a loss at once).
 #[tokio::test]
 async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("terminated").await;
-    let admin = db.connect().await;
-    let app = "lease-terminated";
-    let postgres = backend(&db, app);
+    let (db, admin, postgres, app) = set_up("terminated").await;
     let ttl = Duration::from_secs(10);
     let lease = postgres
         .acquire(&LeaseSpec::leader("jobs/terminated").ttl(ttl))
@@ -238,7 +238,7 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
     assert!(lease.is_held());
     lease.check().await.unwrap();
     // Renewed over a new connection; now a deletion must be heard on a new listening one.
-    sessions_until(&admin, &db, app, "listening again", |n| n >= 2).await;
+    sessions_until(&admin, &db, &app, "listening again", |n| n >= 2).await;
     admin
         .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
         .await
@@ -263,11 +263,7 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
 /// wakes them to end. They used to keep it, and so its connections, for up to 30 s.
 #[tokio::test]
 async fn dropping_every_handle_closes_its_connections() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("dropped").await;
-    let admin = db.connect().await;
-    let app = "lease-dropped";
-    let postgres = backend(&db, app);
+    let (db, admin, postgres, app) = set_up("dropped").await;
     let clone = postgres.clone();
     let ttl = Duration::from_secs(10);
     // Every background task at work: an attempt, a renewal, a release, and the listening
@@ -281,7 +277,7 @@ async fn dropping_every_handle_closes_its_connections() {
     let at = db_now(&admin).await;
     let holder = lease.sequencer().holder().to_owned();
     renewed_after(&admin, std::slice::from_ref(&holder), at, ttl).await;
-    sessions_until(&admin, &db, app, "the listening connection", |n| n >= 2).await;
+    sessions_until(&admin, &db, &app, "the listening connection", |n| n >= 2).await;
     lease.release().await.unwrap();
     drop((observer, clone, postgres));
     let dropped = std::time::Instant::now();
@@ -289,7 +285,7 @@ async fn dropping_every_handle_closes_its_connections() {
     sessions_until(
         &admin,
         &db,
-        app,
+        &app,
         "every session of the handle to end",
         |n| n == 0,
     )
@@ -455,10 +451,7 @@ async fn cancelled_acquisitions_leave_nothing_in_another_schema() {
 /// settle time, then goes to a waiter, while the other holder keeps its own throughout.
 #[tokio::test]
 async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_its_settle_time() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("semaphore").await;
-    let admin = db.connect().await;
-    let postgres = backend(&db, "lease-semaphore");
+    let (_db, admin, postgres, _) = set_up("semaphore").await;
     let spec = LeaseSpec::semaphore("jobs/reports", 2)
         .ttl(Duration::from_secs(60))
         .lock_delay(Duration::ZERO)
