@@ -89,6 +89,32 @@ async fn renewed_after(admin: &Client, holders: &[String], after: f64, ttl: Dura
     .await;
 }
 
+/// An operator's `DELETE` of `lease`'s row, and its loss (`KeyDeleted`, within 5 s) that
+/// follows; the holder whose row it was.
+async fn delete_row_and_lose(admin: &Client, lease: &lease_core::Lease) -> String {
+    let holder = lease.sequencer().holder().to_owned();
+    let deleted = admin
+        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the row of {holder} was there");
+    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    holder
+}
+
+/// Whether the bar a deletion put on `holder`'s key (or slot) is gone.
+async fn bar_ended(admin: &Client, holder: &str) -> bool {
+    admin
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
+            &[&holder],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// The database's clock, in seconds since the epoch.
 async fn db_now(admin: &Client) -> f64 {
     admin
@@ -172,14 +198,7 @@ async fn a_holder_whose_row_is_deleted_loses_at_once() {
         let (postgres, spec) = (postgres.clone(), spec.clone());
         tokio::spawn(async move { postgres.acquire(&spec).await })
     };
-    let holder = lease.sequencer().holder().to_owned();
-    let deleted = admin
-        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1);
-    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
+    let holder = delete_row_and_lose(&admin, &lease).await;
     let barred: i64 = admin
         .query_one(
             "SELECT count(*) FROM lease.bars WHERE holder = $1 AND until > now()",
@@ -195,15 +214,7 @@ async fn a_holder_whose_row_is_deleted_loses_at_once() {
         .unwrap();
     assert!(next.sequencer().index() > lease.sequencer().index());
     // The bar had ended when the waiter got in.
-    let bar_ended: bool = admin
-        .query_one(
-            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
-            &[&holder],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(bar_ended);
+    assert!(bar_ended(&admin, &holder).await);
     next.release().await.unwrap();
 }
 
@@ -239,12 +250,7 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
     lease.check().await.unwrap();
     // Renewed over a new connection; now a deletion must be heard on a new listening one.
     sessions_until(&admin, &db, &app, "listening again", |n| n >= 2).await;
-    admin
-        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
-        .await
-        .unwrap();
-    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
+    delete_row_and_lose(&admin, &lease).await;
     // And the client goes on: a new acquisition.
     let again = postgres
         .acquire(
@@ -468,28 +474,17 @@ async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_it
         let (postgres, spec) = (postgres.clone(), spec.clone());
         tokio::spawn(async move { postgres.acquire(&spec).await })
     };
-    let holder = a.sequencer().holder().to_owned();
-    admin
-        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
-        .await
-        .unwrap();
-    let reason = within(Duration::from_secs(5), "the loss", a.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
+    let holder = delete_row_and_lose(&admin, &a).await;
     assert!(matches!(a.check().await, Err(Error::Lost(_))));
     let c = within(Duration::from_secs(10), "the waiter", waiter)
         .await
         .unwrap()
         .unwrap();
-    let bar_ended: bool = admin
-        .query_one(
-            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
-            &[&holder],
-        )
-        .await
-        .unwrap()
-        .get(0);
     // The bar goes only with an attempt made at or after its end.
-    assert!(bar_ended, "the waiter got the slot inside its bar");
+    assert!(
+        bar_ended(&admin, &holder).await,
+        "the waiter got the slot inside its bar"
+    );
     assert!(b.is_held());
     b.check().await.unwrap();
     c.check().await.unwrap();
