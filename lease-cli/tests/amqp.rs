@@ -10,7 +10,7 @@ use lease_tests::amqp::{queues, require_broker, unique, url};
 use support::*;
 
 fn lease_amqp(args: &[&str]) -> tokio::process::Command {
-    let mut c = lease("127.0.0.1:1");
+    let mut c = lease_cmd();
     c.args(args).env("AMQP_URL", url());
     c
 }

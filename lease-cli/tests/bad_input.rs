@@ -18,7 +18,7 @@ async fn refused(args: &[&str]) -> (Option<i32>, String) {
         .iter()
         .map(|a| if *a == "MARKER" { marker } else { a })
         .collect();
-    let mut cmd = lease("127.0.0.1:1");
+    let mut cmd = lease_cmd();
     cmd.args(&args);
     let out = output(cmd, &format!("lease {args:?}")).await;
     assert!(
@@ -165,7 +165,7 @@ async fn bad_input_is_refused_with_a_message_and_its_code() {
 async fn help_documents_examples_exit_codes_and_the_single_dash_flags() {
     let out = output(
         {
-            let mut c = lease("127.0.0.1:1");
+            let mut c = lease_cmd();
             c.args(["lock", "--help"]);
             c
         },

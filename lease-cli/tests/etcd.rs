@@ -19,18 +19,6 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use support::*;
 
-/// `lease ARGS…` with no Consul, RabbitMQ or etcd configured (the flags say which).
-fn lease_cmd() -> tokio::process::Command {
-    lease("127.0.0.1:1")
-}
-
-/// `lease ARGS…` run to completion (bounded).
-async fn run(args: &[&str]) -> std::process::Output {
-    let mut cmd = lease_cmd();
-    cmd.args(args);
-    output(cmd, &format!("lease {args:?}")).await
-}
-
 /// The keys under `prefix/` once there are `n`, oldest first, with their values.
 async fn queue_of(server: &Server, prefix: &str, n: usize, what: &str) -> Vec<(String, String)> {
     let under = format!("{prefix}/");
@@ -55,24 +43,13 @@ async fn excludes_etcdctl_lock_both_ways() {
     let url = server.url();
 
     // Ours holds; etcdctl lock waits.
-    let ours = Gated::new(
-        &scratch,
-        "ours-a",
-        "$LEASE_SEQUENCER $LEASE_KEY $LEASE_HOLDER",
-    );
-    let lease_a = lease_cmd()
-        .args(["lock", "--etcd", &url, "--value", "ours-a", "interop/a"])
-        .args(["--", "sh", "-c", &ours.script])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let env = file_appears(&ours.env).await;
-    let words: Vec<&str> = env.split_whitespace().collect();
-    let sequencer: Sequencer = words[0].parse().unwrap();
-    let holder = words[2].to_owned();
+    let (lease_a, ours, env) =
+        lock_gated(&scratch, "ours-a", "--etcd", &url, "ours-a", "interop/a").await;
+    let sequencer: Sequencer = env.sequencer.parse().unwrap();
+    let holder = env.holder;
     assert_eq!(sequencer.backend(), BackendKind::Etcd);
     assert_eq!(sequencer.key(), "interop/a");
-    assert_eq!(words[1], "interop/a", "LEASE_KEY");
+    assert_eq!(env.key, "interop/a", "LEASE_KEY");
     assert_eq!(sequencer.holder(), holder, "LEASE_HOLDER");
 
     let theirs = Gated::ungated(&scratch, "theirs-a", "$ETCD_LOCK_KEY");

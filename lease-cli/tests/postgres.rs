@@ -16,18 +16,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use support::*;
 
-/// `lease ARGS…` with no Consul, RabbitMQ, etcd or PostgreSQL configured (the flags say which).
-fn lease_cmd() -> tokio::process::Command {
-    lease("127.0.0.1:1")
-}
-
-/// `lease ARGS…` run to completion (bounded).
-async fn run(args: &[&str]) -> std::process::Output {
-    let mut cmd = lease_cmd();
-    cmd.args(args);
-    output(cmd, &format!("lease {args:?}")).await
-}
-
 /// While one `lease lock --postgres` runs its command, a second on the same KEY (chosen by
 /// LEASE_POSTGRES_URL) waits, saying whom for, and runs its command only after the first
 /// finished. The command gets a `postgres:` LEASE_SEQUENCER that `lease status` shows and `lease
@@ -38,27 +26,16 @@ async fn two_lease_locks_on_one_key_take_turns() {
     let url = db.url();
     let scratch = Scratch::new("postgres-turns");
 
-    let first = Gated::new(
-        &scratch,
-        "first",
-        "$LEASE_SEQUENCER $LEASE_KEY $LEASE_HOLDER",
-    );
-    let lease_a = lease_cmd()
-        .args(["lock", "--postgres", url, "--value", "first", "jobs/a"])
-        .args(["--", "sh", "-c", &first.script])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let env = file_appears(&first.env).await;
-    let words: Vec<&str> = env.split_whitespace().collect();
-    let sequencer = words[0];
+    let (lease_a, first, env) =
+        lock_gated(&scratch, "first", "--postgres", url, "first", "jobs/a").await;
+    let sequencer = env.sequencer.as_str();
     // postgres:<index>:<holder>:<key>
     let parts: Vec<&str> = sequencer.splitn(4, ':').collect();
     assert_eq!(parts.len(), 4, "{sequencer}");
     assert_eq!(parts[0], "postgres", "{sequencer}");
     assert_eq!(parts[3], "jobs/a", "{sequencer}");
-    assert_eq!(words[1], "jobs/a", "LEASE_KEY");
-    assert_eq!(parts[2], words[2], "LEASE_HOLDER");
+    assert_eq!(env.key, "jobs/a", "LEASE_KEY");
+    assert_eq!(parts[2], env.holder, "LEASE_HOLDER");
 
     let out = run(&["status", "--postgres", url, "--json", "jobs/a"]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -3,7 +3,8 @@
 //! `cargo bench -p lease-consul --bench consul_leader`; the quick mode CI runs
 //! (5 losses, one round of 4 contenders): `LEASE_BENCH_QUICK=1 cargo test -p lease-consul
 //! --bench consul_leader`. In every mode the run fails if a loss is noticed later
-//! than the lease's fence interval or two of our holders overlap.
+//! than the lease's fence interval, if two of our holders overlap, if one of our leases is lost
+//! while held, or if a round of ours does not complete (within [`STALL`]).
 //!
 //! - loss → cancel: an operator destroys the holder's session; we time until the guarded future is
 //!   dropped (ours) or until `consul lock`'s child receives its signal. Each trial is on a key of
@@ -17,61 +18,35 @@
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
 
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lease_consul::Consul;
-use lease_core::{Backend, LeaseSpec};
+use lease_core::{LeaseSpec, Sequencer};
 use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
-use lease_tests::overlap::now_ns;
+use lease_tests::overlap::{leader_handoff, loss_to_cancel};
 use lease_tests::stats::{percentile, scaled};
 
 const LOSS_TRIALS: usize = 50;
 const CONTENDERS: usize = 16;
 const HOLD: Duration = Duration::from_millis(20);
 const ROUNDS: usize = 3;
+/// How long a round of acquisitions may take before the run fails as stalled: a liveness bound
+/// far above any round's time, not a timing that is asserted.
+const STALL: Duration = Duration::from_secs(120);
 
-struct DropStamp(Arc<Mutex<Option<u128>>>);
-
-impl Drop for DropStamp {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(now_ns());
-    }
-}
-
+/// An operator destroys the holder's session. Each trial is on a key of its own (module docs).
 async fn ours_loss_to_cancel(agent: &Agent, consul: &Consul) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for trial in 0..scaled(LOSS_TRIALS, 5) {
-        let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}")).lock_delay(Duration::ZERO);
-        let fence = spec.fence_after();
-        let lease = consul.acquire(&spec).await.unwrap();
-        let dropped = Arc::new(Mutex::new(None));
-        let stamp = DropStamp(Arc::clone(&dropped));
-        let session = lease.sequencer().holder().to_owned();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let runner = tokio::spawn(async move {
-            let work = async move {
-                let _stamp = stamp;
-                let _ = ready_tx.send(());
-                std::future::pending::<()>().await
-            };
-            let result = lease.run(work).await;
-            assert!(result.is_err());
-        });
-        ready_rx.await.unwrap();
-        let t0 = now_ns();
-        agent.destroy_session(&session).await;
-        runner.await.unwrap();
-        let t1 = dropped.lock().unwrap().expect("work dropped");
-        let noticed_ms = (t1.saturating_sub(t0)) as f64 / 1e6;
-        assert!(
-            noticed_ms < fence.as_secs_f64() * 1e3,
-            "trial {trial}: the work ran {noticed_ms:.1} ms after its session was destroyed, past \
-             the fence interval {fence:?}"
-        );
-        samples.push(noticed_ms);
-    }
-    samples
+    let spec =
+        |trial| LeaseSpec::leader(format!("bench/loss/ours-{trial}")).lock_delay(Duration::ZERO);
+    let destroy = async |sequencer: &Sequencer| agent.destroy_session(sequencer.holder()).await;
+    loss_to_cancel(
+        consul,
+        scaled(LOSS_TRIALS, 5),
+        spec,
+        destroy,
+        "its session was destroyed",
+    )
+    .await
 }
 
 /// Gaps between consecutive holders, from (start, end) stamps in ns.
@@ -88,28 +63,8 @@ async fn ours_handoff(consul: &Consul) -> Vec<f64> {
     for round in 0..scaled(ROUNDS, 1) {
         let spec =
             LeaseSpec::leader(format!("bench/handoff/ours-{round}")).lock_delay(Duration::ZERO);
-        let spans = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for _ in 0..scaled(CONTENDERS, 4) {
-            let (consul, spec, spans) = (consul.clone(), spec.clone(), Arc::clone(&spans));
-            tasks.push(tokio::spawn(async move {
-                let lease = consul.acquire(&spec).await.unwrap();
-                let start = now_ns();
-                tokio::time::sleep(HOLD).await;
-                let end = now_ns();
-                spans.lock().unwrap().push((start, end));
-                lease.release().await.unwrap();
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let mut spans = spans.lock().unwrap().clone();
-        spans.sort_unstable();
-        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
-            panic!("two of our holders overlapped: {:?} and {:?}", w[0], w[1]);
-        }
-        all.extend(gaps(spans));
+        let contenders = scaled(CONTENDERS, 4);
+        all.extend(leader_handoff(consul, &spec, contenders, HOLD, STALL).await);
     }
     all
 }
@@ -141,7 +96,7 @@ async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {
             );
         }
         for mut p in procs {
-            let _ = tokio::time::timeout(Duration::from_secs(120), p.wait()).await;
+            let _ = tokio::time::timeout(STALL, p.wait()).await;
         }
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         let spans = text

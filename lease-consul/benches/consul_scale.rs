@@ -34,7 +34,7 @@ use lease_consul::{Consul, KeepAlive};
 use lease_core::{Backend, Lease, LeaseSpec, Wait};
 use lease_tests::consul::{Agent, consul_lock_loss_to_signal};
 use lease_tests::proxy::Proxy;
-use lease_tests::stats::{percentile, scaled};
+use lease_tests::stats::{percentile, rss_kb, scale_hold, scale_sizes, scaled};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -77,12 +77,6 @@ fn specs(base: &str, n: usize) -> Vec<LeaseSpec> {
         .chain(slot)
         .map(|s| s.ttl(TTL).lock_delay(Duration::ZERO).wait(Wait::Never))
         .collect()
-}
-
-fn rss_kb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// Acquires `specs(base, n)` on `consul`, all at once (bounded by [`IN_FLIGHT`]).
@@ -232,14 +226,8 @@ fn print(label: &str, n: usize, f: &Figures) {
 
 #[tokio::main]
 async fn main() {
-    let sizes: Vec<usize> = std::env::var("SCALE_NS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-        .unwrap_or_else(|| scaled(vec![100, 1_000, 10_000], vec![100]));
-    let hold = std::env::var("SCALE_HOLD_S")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .map_or(scaled(HOLD, Duration::from_secs(2)), Duration::from_secs);
+    let sizes = scale_sizes();
+    let hold = scale_hold(HOLD);
     println!(
         "consul_scale: one process, default budget of 8 connections, TTL {TTL:?}, each N held \
          {hold:?} before it is counted"

@@ -20,13 +20,12 @@
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::{Backend, LeaseSpec};
+use lease_core::{LeaseSpec, Sequencer};
 use lease_etcd::Etcd;
 use lease_tests::etcd::{Server, etcdctl_lock_loss_to_exit};
-use lease_tests::overlap::{DropStamp, now_ns, semaphore_jobs};
+use lease_tests::overlap::{leader_handoff, loss_to_cancel, semaphore_jobs};
 use lease_tests::stats::{percentile, scaled};
 
 const LOSS_TRIALS: usize = 30;
@@ -41,96 +40,26 @@ const JOB: Duration = Duration::from_millis(50);
 /// far above any round's time, not a timing that is asserted.
 const STALL: Duration = Duration::from_secs(120);
 
+/// An operator revokes the holder's etcd lease.
 async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for trial in 0..scaled(LOSS_TRIALS, 5) {
-        let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
-        let fence = spec.fence_after();
-        let lease = etcd.acquire(&spec).await.unwrap();
-        let (stamp, dropped) = DropStamp::new();
-        let holder = lease.sequencer().holder().to_owned();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let runner = tokio::spawn(async move {
-            let work = async move {
-                let _stamp = stamp;
-                let _ = ready_tx.send(());
-                std::future::pending::<()>().await
-            };
-            assert!(lease.run(work).await.is_err());
-        });
-        ready_rx.await.unwrap();
-        let t0 = now_ns();
-        assert!(server.revoke(&holder).await);
-        tokio::time::timeout(fence, runner)
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "trial {trial}: the revoke was not noticed within the fence interval {fence:?}"
-                )
-            })
-            .unwrap();
-        let t1 = dropped.lock().unwrap().expect("work dropped");
-        let noticed_ms = t1.saturating_sub(t0) as f64 / 1e6;
-        assert!(
-            noticed_ms < fence.as_secs_f64() * 1e3,
-            "trial {trial}: the work ran {noticed_ms:.1} ms after its lease was revoked, past the \
-             fence interval {fence:?}"
-        );
-        samples.push(noticed_ms);
-    }
-    samples
+    let spec = |trial| LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
+    let revoke = async |sequencer: &Sequencer| assert!(server.revoke(sequencer.holder()).await);
+    loss_to_cancel(
+        etcd,
+        scaled(LOSS_TRIALS, 5),
+        spec,
+        revoke,
+        "its lease was revoked",
+    )
+    .await
 }
 
 async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
     let mut all = Vec::new();
-    let contenders = scaled(CONTENDERS, 4);
     for round in 0..scaled(ROUNDS, 1) {
         let spec = LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
-        let spans = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for _ in 0..contenders {
-            let (etcd, spec, spans) = (etcd.clone(), spec.clone(), Arc::clone(&spans));
-            tasks.push(tokio::spawn(async move {
-                let lease = etcd.acquire(&spec).await.unwrap();
-                let start = now_ns();
-                tokio::time::sleep(HOLD).await;
-                let end = now_ns();
-                spans.lock().unwrap().push((start, end));
-                // Lost while held (or the release reporting the loss): a failure.
-                assert!(
-                    lease.is_held(),
-                    "lease lost while held: {:?}",
-                    lease.lost_reason()
-                );
-                lease.release().await.unwrap();
-            }));
-        }
-        let joined = async {
-            for t in tasks {
-                t.await.unwrap();
-            }
-        };
-        tokio::time::timeout(STALL, joined)
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: the hand-off stalled for {STALL:?}"));
-        let mut spans = spans.lock().unwrap().clone();
-        assert_eq!(
-            spans.len(),
-            contenders,
-            "round {round}: not every contender held the lease"
-        );
-        spans.sort_unstable();
-        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
-            panic!(
-                "round {round}: two of our holders overlapped: {:?} and {:?}",
-                w[0], w[1]
-            );
-        }
-        all.extend(
-            spans
-                .windows(2)
-                .map(|w| w[1].0.saturating_sub(w[0].1) as f64 / 1e6),
-        );
+        let contenders = scaled(CONTENDERS, 4);
+        all.extend(leader_handoff(etcd, &spec, contenders, HOLD, STALL).await);
     }
     all
 }

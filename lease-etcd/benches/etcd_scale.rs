@@ -45,7 +45,7 @@ use lease_etcd::Etcd;
 use lease_tests::etcd::{Server, etcdctl_lock_loss_to_exit};
 use lease_tests::overlap::{DropStamp, now_ns};
 use lease_tests::sockets::ConnectionSampler;
-use lease_tests::stats::{percentile, scaled};
+use lease_tests::stats::{percentile, rss_kb, scale_hold, scale_sizes, scaled};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -106,12 +106,6 @@ fn specs(n: usize) -> Vec<LeaseSpec> {
         .chain(slot)
         .map(|s| s.ttl(TTL).wait(Wait::Never))
         .collect()
-}
-
-fn rss_kb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// Acquires every spec at once (bounded by [`IN_FLIGHT`]), in the order given; a lease that could
@@ -363,14 +357,8 @@ fn print(n: usize, f: &Figures) {
 
 #[tokio::main]
 async fn main() {
-    let sizes: Vec<usize> = std::env::var("SCALE_NS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-        .unwrap_or_else(|| scaled(vec![100, 1_000, 10_000], vec![100]));
-    let hold = std::env::var("SCALE_HOLD_S")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .map_or(scaled(HOLD, Duration::from_secs(2)), Duration::from_secs);
+    let sizes = scale_sizes();
+    let hold = scale_hold(HOLD);
     println!(
         "etcd_scale: one process, TTL {TTL:?}, half leader keys and half slots over \
          {SEMAPHORES} semaphores, each N held {hold:?} before it is counted"

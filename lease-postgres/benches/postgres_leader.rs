@@ -44,13 +44,15 @@
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up should stop loudly.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lease_conformance::Operator;
 use lease_core::{Backend, LeaseSpec, Sequencer};
 use lease_postgres::Postgres;
-use lease_tests::overlap::{Rng, Timeline, leader_handoff, now_ns, semaphore_jobs};
+use lease_tests::overlap::{
+    DropStamp, Rng, Timeline, leader_handoff, loss_to_cancel, now_ns, semaphore_jobs,
+};
 use lease_tests::postgres::TestDb;
 use lease_tests::stats::{percentile, scaled};
 use tokio_postgres::Client;
@@ -70,60 +72,19 @@ const LOCK_AT_MOST_FOR: Duration = Duration::from_secs(10);
 /// round's time, not a timing that is asserted.
 const STALL: Duration = Duration::from_secs(120);
 
-struct DropStamp(Arc<Mutex<Option<u128>>>);
-
-impl Drop for DropStamp {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(now_ns());
-    }
-}
-
 /// The operator takes the holder's lease by deleting its row (the conformance suite's `revoke`:
 /// `Postgres::delete_holder`, an administrator's `DELETE`), on a handle of its own.
-async fn operator_deletes_row(operator: &Postgres, sequencer: &Sequencer) {
-    operator.revoke(sequencer).await.unwrap();
-}
-
 async fn ours_loss_to_cancel(operator: &Postgres, postgres: &Postgres) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for trial in 0..scaled(LOSS_TRIALS, 5) {
-        let spec = LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
-        let fence = spec.fence_after();
-        let lease = postgres.acquire(&spec).await.unwrap();
-        let sequencer = lease.sequencer().clone();
-        let dropped = Arc::new(Mutex::new(None));
-        let stamp = DropStamp(Arc::clone(&dropped));
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let runner = tokio::spawn(async move {
-            let work = async move {
-                let _stamp = stamp;
-                let _ = ready_tx.send(());
-                std::future::pending::<()>().await
-            };
-            assert!(lease.run(work).await.is_err());
-        });
-        ready_rx.await.unwrap();
-        let t0 = now_ns();
-        operator_deletes_row(operator, &sequencer).await;
-        tokio::time::timeout(fence, runner)
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "trial {trial}: the deleted row was not noticed within the fence interval \
-                     {fence:?}"
-                )
-            })
-            .unwrap();
-        let t1 = dropped.lock().unwrap().expect("work dropped");
-        let noticed_ms = t1.saturating_sub(t0) as f64 / 1e6;
-        assert!(
-            noticed_ms < fence.as_secs_f64() * 1e3,
-            "trial {trial}: the work ran {noticed_ms:.1} ms after its row was deleted, past the \
-             fence interval {fence:?}"
-        );
-        samples.push(noticed_ms);
-    }
-    samples
+    let spec = |trial| LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
+    let delete_row = async |sequencer: &Sequencer| operator.revoke(sequencer).await.unwrap();
+    loss_to_cancel(
+        postgres,
+        scaled(LOSS_TRIALS, 5),
+        spec,
+        delete_row,
+        "its row was deleted",
+    )
+    .await
 }
 
 /// The ShedLock-style table (see the module docs), on one shared connection.
@@ -165,14 +126,25 @@ impl Table {
         changed == 1
     }
 
-    /// Attempts at once, then after `phase`, then every [`POLL`] until `node` holds `name`.
-    async fn lock(&self, name: &str, node: &str, phase: Duration) {
-        if self.try_lock(name, node).await {
-            return;
-        }
-        tokio::time::sleep(phase).await;
-        while !self.try_lock(name, node).await {
-            tokio::time::sleep(POLL).await;
+    /// Attempts each of `rows` once, from `rows[first]` on, then again after `phase`, then every
+    /// [`POLL`] until `node` holds one: the row it holds.
+    async fn lock_any<'r>(
+        &self,
+        rows: &'r [String],
+        first: usize,
+        node: &str,
+        phase: Duration,
+    ) -> &'r str {
+        let mut wait = phase;
+        loop {
+            for k in 0..rows.len() {
+                let row = &rows[(first + k) % rows.len()];
+                if self.try_lock(row, node).await {
+                    return row;
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = POLL;
         }
     }
 
@@ -208,8 +180,7 @@ async fn table_loss_to_cancel(admin: &Client, table: &Table, rng: &mut Rng) -> V
         let name = format!("bench/loss/table-{trial}");
         let node = format!("node-{trial}");
         assert!(table.try_lock(&name, &node).await, "trial {trial}: free");
-        let dropped = Arc::new(Mutex::new(None));
-        let stamp = DropStamp(Arc::clone(&dropped));
+        let (stamp, dropped) = DropStamp::new();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let holder = {
             let (table, name) = (table.clone(), name.clone());
@@ -270,68 +241,29 @@ fn phases(rng: &mut Rng, n: usize) -> Vec<Duration> {
         .collect()
 }
 
-async fn table_handoff(table: &Table, rng: &mut Rng) -> Vec<f64> {
-    let mut all = Vec::new();
-    for round in 0..scaled(ROUNDS, 1) {
-        let name = format!("bench/handoff/table-{round}");
-        let timeline = Timeline::new();
-        let contenders = scaled(CONTENDERS, 4);
-        let tasks: Vec<_> = (phases(rng, contenders).into_iter().enumerate())
-            .map(|(i, phase)| {
-                let (table, name, timeline) = (table.clone(), name.clone(), timeline.clone());
-                tokio::spawn(async move {
-                    let node = format!("node-{i}");
-                    table.lock(&name, &node, phase).await;
-                    let guard = timeline.hold(node.clone());
-                    tokio::time::sleep(HOLD).await;
-                    drop(guard);
-                    table.unlock(&name, &node).await;
-                })
-            })
-            .collect();
-        let joined = async {
-            for task in tasks {
-                task.await.unwrap();
-            }
-        };
-        tokio::time::timeout(STALL, joined)
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: the table's hand-off stalled"));
-        assert_eq!(
-            timeline.len(),
-            contenders,
-            "round {round}: not every node held"
-        );
-        all.extend(timeline.handoff_gaps_ms());
-    }
-    all
-}
-
-async fn table_semaphore(table: &Table, jobs: usize, rng: &mut Rng) -> f64 {
+/// `n` nodes (`<role>-<i>`) take the table's `rows` in turn: each starts polling at a random
+/// point of a period, holds a row for `hold` and unlocks it. Node `i` tries `rows[i % len]` first,
+/// so a first wave fills every row. Returns their holds, once every node has held and unlocked;
+/// fails if they take longer than [`STALL`] or a node never held.
+async fn table_in_turn(
+    table: &Table,
+    rows: &[String],
+    role: &str,
+    n: usize,
+    hold: Duration,
+    rng: &mut Rng,
+) -> Timeline {
     let timeline = Timeline::new();
-    let phases = phases(rng, jobs);
-    let started = Instant::now();
-    let tasks: Vec<_> = (phases.into_iter().enumerate())
+    let tasks: Vec<_> = (phases(rng, n).into_iter().enumerate())
         .map(|(i, phase)| {
-            let (table, timeline) = (table.clone(), timeline.clone());
+            let (table, rows, timeline) = (table.clone(), rows.to_vec(), timeline.clone());
+            let node = format!("{role}-{i}");
             tokio::spawn(async move {
-                let node = format!("job-{i}");
-                // Each job starts at a row of its own, so the first wave fills the four rows.
-                let mut wait = phase;
-                let slot = 'found: loop {
-                    for k in 0..LIMIT as usize {
-                        let slot = format!("bench/sem/table#{}", (i + k) % LIMIT as usize);
-                        if table.try_lock(&slot, &node).await {
-                            break 'found slot;
-                        }
-                    }
-                    tokio::time::sleep(wait).await;
-                    wait = POLL;
-                };
+                let row = table.lock_any(&rows, i, &node, phase).await;
                 let guard = timeline.hold(node.clone());
-                tokio::time::sleep(JOB).await;
+                tokio::time::sleep(hold).await;
                 drop(guard);
-                table.unlock(&slot, &node).await;
+                table.unlock(row, &node).await;
             })
         })
         .collect();
@@ -342,10 +274,28 @@ async fn table_semaphore(table: &Table, jobs: usize, rng: &mut Rng) -> f64 {
     };
     tokio::time::timeout(STALL, joined)
         .await
-        .unwrap_or_else(|_| panic!("the table's {jobs} jobs stalled for {STALL:?}"));
+        .unwrap_or_else(|_| panic!("the table's {n} {role}s on {rows:?} stalled for {STALL:?}"));
+    assert_eq!(timeline.len(), n, "not every {role} held a row of {rows:?}");
+    timeline
+}
+
+async fn table_handoff(table: &Table, rng: &mut Rng) -> Vec<f64> {
+    let mut all = Vec::new();
+    for round in 0..scaled(ROUNDS, 1) {
+        let rows = [format!("bench/handoff/table-{round}")];
+        let contenders = scaled(CONTENDERS, 4);
+        let timeline = table_in_turn(table, &rows, "node", contenders, HOLD, rng).await;
+        all.extend(timeline.handoff_gaps_ms());
+    }
+    all
+}
+
+async fn table_semaphore(table: &Table, jobs: usize, rng: &mut Rng) -> f64 {
+    let rows: Vec<String> = (0..LIMIT).map(|k| format!("bench/sem/table#{k}")).collect();
+    let started = Instant::now();
+    let timeline = table_in_turn(table, &rows, "job", jobs, JOB, rng).await;
     let took = started.elapsed().as_secs_f64();
     timeline.assert_at_most(LIMIT as usize);
-    assert_eq!(timeline.len(), jobs, "not every job held a row");
     took
 }
 

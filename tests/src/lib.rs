@@ -10,7 +10,7 @@
 //! - [`capture`]: a tracing layer that records spans (parents, follows-from) and events, for tests
 //!   of what the library logs and how its spans nest.
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
-//! - [`stats`]: percentiles for the benchmarks.
+//! - [`stats`]: percentiles, the quick mode and the scale sizes for the benchmarks.
 //! - [`sockets`]: a client's connections to a server, counted from outside the client (the
 //!   kernel's socket table), and their peak while a test runs.
 //! - [`history`]: the histories `lease-worker` processes write, and verdicts judged from them.

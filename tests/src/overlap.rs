@@ -192,41 +192,10 @@ where
         lease_core::Target::Semaphore { limit, .. } => *limit as usize,
         _ => 1,
     };
-    let timeline = Timeline::new();
     let started = std::time::Instant::now();
-    let tasks: Vec<_> = (0..jobs)
-        .map(|i| {
-            let (backend, spec, timeline) = (backend.clone(), spec.clone(), timeline.clone());
-            tokio::spawn(async move {
-                let lease = backend
-                    .acquire(&spec)
-                    .await
-                    .unwrap_or_else(|error| panic!("job-{i}: acquire: {error}"));
-                let guard = timeline.hold(format!("job-{i}"));
-                // Lost while held (its work cut short, or the release reporting the loss): a failure.
-                lease
-                    .run(tokio::time::sleep(job))
-                    .await
-                    .unwrap_or_else(|reason| panic!("job-{i}: lease lost while held: {reason:?}"));
-                drop(guard);
-                lease
-                    .release()
-                    .await
-                    .unwrap_or_else(|error| panic!("job-{i}: release: {error}"));
-            })
-        })
-        .collect();
-    let joined = async {
-        for task in tasks {
-            task.await.unwrap();
-        }
-    };
-    tokio::time::timeout(stall, joined)
-        .await
-        .unwrap_or_else(|_| panic!("{jobs} jobs on {:?} stalled for {stall:?}", spec.key()));
+    let timeline = hold_in_turn(backend, spec, "job", jobs, job, stall).await;
     let took = started.elapsed();
     timeline.assert_at_most(limit);
-    assert_eq!(timeline.len(), jobs, "not every job held the semaphore");
     took
 }
 
@@ -244,27 +213,48 @@ pub async fn leader_handoff<B>(
 where
     B: lease_core::Backend + Clone + 'static,
 {
+    hold_in_turn(backend, spec, "contender", contenders, hold, stall)
+        .await
+        .handoff_gaps_ms()
+}
+
+/// What [`semaphore_jobs`] and [`leader_handoff`] share: `n` tasks (`<role>-<i>`) each acquire
+/// `spec` on `backend`, hold it under [`Lease::run`](lease_core::Lease::run) for `hold` (lost
+/// while held: a failure) and release it. Returns their holds, once every one has held and
+/// released. Fails if they take longer than `stall` (a liveness bound, not a timing), or if one
+/// never held; how many may hold at once is the caller's to judge.
+async fn hold_in_turn<B>(
+    backend: &B,
+    spec: &lease_core::LeaseSpec,
+    role: &str,
+    n: usize,
+    hold: std::time::Duration,
+    stall: std::time::Duration,
+) -> Timeline
+where
+    B: lease_core::Backend + Clone + 'static,
+{
     let timeline = Timeline::new();
-    let tasks: Vec<_> = (0..contenders)
+    let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (backend, spec, timeline) = (backend.clone(), spec.clone(), timeline.clone());
+            let who = format!("{role}-{i}");
             tokio::spawn(async move {
                 let lease = backend
                     .acquire(&spec)
                     .await
-                    .unwrap_or_else(|error| panic!("contender-{i}: acquire: {error}"));
-                let guard = timeline.hold(format!("contender-{i}"));
+                    .unwrap_or_else(|error| panic!("{who}: acquire: {error}"));
+                let guard = timeline.hold(who.clone());
+                // Lost while held (its work cut short, or the release reporting the loss): a failure.
                 lease
                     .run(tokio::time::sleep(hold))
                     .await
-                    .unwrap_or_else(|reason| {
-                        panic!("contender-{i}: lease lost while held: {reason:?}")
-                    });
+                    .unwrap_or_else(|reason| panic!("{who}: lease lost while held: {reason:?}"));
                 drop(guard);
                 lease
                     .release()
                     .await
-                    .unwrap_or_else(|error| panic!("contender-{i}: release: {error}"));
+                    .unwrap_or_else(|error| panic!("{who}: release: {error}"));
             })
         })
         .collect();
@@ -275,18 +265,72 @@ where
     };
     tokio::time::timeout(stall, joined)
         .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "{contenders} contenders on {:?} stalled for {stall:?}",
-                spec.key()
-            )
+        .unwrap_or_else(|_| panic!("{n} {role}s on {:?} stalled for {stall:?}", spec.key()));
+    assert_eq!(timeline.len(), n, "not every {role} held {:?}", spec.key());
+    timeline
+}
+
+/// The benchmarks' loss → cancel trial, `trials` times. Trial `t` acquires `spec(t)` on
+/// `backend`, runs work that never ends under the lease ([`Lease::run`](lease_core::Lease::run),
+/// a [`DropStamp`] in the work), and once the work runs applies `fault` to the lease's sequencer:
+/// an operator taking the lease away (a revoked lease, a deleted row, a destroyed session), which
+/// `fault_done` describes for the failure messages ("its lease was revoked"). Returns each
+/// trial's time (ms) from just before the fault until the work was dropped.
+///
+/// Fails if the work is not dropped within the spec's fence interval
+/// ([`LeaseSpec::fence_after`](lease_core::LeaseSpec::fence_after)) from the fault, or if `run`
+/// does not report the loss.
+pub async fn loss_to_cancel<B>(
+    backend: &B,
+    trials: usize,
+    mut spec: impl FnMut(usize) -> lease_core::LeaseSpec,
+    mut fault: impl AsyncFnMut(&lease_core::Sequencer),
+    fault_done: &str,
+) -> Vec<f64>
+where
+    B: lease_core::Backend,
+{
+    let mut samples = Vec::new();
+    for trial in 0..trials {
+        let spec = spec(trial);
+        let fence = spec.fence_after();
+        let lease = backend
+            .acquire(&spec)
+            .await
+            .unwrap_or_else(|error| panic!("trial {trial}: acquire {:?}: {error}", spec.key()));
+        let sequencer = lease.sequencer().clone();
+        let (stamp, dropped) = DropStamp::new();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let runner = tokio::spawn(async move {
+            let work = async move {
+                let _stamp = stamp;
+                let _ = ready_tx.send(());
+                std::future::pending::<()>().await
+            };
+            assert!(lease.run(work).await.is_err(), "the work ended on its own");
         });
-    assert_eq!(
-        timeline.len(),
-        contenders,
-        "not every contender held the lease"
-    );
-    timeline.handoff_gaps_ms()
+        ready_rx.await.unwrap();
+        let t0 = now_ns();
+        fault(&sequencer).await;
+        tokio::time::timeout(fence, runner)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "trial {trial}: the work still ran {fence:?} after {fault_done}, the fence \
+                     interval"
+                )
+            })
+            .unwrap();
+        let t1 = dropped.lock().unwrap().expect("work dropped");
+        let noticed_ms = t1.saturating_sub(t0) as f64 / 1e6;
+        assert!(
+            noticed_ms < fence.as_secs_f64() * 1e3,
+            "trial {trial}: the work ran {noticed_ms:.1} ms after {fault_done}, past the fence \
+             interval {fence:?}"
+        );
+        samples.push(noticed_ms);
+    }
+    samples
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The PostgreSQL lease backend (`lease_postgres::Postgres`) against a real server, beyond the
 //! conformance suite: many leases on a small connection budget, a row deleted under its holder,
-//! a holder's connections terminated by the server, a partitioned holder's self-fence, and a
-//! hand-over on release.
+//! a holder's connections terminated by the server, a partitioned holder's self-fence, a
+//! hand-over on release, and a dropped handle's connections closing.
 //!
 //! Each test has a database of its own (`lease_tests::postgres::TestDb`); PostgreSQL must run
 //! on 127.0.0.1:5432 (or `LEASE_TEST_POSTGRES_URL`), see `lease_tests::postgres`.
@@ -27,6 +27,17 @@ fn backend(db: &TestDb, app: &str) -> Postgres {
         .unwrap()
 }
 
+/// A test's database, a connection of its own to it, and a backend on it whose sessions are
+/// named `lease-<test>` (returned, for [`sessions`]).
+async fn set_up(test: &str) -> (TestDb, Client, Postgres, String) {
+    lease_tests::init_tracing();
+    let db = TestDb::create(test).await;
+    let admin = db.connect().await;
+    let app = format!("lease-{test}");
+    let postgres = backend(&db, &app);
+    (db, admin, postgres, app)
+}
+
 /// How many sessions named `app` are connected to `db`.
 async fn sessions(admin: &Client, db: &TestDb, app: &str) -> i64 {
     admin
@@ -37,6 +48,23 @@ async fn sessions(admin: &Client, db: &TestDb, app: &str) -> i64 {
         .await
         .unwrap()
         .get(0)
+}
+
+/// Waits (10 s at most, counting every 20 ms) until the number of sessions named `app` on `db`
+/// is `wanted`.
+async fn sessions_until(
+    admin: &Client,
+    db: &TestDb,
+    app: &str,
+    what: &str,
+    wanted: impl Fn(i64) -> bool,
+) {
+    within(Duration::from_secs(10), what, async {
+        while !wanted(sessions(admin, db, app).await) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 }
 
 /// Waits (bounded, polling the table every 20 ms) until every row of `holders` expires later
@@ -61,6 +89,32 @@ async fn renewed_after(admin: &Client, holders: &[String], after: f64, ttl: Dura
     .await;
 }
 
+/// An operator's `DELETE` of `lease`'s row, and its loss (`KeyDeleted`, within 5 s) that
+/// follows; the holder whose row it was.
+async fn delete_row_and_lose(admin: &Client, lease: &lease_core::Lease) -> String {
+    let holder = lease.sequencer().holder().to_owned();
+    let deleted = admin
+        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the row of {holder} was there");
+    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    holder
+}
+
+/// Whether the bar a deletion put on `holder`'s key (or slot) is gone.
+async fn bar_ended(admin: &Client, holder: &str) -> bool {
+    admin
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
+            &[&holder],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// The database's clock, in seconds since the epoch.
 async fn db_now(admin: &Client) -> f64 {
     admin
@@ -74,11 +128,7 @@ async fn db_now(admin: &Client) -> f64 {
 /// them through a renewal of all of them; waiting costs no connection either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_leases_on_three_connections() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("thousand").await;
-    let admin = db.connect().await;
-    let app = "lease-thousand";
-    let postgres = backend(&db, app);
+    let (db, admin, postgres, app) = set_up("thousand").await;
     let ttl = Duration::from_secs(10);
     let started = std::time::Instant::now();
     let mut acquiring = tokio::task::JoinSet::new();
@@ -115,7 +165,7 @@ async fn a_thousand_leases_on_three_connections() {
     let acquired_by = db_now(&admin).await;
     renewed_after(&admin, &holders, acquired_by, ttl).await;
     assert!(leases.iter().all(|l| l.is_held()));
-    let connected = sessions(&admin, &db, app).await;
+    let connected = sessions(&admin, &db, &app).await;
     eprintln!("renewed, on {connected} connections");
     assert!(
         connected <= 3,
@@ -137,10 +187,7 @@ async fn a_thousand_leases_on_three_connections() {
 /// holder's settle time (the key is barred).
 #[tokio::test]
 async fn a_holder_whose_row_is_deleted_loses_at_once() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("deleted").await;
-    let admin = db.connect().await;
-    let postgres = backend(&db, "lease-deleted");
+    let (_db, admin, postgres, _) = set_up("deleted").await;
     // A TTL of a minute: a loss noticed by the renewal would take 20 s.
     let spec = LeaseSpec::leader("jobs/deleted")
         .ttl(Duration::from_secs(60))
@@ -151,14 +198,7 @@ async fn a_holder_whose_row_is_deleted_loses_at_once() {
         let (postgres, spec) = (postgres.clone(), spec.clone());
         tokio::spawn(async move { postgres.acquire(&spec).await })
     };
-    let holder = lease.sequencer().holder().to_owned();
-    let deleted = admin
-        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1);
-    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
+    let holder = delete_row_and_lose(&admin, &lease).await;
     let barred: i64 = admin
         .query_one(
             "SELECT count(*) FROM lease.bars WHERE holder = $1 AND until > now()",
@@ -174,15 +214,7 @@ async fn a_holder_whose_row_is_deleted_loses_at_once() {
         .unwrap();
     assert!(next.sequencer().index() > lease.sequencer().index());
     // The bar had ended when the waiter got in.
-    let bar_ended: bool = admin
-        .query_one(
-            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
-            &[&holder],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(bar_ended);
+    assert!(bar_ended(&admin, &holder).await);
     next.release().await.unwrap();
 }
 
@@ -192,11 +224,7 @@ async fn a_holder_whose_row_is_deleted_loses_at_once() {
 /// afterwards is a loss at once).
 #[tokio::test]
 async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("terminated").await;
-    let admin = db.connect().await;
-    let app = "lease-terminated";
-    let postgres = backend(&db, app);
+    let (db, admin, postgres, app) = set_up("terminated").await;
     let ttl = Duration::from_secs(10);
     let lease = postgres
         .acquire(&LeaseSpec::leader("jobs/terminated").ttl(ttl))
@@ -221,18 +249,8 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
     assert!(lease.is_held());
     lease.check().await.unwrap();
     // Renewed over a new connection; now a deletion must be heard on a new listening one.
-    within(Duration::from_secs(10), "listening again", async {
-        while sessions(&admin, &db, app).await < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    admin
-        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
-        .await
-        .unwrap();
-    let reason = within(Duration::from_secs(5), "the loss", lease.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
+    sessions_until(&admin, &db, &app, "listening again", |n| n >= 2).await;
+    delete_row_and_lose(&admin, &lease).await;
     // And the client goes on: a new acquisition.
     let again = postgres
         .acquire(
@@ -243,6 +261,45 @@ async fn terminated_connections_are_replaced_and_the_lease_lives_on() {
         .await
         .unwrap();
     again.release().await.unwrap();
+}
+
+/// Dropping every clone of a handle, its leases released and its observer dropped, closes its
+/// connections (the work ones and the listening one) at once: its background tasks (attempts,
+/// renewals, releases, listening) wait without keeping the handle, and its last clone going
+/// wakes them to end. They used to keep it, and so its connections, for up to 30 s.
+#[tokio::test]
+async fn dropping_every_handle_closes_its_connections() {
+    let (db, admin, postgres, app) = set_up("dropped").await;
+    let clone = postgres.clone();
+    let ttl = Duration::from_secs(10);
+    // Every background task at work: an attempt, a renewal, a release, and the listening
+    // connection (up once an observation sees the holder).
+    let lease = clone
+        .acquire(&LeaseSpec::leader("jobs/dropped").ttl(ttl))
+        .await
+        .unwrap();
+    let observer = postgres.observe_leader("jobs/dropped").await.unwrap();
+    assert!(observer.leader().is_some());
+    let at = db_now(&admin).await;
+    let holder = lease.sequencer().holder().to_owned();
+    renewed_after(&admin, std::slice::from_ref(&holder), at, ttl).await;
+    sessions_until(&admin, &db, &app, "the listening connection", |n| n >= 2).await;
+    lease.release().await.unwrap();
+    drop((observer, clone, postgres));
+    let dropped = std::time::Instant::now();
+    // Far below the 30 s the tasks used to keep the handle for.
+    sessions_until(
+        &admin,
+        &db,
+        &app,
+        "every session of the handle to end",
+        |n| n == 0,
+    )
+    .await;
+    eprintln!(
+        "sessions ended {:?} after the last handle",
+        dropped.elapsed()
+    );
 }
 
 /// A holder cut off from the database (a proxy that holds every byte) self-fences before its
@@ -400,10 +457,7 @@ async fn cancelled_acquisitions_leave_nothing_in_another_schema() {
 /// settle time, then goes to a waiter, while the other holder keeps its own throughout.
 #[tokio::test]
 async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_its_settle_time() {
-    lease_tests::init_tracing();
-    let db = TestDb::create("semaphore").await;
-    let admin = db.connect().await;
-    let postgres = backend(&db, "lease-semaphore");
+    let (_db, admin, postgres, _) = set_up("semaphore").await;
     let spec = LeaseSpec::semaphore("jobs/reports", 2)
         .ttl(Duration::from_secs(60))
         .lock_delay(Duration::ZERO)
@@ -420,28 +474,17 @@ async fn a_deleted_semaphore_holder_loses_its_slot_and_the_slot_is_barred_for_it
         let (postgres, spec) = (postgres.clone(), spec.clone());
         tokio::spawn(async move { postgres.acquire(&spec).await })
     };
-    let holder = a.sequencer().holder().to_owned();
-    admin
-        .execute("DELETE FROM lease.leases WHERE holder = $1", &[&holder])
-        .await
-        .unwrap();
-    let reason = within(Duration::from_secs(5), "the loss", a.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
+    let holder = delete_row_and_lose(&admin, &a).await;
     assert!(matches!(a.check().await, Err(Error::Lost(_))));
     let c = within(Duration::from_secs(10), "the waiter", waiter)
         .await
         .unwrap()
         .unwrap();
-    let bar_ended: bool = admin
-        .query_one(
-            "SELECT NOT EXISTS (SELECT 1 FROM lease.bars WHERE holder = $1)",
-            &[&holder],
-        )
-        .await
-        .unwrap()
-        .get(0);
     // The bar goes only with an attempt made at or after its end.
-    assert!(bar_ended, "the waiter got the slot inside its bar");
+    assert!(
+        bar_ended(&admin, &holder).await,
+        "the waiter got the slot inside its bar"
+    );
     assert!(b.is_held());
     b.check().await.unwrap();
     c.check().await.unwrap();

@@ -30,6 +30,57 @@ pub fn lease(consul_addr: &str) -> Command {
     cmd
 }
 
+/// `lease ARGS…` with no Consul, RabbitMQ, etcd or PostgreSQL configured (Consul's address is a
+/// closed port): the flags or the test's variables say which backend.
+pub fn lease_cmd() -> Command {
+    lease("127.0.0.1:1")
+}
+
+/// `lease ARGS…`, none configured ([`lease_cmd`]), run to completion (bounded).
+pub async fn run(args: &[&str]) -> Output {
+    let mut cmd = lease_cmd();
+    cmd.args(args);
+    output(cmd, &format!("lease {args:?}")).await
+}
+
+/// What a command of `lease lock` was given: its LEASE_SEQUENCER, LEASE_KEY and LEASE_HOLDER.
+pub struct LockEnv {
+    pub sequencer: String,
+    pub key: String,
+    pub holder: String,
+}
+
+/// `lease lock BACKEND_FLAG URL --value VALUE KEY -- <a gated command>` (`backend_flag` as
+/// `--etcd`), stderr piped, once its command runs: the process, the command (still gated: see
+/// [`Gated::open`]) and what it was given.
+pub async fn lock_gated(
+    scratch: &Scratch,
+    name: &str,
+    backend_flag: &str,
+    url: &str,
+    value: &str,
+    key: &str,
+) -> (tokio::process::Child, Gated, LockEnv) {
+    let gated = Gated::new(scratch, name, "$LEASE_SEQUENCER $LEASE_KEY $LEASE_HOLDER");
+    let child = lease_cmd()
+        .args(["lock", backend_flag, url, "--value", value, key])
+        .args(["--", "sh", "-c", &gated.script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let env = file_appears(&gated.env).await;
+    let words: Vec<&str> = env.split_whitespace().collect();
+    let [sequencer, key, holder] = words[..] else {
+        panic!("{name}: expected a sequencer, a key and a holder, not {env:?}");
+    };
+    let env = LockEnv {
+        sequencer: sequencer.to_owned(),
+        key: key.to_owned(),
+        holder: holder.to_owned(),
+    };
+    (child, gated, env)
+}
+
 /// `lease ARGS…` against `agent`.
 pub fn lease_on(agent: &Agent) -> Command {
     lease(&agent.addr().to_string())

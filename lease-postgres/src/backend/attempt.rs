@@ -56,14 +56,7 @@ pub(crate) async fn attempt(shared: &Arc<Shared>, attempt: Attempt) -> Result<An
 }
 
 async fn attempt_all(shared: Weak<Shared>) {
-    loop {
-        let Some(strong) = shared.upgrade() else {
-            return;
-        };
-        let batch = strong.attempts.take(BATCH).await;
-        if batch.is_empty() {
-            continue;
-        }
+    while let Some((strong, batch)) = Attempts::next(&shared, |s| &s.attempts, BATCH).await {
         // An acquire dropped before its attempt was sent needs nothing sent.
         let (batch, replies): (Vec<Attempt>, Vec<Reply>) = batch
             .into_iter()

@@ -4,8 +4,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use lease_core::backend::{Keepers, ReachabilityTracker};
@@ -430,7 +430,8 @@ impl Task {
 /// a handle that sends them (the `attempt` and `release` modules).
 pub(crate) struct Batched<T, R> {
     queue: std::sync::Mutex<Vec<(T, tokio::sync::oneshot::Sender<R>)>>,
-    wake: tokio::sync::Notify,
+    /// Wakes the task: an item queued, or the handle gone (this dropped with it).
+    wake: Arc<tokio::sync::Notify>,
     task: Task,
 }
 
@@ -438,9 +439,17 @@ impl<T, R> Default for Batched<T, R> {
     fn default() -> Self {
         Batched {
             queue: std::sync::Mutex::default(),
-            wake: tokio::sync::Notify::new(),
+            wake: Arc::default(),
             task: Task::default(),
         }
+    }
+}
+
+impl<T, R> Drop for Batched<T, R> {
+    /// The last clone of the handle is gone: the task, which waits without keeping the handle,
+    /// wakes to find it gone and ends.
+    fn drop(&mut self) {
+        self.wake.notify_one();
     }
 }
 
@@ -476,24 +485,30 @@ impl<T, R> Batched<T, R> {
         answer
     }
 
-    /// Up to `most` queued items, oldest first, waiting for one; empty after half a minute of
-    /// nothing, so that the sending task can see whether its handle is still there.
-    pub(crate) async fn take(&self, most: usize) -> Vec<(T, tokio::sync::oneshot::Sender<R>)> {
-        let take = || {
-            let mut queue = self.lock();
-            let at = queue.len().min(most);
-            let rest = queue.split_off(at);
-            std::mem::replace(&mut *queue, rest)
-        };
-        let batch = take();
-        if !batch.is_empty() {
-            return batch;
+    /// Up to `most` queued items of the queue `of` picks in `shared`, oldest first, and the
+    /// handle to send them with; waits for one without keeping the handle, and is `None` once the
+    /// handle is gone (its drop wakes the wait), so the sending task ends with it.
+    pub(crate) async fn next(
+        shared: &Weak<Shared>,
+        of: impl Fn(&Shared) -> &Self,
+        most: usize,
+    ) -> Option<(Arc<Shared>, Vec<(T, tokio::sync::oneshot::Sender<R>)>)> {
+        loop {
+            let strong = shared.upgrade()?;
+            let batched = of(&strong);
+            let batch = {
+                let mut queue = batched.lock();
+                let at = queue.len().min(most);
+                let rest = queue.split_off(at);
+                std::mem::replace(&mut *queue, rest)
+            };
+            if !batch.is_empty() {
+                return Some((strong, batch));
+            }
+            let wake = Arc::clone(&batched.wake);
+            drop(strong);
+            wake.notified().await;
         }
-        tokio::select! {
-            () = self.wake.notified() => {}
-            () = tokio::time::sleep(Duration::from_secs(30)) => {}
-        }
-        take()
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_postgres::AsyncMessage;
 
 use super::client::{Shared, Task, retry_backoff, set_session};
@@ -71,6 +71,15 @@ pub(crate) struct Listener {
     subscribers: Arc<Mutex<Subscribers>>,
     task: Task,
     next_id: AtomicU64,
+    /// Notified when this is dropped (the handle's last clone gone): the task then closes its
+    /// connection at once.
+    gone: Arc<Notify>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.gone.notify_one();
+    }
 }
 
 /// The notifications of one key, until dropped.
@@ -166,6 +175,7 @@ async fn listen(shared: Weak<Shared>) {
         let session_sql = strong.session_sql.clone();
         let tls = strong.tls.clone();
         let listen = format!("LISTEN {}", strong.channel());
+        let gone = Arc::clone(&strong.listener.gone);
         drop(strong);
         let connected = config.connect(tls).await;
         let (client, mut connection) = match connected {
@@ -209,12 +219,9 @@ async fn listen(shared: Weak<Shared>) {
         loop {
             let payload = tokio::select! {
                 payload = rx.recv() => payload,
-                () = tokio::time::sleep(std::time::Duration::from_secs(30)) => {
-                    if shared.strong_count() == 0 {
-                        driver.abort();
-                        return;
-                    }
-                    continue;
+                () = gone.notified() => {
+                    driver.abort();
+                    return;
                 }
             };
             let Some(payload) = payload else { break };

@@ -47,7 +47,8 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 ///   [`fence::Token`](crate::fence::Token) accepts leader sequencers.
 /// - **Connections**: [`PostgresBuilder::max_connections`] (default 2) carry every acquisition,
 ///   renewal, release and check of the handle, plus one that listens: 3 connections for 1,000
-///   leases, and waiters cost none of their own.
+///   leases, and waiters cost none of their own. They close once the last clone of the handle
+///   and every lease and observer of it are gone: the background tasks do not keep it.
 ///
 /// The tables are installed on first use ([`LEASE_SQL`](crate::LEASE_SQL), idempotent) unless
 /// [`PostgresBuilder::install`] says not to. TLS follows the URL's `sslmode` (feature

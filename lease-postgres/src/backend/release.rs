@@ -35,14 +35,7 @@ pub(crate) async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Re
 }
 
 async fn release_all(shared: Weak<Shared>) {
-    loop {
-        let Some(strong) = shared.upgrade() else {
-            return;
-        };
-        let batch = strong.releaser.take(BATCH).await;
-        if batch.is_empty() {
-            continue;
-        }
+    while let Some((strong, batch)) = Releaser::next(&shared, |s| &s.releaser, BATCH).await {
         let holders: Vec<&str> = batch.iter().map(|(h, _)| h.as_str()).collect();
         let sql = strong.sql("SELECT lease.release_many($1)");
         let answer = strong

@@ -38,8 +38,17 @@ struct State {
 #[derive(Debug, Default)]
 pub(crate) struct Renewer {
     state: Mutex<State>,
-    wake: Notify,
+    /// Wakes the task: a registration, or the handle gone (this dropped with it).
+    wake: Arc<Notify>,
     task: Task,
+}
+
+impl Drop for Renewer {
+    /// The last clone of the handle is gone: the task, which waits without keeping the handle,
+    /// wakes to find it gone and ends.
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
 }
 
 impl Renewer {
@@ -121,6 +130,9 @@ impl Renewer {
     }
 }
 
+/// The renewal task of a handle. It keeps the handle (and so its connections) only while it
+/// sends a renewal: it waits for the next one with a weak reference, so the handle's last clone
+/// going ends it at once ([`Renewer`]'s drop wakes it).
 async fn renew_all(shared: Weak<Shared>) {
     loop {
         let Some(strong) = shared.upgrade() else {
@@ -128,23 +140,22 @@ async fn renew_all(shared: Weak<Shared>) {
         };
         let renewer = &strong.renewer;
         let next = renewer.next_due();
-        let wake = renewer.wake.notified();
-        let Some((ttl, at)) = next else {
-            // Nothing to renew: wait for a registration (or check now and then that the handle
-            // is still there: this task alone keeps it after that).
-            tokio::select! {
-                () = wake => {}
-                () = tokio::time::sleep(Duration::from_secs(30)) => {}
+        let ttl = match next {
+            Some((ttl, at)) if at <= Instant::now() => ttl,
+            // Nothing due yet (or nothing registered): wait for it, or for a registration.
+            _ => {
+                let wake = Arc::clone(&renewer.wake);
+                drop(strong);
+                match next {
+                    Some((_, at)) => tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep_until(at) => {}
+                    },
+                    None => wake.notified().await,
+                }
+                continue;
             }
-            continue;
         };
-        if at > Instant::now() {
-            tokio::select! {
-                () = wake => {}
-                () = tokio::time::sleep_until(at) => {}
-            }
-            continue;
-        }
         let asked = renewer.group(ttl);
         if asked.is_empty() {
             continue;
