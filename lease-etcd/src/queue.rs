@@ -135,14 +135,14 @@ impl Rule {
         }
     }
 
-    /// For a semaphore, the keys older than ours (keys only, at most [`counted_ahead`]): how
-    /// many deletions a waiter waits for before it judges again (see [`CountDown`]).
+    /// For a semaphore, the keys older than ours (at most [`counted_ahead`]): how many
+    /// deletions a waiter waits for, and whether they are all of its kind and limit (see
+    /// [`CountDown`]).
     fn older(self, key: &str, created: i64) -> Option<RangeRequest> {
         match self {
             Rule::Leader => None,
             Rule::Semaphore { limit } => Some(
                 RangeRequest::under(key)
-                    .keys_only()
                     .created_by(created - 1)
                     .limit(i64::try_from(counted_ahead(limit)).unwrap_or(i64::MAX)),
             ),
@@ -375,11 +375,13 @@ async fn contend(
             tokio::time::sleep(spec.settle_time()).await;
             continue;
         }
-        let older = older.map(|at| read.range(at).kvs.len());
+        let older = older.map(|at| read.range(at).kvs);
         // Keys the read found gone that the watch has not shown yet: how they went, before the
         // judgment.
-        if let (Some(count), Some(older)) = (counted.take(), older) {
-            let removal = count.catch_up(&mut kept, read.revision(), older).await;
+        if let (Some(count), Some(older)) = (counted.take(), &older) {
+            let removal = count
+                .catch_up(&mut kept, read.revision(), older.len())
+                .await;
             if let Removal::Unannounced(seen) = removal {
                 tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
                 tokio::time::sleep_until(seen + spec.settle_time()).await;
@@ -398,7 +400,7 @@ async fn contend(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(busy());
         }
-        let mut waiting = match (rule, older) {
+        let mut waiting = match (rule, &older) {
             (Rule::Semaphore { limit }, Some(older)) => {
                 let read_at = read.revision();
                 Waiting::CountDown(CountDown::of(own, created, limit, (ahead, older), read_at))
@@ -414,18 +416,24 @@ async fn contend(
                 &mut pause,
                 &mut kept,
             );
-            if let Removal::Unannounced(seen) = removal.await {
+            let removal = removal.await;
+            if let Removal::Unannounced(seen) = removal {
                 tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
                 tokio::time::sleep_until(seen + spec.settle_time()).await;
             }
+            removal
         };
-        match deadline {
+        let removal = match deadline {
             None => turn.await,
             Some(deadline) => tokio::time::timeout_at(deadline, turn)
                 .await
                 .map_err(|_| busy())?,
-        }
+        };
         if let Waiting::CountDown(count) = waiting {
+            // The count alone lets us in when it is exact and everything ahead is our kind.
+            if let (Removal::Released, Some(judged_at)) = (removal, count.holds()) {
+                return Ok(Won { created, judged_at });
+            }
             counted = Some(count);
         }
     }
@@ -511,9 +519,16 @@ enum Waiting<'a> {
 
 /// A semaphore waiter's place in the queue, kept up to date from the deletions under the prefix
 /// so that it reads again only when its turn may have come (or its own key went), not on every
-/// release ahead of it. Only a read decides a turn; the count only decides when to read, and it
-/// never overstates what is ahead: keys only leave the queue ahead of a waiter, each deletion of
-/// an older key removes exactly one, and the read counts at most [`counted_ahead`] of them.
+/// release ahead of it. The count never overstates what is ahead: keys only leave the queue ahead
+/// of a waiter (a new key is newer than every key there), each deletion of an older key removes
+/// exactly one, and the read counts at most [`counted_ahead`] of them.
+///
+/// When the read counted every key ahead and found them all semaphore contenders of our limit,
+/// the count alone lets the waiter in (no read more): fewer than `limit` keys ahead of it at the
+/// revision of the deletion that brought it there, every one of them of its kind, is what a read
+/// at that revision would judge its turn (the watch delivers every event after the read, in
+/// order, and the own key's deletion would have been among them). Otherwise it reads and judges
+/// then.
 struct CountDown {
     own: Vec<u8>,
     created: i64,
@@ -522,6 +537,12 @@ struct CountDown {
     older: usize,
     /// Whether the read counted every key older than ours.
     exact: bool,
+    /// Whether every key older than ours at the read is a semaphore contender of our limit.
+    clean: bool,
+    /// Whether our own key was seen deleted.
+    own_gone: bool,
+    /// The revision of the last deletion taken in.
+    through: i64,
     /// The revision of the read.
     read_at: i64,
     /// The keys that held at the read and are not yet seen deleted.
@@ -535,33 +556,42 @@ struct CountDown {
 
 impl CountDown {
     /// The count-down of the waiter with the own key `own` (created at `created`), given the
-    /// keys that hold (`ahead`) and the number of keys older than ours (`older`, counted up to
-    /// [`counted_ahead`]) at the read at revision `read_at`.
+    /// keys that hold (`ahead`) and the keys older than ours (`older`, read up to
+    /// [`counted_ahead`] of them) at the read at revision `read_at`.
     fn of(
         own: &str,
         created: i64,
         limit: u32,
-        (ahead, older): (&[KeyValue], usize),
+        (ahead, older): (&[KeyValue], &[KeyValue]),
         read_at: i64,
     ) -> CountDown {
+        let clean = older
+            .iter()
+            .all(|kv| SemaphoreValue::parse(kv).is_some_and(|value| value.limit == limit));
         CountDown {
             read_at,
             own: own.as_bytes().to_vec(),
             created,
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
-            older,
-            exact: older < counted_ahead(limit),
+            older: older.len(),
+            exact: older.len() < counted_ahead(limit),
+            clean,
+            own_gone: false,
+            through: read_at,
             holding: ahead.iter().map(|kv| kv.key.clone()).collect(),
             moved_up: false,
             worst: Removal::Released,
         }
     }
 
-    /// Takes in one deletion (after the read); true once the waiter should read again.
+    /// Takes in one deletion (after the read); true once the waiter should read again (or may
+    /// be in: see [`holds`](CountDown::holds)).
     fn deleted(&mut self, event: &Event) -> bool {
         let key = event.kv.as_ref().map(|kv| kv.key.as_slice());
+        self.through = self.through.max(event.kv().mod_revision);
         if key == Some(self.own.as_slice()) {
             // Our own key went: the read finds out and joins again.
+            self.own_gone = true;
             return true;
         }
         let Some(prev) = &event.prev_kv else {
@@ -587,6 +617,12 @@ impl CountDown {
             self.worst = Removal::unannounced();
         }
         self.older < self.limit
+    }
+
+    /// The revision at which the waiter holds, if the count alone tells (see [`CountDown`]).
+    fn holds(&self) -> Option<i64> {
+        let counted = self.exact && self.clean && !self.own_gone;
+        (counted && self.older < self.limit).then_some(self.through)
     }
 
     /// The latest holder gone without a release since the last call (or the read).
@@ -999,8 +1035,11 @@ mod tests {
     /// then is remembered for its settle; the deletion of its own key sends it to read at once.
     #[test]
     fn a_semaphore_waiter_counts_down_to_its_turn() {
-        let ahead = [contender("a", b""), contender("b", b"")];
-        let waiter = || CountDown::of("q/own", 100, 2, (&ahead[..], 4), 50);
+        let older: Vec<KeyValue> = ["a", "b", "c", "d"]
+            .into_iter()
+            .map(|name| semaphore_contender(name, 2))
+            .collect();
+        let waiter = || CountDown::of("q/own", 100, 2, (&older[..2], &older[..]), 50);
         let mut count = waiter();
         // A waiter between the holders and us goes (cancelled: no touch): not a holder's.
         assert!(!count.deleted(&deletion("c", 30, 1)));
@@ -1010,9 +1049,11 @@ mod tests {
         // A holder releases: the waiter of then behind it holds now.
         assert!(!count.deleted(&deletion("a", 10, 2)));
         assert_eq!(count.take_worst(), Removal::Released);
-        // That waiter's key deleted without a release: settled for, and our turn may have come.
+        assert_eq!(count.holds(), None);
+        // That waiter's key deleted without a release: settled for, and our turn has come.
         assert!(count.deleted(&deletion("d", 40, 1)));
         assert!(count.take_worst().is_unannounced());
+        assert_eq!(count.holds(), Some(1000), "at the deletion's revision");
 
         // A holder deleted without a release while we are still far back: remembered.
         let mut count = waiter();
@@ -1027,6 +1068,16 @@ mod tests {
         own.prev_kv = None;
         assert!(count.deleted(&own));
         assert_eq!(count.take_worst(), Removal::Released);
+        assert_eq!(count.holds(), None);
+
+        // Ahead of us, a leader contender (refused by its own judgment, not yet gone), or a
+        // contender that asks for another limit: only a read may let us in.
+        for stranger in [contender("b", b"10.0.0.7"), semaphore_contender("b", 3)] {
+            let older = [older[0].clone(), stranger];
+            let mut count = CountDown::of("q/own", 100, 2, (&older[..], &older[..]), 50);
+            assert!(count.deleted(&deletion("a", 10, 2)));
+            assert_eq!(count.holds(), None);
+        }
     }
 
     /// Waiters of one semaphore in one process share one etcd watch of its prefix, take their
@@ -1115,7 +1166,7 @@ mod tests {
                 .await
                 .unwrap()
                 .kvs;
-            let count = CountDown::of("q/own", created, 2, (&ahead[..2], 2), read_at);
+            let count = CountDown::of("q/own", created, 2, (&ahead[..2], &ahead[..2]), read_at);
             let stream = http
                 .watch_shared(&RangeRequest::under("q"), read_at + 1)
                 .await;
