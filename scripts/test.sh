@@ -4,7 +4,8 @@
 # when not running).
 #
 #   bash scripts/test.sh            # everything CI runs
-#   bash scripts/test.sh -- NAME    # extra arguments go to `cargo test` (after its own `--`)
+#   bash scripts/test.sh -- NAME    # only the tests whose names contain NAME: extra arguments go to
+#                                   # each `cargo test` that runs tests (both lanes, see below)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # A checkout with changes of its own before this run (a developer's; CI's fresh clone has none):
@@ -201,16 +202,80 @@ bounded() {
   return "$status"
 }
 
-step "cargo test"
-# --no-fail-fast: one run shows every failing test binary, not only the first. A failure is
-# reported after the background checks are in.
+# The tests run in two lanes at once: these binaries in the second, everything else (unit,
+# integration and doc tests of every package) in the first. They are long (chaos alone 100 s, 4 to
+# 5 minutes in all) and mostly idle, waiting on services, timeouts and worker processes, so beside
+# the first lane they cost little CPU and take minutes off the step.
+long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale)
+test_log=target/test.log
+lane2_log=target/test-lane2.log
+: >"$test_log"
+: >"$lane2_log"
 tests_status=0
-bounded 2400 cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee target/test.log || tests_status=$?
+lane2_status=0
+
+# Built once, first: cargo holds its build-directory lock while it builds, not while tests run
+# (with cargo 1.95, a second `cargo test` ran, and even rebuilt, beside a running one), and the
+# lanes select the same packages and features, so they find every unit fresh and only run. The
+# JSON lists each test executable `cargo test` runs, for the split.
+step "cargo test: the build"
+bounded 1800 cargo test --workspace --all-features --no-run --message-format=json-render-diagnostics \
+  >target/test-build.json || tests_status=$?
+if ((tests_status == 0)); then
+  # `kind name` of each test executable: a library's or binary's unit tests, an integration test,
+  # or an example or benchmark with `test = true`.
+  test_executables=$(sed -n -E '/"profile":\{[^}]*"test":true\}/ {
+      /"executable":"/ s/.*"target":\{"kind":\["([^"]+)"[^}]*"name":"([^"]+)".*/\1 \2/p
+    }' target/test-build.json)
+  # The first lane names the rest target by target (the same name in two packages runs in both).
+  lane1=()
+  while read -ra filter; do
+    if [[ ${filter[0]} == --test && " ${long_tests[*]} " == *" ${filter[1]} "* ]]; then continue; fi
+    lane1+=("${filter[@]}")
+  done < <(awk '{ f = $1 == "bin" ? "--bins" : $1 ~ /^(test|example|bench)$/ ? "--" $1 " " $2 : "--lib"
+                  if (!seen[f]++) print f }' <<<"$test_executables")
+  lane2=()
+  for name in "${long_tests[@]}"; do lane2+=(--test "$name"); done
+
+  # Extra arguments go to both lanes. --no-fail-fast: one run shows every failing test binary, not
+  # only the first. Failures are reported after the background checks are in.
+  step "cargo test, second lane (${long_tests[*]}): in the background (see $lane2_log)"
+  (
+    status=0
+    bounded 1200 cargo test --workspace --all-features --no-fail-fast "${lane2[@]}" "$@" || status=$?
+    step "second lane done"
+    exit "$status"
+  ) >"$lane2_log" 2>&1 &
+  lane2_pid=$!
+
+  step "cargo test, first lane: every other test binary"
+  bounded 1200 cargo test --workspace --all-features --no-fail-fast "${lane1[@]}" "$@" 2>&1 |
+    tee -a "$test_log" || tests_status=$?
+  bounded 600 cargo test --workspace --all-features --no-fail-fast --doc "$@" 2>&1 |
+    tee -a "$test_log" || tests_status=$?
+
+  step "cargo test, second lane (its log)"
+  wait "$lane2_pid" || lane2_status=$?
+  cat "$lane2_log"
+
+  # Each test executable once, in one lane or the other: a target the split left out, or ran
+  # twice, fails the run instead of passing unseen.
+  ran=$(cat "$test_log" "$lane2_log" | grep -c '^ *Running ' || true)
+  built=$(grep -c . <<<"$test_executables" || true)
+  if ((tests_status == 0 && lane2_status == 0 && ran != built)); then
+    echo "the lanes ran $ran test executables, the build made $built: the split is wrong" >&2
+    tests_status=1
+  fi
+else
+  echo "the test build failed (exit $tests_status): no test runs" >&2
+fi
 
 # Every benchmark in its quick mode, in the test profile (the test build's dependencies): a few
 # trials each, failing on the correctness bounds they measure around, never on a timing.
 # `--all-features` takes in those behind a feature too (lease-postgres's postgres_leader needs
-# `backend`).
+# `backend`). After the tests, not beside them: their bounds (a loss noticed within the fence
+# interval, a lease not lost while held) are the kind a loaded machine upsets, and the scale
+# benchmarks would meet the scale tests.
 step "benchmarks, quick mode"
 bench_status=0
 LEASE_BENCH_QUICK=1 bounded 900 cargo test --workspace --all-features --no-fail-fast --bench '*' 2>&1 |
@@ -228,9 +293,15 @@ fi
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # run with nothing in it).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$test_log" "$lane2_log"
 step "done"
+if ((tests_status != 0)); then
+  echo "the tests failed (exit $tests_status): see the build above, or $test_log (the first lane)" >&2
+fi
+if ((lane2_status != 0)); then
+  echo "the second lane's tests failed (exit $lane2_status): see $lane2_log above" >&2
+fi
 if ((bench_status != 0)); then
   echo "a benchmark's quick mode failed (exit $bench_status): see target/bench-quick.log above" >&2
 fi
-((tests_status == 0 && side_status == 0 && bench_status == 0))
+((tests_status == 0 && lane2_status == 0 && side_status == 0 && bench_status == 0))
