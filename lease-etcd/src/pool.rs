@@ -74,9 +74,8 @@ struct PoolState {
     leases: HashMap<i64, Pooled>,
     /// Where the current keep-alive stream takes requests, while it is open (or opening).
     stream: Option<mpsc::UnboundedSender<LeaseId>>,
-    /// Closed when the keep-alive task is gone (its runtime ended): the next grant starts
-    /// another.
-    task: Option<mpsc::Sender<()>>,
+    /// The keep-alive task: started by a grant if it is not running (its runtime ended).
+    task: lease_http::Task,
     /// The earliest keep-alive due of the leases granted since the task last looked.
     joined_due: Option<Instant>,
     /// Since when the watches are down (see [`Pool::suspend`]).
@@ -405,15 +404,9 @@ async fn grant(
     let fence = Fence::new(class.1, sent);
     let (end_tx, _) = watch::channel(None);
     let due = sent + class.0 / 3;
-    if state.task.as_ref().is_none_or(mpsc::Sender::is_closed) {
-        let (alive, task_guard) = mpsc::channel(1);
-        state.task = Some(alive);
+    let (weak, closed) = (Arc::downgrade(client), client.closed().clone());
+    if state.task.ensure(|| run(weak, closed)) {
         state.stream = None;
-        tokio::spawn(run(
-            Arc::downgrade(client),
-            client.closed().clone(),
-            task_guard,
-        ));
     }
     if let Some(since) = state.suspended {
         fence.suspend(since);
@@ -484,7 +477,7 @@ async fn next_answer(
 }
 
 /// Runs the keep-alive stream until the client is gone, opening it again when it breaks.
-async fn run(client: Weak<EtcdClient>, closed: CancellationToken, _alive: mpsc::Receiver<()>) {
+async fn run(client: Weak<EtcdClient>, closed: CancellationToken) {
     let mut pause = lease_http::backoff();
     let mut first = true;
     loop {

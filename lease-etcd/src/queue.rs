@@ -949,6 +949,16 @@ mod tests {
 
     /// Writes `key` (touched once more if `touched`, as a release does) and returns its create
     /// revision.
+    /// An etcd server of its own, and a client of it (this crate's, not `lease_tests`'s).
+    async fn started() -> (Server, crate::Etcd) {
+        let server = Server::start().await;
+        let etcd = crate::Etcd::builder()
+            .endpoints([server.url()])
+            .build()
+            .unwrap();
+        (server, etcd)
+    }
+
     async fn put(http: &EtcdClient, key: &str, touched: bool) -> i64 {
         let put = |touch| TxnRequest {
             success: vec![RequestOp::put(if touch {
@@ -980,11 +990,7 @@ mod tests {
     /// deletion falls between the join and the read here by construction, whatever the timing.
     #[tokio::test]
     async fn a_holder_removed_between_a_join_and_the_first_read_is_judged_from_history() {
-        let server = Server::start().await;
-        let etcd = crate::Etcd::builder()
-            .endpoints([server.url()])
-            .build()
-            .unwrap();
+        let (_server, etcd) = started().await;
         let http = &etcd.http;
         for (rule, released) in [
             (Rule::Leader, false),
@@ -1084,11 +1090,7 @@ mod tests {
     /// turns in arrival order, and leave no watch behind.
     #[tokio::test]
     async fn the_waiters_of_a_semaphore_share_one_watch() {
-        let server = Server::start().await;
-        let etcd = crate::Etcd::builder()
-            .endpoints([server.url()])
-            .build()
-            .unwrap();
+        let (_server, etcd) = started().await;
         let spec = LeaseSpec::semaphore("shared", 1);
         let holder = etcd.acquire(&spec).await.unwrap();
         let (order, mut turns) = tokio::sync::mpsc::unbounded_channel();
@@ -1146,11 +1148,7 @@ mod tests {
     /// release.
     #[tokio::test]
     async fn holders_gone_before_a_read_are_taken_from_the_watch() {
-        let server = Server::start().await;
-        let etcd = crate::Etcd::builder()
-            .endpoints([server.url()])
-            .build()
-            .unwrap();
+        let (_server, etcd) = started().await;
         let http = &etcd.http;
         for second_released in [true, false] {
             put(http, "q/a", true).await;

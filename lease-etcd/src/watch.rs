@@ -67,8 +67,8 @@ struct State {
     shared: HashMap<(Vec<u8>, Vec<u8>), i64>,
     /// Where the current stream takes requests, while it is open (or opening).
     stream: Option<mpsc::UnboundedSender<WatchRequest>>,
-    /// Closed when the stream task is gone (its runtime ended): the next watch starts another.
-    task: Option<mpsc::Sender<()>>,
+    /// The stream task: started by a watch if it is not running (its runtime ended).
+    task: lease_http::Task,
     /// The watches being created again on a new stream; the fences resume when none is left.
     recreating: HashSet<i64>,
 }
@@ -193,15 +193,9 @@ impl Watches {
         let (deliver, delivered) = mpsc::unbounded_channel();
         let id = {
             let mut state = self.lock();
-            if state.task.as_ref().is_none_or(mpsc::Sender::is_closed) {
-                let (alive, task_guard) = mpsc::channel(1);
-                state.task = Some(alive);
+            let (weak, closed) = (Arc::downgrade(client), client.closed().clone());
+            if state.task.ensure(|| run(weak, closed)) {
                 state.stream = None;
-                tokio::spawn(run(
-                    Arc::downgrade(client),
-                    client.closed().clone(),
-                    task_guard,
-                ));
             }
             state.last_id += 1;
             let id = state.last_id;
@@ -332,7 +326,7 @@ impl State {
 
 /// Runs the stream: opens it, creates every watch on it, routes its answers, and opens it again
 /// when it breaks. Ends with the client.
-async fn run(client: Weak<EtcdClient>, closed: CancellationToken, _alive: mpsc::Receiver<()>) {
+async fn run(client: Weak<EtcdClient>, closed: CancellationToken) {
     let mut pause = lease_http::backoff();
     let mut first = true;
     loop {

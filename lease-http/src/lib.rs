@@ -3,8 +3,8 @@
 //! built ([`ClientConfig`]), the one
 //! retry loop for brief trouble ([`retry_transient`]), why a call failed ([`ApiError`], which
 //! each backend turns into the public error through its [`ErrorContext`]), why a request got no
-//! answer ([`Cause`]), an error's chain as text ([`DisplayChain`]), and TLS over a connection the
-//! backend made ([`tls`]).
+//! answer ([`Cause`]), an error's chain as text ([`DisplayChain`]), TLS over a connection the
+//! backend made ([`tls`]), and a client's background task ([`Task`]).
 //!
 //! It is a support crate: an application uses the backend crates, which re-export what it needs.
 //! A third-party HTTP backend may use it too; it follows lease-core's versions.
@@ -23,9 +23,11 @@ use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
 
 mod error;
+mod task;
 pub mod tls;
 
 pub use error::{ApiError, ErrorContext, grpc};
+pub use task::Task;
 
 /// A backend call's error, as far as the retry loop needs to know it.
 pub trait Retryable: fmt::Display {

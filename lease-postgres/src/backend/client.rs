@@ -12,6 +12,7 @@ use lease_core::backend::{Keepers, ReachabilityTracker};
 use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
 use lease_core::{BackendKind, Error};
+use lease_http::Task;
 use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 use tokio_postgres::Client;
@@ -398,30 +399,6 @@ pub(crate) async fn set_session(client: &Client, session_sql: Option<&str>) {
     if let Some(sql) = session_sql {
         if let Err(error) = client.batch_execute(sql).await {
             tracing::debug!(error = %with_sources(&error), "the server refused the TCP settings; keeping its own");
-        }
-    }
-}
-
-/// A background task of a handle (listening, renewing, releasing): started on first use, and
-/// again if the runtime it ran on has ended since (a handle kept across runtimes).
-#[derive(Debug, Default)]
-pub(crate) struct Task(std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>);
-
-impl Task {
-    /// Spawns `start()` unless the task runs.
-    pub(crate) fn ensure<F>(&self, start: impl FnOnce() -> F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        let mut task = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if task
-            .as_ref()
-            .is_none_or(tokio::task::JoinHandle::is_finished)
-        {
-            *task = Some(tokio::spawn(start()));
         }
     }
 }

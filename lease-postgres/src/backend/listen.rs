@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::{Notify, mpsc};
 use tokio_postgres::AsyncMessage;
 
-use super::client::{Shared, Task, retry_backoff, set_session};
+use super::client::{Shared, retry_backoff, set_session};
+use lease_http::Task;
 
 /// What happened to a row of a subscribed key.
 #[derive(Clone, Debug, PartialEq, Eq)]

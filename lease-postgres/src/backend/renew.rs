@@ -17,7 +17,8 @@ use lease_core::backend::Fence;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::client::{Shared, Task};
+use super::client::Shared;
+use lease_http::Task;
 
 /// One registered lease.
 #[derive(Debug)]
