@@ -101,16 +101,43 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
-# The other checks that only compile (each feature set alone, the MSRV) run in the
-# background at the lowest CPU priority, in target directories of their own (cargo locks its build
-# directory), while the tests build and run: the tests mostly wait on services, and the background
-# takes only the CPU they leave. Its output is shown, and its result counted, once the tests are
-# done.
+# The other checks that only compile (the publish dry run, each feature set alone, the MSRV) run
+# in the background at the lowest CPU priority, in target directories of their own (cargo locks
+# its build directory), while the tests build and run: the tests mostly wait on services, and the
+# background takes only the CPU they leave. Its output is shown, and its result counted, once the
+# tests are done.
 mkdir -p target
 side_log=target/side-checks.log
+msrv_log=target/msrv-check.log
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+# The declared rust-version must hold for the libraries users depend on, with every feature (the
+# tests may use a newer compiler). rustup fetches the toolchain once (minimal profile, ~1 min); a
+# machine that cannot fetch it says so and goes on, since that is no fault of the code.
+msrv_check() {
+  set -euo pipefail
+  step "MSRV: Rust $msrv"
+  if command -v rustup >/dev/null 2>&1; then
+    # Read into a variable: `grep -q` on a pipe could kill rustup with SIGPIPE under pipefail.
+    toolchains=$(rustup toolchain list)
+    if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal; then
+      CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower \
+        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp -p lease-postgres --all-features
+    else
+      echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)"
+    fi
+  else
+    echo "rustup not found: not checking the MSRV (see the README's MSRV section)"
+  fi
+}
 side_checks() {
   set -euo pipefail
   export CARGO_TARGET_DIR=target/side
+  # The MSRV check beside the rest: one cargo alone leaves a core idle at times (a crate that
+  # builds alone, a link), and this fills it.
+  msrv_check >"$msrv_log" 2>&1 &
+  local msrv_pid=$!
+  # shellcheck disable=SC2064 # the pid, now: a failure below ends the check with the rest
+  trap "kill $msrv_pid 2>/dev/null || true" EXIT
   # The crates meant for users (publish = false marks the rest) are packaged, and each is built
   # from its package alone against the others as packaged (a local registry stands in for
   # crates.io). First, so the checkout is read before the tests run in it. About 3.5 CPU-minutes
@@ -156,24 +183,12 @@ side_checks() {
   cargo clippy --quiet -p lease-tower --no-default-features -- -D warnings
   RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p lease-tower --no-deps --no-default-features
 
-  # The declared rust-version must hold for the libraries users depend on, with every feature
-  # (the tests may use a newer compiler). rustup fetches the toolchain once (minimal profile,
-  # ~1 min); a machine that cannot fetch it says so and goes on, since that is no fault of the
-  # code.
-  msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
-  step "MSRV: Rust $msrv"
-  if command -v rustup >/dev/null 2>&1; then
-    # Read into a variable: `grep -q` on a pipe could kill rustup with SIGPIPE under pipefail.
-    toolchains=$(rustup toolchain list)
-    if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal; then
-      CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower \
-        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp -p lease-postgres --all-features
-    else
-      echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)"
-    fi
-  else
-    echo "rustup not found: not checking the MSRV (see the README's MSRV section)"
-  fi
+
+  step "the MSRV check (its log)"
+  local msrv_status=0
+  wait "$msrv_pid" || msrv_status=$?
+  cat "$msrv_log"
+  return "$msrv_status"
 }
 step "feature sets one by one, MSRV: in the background (see $side_log)"
 # SCHED_IDLE where the system offers it: it runs only when nothing else wants a CPU (nice alone
@@ -182,7 +197,7 @@ idle=(nice -n 19)
 if command -v chrt >/dev/null 2>&1 && chrt --idle 0 true 2>/dev/null; then
   idle=(chrt --idle 0 nice -n 19)
 fi
-"${idle[@]}" bash -c "SECONDS=$SECONDS; $(declare -f step side_checks); side_checks" > "$side_log" 2>&1 &
+"${idle[@]}" bash -c "SECONDS=$SECONDS; msrv=$msrv msrv_log=$msrv_log; $(declare -f step msrv_check side_checks); side_checks" > "$side_log" 2>&1 &
 side_pid=$!
 
 step "examples"
