@@ -13,9 +13,9 @@
 //! - **semaphore of limit N**: the N oldest keys hold; the others wait in arrival order (FIFO).
 //!   A waiter's read also counts the keys ahead of it, and it counts their deletions down on the
 //!   process's one watch of the prefix (shared by all its waiters there: see the `watch`
-//!   module), so a release wakes the waiter whose turn may have come, not every waiter. The
-//!   value is `{"limit": N, "value": <base64>}`: every contender must ask for the limit of the
-//!   oldest, or gets [`Error::LimitMismatch`].
+//!   module), so a release makes only the waiter whose turn may have come read, not every
+//!   waiter. The value is `{"limit": N, "value": <base64>}`: every contender must ask for the
+//!   limit of the oldest, or gets [`Error::LimitMismatch`].
 //!
 //! **One kind of lock per name.** Both kinds queue under `<key>/`, so the values tell them apart:
 //! a key whose value is exactly our semaphore format is a semaphore contender, any other a leader
@@ -379,12 +379,23 @@ async fn contend(
         // Keys the read found gone that the watch has not shown yet: how they went, before the
         // judgment.
         if let (Some(count), Some(older)) = (counted.take(), &older) {
-            let removal = count
-                .catch_up(&mut kept, read.revision(), older.len())
-                .await;
-            if let Removal::Unannounced(seen) = removal {
-                tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
-                tokio::time::sleep_until(seen + spec.settle_time()).await;
+            let caught_up = async {
+                let removal = count
+                    .catch_up(&mut kept, read.revision(), older.len())
+                    .await;
+                if let Removal::Unannounced(seen) = removal {
+                    tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
+                    tokio::time::sleep_until(seen + spec.settle_time()).await;
+                }
+                removal
+            };
+            let removal = match deadline {
+                None => caught_up.await,
+                Some(deadline) => tokio::time::timeout_at(deadline, caught_up)
+                    .await
+                    .map_err(|_| busy())?,
+            };
+            if removal.is_unannounced() {
                 continue;
             }
         }
@@ -431,7 +442,7 @@ async fn contend(
         };
         if let Waiting::CountDown(count) = waiting {
             // The count alone lets us in when it is exact and everything ahead is our kind.
-            if let (Removal::Released, Some(judged_at)) = (removal, count.holds()) {
+            if let (Removal::Released, Some(judged_at)) = (removal, count.turn_at()) {
                 return Ok(Won { created, judged_at });
             }
             counted = Some(count);
@@ -585,7 +596,7 @@ impl CountDown {
     }
 
     /// Takes in one deletion (after the read); true once the waiter should read again (or may
-    /// be in: see [`holds`](CountDown::holds)).
+    /// be in: see [`turn_at`](CountDown::turn_at)).
     fn deleted(&mut self, event: &Event) -> bool {
         let key = event.kv.as_ref().map(|kv| kv.key.as_slice());
         self.through = self.through.max(event.kv().mod_revision);
@@ -595,8 +606,9 @@ impl CountDown {
             return true;
         }
         let Some(prev) = &event.prev_kv else {
-            // Cannot tell whose key it was.
+            // Cannot tell whose key it was (etcd compacted the previous revision), nor count it.
             self.worst = Removal::unannounced();
+            self.exact = false;
             return true;
         };
         if prev.create_revision >= self.created {
@@ -620,7 +632,7 @@ impl CountDown {
     }
 
     /// The revision at which the waiter holds, if the count alone tells (see [`CountDown`]).
-    fn holds(&self) -> Option<i64> {
+    fn turn_at(&self) -> Option<i64> {
         let counted = self.exact && self.clean && !self.own_gone;
         (counted && self.older < self.limit).then_some(self.through)
     }
@@ -848,6 +860,7 @@ pub(crate) async fn check_sequencer(http: &EtcdClient, sequencer: &Sequencer) ->
 mod tests {
     use super::*;
     use lease_tests::etcd::Server;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A contender key under `q/` as a range returns it.
     fn contender(name: &str, value: &[u8]) -> KeyValue {
@@ -1018,13 +1031,15 @@ mod tests {
         }
     }
 
+    /// The deletion of `q/<key>` (created at `created`, at `version`), at revision 1000 +
+    /// `created`.
     fn deletion(key: &str, created: i64, version: i64) -> Event {
         let key = format!("q/{key}").into_bytes();
         Event {
             kind: 1,
             kv: Some(KeyValue {
                 key: key.clone(),
-                mod_revision: 1000,
+                mod_revision: 1000 + created,
                 ..KeyValue::default()
             }),
             prev_kv: Some(KeyValue {
@@ -1055,11 +1070,15 @@ mod tests {
         // A holder releases: the waiter of then behind it holds now.
         assert!(!count.deleted(&deletion("a", 10, 2)));
         assert_eq!(count.take_worst(), Removal::Released);
-        assert_eq!(count.holds(), None);
+        assert_eq!(count.turn_at(), None);
         // That waiter's key deleted without a release: settled for, and our turn has come.
         assert!(count.deleted(&deletion("d", 40, 1)));
         assert!(count.take_worst().is_unannounced());
-        assert_eq!(count.holds(), Some(1000), "at the deletion's revision");
+        assert_eq!(
+            count.turn_at(),
+            Some(1200),
+            "at the latest deletion's revision"
+        );
 
         // A holder deleted without a release while we are still far back: remembered.
         let mut count = waiter();
@@ -1068,13 +1087,28 @@ mod tests {
         assert!(count.deleted(&deletion("c", 30, 2)));
         assert!(count.take_worst().is_unannounced());
 
+        // A deletion etcd gives without the key as it was (its revision compacted): read at once,
+        // settle, and never take the turn from the count.
+        let mut count = waiter();
+        let mut unknown = deletion("a", 10, 2);
+        unknown.prev_kv = None;
+        assert!(count.deleted(&unknown));
+        assert!(count.take_worst().is_unannounced());
+        assert!(!count.deleted(&deletion("b", 20, 2)));
+        assert!(!count.deleted(&deletion("c", 30, 2)));
+        assert!(
+            count.deleted(&deletion("d", 40, 2)),
+            "the rest still counted down"
+        );
+        assert_eq!(count.turn_at(), None);
+
         // Our own key went: read at once, nothing to settle for.
         let mut count = waiter();
         let mut own = deletion("own", 100, 1);
         own.prev_kv = None;
         assert!(count.deleted(&own));
         assert_eq!(count.take_worst(), Removal::Released);
-        assert_eq!(count.holds(), None);
+        assert_eq!(count.turn_at(), None);
 
         // Ahead of us, a leader contender (refused by its own judgment, not yet gone), or a
         // contender that asks for another limit: only a read may let us in.
@@ -1082,7 +1116,7 @@ mod tests {
             let older = [older[0].clone(), stranger];
             let mut count = CountDown::of("q/own", 100, 2, (&older[..], &older[..]), 50);
             assert!(count.deleted(&deletion("a", 10, 2)));
-            assert_eq!(count.holds(), None);
+            assert_eq!(count.turn_at(), None);
         }
     }
 
@@ -1094,12 +1128,18 @@ mod tests {
         let spec = LeaseSpec::semaphore("shared", 1);
         let holder = etcd.acquire(&spec).await.unwrap();
         let (order, mut turns) = tokio::sync::mpsc::unbounded_channel();
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let mut waiters = Vec::new();
         for i in 0..5 {
             let (backend, spec, order) = (etcd.clone(), spec.clone(), order.clone());
+            let in_flight = Arc::clone(&in_flight);
             waiters.push(tokio::spawn(async move {
                 let lease = backend.acquire(&spec).await.unwrap();
+                let holding = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                assert_eq!(holding, 1, "waiter {i} held beside another");
                 order.send(i).unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
                 lease.release().await.unwrap();
             }));
             // Joined before the next one starts: arrival order is known.

@@ -268,7 +268,8 @@ pub(crate) struct KeyHold {
 pub(crate) struct Won {
     /// The create revision of the own key.
     pub(crate) created: i64,
-    /// The revision of the read that found it holding.
+    /// A revision at which it held: of the read that found it holding, or of the deletion a
+    /// semaphore waiter counted down to its turn with (see the `queue` module).
     pub(crate) judged_at: i64,
 }
 

@@ -4,7 +4,8 @@
 //!
 //! Each watch gets an ID of the client's choosing (etcd 3.4 takes `watch_id` on creation), so
 //! creations go out at once, without waiting for one another, and every answer is routed by its
-//! ID to its [`WatchStream`]. Dropping a `WatchStream` cancels its watch.
+//! ID to its [`WatchStream`]. Dropping a `WatchStream` cancels its watch (a shared watch's, with
+//! its last subscriber).
 //!
 //! **Shared watches.** Every waiter of a semaphore watches the same prefix: one etcd watch per
 //! range serves all of them ([`Watches::watch_shared`]), its answers copied to each waiter's
@@ -12,7 +13,8 @@
 //! stream's many small answers as a "slow watcher" and retries them only every few
 //! milliseconds). A waiter joining the shared watch after its read at revision `R` gets the
 //! events after `R` that the watch already delivered from a replay of its recent events, then
-//! the rest as they come: it sees exactly what a watch of its own from `R + 1` would. When the
+//! the rest as they come: it sees every event a watch of its own from `R + 1` would (and may see
+//! earlier ones the shared watch had not delivered yet, which waiters filter by revision). When the
 //! replay no longer reaches back to `R` (or the shared watch starts after `R + 1`), it gets a
 //! watch of its own. The etcd watch is cancelled with its last subscriber.
 //!
@@ -253,7 +255,7 @@ impl Watches {
         };
         watcher.deliver.retain(|(s, _)| *s != sub);
         if watcher.deliver.is_empty() && state.remove(id, true) {
-            drop(state);
+            // Under the lock, as the stream's break suspends them.
             client.pool().resume();
         }
     }
@@ -302,6 +304,13 @@ impl State {
     /// Watch `id` is back on a new stream; true if it was the last one the fences waited for.
     fn back(&mut self, id: i64) -> bool {
         self.recreating.remove(&id) && self.recreating.is_empty()
+    }
+
+    /// The stream broke: no watch is back until the next one is open (which waits for every
+    /// watch again), whatever the broken stream had confirmed.
+    fn broke(&mut self) {
+        self.stream = None;
+        self.recreating.clear();
     }
 
     /// Forgets watch `id`; `cancel`: asks etcd to cancel it too (not for a watch etcd ended).
@@ -356,11 +365,12 @@ async fn run(client: Weak<EtcdClient>, closed: CancellationToken) {
             broke = serve(&strong, outgoing, &mut pause) => broke,
         };
         {
+            // Until every watch is back, nothing sees the leases. Under the lock, so a watch
+            // cancelled meanwhile cannot count as the last one back (see `State::back`).
             let mut state = strong.watches().lock();
-            state.stream = None;
+            state.broke();
+            strong.pool().suspend(Instant::now());
         }
-        // Until every watch is back, nothing sees the leases.
-        strong.pool().suspend(Instant::now());
         tracing::debug!(error = %broke, "the etcd watch stream broke; opening it again");
         drop(strong);
         tokio::select! {
@@ -497,7 +507,8 @@ pub(crate) struct WatchStream {
     sub: u64,
     delivered: mpsc::UnboundedReceiver<Delivery>,
     client: Weak<EtcdClient>,
-    /// Events that came with the watch's creation, returned by the first `next`.
+    /// Events to return first: those that came with the watch's creation, a shared watch's replay,
+    /// or those given back (`put_back`).
     queued: Option<WatchResponse>,
 }
 
@@ -572,6 +583,20 @@ mod tests {
 
     fn revisions(events: &[Event]) -> Vec<i64> {
         events.iter().map(|e| e.kv().mod_revision).collect()
+    }
+
+    /// A watch cancelled after its stream broke, before the next stream is open, is not "the last
+    /// one back": the fences stay suspended until every watch is back on the next stream.
+    #[test]
+    fn a_break_forgets_what_the_broken_stream_had_confirmed() {
+        let mut state = State {
+            recreating: [1, 2].into(),
+            ..State::default()
+        };
+        assert!(!state.back(1), "2 is not back yet");
+        state.broke();
+        assert!(!state.back(2), "back on a stream that broke");
+        assert!(state.stream.is_none());
     }
 
     /// A subscriber joining after its read at some revision gets exactly the events after it,
