@@ -667,10 +667,7 @@ impl EtcdClient {
         range: &RangeRequest,
         start_revision: i64,
     ) -> Result<WatchStream, ApiError> {
-        let me = self
-            .me()
-            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))?;
-        Watches::watch(&me, range, start_revision).await
+        Watches::watch(&self.for_watches()?, range, start_revision).await
     }
 
     /// As [`watch`](EtcdClient::watch), on one etcd watch shared by every watcher of `range` in
@@ -680,9 +677,12 @@ impl EtcdClient {
         range: &RangeRequest,
         start_revision: i64,
     ) -> Result<WatchStream, ApiError> {
-        let me = self
-            .me()
-            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))?;
-        Watches::watch_shared(&me, range, start_revision).await
+        Watches::watch_shared(&self.for_watches()?, range, start_revision).await
+    }
+
+    /// This client, shared, for a watch to hold (weakly) and its stream task to start with.
+    fn for_watches(&self) -> Result<Arc<EtcdClient>, ApiError> {
+        self.me()
+            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))
     }
 }

@@ -56,6 +56,7 @@
 //! lock-delay (etcd has none): a holder that lost its lease but is still finishing its work is
 //! fenced by the higher revision of the next holder.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -379,22 +380,8 @@ async fn contend(
         // Keys the read found gone that the watch has not shown yet: how they went, before the
         // judgment.
         if let (Some(count), Some(older)) = (counted.take(), &older) {
-            let caught_up = async {
-                let removal = count
-                    .catch_up(&mut kept, read.revision(), older.len())
-                    .await;
-                if let Removal::Unannounced(seen) = removal {
-                    tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
-                    tokio::time::sleep_until(seen + spec.settle_time()).await;
-                }
-                removal
-            };
-            let removal = match deadline {
-                None => caught_up.await,
-                Some(deadline) => tokio::time::timeout_at(deadline, caught_up)
-                    .await
-                    .map_err(|_| busy())?,
-            };
+            let caught_up = count.catch_up(&mut kept, read.revision(), older.len());
+            let removal = settled(caught_up, spec, deadline).await.ok_or_else(busy)?;
             if removal.is_unannounced() {
                 continue;
             }
@@ -418,28 +405,15 @@ async fn contend(
             }
             _ => Waiting::Any { holding: ahead },
         };
-        let turn = async {
-            let removal = wait_for_removal(
-                http,
-                &range,
-                &mut waiting,
-                read.revision(),
-                &mut pause,
-                &mut kept,
-            );
-            let removal = removal.await;
-            if let Removal::Unannounced(seen) = removal {
-                tracing::debug!(key, settle = ?spec.settle_time(), "a holder's key went without a release; settling");
-                tokio::time::sleep_until(seen + spec.settle_time()).await;
-            }
-            removal
-        };
-        let removal = match deadline {
-            None => turn.await,
-            Some(deadline) => tokio::time::timeout_at(deadline, turn)
-                .await
-                .map_err(|_| busy())?,
-        };
+        let removal = wait_for_removal(
+            http,
+            &range,
+            &mut waiting,
+            read.revision(),
+            &mut pause,
+            &mut kept,
+        );
+        let removal = settled(removal, spec, deadline).await.ok_or_else(busy)?;
         if let Waiting::CountDown(count) = waiting {
             // The count alone lets us in when it is exact and everything ahead is our kind.
             if let (Removal::Released, Some(judged_at)) = (removal, count.turn_at()) {
@@ -447,6 +421,27 @@ async fn contend(
             }
             counted = Some(count);
         }
+    }
+}
+
+/// How a holder ahead went (`removal`), after the settle that a removal without a release asks
+/// for (counted from when it was seen); `None` if the deadline passed first.
+async fn settled(
+    removal: impl Future<Output = Removal>,
+    spec: &LeaseSpec,
+    deadline: Option<Instant>,
+) -> Option<Removal> {
+    let settled = async {
+        let removal = removal.await;
+        if let Removal::Unannounced(seen) = removal {
+            tracing::debug!(key = spec.key(), settle = ?spec.settle_time(), "a holder's key went without a release; settling");
+            tokio::time::sleep_until(seen + spec.settle_time()).await;
+        }
+        removal
+    };
+    match deadline {
+        None => Some(settled.await),
+        Some(deadline) => tokio::time::timeout_at(deadline, settled).await.ok(),
     }
 }
 
