@@ -59,14 +59,10 @@ fn gaps(mut spans: Vec<(u128, u128)>) -> Vec<f64> {
 }
 
 async fn ours_handoff(consul: &Consul) -> Vec<f64> {
-    let mut all = Vec::new();
-    for round in 0..scaled(ROUNDS, 1) {
-        let spec =
-            LeaseSpec::leader(format!("bench/handoff/ours-{round}")).lock_delay(Duration::ZERO);
-        let contenders = scaled(CONTENDERS, 4);
-        all.extend(leader_handoff(consul, &spec, contenders, HOLD, STALL).await);
-    }
-    all
+    let spec =
+        |round| LeaseSpec::leader(format!("bench/handoff/ours-{round}")).lock_delay(Duration::ZERO);
+    let (rounds, contenders) = (scaled(ROUNDS, 1), scaled(CONTENDERS, 4));
+    leader_handoff(consul, rounds, spec, contenders, HOLD, STALL).await
 }
 
 async fn consul_lock_handoff(agent: &Agent) -> Vec<f64> {

@@ -55,13 +55,9 @@ async fn ours_loss_to_cancel(server: &Server, etcd: &Etcd) -> Vec<f64> {
 }
 
 async fn ours_handoff(etcd: &Etcd) -> Vec<f64> {
-    let mut all = Vec::new();
-    for round in 0..scaled(ROUNDS, 1) {
-        let spec = LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
-        let contenders = scaled(CONTENDERS, 4);
-        all.extend(leader_handoff(etcd, &spec, contenders, HOLD, STALL).await);
-    }
-    all
+    let spec = |round| LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
+    let (rounds, contenders) = (scaled(ROUNDS, 1), scaled(CONTENDERS, 4));
+    leader_handoff(etcd, rounds, spec, contenders, HOLD, STALL).await
 }
 
 async fn semaphore_total(etcd: &Etcd, jobs: usize) -> f64 {

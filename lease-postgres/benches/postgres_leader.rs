@@ -225,13 +225,9 @@ async fn table_loss_to_cancel(admin: &Client, table: &Table, rng: &mut Rng) -> V
 }
 
 async fn ours_handoff(postgres: &Postgres) -> Vec<f64> {
-    let mut all = Vec::new();
-    for round in 0..scaled(ROUNDS, 1) {
-        let spec = LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
-        let contenders = scaled(CONTENDERS, 4);
-        all.extend(leader_handoff(postgres, &spec, contenders, HOLD, STALL).await);
-    }
-    all
+    let spec = |round| LeaseSpec::leader(format!("bench/handoff/ours-{round}"));
+    let (rounds, contenders) = (scaled(ROUNDS, 1), scaled(CONTENDERS, 4));
+    leader_handoff(postgres, rounds, spec, contenders, HOLD, STALL).await
 }
 
 /// A random point of a polling period for each of `n` nodes.

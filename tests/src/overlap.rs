@@ -199,13 +199,15 @@ where
     took
 }
 
-/// The benchmarks' leader hand-off: `contenders` tasks each acquire the leader `spec` on
-/// `backend`, hold it for `hold` (lost while held: a failure) and release it. Returns the gaps
-/// (ms) between one holder's end and the next one's start. Fails if the round takes longer than
-/// `stall` (a liveness bound, not a timing), if two held at once, or if a contender never held.
+/// The benchmarks' leader hand-off, in `rounds` rounds: in each, `contenders` tasks each acquire
+/// the leader `spec(round)` on `backend`, hold it for `hold` (lost while held: a failure) and
+/// release it. Returns the gaps (ms) between one holder's end and the next one's start, of every
+/// round. Fails if a round takes longer than `stall` (a liveness bound, not a timing), if two held
+/// at once, or if a contender never held.
 pub async fn leader_handoff<B>(
     backend: &B,
-    spec: &lease_core::LeaseSpec,
+    rounds: usize,
+    spec: impl Fn(usize) -> lease_core::LeaseSpec,
     contenders: usize,
     hold: std::time::Duration,
     stall: std::time::Duration,
@@ -213,9 +215,13 @@ pub async fn leader_handoff<B>(
 where
     B: lease_core::Backend + Clone + 'static,
 {
-    hold_in_turn(backend, spec, "contender", contenders, hold, stall)
-        .await
-        .handoff_gaps_ms()
+    let mut gaps = Vec::new();
+    for round in 0..rounds {
+        let spec = spec(round);
+        let timeline = hold_in_turn(backend, &spec, "contender", contenders, hold, stall).await;
+        gaps.extend(timeline.handoff_gaps_ms());
+    }
+    gaps
 }
 
 /// What [`semaphore_jobs`] and [`leader_handoff`] share: `n` tasks (`<role>-<i>`) each acquire
