@@ -195,6 +195,8 @@ async fn give_back(
     }
 }
 
+/// Leaves `slot` of the pooled lease (its key of `name` deleted), revoking the lease if nothing is
+/// left on it.
 async fn leave(client: &EtcdClient, slot: Slot, name: &str) -> Result<(), Error> {
     if client.pool().detach(slot, name) {
         pool::revoke(client, slot.lease).await.map_err(|e| {
@@ -329,16 +331,10 @@ impl Hold for KeyHold {
         // The touch and the delete go out together, one round trip instead of two: the delete
         // takes only a touched key, so it cannot overtake the touch; if etcd took it first
         // after all, the key is deleted again after the touch's answer.
-        let client = Arc::clone(self.session.client());
-        let delete = TxnRequest {
-            compare: vec![
-                Compare::created(&self.key, self.created),
-                Compare::touched(&self.key),
-            ],
-            success: vec![RequestOp::delete(&self.key)],
-            ..TxnRequest::default()
-        };
-        let announced = announce_release(&client, &self.key, self.created);
+        let client = self.session.client();
+        let mut delete = delete_own(&self.key, Some(self.created));
+        delete.compare.push(Compare::touched(&self.key));
+        let announced = announce_release(client, &self.key, self.created);
         let (_, deleted) = tokio::join!(announced, client.txn(&delete));
         if deleted.is_ok_and(|answer| answer.succeeded) {
             return self.session.leave().await;
