@@ -5,9 +5,9 @@
 //! in every Markdown file of the workspace but the changelog (which records what once was): each
 //! dependency of a TOML snippet that is a workspace crate, with its `features = [...]` and its
 //! `path`; each `cargo …` command, in a shell snippet or in inline code, with its `-p`,
-//! `--features`, `--example`/`--bench`/`--test`/`--bin` and `cargo install`'s `--path`. Against
-//! `cargo metadata` (offline, no build): a feature is one that cargo accepts, optional
-//! dependencies included. No server, well under a second.
+//! `--features`, `--example`/`--bench`/`--test`/`--bin` and `cargo install`'s `--path`; each
+//! relative link, with its `#anchor`. Against `cargo metadata` (offline, no build): a feature is
+//! one that cargo accepts, optional dependencies included. No server, well under a second.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -447,11 +447,71 @@ fn check_toml(workspace: &Workspace, snippet: &str) -> Vec<String> {
     problems
 }
 
-/// Every problem of one Markdown text, as `FILE:LINE: what`.
-fn check_document(workspace: &Workspace, name: &str, text: &str) -> Vec<String> {
+/// The anchors GitHub gives the headings of a Markdown text: lower case, punctuation but `-` and
+/// `_` dropped, spaces made hyphens.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let (_, prose) = split_markdown(text);
+    prose
+        .iter()
+        .filter(|(_, line)| line.starts_with('#'))
+        .map(|(_, line)| {
+            line.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect()
+}
+
+/// What is wrong with the relative links of the prose (`[text](path#anchor)`): a file that
+/// does not exist, or an anchor its Markdown has no heading for. `dir` is the document's
+/// directory; `own` its text, for `#anchor` alone.
+fn check_links(dir: &Path, own: &str, prose: &[(usize, &str)]) -> Vec<(usize, String)> {
+    let mut problems = Vec::new();
+    for &(number, line) in prose {
+        for (_, rest) in line
+            .match_indices("](")
+            .map(|(at, _)| line.split_at(at + 2))
+        {
+            let Some(target) = rest.split(')').next() else {
+                continue;
+            };
+            if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let file = dir.join(path);
+            let text = if path.is_empty() {
+                Some(own.to_owned())
+            } else if !file.exists() {
+                problems.push((number, format!("the link `{target}`: no such file")));
+                continue;
+            } else if path.ends_with(".md") {
+                std::fs::read_to_string(&file).ok()
+            } else {
+                None
+            };
+            if let (false, Some(text)) = (anchor.is_empty(), text) {
+                if !anchors(&text).contains(anchor) {
+                    problems.push((number, format!("the link `{target}`: no such heading")));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Every problem of one Markdown text, as `FILE:LINE: what`; `dir` is its directory.
+fn check_document(workspace: &Workspace, dir: &Path, name: &str, text: &str) -> Vec<String> {
     let (blocks, prose) = split_markdown(text);
     let mut commands = inline_commands(&prose);
-    let mut problems = Vec::new();
+    let mut problems: Vec<String> = check_links(dir, text, &prose)
+        .into_iter()
+        .map(|(line, problem)| format!("{name}:{line}: {problem}"))
+        .collect();
     for block in &blocks {
         match block.lang {
             "toml" => {
@@ -482,8 +542,10 @@ fn every_readme_and_guide_names_only_what_exists() {
     for path in &documents {
         let text = std::fs::read_to_string(path).expect("a readable Markdown file");
         let name = path.strip_prefix(&workspace.root).unwrap_or(path);
+        let dir = path.parent().unwrap_or(&workspace.root);
         problems.extend(check_document(
             &workspace,
+            dir,
             &name.display().to_string(),
             &text,
         ));
@@ -499,7 +561,7 @@ fn every_readme_and_guide_names_only_what_exists() {
 #[test]
 fn the_check_finds_each_kind_of_break() {
     let workspace = Workspace::load();
-    let found = |markdown: &str| check_document(&workspace, "X.md", markdown);
+    let found = |markdown: &str| check_document(&workspace, &workspace.root, "X.md", markdown);
     // lease-macros/README.md before this test: lease-core has no `consul` feature.
     let macros = "```toml\n[dependencies]\nlease-core = { version = \"0.1\", features = [\"macros\", \"consul\"] }\n```\n";
     let problems = found(macros);
@@ -547,4 +609,11 @@ fn the_check_finds_each_kind_of_break() {
     assert_eq!(found("`cargo install --path lease-cli`").len(), 1);
     assert_eq!(found("`cargo install --path lease-core --locked`").len(), 1);
     assert!(found("`cargo install --locked --path lease-cli`").is_empty());
+    // Links: to a file, to a heading of another file or of the document itself.
+    assert!(found("[a](ARCHITECTURE.md#ci), [b](lease-core), [c](#x)\n\n## X\n").is_empty());
+    assert_eq!(
+        found("[a](ARCHITECTURE.md#no-such-heading), [b](lease-nope)").len(),
+        2
+    );
+    assert_eq!(found("See [the rules](#rules).").len(), 1);
 }
