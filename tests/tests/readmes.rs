@@ -194,13 +194,22 @@ fn block_commands<'a>(block: &Block<'a>) -> Vec<(usize, String)> {
             None => line,
         };
         for part in line.split(['&', ';', '|']) {
-            let part = part.trim();
-            if part.starts_with("cargo ") {
-                commands.push((block.line + offset, part.to_owned()));
+            if let Some(command) = cargo_command(part) {
+                commands.push((block.line + offset, command));
             }
         }
     }
     commands
+}
+
+/// The `cargo …` command of a shell command line, without the environment assignments before
+/// it (`VAR=value cargo run …`), its words joined by single spaces.
+fn cargo_command(line: &str) -> Option<String> {
+    let words: Vec<&str> = line
+        .split_whitespace()
+        .skip_while(|word| word.contains('=') && !word.starts_with('-'))
+        .collect();
+    (words.first() == Some(&"cargo")).then(|| words.join(" "))
 }
 
 /// The inline code spans of the prose that are `cargo …` commands, with the line each starts on
@@ -214,10 +223,7 @@ fn inline_commands(prose: &[(usize, &str)]) -> Vec<(usize, String)> {
                 // A backtick: it closes the open span, or opens one.
                 match span.take() {
                     Some((start, code)) => {
-                        let code = code.split_whitespace().collect::<Vec<_>>().join(" ");
-                        if code.starts_with("cargo ") {
-                            commands.push((start, code));
-                        }
+                        commands.extend(cargo_command(&code).map(|c| (start, c)))
                     }
                     None => span = Some((number, String::new())),
                 }
@@ -609,6 +615,10 @@ fn the_check_finds_each_kind_of_break() {
     );
     assert!(found("`cargo run -p lease-demo --features etcd -- --features nope`").is_empty());
     assert!(found("`cargo build -p <crate> [--features <client>]`").is_empty());
+    assert_eq!(
+        found("`URL=postgres://h/db cargo run -p lease-postgres --example nope`").len(),
+        1
+    );
     // lease-cli/README.md before the fix: not on crates.io; and a checkout's install is locked.
     assert_eq!(found("```sh\ncargo install lease-cli\n```\n").len(), 1);
     assert_eq!(found("`cargo install --path lease-cli`").len(), 1);
