@@ -351,10 +351,12 @@ fn check_cargo(workspace: &Workspace, command: &str) -> Vec<String> {
             selected.iter().any(|p| p.targets.contains(&target))
         };
         if !found {
-            problems.push(format!(
-                "no {kind} target `{name}` in {}",
+            let place = if packages.is_empty() {
+                "the workspace".to_owned()
+            } else {
                 packages.join(", ")
-            ));
+            };
+            problems.push(format!("no {kind} target `{name}` in {place}"));
         }
     }
     if subcommand == "install" {
