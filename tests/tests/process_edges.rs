@@ -1056,3 +1056,111 @@ async fn a_database_that_refused_connections_has_a_leader_again_within_a_ttl_and
         run.files()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Failover on every backend, from real processes
+
+/// The TTL of the failover measurement: the least a lease may have, so `kill -9` costs least.
+const FAILOVER_TTL_SECS: u64 = 10;
+
+/// The first line of `kind` by worker `who` at or after `after` (ns), waited for up to `limit`.
+async fn first_after(run: &Run, who: usize, kind: Kind, after: u128, limit: Duration) -> Line {
+    let pid = run.pid(who);
+    wait_for(
+        limit,
+        || format!("worker {pid}'s first `{kind}` line; {}", run.files()),
+        || {
+            run.history(&[who])
+                .of_pid(pid)
+                .find(|l| l.kind == kind && l.t >= after)
+                .cloned()
+        },
+    )
+    .await
+}
+
+/// Failover on one backend (`backend`: its `lease-worker` flag and URL), from the histories of
+/// `lease-worker` processes campaigning the README's way with a TTL of [`FAILOVER_TTL_SECS`]
+/// (and, on Consul, the default lock-delay of 15 s): a holder and a follower that sees it lead;
+/// SIGTERM the holder; then, with a new follower, `kill -9` the new holder. Returns the time
+/// from each signal to the follower's first write, in ms. Judged against what is promised: a
+/// second after a SIGTERM's exit (5 s here, from the signal, on a loaded machine), and after a
+/// `kill -9` the backend's own expiry (the TTL; on Consul up to twice the TTL, plus the
+/// lock-delay), with a margin.
+async fn failover(name: &str, backend: &[String], kill9_bound: Duration) -> (f64, f64) {
+    let mut run = Run::new(
+        "process-edges",
+        &format!("failover_{name}"),
+        WORKER.as_ref(),
+    );
+    let mut args = backend.to_vec();
+    args.extend(strings(&[
+        "--key",
+        &format!("edges/failover/{name}"),
+        "--ttl",
+        &FAILOVER_TTL_SECS.to_string(),
+        "--mode",
+        "campaign-signal",
+    ]));
+    let holder = run.spawn(&format!("{name}-a"), &args);
+    first_after(&run, holder, Kind::Write, 0, START).await;
+    let follower = run.spawn(&format!("{name}-b"), &args);
+    first_after(&run, follower, Kind::Other("leader".into()), 0, START).await;
+    run.assert_alive();
+
+    let term = now_ns();
+    let exited = run.terminate(&[holder]).await;
+    let took_over = first_after(&run, follower, Kind::Write, term, Duration::from_secs(5)).await;
+    let sigterm_ms = ms(took_over.t as i128 - term as i128);
+    assert!(exited.is_ok(), "{name}: {}", exited.unwrap_err());
+
+    let next = run.spawn(&format!("{name}-c"), &args);
+    first_after(&run, next, Kind::Other("leader".into()), 0, START).await;
+    run.assert_alive();
+    let kill = now_ns();
+    run.kill9(follower).await;
+    let took_over = first_after(&run, next, Kind::Write, kill, kill9_bound).await;
+    let kill9_ms = ms(took_over.t as i128 - kill as i128);
+
+    let stopped = run.terminate(&[next]).await;
+    let overlap = run.all().max_concurrent_writers(1);
+    if overlap.exceeds_limit() {
+        run.keep = true;
+    }
+    assert!(
+        !overlap.exceeds_limit(),
+        "{name}: {overlap}; {}",
+        run.files()
+    );
+    stopped.unwrap();
+    println!(
+        "RESULT {name}_failover_sigterm_ms={sigterm_ms:.0} {name}_failover_kill9_ms={kill9_ms:.0} {name}_failover_ttl_s={FAILOVER_TTL_SECS}"
+    );
+    (sigterm_ms, kill9_ms)
+}
+
+/// The failover figures of every backend: from a leader process's SIGTERM, and from its
+/// `kill -9`, until the next process's worker runs (`RESULT <backend>_failover_…` lines). The
+/// three backends run at once (each its own processes and server), so the test takes about as
+/// long as Consul's `kill -9` failover (TTL, which Consul may let run to twice the TTL, then
+/// the lock-delay).
+#[tokio::test]
+async fn failover_after_sigterm_and_after_kill_9_on_consul_etcd_and_postgres() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let etcd = lease_tests::etcd::Server::start().await;
+    let db = lease_tests::postgres::TestDb::create("process_failover").await;
+    let ttl = Duration::from_secs(FAILOVER_TTL_SECS);
+    let margin = Duration::from_secs(5);
+    let consul_lock_delay = Duration::from_secs(15);
+    let (consul, etcd, postgres) = (
+        strings(&["--consul", &agent.url()]),
+        strings(&["--etcd", &etcd.url()]),
+        strings(&["--postgres", db.url()]),
+    );
+    tokio::join!(
+        failover("consul", &consul, 2 * ttl + consul_lock_delay + margin),
+        failover("etcd", &etcd, ttl + margin),
+        failover("postgres", &postgres, ttl + margin),
+    );
+}
