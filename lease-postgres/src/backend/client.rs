@@ -115,7 +115,7 @@ impl PgError {
         }
     }
 
-    /// The verdict on the server's code ([`sqlstate::judge`]), if it answered one.
+    /// The verdict on the server's code ([`judge`]), if it answered one.
     fn verdict(&self) -> Option<Verdict> {
         match self {
             PgError::Connect(e) => e.code().map(|c| judge(c.code(), Stage::Connecting)),
@@ -126,7 +126,7 @@ impl PgError {
     }
 
     /// Whether another attempt may succeed: the server did not answer (or the connection
-    /// broke), or answered a code a retry can cure ([`sqlstate::judge`]).
+    /// broke), or answered a code a retry can cure ([`judge`]).
     pub(crate) fn is_transient(&self) -> bool {
         match (self, self.verdict()) {
             (PgError::Batch(shared), _) => shared.is_transient(),
