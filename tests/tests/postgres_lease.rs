@@ -545,9 +545,11 @@ fn a_runtime_that_ends_holding_a_lease_gives_it_back() {
 /// "not currently accepting connections") and its sessions are terminated, as a campaign starts.
 /// The campaign keeps retrying, and the backend reports itself unreachable: the campaign used to
 /// end (`Failed`, on a code it took for permanent) and the backend to report itself reachable
-/// (the refusal was an answer), so a cluster stayed leaderless, and ready, for good. Once the
-/// database takes connections again, the campaign leads within its retry pause (no row is in
-/// the way; a holder's row would add at most one TTL).
+/// (the refusal was an answer), so a cluster stayed leaderless, and ready, for good. A handle
+/// that only observes (as a waiting follower, it sends nothing but its listening connection)
+/// reports it too, and reachable again once it listens again. Once the database takes
+/// connections again, the campaign leads within its retry pause (no row is in the way; a
+/// holder's row would add at most one TTL).
 #[tokio::test]
 async fn a_campaign_rides_out_a_database_that_refuses_connections() {
     use lease_core::leader::{Campaign, CampaignEnd, CampaignState};
@@ -561,8 +563,24 @@ async fn a_campaign_rides_out_a_database_that_refuses_connections() {
         .release()
         .await
         .unwrap();
+    let follower = backend(&db, "lease-refusing-follower");
+    let _observer = follower
+        .observe_leader("jobs/refusing/first")
+        .await
+        .unwrap();
+    assert_eq!(follower.reachability(), Reachability::Reachable);
     let terminated = db.refuse_connections().await;
-    assert!(terminated >= 1, "{terminated} sessions terminated");
+    assert!(terminated >= 2, "{terminated} sessions terminated");
+    within(
+        Duration::from_secs(10),
+        "the observing handle to report the database unreachable",
+        async {
+            while !matches!(follower.reachability(), Reachability::Unreachable { .. }) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
 
     let ttl = Duration::from_secs(10);
     let campaign = Campaign::try_new(
@@ -637,8 +655,19 @@ async fn a_campaign_rides_out_a_database_that_refuses_connections() {
         reopened.elapsed()
     );
     assert_eq!(postgres.reachability(), Reachability::Reachable);
+    within(
+        Duration::from_secs(5),
+        "the observing handle to listen again",
+        async {
+            while follower.reachability() != Reachability::Reachable {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
     shutdown.cancel();
     let ended = within(Duration::from_secs(10), "the step-down", running).await;
     assert!(matches!(ended, Ok(Ok(CampaignEnd::Shutdown))), "{ended:?}");
     postgres.shutdown().await;
+    follower.shutdown().await;
 }

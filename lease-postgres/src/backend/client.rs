@@ -107,6 +107,15 @@ fn with_sources(error: &dyn std::error::Error) -> String {
 }
 
 impl PgError {
+    /// A failure to connect: TLS's own, or any other.
+    pub(crate) fn connecting(error: tokio_postgres::Error) -> PgError {
+        if tls::is_tls_failure(&error) {
+            PgError::Tls(error)
+        } else {
+            PgError::Connect(error)
+        }
+    }
+
     fn sqlstate(&self) -> Option<&str> {
         match self {
             PgError::Connect(e) | PgError::Query(e) => e.code().map(|c| c.code()),
@@ -146,7 +155,7 @@ impl PgError {
 
     /// Whether the server answered, for reachability: a code that says the database cannot be
     /// used now ([`Verdict::Unusable`]) is no answer.
-    fn answered(&self) -> bool {
+    pub(crate) fn answered(&self) -> bool {
         match (self, self.verdict()) {
             (PgError::Batch(shared), _) => shared.answered(),
             (_, Some(verdict)) => verdict != Verdict::Unusable,
@@ -295,13 +304,10 @@ impl Shared {
         session_sql: Option<&str>,
         tls: &Connector,
     ) -> Result<Client, PgError> {
-        let (client, connection) = config.connect(tls.clone()).await.map_err(|e| {
-            if tls::is_tls_failure(&e) {
-                PgError::Tls(e)
-            } else {
-                PgError::Connect(e)
-            }
-        })?;
+        let (client, connection) = config
+            .connect(tls.clone())
+            .await
+            .map_err(PgError::connecting)?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");
