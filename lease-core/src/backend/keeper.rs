@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -53,6 +54,29 @@ pub trait Hold: Send + 'static {
     /// the lease on faster than the backend's lock-delay would (the guarded work may still be
     /// stopping). Bounded by [`RELEASE_BOUND`].
     fn clean_up(&mut self, reason: &LostReason) -> impl Future<Output = ()> + Send;
+
+    /// Asks the backend to keep the lease held *on its server* until `until` if it is given
+    /// back before then: a lease released at a set time ([`Lease::release_at`], which a guarded
+    /// call's [`min_hold`](crate::LeaseSpec::min_hold) uses) whose holder task is stopped early
+    /// ([`Keepers::shutdown`], the runtime shutting down as the process exits). Returns whether the
+    /// backend can.
+    ///
+    /// Called by the holder task, with `until` ahead, when such a release is asked for; the
+    /// task then keeps the lease held and watched in this process until `until` and calls
+    /// [`release`](Hold::release). A backend that returns `true` makes every later
+    /// [`release`](Hold::release) and [`abandon`](Hold::abandon) called before `until` leave the
+    /// lease held on its server, to be freed there by itself at `until` (as soon after as the
+    /// backend can tell, and say how much later in its docs), with no request from this
+    /// process: a row's or key's expiry set to `until` instead of a delete, renewals stopped
+    /// instead of a release. It must not hand the lease to another holder before `until`. One
+    /// called at or after `until` gives the lease back as usual.
+    ///
+    /// The default returns `false`: the lease is kept only while this process keeps it, and a
+    /// shutdown before `until` gives it back at once.
+    fn keep_until(&mut self, until: Instant) -> bool {
+        let _ = until;
+        false
+    }
 
     /// The last resort, when the runtime drops the holder task before `release` or `clean_up`
     /// finished (the process is ending): a future that gives the lease back without the dying
@@ -139,10 +163,13 @@ impl Keepers {
         let lease = Lease::new(sequencer, Arc::clone(&state), check_sequencer, release_tx);
         generation.tracker.spawn(
             keep(
-                state,
+                Arc::clone(&state),
                 release_rx,
                 generation.stop.clone(),
-                Guard(Some(hold)),
+                Guard(Some(Kept {
+                    hold,
+                    state: Arc::clone(&state),
+                })),
             )
             .instrument(span),
         );
@@ -212,9 +239,21 @@ trait GuardTarget {
     fn into_abandon(self) -> Option<BoxFuture<'static, ()>>;
 }
 
-impl<H: Hold> GuardTarget for H {
-    fn into_abandon(self) -> Option<BoxFuture<'static, ()>> {
-        Hold::abandon(self)
+/// A held lease, with its state: a release asked for at a set time that the holder task had not
+/// yet taken up when the runtime dropped it still keeps the lease on the server
+/// ([`Hold::keep_until`]).
+struct Kept<H> {
+    hold: H,
+    state: Arc<LeaseState>,
+}
+
+impl<H: Hold> GuardTarget for Kept<H> {
+    fn into_abandon(mut self) -> Option<BoxFuture<'static, ()>> {
+        let released = matches!(self.state.lost_reason(), None | Some(LostReason::Released));
+        if let Some(until) = self.state.release_due_at().filter(|_| released) {
+            self.hold.keep_until(until);
+        }
+        Hold::abandon(self.hold)
     }
 }
 
@@ -242,9 +281,9 @@ async fn keep<H: Hold>(
     state: Arc<LeaseState>,
     mut release_rx: oneshot::Receiver<ReleaseRequest>,
     stop: CancellationToken,
-    mut guard: Guard<H>,
+    mut guard: Guard<Kept<H>>,
 ) {
-    let Some(hold) = guard.0.as_mut() else {
+    let Some(Kept { hold, .. }) = guard.0.as_mut() else {
         return;
     };
     let outcome = tokio::select! {
@@ -257,6 +296,10 @@ async fn keep<H: Hold>(
         reason = state.fence().expiry() => Err(reason),
         reason = hold.watch() => Err(reason),
     };
+    // A release at a set time (`Lease::release_at`) keeps the lease, watched, until then.
+    if outcome.is_ok() {
+        hold_until_due(&state, hold, &stop).await;
+    }
     let outcome = match outcome {
         // Asked to release, but the lease may have been lost just before: that is a loss.
         Ok(reply) if state.is_held() && state.lose(LostReason::Released) => {
@@ -310,6 +353,37 @@ async fn keep<H: Hold>(
     }
     if let Some(reply) = reply {
         let _ = reply.send(Err(Error::Lost(reason)));
+    }
+}
+
+/// Keeps a lease whose release was asked for at a set time held, and watched, until that time or
+/// until the holder task is stopped; what is left of the time is then the backend's to keep on
+/// its server ([`Hold::keep_until`]). A loss meanwhile is declared on `state`.
+async fn hold_until_due<H: Hold>(state: &LeaseState, hold: &mut H, stop: &CancellationToken) {
+    let Some(until) = state.release_due_at() else {
+        return;
+    };
+    if !state.is_held() {
+        return;
+    }
+    let on_server = hold.keep_until(until);
+    tracing::debug!(
+        remaining = ?until.saturating_duration_since(Instant::now()),
+        on_server,
+        "keeping the lease until its release time"
+    );
+    let lost = tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        reason = state.lost_signal() => Some(reason),
+        reason = state.fence().expiry() => Some(reason),
+        reason = hold.watch() => Some(reason),
+        () = tokio::time::sleep_until(until) => None,
+    };
+    if let Some(reason) = lost {
+        if state.lose(reason.clone()) {
+            tracing::warn!(%reason, "lease lost while kept until its release time");
+        }
     }
 }
 
