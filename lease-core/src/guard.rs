@@ -170,7 +170,9 @@ impl From<GuardError> for Error {
 ///
 /// After the work completes the lease is released before this returns, so the next guarded call
 /// can take it at once; with a [`min_hold`](LeaseSpec::min_hold) it returns at once and the lease
-/// is released in the background when `min_hold` has passed since the work started. A failed
+/// is released in the background when `min_hold` has passed since the work started (if the
+/// process ends first, the backend's server keeps the lease until then where it can: see
+/// [`LeaseSpec::min_hold`]). A failed
 /// release does not discard the work's output: the holder task logs it, and the backend frees
 /// the lease when the session expires.
 ///

@@ -36,6 +36,9 @@ pub trait Hold: Send + 'static {
     /// Confirm the lease's [`Fence`] with the send time of every request the backend answered
     /// (a renewal, a blocking read); the holder task declares [`LostReason::SelfFenced`] when the
     /// fence's deadline passes, so a watch never needs its own timer for that.
+    ///
+    /// It may be called again after an earlier call's future was dropped unfinished (the holder
+    /// task watches a lease kept until its release time anew), and must watch as before.
     fn watch(&mut self) -> impl Future<Output = LostReason> + Send;
 
     /// Gives the lease back. Called once, after the lease is marked released, and bounded by
