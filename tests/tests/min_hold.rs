@@ -12,7 +12,10 @@
 //! of `min_hold`, to the second on etcd), within two TTLs on Consul (a session nothing renews
 //! lives one to two TTLs; Consul 1.8 waits two).
 //!
-//! About 15 s for PostgreSQL and etcd each, 45 s for Consul: one of the long test binaries.
+//! On etcd, `etcdctl lock` also waits for the kept key until `min_hold` ends.
+//!
+//! About 15 s for PostgreSQL and etcd each, 7 s for etcdctl, 45 s for Consul (the tests take
+//! turns; about 70 s in all): one of the long test binaries.
 //!
 //! ```sh
 //! cargo test -p lease-tests --test min_hold -- --nocapture   # prints the measured figures
@@ -191,4 +194,51 @@ async fn min_hold_outlives_the_process_on_consul() {
         TTL * 2 + EVERY,
     )
     .await;
+}
+
+/// `etcdctl lock` waits for the kept key as for any holder's: it gets the lock when `min_hold`
+/// ends, not when the process that ran the job exits. (The key keeps its create revision when it
+/// moves onto its own etcd lease, and etcdctl waits for the deletion of the keys created before
+/// its own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_waits_for_the_kept_key() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let etcd = lease_tests::etcd::Server::start().await;
+    let _turn = SERIAL.lock().await;
+    let mut run = Run::new("min-hold", "etcdctl", std::path::Path::new(JOB));
+    let key = "jobs/interop";
+    let ran = fire(&mut run, &flags("--etcd", &etcd.url()), key, "return").await;
+    assert!(ran.ran, "the job must run; {}", run.files());
+    let mut etcdctl = etcd
+        .etcdctl()
+        .args(["lock", "--ttl", "10", key])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(etcdctl.stdout.take().unwrap()).lines();
+    // It prints its key `<name>/<lease hex>` once it holds the lock.
+    let held = tokio::time::timeout(MIN_HOLD + TTL + FIRING, lines.next_line())
+        .await
+        .expect("etcdctl lock never got the lock")
+        .unwrap()
+        .expect("etcdctl lock holds");
+    let since =
+        Duration::from_nanos(u64::try_from(lease_tests::overlap::now_ns() - ran.t).unwrap());
+    assert!(held.starts_with(key), "{held}");
+    assert!(
+        since >= MIN_HOLD - SLACK,
+        "etcdctl lock got the lock {since:?} after the job ran, before its min_hold ended"
+    );
+    assert!(
+        since <= MIN_HOLD + TTL,
+        "etcdctl lock got the lock only {since:?} after the job ran"
+    );
+    println!(
+        "RESULT min_hold etcdctl lock: got the kept key {:.2} s after the job ran (min_hold {:?})",
+        since.as_secs_f64(),
+        MIN_HOLD
+    );
+    let _ = etcdctl.kill().await;
 }
