@@ -418,3 +418,90 @@ pub fn instrument_acquire<'a>(
     );
     Box::pin(crate::metrics::acquire(backend, spec, acquire).instrument(span))
 }
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A hold that records what the holder task asks of it.
+    struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl Recorded {
+        fn log(&self, event: impl Into<String>) {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(event.into());
+        }
+    }
+
+    impl Hold for Recorded {
+        async fn watch(&mut self) -> LostReason {
+            std::future::pending().await
+        }
+
+        async fn release(&mut self) -> Result<(), Error> {
+            self.log("release");
+            Ok(())
+        }
+
+        async fn clean_up(&mut self, _reason: &LostReason) {
+            self.log("clean_up");
+        }
+
+        fn keep_until(&mut self, _until: Instant) -> bool {
+            self.log("keep_until");
+            true
+        }
+
+        fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+            self.log("abandon");
+            None
+        }
+    }
+
+    fn start(keepers: &Keepers, log: &Arc<Mutex<Vec<String>>>) -> Lease {
+        keepers.start(
+            Sequencer::new(BackendKind::Memory, "jobs/nightly", 1, "h"),
+            Fence::unbounded(),
+            Arc::new(crate::memory::Memory::new()),
+            Recorded(Arc::clone(log)),
+        )
+    }
+
+    /// A shutdown before the release time hands the rest to the backend: `keep_until`, then
+    /// `release` (which the backend turns into a hold on its server).
+    #[tokio::test]
+    async fn a_shutdown_before_the_release_time_asks_the_backend_to_keep_the_lease() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let keepers = Keepers::new();
+        let lease = start(&keepers, &log);
+        let watcher = lease.watcher();
+        lease.release_at(Instant::now() + Duration::from_secs(3600));
+        tokio::time::timeout(Duration::from_secs(5), keepers.shutdown())
+            .await
+            .unwrap();
+        assert_eq!(*log.lock().unwrap(), ["keep_until", "release"]);
+        assert_eq!(watcher.lost_reason(), Some(LostReason::Released));
+    }
+
+    /// A runtime that ends before the holder task took the release up still keeps the lease:
+    /// `keep_until` before `abandon`.
+    #[test]
+    fn a_runtime_that_ends_first_still_asks_the_backend_to_keep_the_lease() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let lease = start(&Keepers::new(), &log);
+            lease.release_at(Instant::now() + Duration::from_secs(3600));
+        });
+        drop(runtime);
+        assert_eq!(*log.lock().unwrap(), ["keep_until", "abandon"]);
+    }
+}
