@@ -53,6 +53,11 @@ pub enum Capability {
     DeleteKey,
     /// [`Operator::release_key`]. An operator without it answers `Unsupported` (checked).
     ReleaseKey,
+    /// A lease given back at a set time ([`Lease::release_at`](lease_core::Lease::release_at),
+    /// what a guarded call's `min_hold` uses) stays held on the server until then even if its
+    /// holder shuts down first ([`Hold::keep_until`](lease_core::backend::Hold::keep_until)
+    /// answers `true`). Without it (memory, RabbitMQ) a shutdown gives the lease back at once.
+    KeepsPastHolder,
 }
 
 impl fmt::Display for Capability {
@@ -68,6 +73,7 @@ impl fmt::Display for Capability {
             Capability::DestroySession => "destroying a session",
             Capability::DeleteKey => "deleting a key",
             Capability::ReleaseKey => "releasing a key",
+            Capability::KeepsPastHolder => "keeping a lease past its holder until its release time",
         })
     }
 }
@@ -243,7 +249,8 @@ impl Harness {
             | Capability::RisingIndex
             | Capability::ContenderKeys
             | Capability::LimitAgreement
-            | Capability::LockKinds => None,
+            | Capability::LockKinds
+            | Capability::KeepsPastHolder => None,
         }
     }
 

@@ -81,6 +81,7 @@ macro_rules! __for_each_scenario {
             semaphore_holder_loses_on_session_destroy,
             semaphore_dead_holder_keeps_its_slot_for_the_lock_delay,
             shutdown_releases_every_lease,
+            release_at_outlives_the_holders_shutdown,
         }
     };
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, ConsulHttp, SessionLife};
+use super::http::{Behavior, ConsulHttp, SessionLife, TxnOp};
 use super::keepalive::Heartbeat;
 use super::leader::LEADER_FLAGS;
 use super::retry::{retry_transient, within};
@@ -184,6 +184,121 @@ impl Session {
             give_back.await;
             drop(heartbeat);
         }))
+    }
+}
+
+impl Session {
+    /// Whether [`keep`](Session::keep) can leave what this session holds held past it: a leader
+    /// key (a semaphore slot cannot be handed to another session without rewriting the holders
+    /// every contender agrees on).
+    pub(crate) fn can_keep(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Leaves the leader key held for `left` more, by a session of its own that nothing renews,
+    /// then destroys this one; gives everything back as usual if that fails.
+    pub(crate) async fn keep(&mut self, left: Duration) -> Result<(), Error> {
+        let Some(key) = self.key.clone() else {
+            return self.give_back().await;
+        };
+        match keep_key(&self.http, &key, &self.id, left).await {
+            Ok(()) => {
+                self.ended = true;
+                destroy(&self.http, &self.id).await
+            }
+            Err(error) => {
+                tracing::debug!(%error, key, "could not keep the key for its min_hold; releasing it");
+                self.give_back().await
+            }
+        }
+    }
+
+    /// [`keep`](Session::keep) on a detached runtime, for a process that is ending.
+    pub(crate) fn abandon_kept(mut self, until: Instant) -> Option<BoxFuture<'static, ()>> {
+        let Some(key) = self.key.clone() else {
+            return self.abandon();
+        };
+        self.ended = true;
+        let http = self.http.detached()?;
+        let id = self.id.clone();
+        let heartbeat = self._heartbeat.take();
+        Some(Box::pin(async move {
+            let left = until.saturating_duration_since(Instant::now());
+            if keep_key(&http, &key, &id, left).await.is_ok() {
+                let _ = destroy(&http, &id).await;
+            } else {
+                let _ = give_back(&http, &id, Some(&key)).await;
+            }
+            drop(heartbeat);
+        }))
+    }
+}
+
+/// Hands the leader `key`, held by `session`, to a new session that nothing renews, in one
+/// transaction (unlock, then lock by the new session, value and flags kept as `consul lock`
+/// reads them): the key stays held whatever becomes of this process, and Consul releases it
+/// when that session's TTL runs out. Its TTL is `left` rounded up to whole seconds, and at
+/// least Consul's minimum of 10 s; Consul invalidates a session between one and two TTLs after
+/// its last renewal (1.8 waits two), so the key is free again between `left` (or 10 s) and
+/// twice that from now. Its lock-delay is zero: the work under the key has ended, there is
+/// nothing left to protect. The key's LockIndex rises with the new session, as with any new
+/// holder.
+async fn keep_key(
+    http: &ConsulHttp,
+    key: &str,
+    session: &str,
+    left: Duration,
+) -> Result<(), Error> {
+    /// Consul's shortest session TTL, and its longest.
+    const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(86_400));
+    let whole_seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    let ttl = Duration::from_secs(whole_seconds).clamp(TTL_RANGE.0, TTL_RANGE.1);
+    let fail = |e: super::http::ApiError| e.into_error(http, format_args!("keep {key:?}"));
+    let (entry, _) = http.kv_get(key).await.map_err(fail)?;
+    let entry = entry
+        .filter(|entry| entry.holder() == Some(session))
+        .ok_or(Error::Lost(LostReason::KeyReleased))?;
+    let value = entry.decoded_value().map_err(Error::config)?;
+    let keeper = http
+        .session_create(
+            &format!("{key} (min_hold)"),
+            SessionLife::Ttl(ttl),
+            Duration::ZERO,
+            Behavior::Release,
+        )
+        .await
+        .map_err(fail)?;
+    let handed = http
+        .txn(&[
+            TxnOp::CheckIndex {
+                key,
+                index: entry.modify_index,
+            },
+            TxnOp::Unlock {
+                key,
+                session,
+                flags: LEADER_FLAGS,
+            },
+            TxnOp::Lock {
+                key,
+                session: &keeper,
+                value: &value,
+                flags: LEADER_FLAGS,
+            },
+        ])
+        .await;
+    match handed {
+        Ok(Ok(_)) => {
+            tracing::debug!(key, session = %keeper, ?ttl, "leader key kept for its min_hold by a session nothing renews");
+            Ok(())
+        }
+        other => {
+            let _ = http.session_destroy(&keeper).await;
+            match other {
+                Err(error) => Err(fail(error)),
+                _ => Err(Error::Lost(LostReason::KeyReleased)),
+            }
+        }
     }
 }
 
@@ -381,6 +496,8 @@ pub(crate) struct SessionHold<L> {
     renewals: Renewals,
     /// The index of our acquisition: older listings do not show it and are not judged.
     acquired_at: u64,
+    /// Set by [`Hold::keep_until`]: a release before it leaves the key held until then.
+    keep_until: Option<Instant>,
 }
 
 /// Turns what `session` acquired (`key`, at LockIndex `lock_index`, written at `index`) into a
@@ -400,6 +517,7 @@ pub(crate) fn start_lease<L: SessionLock>(
         session: Some(session),
         renewals,
         acquired_at: index,
+        keep_until: None,
     };
     keepers.start(sequencer, fence, backend, hold)
 }
@@ -444,7 +562,22 @@ impl<L: SessionLock> Hold for SessionHold<L> {
         went_with_session(session.http(), session.id()).await
     }
 
+    fn keep_until(&mut self, until: Instant) -> bool {
+        let can = self.session.as_ref().is_some_and(Session::can_keep);
+        if can {
+            self.keep_until = Some(until);
+        }
+        can
+    }
+
     async fn release(&mut self) -> Result<(), Error> {
+        let left = self
+            .keep_until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero());
+        if let (Some(left), Some(session)) = (left, &mut self.session) {
+            return session.keep(left).await;
+        }
         self.lock
             .give_back(&mut self.session, &mut self.renewals)
             .await
@@ -462,7 +595,10 @@ impl<L: SessionLock> Hold for SessionHold<L> {
     }
 
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.session?.abandon()
+        match self.keep_until.filter(|until| *until > Instant::now()) {
+            Some(until) => self.session?.abandon_kept(until),
+            None => self.session?.abandon(),
+        }
     }
 }
 

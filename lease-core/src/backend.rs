@@ -9,7 +9,9 @@
 //!   [`ReachabilityTracker`] fed where the backend sends its requests; `shutdown` calls
 //!   [`Keepers::shutdown`];
 //! - a [`Hold`] for one held lease: watch it until it is lost, release it, clean up after a
-//!   loss, and (optionally) give it back without a runtime when the process ends.
+//!   loss, and (optionally) give it back without a runtime when the process ends, and keep it
+//!   on the server past its holder until a set time ([`Hold::keep_until`], what `min_hold`
+//!   needs; the conformance suite's `KeepsPastHolder` tests it).
 //!
 //! The holder task that drives a [`Hold`] is the crate's, so every backend orders loss before
 //! clean-up, turns `is_held()` false before releasing, bounds releases by [`RELEASE_BOUND`], and

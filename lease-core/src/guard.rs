@@ -170,7 +170,9 @@ impl From<GuardError> for Error {
 ///
 /// After the work completes the lease is released before this returns, so the next guarded call
 /// can take it at once; with a [`min_hold`](LeaseSpec::min_hold) it returns at once and the lease
-/// is released in the background when `min_hold` has passed since the work started. A failed
+/// is released in the background when `min_hold` has passed since the work started (if the
+/// process ends first, the backend's server keeps the lease until then where it can: see
+/// [`LeaseSpec::min_hold`]). A failed
 /// release does not discard the work's output: the holder task logs it, and the backend frees
 /// the lease when the session expires.
 ///
@@ -232,28 +234,21 @@ pub async fn guarded<F: Future>(
     }
 }
 
-/// Releases `lease` now, or in the background once `min_hold` has passed since `started`.
+/// Releases `lease` now, or in the background once `min_hold` has passed since `started`; a
+/// process that ends before then leaves it held on the backend's server until then, where the
+/// backend can ([`Lease::release_at`]).
 async fn release_after_min_hold(lease: Lease, min_hold: Duration, started: Instant) {
-    let remaining = min_hold.saturating_sub(started.elapsed());
-    if remaining.is_zero() {
+    if min_hold.saturating_sub(started.elapsed()).is_zero() {
         // Already logged by the holder task; the output is still what the caller asked for.
         let _ = lease.release().await;
         return;
     }
     tracing::debug!(
         sequencer = %lease.sequencer(),
-        ?remaining,
+        ?min_hold,
         "guarded: work done; keeping the lease for its min_hold"
     );
-    // The task owns the lease: on a backend or runtime shutdown it is released like any other.
-    tokio::spawn(async move {
-        tokio::select! {
-            () = tokio::time::sleep(remaining) => {
-                let _ = lease.release().await;
-            }
-            _ = lease.lost() => {}
-        }
-    });
+    lease.release_at(started + min_hold);
 }
 
 /// The outcome of an acquisition that failed: the work did not run.

@@ -222,11 +222,22 @@ impl LeaseSpec {
     /// returns as soon as the work ends; the lease is released in the background when
     /// `min_hold` has passed since the work started (after a loss there is nothing to keep).
     ///
-    /// The lease is kept while the process lives: [`Backend::shutdown`](crate::Backend::shutdown),
-    /// and a runtime shutting down, release a lease whose delayed release is pending at once, as
-    /// they release every lease (a process cannot keep a session past its own life anyway, and a
-    /// shutdown must not wait out a schedule). A job that must not run again early after a
-    /// deploy needs a longer `min_hold` on the nodes that stay, or fencing.
+    /// The lease outlives its process where the backend can keep it on its server
+    /// ([`Lease::release_at`](crate::Lease::release_at)): a process that ends before `min_hold`
+    /// has passed ([`Backend::shutdown`](crate::Backend::shutdown), or `main` returning) does not
+    /// give the lease back, so a job fired a second later by a new process on another node still
+    /// skips. The shutdown does not wait out the schedule; what is left of it is the server's:
+    ///
+    /// - PostgreSQL: the row's expiry is set to the end of `min_hold` instead of a delete;
+    /// - etcd: the key moves onto an etcd lease of its own, granted for what is left of
+    ///   `min_hold` rounded up to the second, which etcd lets expire;
+    /// - Consul (leader keys): the key moves to a session nothing renews, whose TTL is what is
+    ///   left of `min_hold` (at least Consul's 10 s); Consul frees the key one to two TTLs later
+    ///   (1.8 waits two): never early, up to about 20 s late for a short `min_hold`;
+    /// - memory (the process is the store), RabbitMQ (a slot is an exclusive queue, which goes
+    ///   with its connection) and Consul semaphores: given back at the shutdown.
+    ///
+    /// A process killed outright (`kill -9`) keeps the lease only until its TTL runs out.
     #[must_use]
     pub fn min_hold(mut self, min_hold: Duration) -> Self {
         self.min_hold = min_hold;

@@ -137,6 +137,75 @@ impl Session {
         self.given_back = true;
         detached_give_back(&self.client, self.slot, &self.name, &self.own)
     }
+
+    /// Moves the own key (the one created at `created`) onto an etcd lease of its own that
+    /// ends `left` from now (rounded up to whole seconds), then leaves the pooled lease: the key
+    /// stays held until then, whatever happens to this process, and etcd deletes it when that
+    /// lease expires. A key that is no longer ours is given back as usual.
+    pub(crate) async fn keep(&mut self, created: i64, left: Duration) -> Result<(), Error> {
+        match keep_key(&self.client, &self.own, created, left).await {
+            Ok(true) => self.leave().await,
+            Ok(false) => self.give_back(Some(created)).await,
+            Err(error) => {
+                let _ = self.give_back(Some(created)).await;
+                Err(error.into_error(&self.client, format_args!("keep {:?}", self.own)))
+            }
+        }
+    }
+
+    /// [`keep`](Session::keep) on a detached runtime, for a process that is ending.
+    pub(crate) fn abandon_kept(
+        mut self,
+        created: i64,
+        until: Instant,
+    ) -> Option<BoxFuture<'static, ()>> {
+        self.given_back = true;
+        let last = self.client.pool().detach(self.slot, &self.name);
+        let client = self.client.detached()?;
+        let (own, lease) = (self.own.clone(), self.slot.lease);
+        Some(Box::pin(async move {
+            let left = until.saturating_duration_since(Instant::now());
+            if !matches!(keep_key(&client, &own, created, left).await, Ok(true)) {
+                let delete = delete_own(&own, Some(created));
+                let _ = retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await;
+            }
+            if last {
+                let _ = pool::revoke(&client, lease).await;
+            }
+        }))
+    }
+}
+
+/// Puts `own` (if it is still the key created at `created`) onto a new etcd lease granted for
+/// `left`, rounded up to whole seconds, keeping its value and create revision: `etcdctl lock`
+/// and `elect` waiters, ours included, go on waiting for its deletion, which etcd makes when
+/// that lease expires. The put raises the key's version, so our waiters take that deletion for
+/// a release and do not settle: the work under it has ended. `Ok(false)` if the key is no
+/// longer ours (the new lease is revoked again).
+async fn keep_key(
+    client: &EtcdClient,
+    own: &str,
+    created: i64,
+    left: Duration,
+) -> Result<bool, ApiError> {
+    let whole_seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    let ttl = Duration::from_secs(whole_seconds.max(1));
+    let lease = retry_transient(within(RELEASE_BOUND), || client.lease_grant(ttl)).await?;
+    let put = TxnRequest {
+        compare: vec![Compare::created(own, created)],
+        success: vec![RequestOp::put(PutRequest {
+            key: own.as_bytes().to_vec(),
+            lease,
+            ignore_value: true,
+            ..PutRequest::default()
+        })],
+        ..TxnRequest::default()
+    };
+    let moved = retry_transient(within(RELEASE_BOUND), || client.txn(&put)).await;
+    if !matches!(moved, Ok(ref answer) if answer.succeeded) {
+        let _ = client.lease_revoke(lease).await;
+    }
+    moved.map(|answer| answer.succeeded)
 }
 
 impl Drop for Session {
@@ -263,6 +332,8 @@ pub(crate) struct KeyHold {
     created: i64,
     /// The revision the acquisition was judged at: later changes are watched.
     judged_at: i64,
+    /// Set by [`Hold::keep_until`]: a release before it leaves the key on a lease that ends then.
+    keep_until: Option<Instant>,
 }
 
 /// What an acquisition won, for [`start_lease`].
@@ -292,6 +363,7 @@ pub(crate) fn start_lease(
         key,
         created: won.created,
         judged_at: won.judged_at,
+        keep_until: None,
     };
     keepers.start(sequencer, fence, backend, hold)
 }
@@ -327,7 +399,18 @@ impl Hold for KeyHold {
         }
     }
 
+    fn keep_until(&mut self, until: Instant) -> bool {
+        self.keep_until = Some(until);
+        true
+    }
+
     async fn release(&mut self) -> Result<(), Error> {
+        let left = self
+            .keep_until
+            .map(|until| until.saturating_duration_since(Instant::now()));
+        if let Some(left) = left.filter(|left| !left.is_zero()) {
+            return self.session.keep(self.created, left).await;
+        }
         // The touch and the delete go out together, one round trip instead of two: the delete
         // takes only a touched key, so it cannot overtake the touch; if etcd took it first
         // after all, the key is deleted again after the touch's answer.
@@ -350,7 +433,10 @@ impl Hold for KeyHold {
     }
 
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.session.abandon()
+        match self.keep_until.filter(|until| *until > Instant::now()) {
+            Some(until) => self.session.abandon_kept(self.created, until),
+            None => self.session.abandon(),
+        }
     }
 }
 

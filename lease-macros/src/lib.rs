@@ -50,7 +50,7 @@
 //! | `wait = "30s"` / `"forever"` / `"never"` | how long to wait when held elsewhere | `"forever"` |
 //! | `ttl = "15s"` | session TTL, whole seconds, 10s to 24h | `"15s"` |
 //! | `lock_delay = "0s"` | lock-delay after loss, at most 60s | `"15s"` |
-//! | `min_hold = "30s"` | keep the lease at least this long after the body started (ShedLock's `lockAtLeastFor`), released in the background | `"0s"` |
+//! | `min_hold = "30s"` | keep the lease at least this long after the body started (ShedLock's `lockAtLeastFor`), released in the background; a process that exits sooner leaves it held on the server until then (PostgreSQL, etcd, Consul leader keys; see `LeaseSpec::min_hold`) | `"0s"` |
 //! | `max_run = "5m"` | cancel the body if it runs longer (ShedLock's `lockAtMostFor`): `Err(GuardError::TimedOut { .. })` | no bound |
 //! | `backend = <expr>` | the backend to acquire from: a backend or a reference to one | the default backend (scoped, else process-wide) |
 //! | `crate = "my_facade::lease"` | the path the generated code names lease-core by, for a crate that re-exports it: a path in a string | `"::lease_core"` |

@@ -1,9 +1,10 @@
 //! The public conformance suite (`lease-conformance`) run against the in-tree backends: memory,
 //! Consul, etcd and RabbitMQ, one test per scenario each.
 //!
-//! Memory and Consul have every capability. RabbitMQ has no sessions, keys or lock-delay and
-//! cannot observe a leader: its harness declares so, and those scenarios check the refusal
-//! instead. Its own losses (connection closed, slot removed) are tested in tests/amqp.rs.
+//! Consul has every capability; memory every one but keeping a lease past its holder (the
+//! process is the store). RabbitMQ has no sessions, keys or lock-delay, cannot observe a leader
+//! and keeps nothing past its holder: its harness declares so, and those scenarios check the
+//! refusal instead. Its own losses (connection closed, slot removed) are tested in tests/amqp.rs.
 //!
 //! etcd has no lock-delay and no release of a key apart from its lease: its harness declares so.
 //! Its sessions are etcd leases (revoked by the operator), and its own losses are tested in
@@ -26,7 +27,8 @@ use lease_tests::consul::Agent;
 async fn memory() -> Harness {
     lease_tests::init_tracing();
     let memory = Memory::new();
-    Harness::new(memory.clone(), memory)
+    // The process is the store: nothing of it outlives the holder.
+    Harness::new(memory.clone(), memory).lacks(Capability::KeepsPastHolder)
 }
 
 /// A dev agent's operator actions: raw KV and session calls, as an administrator makes them.
@@ -128,6 +130,8 @@ async fn amqp() -> Harness {
         .lacks(Capability::DestroySession)
         .lacks(Capability::DeleteKey)
         .lacks(Capability::ReleaseKey)
+        // A slot is held by an exclusive queue, which goes with its connection.
+        .lacks(Capability::KeepsPastHolder)
         // Slot queues are durable: remove the semaphores the scenario created.
         .clean_up_with(|keys| async move {
             for key in keys {

@@ -48,6 +48,7 @@ async fn harness() -> Harness {
         .lacks(Capability::DestroySession)
         .lacks(Capability::ReleaseKey)
         .lacks(Capability::LockDelay)
+        .lacks(Capability::KeepsPastHolder)
         .clean_up_with(|_keys| async move {
             let _ = std::fs::remove_dir_all(dir);
         })

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -35,6 +36,9 @@ pub trait Hold: Send + 'static {
     /// Confirm the lease's [`Fence`] with the send time of every request the backend answered
     /// (a renewal, a blocking read); the holder task declares [`LostReason::SelfFenced`] when the
     /// fence's deadline passes, so a watch never needs its own timer for that.
+    ///
+    /// It may be called again after an earlier call's future was dropped unfinished (the holder
+    /// task watches a lease kept until its release time anew), and must watch as before.
     fn watch(&mut self) -> impl Future<Output = LostReason> + Send;
 
     /// Gives the lease back. Called once, after the lease is marked released, and bounded by
@@ -53,6 +57,29 @@ pub trait Hold: Send + 'static {
     /// the lease on faster than the backend's lock-delay would (the guarded work may still be
     /// stopping). Bounded by [`RELEASE_BOUND`].
     fn clean_up(&mut self, reason: &LostReason) -> impl Future<Output = ()> + Send;
+
+    /// Asks the backend to keep the lease held *on its server* until `until` if it is given
+    /// back before then: a lease released at a set time ([`Lease::release_at`], which a guarded
+    /// call's [`min_hold`](crate::LeaseSpec::min_hold) uses) whose holder task is stopped early
+    /// ([`Keepers::shutdown`], the runtime shutting down as the process exits). Returns whether the
+    /// backend can.
+    ///
+    /// Called by the holder task, with `until` ahead, when such a release is asked for; the
+    /// task then keeps the lease held and watched in this process until `until` and calls
+    /// [`release`](Hold::release). A backend that returns `true` makes every later
+    /// [`release`](Hold::release) and [`abandon`](Hold::abandon) called before `until` leave the
+    /// lease held on its server, to be freed there by itself at `until` (as soon after as the
+    /// backend can tell, and say how much later in its docs), with no request from this
+    /// process: a row's or key's expiry set to `until` instead of a delete, renewals stopped
+    /// instead of a release. It must not hand the lease to another holder before `until`. One
+    /// called at or after `until` gives the lease back as usual.
+    ///
+    /// The default returns `false`: the lease is kept only while this process keeps it, and a
+    /// shutdown before `until` gives it back at once.
+    fn keep_until(&mut self, until: Instant) -> bool {
+        let _ = until;
+        false
+    }
 
     /// The last resort, when the runtime drops the holder task before `release` or `clean_up`
     /// finished (the process is ending): a future that gives the lease back without the dying
@@ -139,10 +166,13 @@ impl Keepers {
         let lease = Lease::new(sequencer, Arc::clone(&state), check_sequencer, release_tx);
         generation.tracker.spawn(
             keep(
-                state,
+                Arc::clone(&state),
                 release_rx,
                 generation.stop.clone(),
-                Guard(Some(hold)),
+                Guard(Some(Kept {
+                    hold,
+                    state: Arc::clone(&state),
+                })),
             )
             .instrument(span),
         );
@@ -212,9 +242,21 @@ trait GuardTarget {
     fn into_abandon(self) -> Option<BoxFuture<'static, ()>>;
 }
 
-impl<H: Hold> GuardTarget for H {
-    fn into_abandon(self) -> Option<BoxFuture<'static, ()>> {
-        Hold::abandon(self)
+/// A held lease, with its state: a release asked for at a set time that the holder task had not
+/// yet taken up when the runtime dropped it still keeps the lease on the server
+/// ([`Hold::keep_until`]).
+struct Kept<H> {
+    hold: H,
+    state: Arc<LeaseState>,
+}
+
+impl<H: Hold> GuardTarget for Kept<H> {
+    fn into_abandon(mut self) -> Option<BoxFuture<'static, ()>> {
+        let released = matches!(self.state.lost_reason(), None | Some(LostReason::Released));
+        if let Some(until) = self.state.release_due_at().filter(|_| released) {
+            self.hold.keep_until(until);
+        }
+        Hold::abandon(self.hold)
     }
 }
 
@@ -242,9 +284,9 @@ async fn keep<H: Hold>(
     state: Arc<LeaseState>,
     mut release_rx: oneshot::Receiver<ReleaseRequest>,
     stop: CancellationToken,
-    mut guard: Guard<H>,
+    mut guard: Guard<Kept<H>>,
 ) {
-    let Some(hold) = guard.0.as_mut() else {
+    let Some(Kept { hold, .. }) = guard.0.as_mut() else {
         return;
     };
     let outcome = tokio::select! {
@@ -257,6 +299,10 @@ async fn keep<H: Hold>(
         reason = state.fence().expiry() => Err(reason),
         reason = hold.watch() => Err(reason),
     };
+    // A release at a set time (`Lease::release_at`) keeps the lease, watched, until then.
+    if outcome.is_ok() {
+        hold_until_due(&state, hold, &stop).await;
+    }
     let outcome = match outcome {
         // Asked to release, but the lease may have been lost just before: that is a loss.
         Ok(reply) if state.is_held() && state.lose(LostReason::Released) => {
@@ -313,6 +359,37 @@ async fn keep<H: Hold>(
     }
 }
 
+/// Keeps a lease whose release was asked for at a set time held, and watched, until that time or
+/// until the holder task is stopped; what is left of the time is then the backend's to keep on
+/// its server ([`Hold::keep_until`]). A loss meanwhile is declared on `state`.
+async fn hold_until_due<H: Hold>(state: &LeaseState, hold: &mut H, stop: &CancellationToken) {
+    let Some(until) = state.release_due_at() else {
+        return;
+    };
+    if !state.is_held() {
+        return;
+    }
+    let on_server = hold.keep_until(until);
+    tracing::debug!(
+        remaining = ?until.saturating_duration_since(Instant::now()),
+        on_server,
+        "keeping the lease until its release time"
+    );
+    let lost = tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        reason = state.lost_signal() => Some(reason),
+        reason = state.fence().expiry() => Some(reason),
+        reason = hold.watch() => Some(reason),
+        () = tokio::time::sleep_until(until) => None,
+    };
+    if let Some(reason) = lost {
+        if state.lose(reason.clone()) {
+            tracing::warn!(%reason, "lease lost while kept until its release time");
+        }
+    }
+}
+
 /// How every backend's [`Backend::acquire`](crate::Backend::acquire) runs: `acquire` (the
 /// backend's protocol, ending in [`Keepers::start`]) in a `lease.acquire` span, a child of the
 /// caller's (the lease's `lease.hold` span follows from it), recording the acquisition's
@@ -340,4 +417,91 @@ pub fn instrument_acquire<'a>(
         backend = backend.as_str()
     );
     Box::pin(crate::metrics::acquire(backend, spec, acquire).instrument(span))
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A hold that records what the holder task asks of it.
+    struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl Recorded {
+        fn log(&self, event: impl Into<String>) {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(event.into());
+        }
+    }
+
+    impl Hold for Recorded {
+        async fn watch(&mut self) -> LostReason {
+            std::future::pending().await
+        }
+
+        async fn release(&mut self) -> Result<(), Error> {
+            self.log("release");
+            Ok(())
+        }
+
+        async fn clean_up(&mut self, _reason: &LostReason) {
+            self.log("clean_up");
+        }
+
+        fn keep_until(&mut self, _until: Instant) -> bool {
+            self.log("keep_until");
+            true
+        }
+
+        fn abandon(self) -> Option<BoxFuture<'static, ()>> {
+            self.log("abandon");
+            None
+        }
+    }
+
+    fn start(keepers: &Keepers, log: &Arc<Mutex<Vec<String>>>) -> Lease {
+        keepers.start(
+            Sequencer::new(BackendKind::Memory, "jobs/nightly", 1, "h"),
+            Fence::unbounded(),
+            Arc::new(crate::memory::Memory::new()),
+            Recorded(Arc::clone(log)),
+        )
+    }
+
+    /// A shutdown before the release time hands the rest to the backend: `keep_until`, then
+    /// `release` (which the backend turns into a hold on its server).
+    #[tokio::test]
+    async fn a_shutdown_before_the_release_time_asks_the_backend_to_keep_the_lease() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let keepers = Keepers::new();
+        let lease = start(&keepers, &log);
+        let watcher = lease.watcher();
+        lease.release_at(Instant::now() + Duration::from_secs(3600));
+        tokio::time::timeout(Duration::from_secs(5), keepers.shutdown())
+            .await
+            .unwrap();
+        assert_eq!(*log.lock().unwrap(), ["keep_until", "release"]);
+        assert_eq!(watcher.lost_reason(), Some(LostReason::Released));
+    }
+
+    /// A runtime that ends before the holder task took the release up still keeps the lease:
+    /// `keep_until` before `abandon`.
+    #[test]
+    fn a_runtime_that_ends_first_still_asks_the_backend_to_keep_the_lease() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let lease = start(&Keepers::new(), &log);
+            lease.release_at(Instant::now() + Duration::from_secs(3600));
+        });
+        drop(runtime);
+        assert_eq!(*log.lock().unwrap(), ["keep_until", "abandon"]);
+    }
 }

@@ -186,6 +186,29 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// Gives the lease back at `not_before`, not earlier, and returns at once: what a guarded
+    /// call's [`min_hold`](crate::LeaseSpec::min_hold) does when the work ends early.
+    ///
+    /// Until `not_before` the lease stays held and watched by the backend's holder task (a loss
+    /// meanwhile is handled as any loss); then it is released. If the holder task is stopped
+    /// before then ([`Backend::shutdown`](crate::Backend::shutdown), the runtime shutting down as
+    /// the process exits), a backend that can keep a lease on its server past its process leaves
+    /// it held there until `not_before` instead of giving it back
+    /// ([`Hold::keep_until`](crate::backend::Hold::keep_until): PostgreSQL, etcd, Consul); the
+    /// others give it back then. A `not_before` already past is a plain release in the
+    /// background.
+    pub fn release_at(mut self, not_before: tokio::time::Instant) {
+        self.state().release_not_before(not_before);
+        if let Some(tx) = self.release_tx.take() {
+            // A reply channel whose answer nobody reads: the holder task then never waits for a
+            // second release request after a loss during the hold.
+            let (reply_tx, _unread) = oneshot::channel();
+            let _ = tx.send(Some(reply_tx));
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(tx) = self.release_tx.take() {

@@ -280,6 +280,8 @@ pub(crate) struct LeaseState {
     fence: Fence,
     /// What the metrics have recorded about this lease.
     tally: Tally,
+    /// The earliest time a release may give the lease back ([`Lease::release_at`](crate::Lease::release_at)).
+    release_not_before: Mutex<Option<Instant>>,
 }
 
 impl LeaseState {
@@ -289,7 +291,24 @@ impl LeaseState {
             lost: watch::channel(None).0,
             fence,
             tally: Tally::default(),
+            release_not_before: Mutex::new(None),
         }
+    }
+
+    /// Sets the earliest time a release may give the lease back.
+    pub(crate) fn release_not_before(&self, not_before: Instant) {
+        *self
+            .release_not_before
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(not_before);
+    }
+
+    /// The earliest time a release may give the lease back, if it is still ahead.
+    pub(crate) fn release_due_at(&self) -> Option<Instant> {
+        self.release_not_before
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .filter(|not_before| *not_before > Instant::now())
     }
 
     /// Held: not declared lost, and the fence deadline not passed. Past the deadline this

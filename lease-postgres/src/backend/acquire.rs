@@ -11,8 +11,9 @@
 //! holder, told by the same notification, stops before anyone else starts.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use lease_core::backend::{Fence, Hold};
+use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{
     Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
 };
@@ -187,6 +188,7 @@ pub(crate) async fn acquire(
                     holder,
                     lost,
                     notes,
+                    keep_until: None,
                 };
                 return Ok(shared.keepers.start(sequencer, fence, backend, hold));
             }
@@ -266,6 +268,17 @@ struct RowHold {
     /// Completes when a renewal finds the row gone.
     lost: oneshot::Receiver<LostReason>,
     notes: Subscription,
+    /// Set by [`Hold::keep_until`]: a release before it leaves the row to expire then.
+    keep_until: Option<Instant>,
+}
+
+impl RowHold {
+    /// How long the row must still be kept, if a release now must keep it.
+    fn to_keep(&self) -> Option<Duration> {
+        self.keep_until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero())
+    }
 }
 
 impl Hold for RowHold {
@@ -295,8 +308,16 @@ impl Hold for RowHold {
         }
     }
 
+    fn keep_until(&mut self, until: Instant) -> bool {
+        self.keep_until = Some(until);
+        true
+    }
+
     async fn release(&mut self) -> Result<(), Error> {
         self.shared.renewer.unregister(&self.holder);
+        if let Some(left) = self.to_keep() {
+            return keep_row(&self.shared, &self.key, &self.holder, left).await;
+        }
         release(&self.shared, &self.key, &self.holder).await
     }
 
@@ -308,8 +329,40 @@ impl Hold for RowHold {
 
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {
         self.shared.renewer.unregister(&self.holder);
-        Some(Detached::of(&self.shared).release(self.key, self.holder))
+        let detached = Detached::of(&self.shared);
+        Some(match self.to_keep() {
+            Some(left) => detached.keep(self.key, self.holder, left),
+            None => detached.release(self.key, self.holder),
+        })
     }
+}
+
+/// Sets the expiry of `holder`'s row of `key` to `left` from now, by the database's clock,
+/// instead of deleting it: the row then expires as an unrenewed one does, and the next
+/// contender takes the key then. Its TTL becomes `left` too, so a renewal that was already on
+/// its way keeps the same end.
+const KEEP_SQL: &str = "UPDATE lease.leases SET ttl = make_interval(secs => $3), \
+                        expires_at = now() + make_interval(secs => $3) \
+                        WHERE lease_key = $1 AND holder = $2 AND expires_at > now()";
+
+/// Leaves `holder`'s row of `key` held for `left` more ([`Hold::keep_until`]).
+async fn keep_row(shared: &Shared, key: &str, holder: &str, left: Duration) -> Result<(), Error> {
+    let sql = shared.sql(KEEP_SQL);
+    let seconds = left.as_secs_f64();
+    shared
+        .retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
+            let sql = &sql;
+            async move { client.execute(sql, &[&key, &holder, &seconds]).await }
+        })
+        .await
+        .map_err(|e| e.into_error(shared, format_args!("keep {key:?} for its min_hold")))?;
+    tracing::debug!(
+        key,
+        holder,
+        ?left,
+        "lease row left to expire at the end of its min_hold"
+    );
+    Ok(())
 }
 
 /// Whether `holder`'s row of `key` is there and live.
@@ -344,6 +397,21 @@ impl Detached {
             tls: shared.tls.clone(),
             schema: shared.schema.clone(),
         }
+    }
+
+    /// [`keep_row`] on a connection of its own.
+    fn keep(self, key: String, holder: String, left: Duration) -> BoxFuture<'static, ()> {
+        let end = Instant::now() + left;
+        Box::pin(async move {
+            let Ok(client) =
+                Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls).await
+            else {
+                return;
+            };
+            let sql = super::client::in_schema(KEEP_SQL, &self.schema);
+            let seconds = end.saturating_duration_since(Instant::now()).as_secs_f64();
+            let _ = client.execute(&sql, &[&key, &holder, &seconds]).await;
+        })
     }
 
     /// A release on a connection of its own.
