@@ -39,6 +39,11 @@ type Advance = Arc<dyn Fn(Sequencer) -> BoxFuture<'static, Result<(), Error>> + 
 ///
 /// Every other call (`check_sequencer`, `observe_leader`, `reachability`, `shutdown`) goes to
 /// the wrapped backend.
+///
+/// # Cancel safety
+///
+/// As the wrapped backend's `acquire`: dropped during the advance, the lease is dropped too,
+/// and given back in the background.
 #[derive(Clone)]
 pub struct AdvanceOnAcquire {
     inner: Arc<dyn Backend>,
