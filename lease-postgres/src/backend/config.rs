@@ -138,8 +138,11 @@ impl PostgresBuilder {
     /// the fence first ([`fence::FENCE_SQL`](crate::fence::FENCE_SQL)), or acquisitions fail with
     /// the database's error. Semaphore holders are not advanced (the fence refuses them).
     ///
-    /// The acquisition waits for an older holder's fenced transaction that is open on the key;
-    /// set `idle_in_transaction_session_timeout` below the TTL on the sessions that fence.
+    /// The acquisition waits for an older holder's fenced transaction that is open on the key
+    /// (and the attempts sent beside it in one statement wait with it); set
+    /// `idle_in_transaction_session_timeout` below the TTL on the sessions that fence. An
+    /// advance that fails (the fence not installed, a newer holder already recorded) fails
+    /// the attempts of its statement with the database's error.
     pub fn advance_fence(mut self, advance: bool) -> Self {
         self.advance_fence = advance;
         self

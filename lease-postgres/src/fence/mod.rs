@@ -175,9 +175,10 @@ impl<'a> Token<'a> {
     /// The fencing parameters of `sequencer`, or [`Error::Unsupported`] for a sequencer whose
     /// index does not order the holders of its key:
     ///
-    /// - accepted: Consul (the key's LockIndex), etcd (the holder key's create revision, which
-    ///   rises across the cluster), PostgreSQL (the database's lease sequence, drawn for every
-    ///   acquisition) and memory (the key's LockIndex in its store) leader leases;
+    /// - accepted: Consul (the key's CreateIndex as the generation, then its LockIndex), etcd
+    ///   (the holder key's create revision, which rises across the cluster), PostgreSQL (the
+    ///   database's lease sequence, drawn for every acquisition) and memory (the key's LockIndex
+    ///   in its store) leader leases;
     /// - refused: RabbitMQ (the index is a slot number, reused by every holder of the slot),
     ///   semaphores of any backend (the key is the holder's own contender key, `<prefix>/<holder>`,
     ///   so no two holders share a fence), a backend this version does not know, and an index
