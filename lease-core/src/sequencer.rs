@@ -274,7 +274,7 @@ impl FromStr for Sequencer {
         ))?;
         let (generation, index) = match index.split_once('.') {
             Some((generation, index)) => {
-                let generation = parse_number(generation).map_err(err)?;
+                let generation = parse_number(generation, true).map_err(err)?;
                 if generation == 0 {
                     // `Display` writes no generation when it is 0.
                     return Err(err("the generation is 0; write the index alone"));
@@ -283,7 +283,7 @@ impl FromStr for Sequencer {
             }
             None => (0, index),
         };
-        let index = parse_number(index).map_err(err)?;
+        let index = parse_number(index, false).map_err(err)?;
         let holder = decode(holder).ok_or(err("the holder is not validly percent-encoded"))?;
         let key = decode(key).ok_or(err("the key is not validly percent-encoded"))?;
         if holder.is_empty() {
@@ -303,16 +303,27 @@ impl FromStr for Sequencer {
 }
 
 /// A decimal `u64` in its one canonical text (no sign, no leading zero).
-fn parse_number(text: &str) -> Result<u64, &'static str> {
+fn parse_number(text: &str, generation: bool) -> Result<u64, &'static str> {
+    let pick = |index, of_generation| if generation { of_generation } else { index };
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("the index is not a decimal number");
+        return Err(pick(
+            "the index is not a decimal number",
+            "the generation (before the '.') is not a decimal number",
+        ));
     }
     if text.len() > 1 && text.starts_with('0') {
         // `Display` never writes one, and "07" would give the sequencer a second text.
-        return Err("the index has a leading zero");
+        return Err(pick(
+            "the index has a leading zero",
+            "the generation has a leading zero",
+        ));
     }
-    text.parse()
-        .map_err(|_| "the index does not fit in 64 bits")
+    text.parse().map_err(|_| {
+        pick(
+            "the index does not fit in 64 bits",
+            "the generation does not fit in 64 bits",
+        )
+    })
 }
 
 /// The text given to [`Sequencer::from_str`](str::parse) is not a sequencer.
@@ -495,6 +506,8 @@ mod tests {
         // A text without a generation is older than any with one.
         assert!(first.order() > old.order());
         assert_ne!(first, old);
+        let bad = "consul:01.1:s:k".parse::<Sequencer>().unwrap_err();
+        assert_eq!(bad.reason(), "the generation has a leading zero");
         assert_eq!(old.with_generation(40), first);
     }
 
