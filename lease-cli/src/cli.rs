@@ -58,7 +58,7 @@ killed with it within milliseconds, before the lease can pass to anyone else: on
 runs under a supervisor (`lease` itself) that the kernel signals when `lease` dies. Other systems
 have no such signal; there a command whose `lease` was killed runs on until it ends.
 
-The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock
+The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:57.7:<session>:jobs/backup/.lock
 etcd:<create revision>:<lease ID>:jobs/backup or postgres:<index>:<holder>:jobs/backup; check it
 with `lease check`), LEASE_KEY and
 LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to it.

@@ -86,6 +86,9 @@ enum Contended {
 struct Acquired {
     lock_index: u64,
     modify_index: u64,
+    /// The key's CreateIndex: the sequencer's generation, so that a re-created key's holders
+    /// (whose LockIndex restarts at 1) order after the old key's.
+    create_index: u64,
 }
 
 /// Tries to take the key until it is ours or the deadline passes.
@@ -332,6 +335,7 @@ impl<'a> Contention<'a> {
                         Attempt::Acquired(Acquired {
                             lock_index: e.lock_index,
                             modify_index: e.modify_index,
+                            create_index: e.create_index,
                         })
                     })
                     .ok_or_else(|| Error::Backend {
@@ -425,7 +429,12 @@ fn into_lease(
         key: spec.key().to_owned(),
         lock_index: acquired.lock_index,
     };
-    let at = (spec.key(), acquired.lock_index, acquired.modify_index);
+    let at = (
+        spec.key(),
+        acquired.create_index,
+        acquired.lock_index,
+        acquired.modify_index,
+    );
     session::start_lease(at, session, renewals, backend, lock)
 }
 
@@ -496,6 +505,15 @@ pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) ->
         .kv_get(sequencer.key())
         .await
         .map_err(|e| e.into_error(http, format_args!("read {:?}", sequencer.key())))?;
-    let lost = verdict(entry.as_ref(), sequencer.holder(), sequencer.index());
+    let mut lost = verdict(entry.as_ref(), sequencer.holder(), sequencer.index());
+    // The key deleted and re-created since (a sequencer without a generation cannot tell).
+    if lost.is_none()
+        && sequencer.generation() != 0
+        && entry
+            .as_ref()
+            .is_some_and(|e| e.create_index != sequencer.generation())
+    {
+        lost = Some(LostReason::KeyDeleted);
+    }
     session::judged::<LeaderKey>(http, sequencer.holder(), lost).await
 }

@@ -36,7 +36,8 @@ fn leader_of(key: &str, entry: Option<&KvEntry>) -> Option<Leader> {
     let entry = entry?;
     let holder = entry.holder()?;
     Some(Leader::new(
-        Sequencer::new(BackendKind::Consul, key, entry.lock_index, holder),
+        Sequencer::new(BackendKind::Consul, key, entry.lock_index, holder)
+            .with_generation(entry.create_index),
         entry.decoded_value().unwrap_or_default(),
     ))
 }

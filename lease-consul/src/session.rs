@@ -500,16 +500,18 @@ pub(crate) struct SessionHold<L> {
     keep_until: Option<Instant>,
 }
 
-/// Turns what `session` acquired (`key`, at LockIndex `lock_index`, written at `index`) into a
-/// lease held by a [`SessionHold`] of `lock`, and starts its holder task.
+/// Turns what `session` acquired (`key`, created at `create_index` (the sequencer's generation,
+/// 0 for none), at LockIndex `lock_index`, written at `index`) into a lease held by a
+/// [`SessionHold`] of `lock`, and starts its holder task.
 pub(crate) fn start_lease<L: SessionLock>(
-    (key, lock_index, index): (&str, u64, u64),
+    (key, create_index, lock_index, index): (&str, u64, u64, u64),
     session: Session,
     renewals: Renewals,
     backend: Arc<dyn Backend>,
     lock: L,
 ) -> Lease {
-    let sequencer = Sequencer::new(BackendKind::Consul, key, lock_index, session.id());
+    let sequencer = Sequencer::new(BackendKind::Consul, key, lock_index, session.id())
+        .with_generation(create_index);
     tracing::info!(%sequencer, "lease acquired");
     let (keepers, fence) = (session.http().keepers().clone(), session.fence().clone());
     let hold = SessionHold {

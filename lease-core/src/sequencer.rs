@@ -8,9 +8,15 @@
 //! The text form travels in HTTP headers and job payloads and parses back to an equal value:
 //!
 //! ```text
-//! <backend>:<index>:<holder>:<key>
+//! <backend>:[<generation>.]<index>:<holder>:<key>
 //! consul:7:4ca8e74b-6350-7587-addf-a18084928f3c:service/leader
+//! consul:41.7:4ca8e74b-6350-7587-addf-a18084928f3c:service/leader
 //! ```
+//!
+//! The optional generation orders sequencers before the index does (see
+//! [`Sequencer::generation`]): Consul's is the key's `CreateIndex`, because a key deleted and
+//! re-created restarts its LockIndex at 1. A text without one (every other backend's, and
+//! Consul's written before sequencers had one) has generation 0, so it orders below any text with one.
 //!
 //! `holder` and `key` are percent-encoded: every byte outside the visible ASCII range `!`..=`~`, and
 //! `%` and `:` themselves, is written as `%XX`. The whole text is therefore a valid HTTP header value.
@@ -22,7 +28,9 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum BackendKind {
-    /// Consul sessions and KV: `key` is the KV key, `index` its LockIndex, `holder` the session ID.
+    /// Consul sessions and KV: `key` is the KV key, `index` its LockIndex, `holder` the session ID,
+    /// and (a leader key's) `generation` the key's `CreateIndex`, which rises when the key is
+    /// deleted and re-created while the LockIndex restarts at 1.
     Consul,
     /// The RabbitMQ persistent semaphore: `key` is the semaphore name, `index` the slot number,
     /// `holder` the exclusive holder queue followed by `#` and a per-acquisition nonce.
@@ -138,10 +146,13 @@ impl fmt::Display for BackendKind {
     }
 }
 
-/// The fencing token of one acquisition: `(key, index, holder)` and the backend that issued it.
+/// The fencing token of one acquisition: `(key, generation, index, holder)` and the backend that
+/// issued it.
 ///
-/// Two sequencers are equal only if they name the same acquisition. For Consul this is exactly
-/// Consul's `(Key, LockIndex, Session)`.
+/// Two sequencers are equal only if they name the same acquisition. For Consul this is
+/// Consul's `(Key, LockIndex, Session)`, with the key's `CreateIndex` as its generation.
+/// Acquisitions of one key are ordered by [`order`](Sequencer::order): the generation, then the
+/// index.
 ///
 /// # Examples
 ///
@@ -152,11 +163,17 @@ impl fmt::Display for BackendKind {
 /// let text = seq.to_string();
 /// assert_eq!(text, "consul:7:4ca8e74b-6350-7587-addf-a18084928f3c:service/leader");
 /// assert_eq!(text.parse::<Sequencer>().unwrap(), seq);
+///
+/// // Consul's leader keys carry the key's CreateIndex: a re-created key is newer.
+/// let recreated = Sequencer::new(BackendKind::Consul, "service/leader", 1, "9d0c").with_generation(88);
+/// assert_eq!(recreated.to_string(), "consul:88.1:9d0c:service/leader");
+/// assert!(recreated.order() > seq.order());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sequencer {
     backend: BackendKind,
     key: String,
+    generation: u64,
     index: u64,
     holder: String,
 }
@@ -172,9 +189,19 @@ impl Sequencer {
         Sequencer {
             backend,
             key: key.into(),
+            generation: 0,
             index,
             holder: holder.into(),
         }
+    }
+
+    /// This sequencer with `generation`: what orders the acquisitions of the key before the index
+    /// does ([`order`](Sequencer::order)). Consul's is the key's `CreateIndex`. A backend whose
+    /// index alone rises with every acquisition of a key leaves it 0.
+    #[must_use]
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     /// The backend that issued this sequencer.
@@ -188,9 +215,25 @@ impl Sequencer {
         &self.key
     }
 
-    /// Consul's LockIndex (rises with every acquisition), or the AMQP slot number.
+    /// Consul's LockIndex (rises with every acquisition of the key while the key lives), or the
+    /// AMQP slot number.
     pub fn index(&self) -> u64 {
         self.index
+    }
+
+    /// What orders acquisitions of the key before the index: Consul's key `CreateIndex` (a raft
+    /// index, higher every time the key is re-created), 0 for every other backend and for a
+    /// Consul sequencer written before sequencers had one (whose text has none).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The order of this acquisition among the acquisitions of its key: `(generation, index)`,
+    /// compared as a tuple. Of two sequencers of one key (and one backend whose index rises),
+    /// the greater is the newer. A sequencer without a generation (0) orders below every one
+    /// with one: an old holder's text, or one written before sequencers had a generation, is the older.
+    pub fn order(&self) -> (u64, u64) {
+        (self.generation, self.index)
     }
 
     /// Consul's session ID, or the AMQP holder queue.
@@ -201,7 +244,11 @@ impl Sequencer {
 
 impl fmt::Display for Sequencer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:", self.backend, self.index)?;
+        if self.generation == 0 {
+            write!(f, "{}:{}:", self.backend, self.index)?;
+        } else {
+            write!(f, "{}:{}.{}:", self.backend, self.generation, self.index)?;
+        }
         write_encoded(f, &self.holder)?;
         f.write_str(":")?;
         write_encoded(f, &self.key)
@@ -218,23 +265,25 @@ impl FromStr for Sequencer {
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(err(
-                "expected four ':'-separated parts: <backend>:<index>:<holder>:<key>",
+                "expected four ':'-separated parts: <backend>:[<generation>.]<index>:<holder>:<key>",
             ));
         };
         let backend = BackendKind::parse(backend).ok_or(err(
             "unknown backend; expected consul, amqp, memory, etcd, postgres or a name this process made known \
              with BackendKind::custom",
         ))?;
-        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(err("the index is not a decimal number"));
-        }
-        if index.len() > 1 && index.starts_with('0') {
-            // `Display` never writes one, and "07" would give the sequencer a second text.
-            return Err(err("the index has a leading zero"));
-        }
-        let index = index
-            .parse()
-            .map_err(|_| err("the index does not fit in 64 bits"))?;
+        let (generation, index) = match index.split_once('.') {
+            Some((generation, index)) => {
+                let generation = parse_number(generation, true).map_err(err)?;
+                if generation == 0 {
+                    // `Display` writes no generation when it is 0.
+                    return Err(err("the generation is 0; write the index alone"));
+                }
+                (generation, index)
+            }
+            None => (0, index),
+        };
+        let index = parse_number(index, false).map_err(err)?;
         let holder = decode(holder).ok_or(err("the holder is not validly percent-encoded"))?;
         let key = decode(key).ok_or(err("the key is not validly percent-encoded"))?;
         if holder.is_empty() {
@@ -246,10 +295,35 @@ impl FromStr for Sequencer {
         Ok(Sequencer {
             backend,
             key,
+            generation,
             index,
             holder,
         })
     }
+}
+
+/// A decimal `u64` in its one canonical text (no sign, no leading zero).
+fn parse_number(text: &str, generation: bool) -> Result<u64, &'static str> {
+    let pick = |index, of_generation| if generation { of_generation } else { index };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(pick(
+            "the index is not a decimal number",
+            "the generation (before the '.') is not a decimal number",
+        ));
+    }
+    if text.len() > 1 && text.starts_with('0') {
+        // `Display` never writes one, and "07" would give the sequencer a second text.
+        return Err(pick(
+            "the index has a leading zero",
+            "the generation has a leading zero",
+        ));
+    }
+    text.parse().map_err(|_| {
+        pick(
+            "the index does not fit in 64 bits",
+            "the generation does not fit in 64 bits",
+        )
+    })
 }
 
 /// The text given to [`Sequencer::from_str`](str::parse) is not a sequencer.
@@ -403,9 +477,38 @@ mod tests {
             "consul:1:s:%3a",
             "consul:1:s:%21",
             "consul:1:%73:k",
+            "consul:0.1:s:k",
+            "consul:.1:s:k",
+            "consul:1.:s:k",
+            "consul:01.1:s:k",
+            "consul:1.01:s:k",
+            "consul:1.2.3:s:k",
+            "consul:99999999999999999999.1:s:k",
         ] {
             assert!(bad.parse::<Sequencer>().is_err(), "{bad:?} parsed");
         }
+    }
+
+    #[test]
+    fn the_generation_orders_before_the_index_and_old_texts_have_none() {
+        let old: Sequencer = "consul:65:s1:k".parse().unwrap();
+        assert_eq!((old.generation(), old.index()), (0, 65));
+        assert_eq!(old.to_string(), "consul:65:s1:k");
+        let first: Sequencer = "consul:40.65:s1:k".parse().unwrap();
+        assert_eq!(
+            first,
+            Sequencer::new(BackendKind::Consul, "k", 65, "s1").with_generation(40)
+        );
+        // The key deleted and re-created: its LockIndex restarts, its CreateIndex rises.
+        let recreated = Sequencer::new(BackendKind::Consul, "k", 3, "s2").with_generation(212);
+        assert_eq!(recreated.to_string(), "consul:212.3:s2:k");
+        assert!(recreated.order() > first.order());
+        // A text without a generation is older than any with one.
+        assert!(first.order() > old.order());
+        assert_ne!(first, old);
+        let bad = "consul:01.1:s:k".parse::<Sequencer>().unwrap_err();
+        assert_eq!(bad.reason(), "the generation has a leading zero");
+        assert_eq!(old.with_generation(40), first);
     }
 
     #[test]
@@ -460,7 +563,7 @@ mod tests {
         fn near_miss() -> impl Strategy<Value = String> {
             concat!(
                 "(consul|amqp|memory|etcd|)",
-                ":(0[0-9]?|[1-9][0-9]{0,3}|[0-9+-]{0,22})",
+                ":(0[0-9]?|[1-9][0-9]{0,3}|[0-9+-]{0,22})(\\.[0-9]{0,3})?",
                 ":[!-9;-~]{0,6}(%[0-9A-F]{2}|%[0-9A-Fa-f+]{0,2}| |é)?[!-9;-~]{0,6}",
                 ":[!-9;-~]{0,6}(%[0-9A-F]{2}|%[0-9A-Fa-f+]{0,2}| |é|:)?[!-9;-~]{0,6}",
             )
@@ -485,10 +588,11 @@ mod tests {
             fn round_trips_any_parts(
                 backend in backend(),
                 key in part(),
+                generation in prop_oneof![Just(0u64), any::<u64>()],
                 index in any::<u64>(),
                 holder in part(),
             ) {
-                let seq = Sequencer::new(backend, key, index, holder);
+                let seq = Sequencer::new(backend, key, index, holder).with_generation(generation);
                 let text = seq.to_string();
                 prop_assert!(text.bytes().all(|b| (b'!'..=b'~').contains(&b)), "{}", text);
                 prop_assert_eq!(text.parse::<Sequencer>(), Ok(seq));

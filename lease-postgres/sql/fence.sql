@@ -3,10 +3,22 @@
 -- Installs the schema lease_fence with
 --   - the table lease_fence.fences: per lease key, the highest sequencer index whose transaction
 --     passed the fence, its holder, when it was first recorded and when it last passed;
---   - the function lease_fence.fence(key text, index bigint, holder text), to be called inside
---     the transaction that writes the data the lease protects, before that transaction reads or
---     writes it. It records the index, or raises SQLSTATE LF001 (stale) or LF002 (the index
---     reused by another holder), which rolls the caller's whole transaction back.
+--   - the function lease_fence.fence(key text, generation bigint, index bigint, holder text),
+--     to be called inside the transaction that writes the data the lease protects, before that
+--     transaction reads or writes it. It records (generation, index), or raises SQLSTATE LF001
+--     (stale) or LF002 (the index reused by another holder), which rolls the caller's whole
+--     transaction back. lease_fence.fence(key, index, holder) is the same with generation 0
+--     (the earlier form, kept for its callers);
+--   - the function lease_fence.advance(key text, generation bigint, index bigint, holder text),
+--     to be called by a new holder as soon as it has acquired the lease, in a transaction of its
+--     own: the fence then refuses every older holder's fenced transaction from that moment on,
+--     not only from the new holder's first write. It waits for an older holder's fenced
+--     transaction that is open, and raises LF001 or LF002 as fence() does.
+--
+-- Generation and index
+--   A sequencer is ordered by (generation, index), compared as a pair. The generation is 0 for
+--   every backend but Consul, whose leader sequencers carry the key's CreateIndex (a raft index,
+--   higher every time the key is deleted and re-created, while its LockIndex restarts at 1).
 --
 -- Running this file
 --   Run it once per database, as a role that may create a schema there. It is idempotent: running
@@ -65,11 +77,12 @@
 --   - It protects only writes made in transactions fenced on the key. A statement run outside
 --     (autocommit, another transaction) is not fenced; a fence call in a transaction of its own
 --     protects nothing.
---   - It trusts the index to rise with every acquisition of the key. Consul's LockIndex restarts
---     at 1 when the key is deleted and re-created (an operator, or `consul lock` removing an
---     unheld key on exit; the library and `lease lock` keep released keys); a new etcd cluster restarts its revisions; a new memory
---     store restarts its indexes. Every new holder is then refused with LF001 until an operator,
---     once no holder of the old indexes can still write, deletes the key's record:
+--   - It trusts (generation, index) to rise with every acquisition of the key. Consul's does
+--     when the key is re-created (its CreateIndex rises), except for holders built before sequencers
+--     had a generation (generation 0). A new etcd cluster restarts its revisions; a new
+--     memory store its indexes; `consul lock` (Consul's own) has no sequencer. Every new holder
+--     is then refused with LF001 until an operator, once no holder of the old indexes can still
+--     write, deletes the key's record:
 --       DELETE FROM lease_fence.fences WHERE lease_key = '...';
 
 DO $install$
@@ -92,18 +105,25 @@ CREATE TABLE IF NOT EXISTS lease_fence.fences (
     fenced_at   timestamptz NOT NULL
 );
 
+-- Added with the generation: the fences of an earlier install have generation 0, as their sequencers had.
+ALTER TABLE lease_fence.fences
+    ADD COLUMN IF NOT EXISTS lease_generation bigint NOT NULL DEFAULT 0
+        CHECK (lease_generation >= 0);
+
 COMMENT ON TABLE lease_fence.fences IS
     'Per lease key, the highest sequencer index whose transaction passed lease_fence.fence';
 COMMENT ON COLUMN lease_fence.fences.lease_index IS
     'The highest index recorded for the key (the sequencer''s index: Consul''s LockIndex, etcd''s create revision)';
 COMMENT ON COLUMN lease_fence.fences.holder IS
     'The holder of that index (Consul session, etcd lease)';
+COMMENT ON COLUMN lease_fence.fences.lease_generation IS
+    'The generation recorded with the index (Consul: the key''s CreateIndex; 0 for other backends): (generation, index) orders the holders';
 COMMENT ON COLUMN lease_fence.fences.recorded_at IS
-    'When the index was first recorded: the holder''s first fenced transaction';
+    'When the index was first recorded: the holder''s advance at acquisition, or its first fenced transaction';
 COMMENT ON COLUMN lease_fence.fences.fenced_at IS
     'When a transaction of this holder last passed the fence';
 
-CREATE OR REPLACE FUNCTION lease_fence.fence(key text, index bigint, holder text)
+CREATE OR REPLACE FUNCTION lease_fence.fence(key text, generation bigint, index bigint, holder text)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -113,12 +133,12 @@ DECLARE
     recorded lease_fence.fences%ROWTYPE;
     stamp timestamptz;
 BEGIN
-    IF fence.key IS NULL OR fence.index IS NULL OR fence.holder IS NULL THEN
-        RAISE EXCEPTION 'lease_fence.fence: key, index and holder must not be null'
+    IF fence.key IS NULL OR fence.generation IS NULL OR fence.index IS NULL OR fence.holder IS NULL THEN
+        RAISE EXCEPTION 'lease_fence.fence: key, generation, index and holder must not be null'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF fence.key = '' OR fence.holder = '' OR fence.index < 0 THEN
-        RAISE EXCEPTION 'lease_fence.fence: the key and the holder must not be empty, and the index must not be negative'
+    IF fence.key = '' OR fence.holder = '' OR fence.index < 0 OR fence.generation < 0 THEN
+        RAISE EXCEPTION 'lease_fence.fence: the key and the holder must not be empty, and the generation and index must not be negative'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -137,8 +157,9 @@ BEGIN
         -- row (REPEATABLE READ and SERIALIZABLE raise 40001 instead); rolled back, this one
         -- inserts.
         stamp := clock_timestamp();
-        INSERT INTO lease_fence.fences AS f (lease_key, lease_index, holder, recorded_at, fenced_at)
-        VALUES (fence.key, fence.index, fence.holder, stamp, stamp)
+        INSERT INTO lease_fence.fences AS f
+            (lease_key, lease_generation, lease_index, holder, recorded_at, fenced_at)
+        VALUES (fence.key, fence.generation, fence.index, fence.holder, stamp, stamp)
         ON CONFLICT (lease_key) DO NOTHING;
         IF FOUND THEN
             RETURN;
@@ -147,40 +168,45 @@ BEGIN
 
     -- When this transaction passed the fence: after any wait for the lock.
     stamp := clock_timestamp();
-    IF fence.index > recorded.lease_index THEN
+    IF (fence.generation, fence.index) > (recorded.lease_generation, recorded.lease_index) THEN
         UPDATE lease_fence.fences AS f
-        SET lease_index = fence.index,
+        SET lease_generation = fence.generation,
+            lease_index = fence.index,
             holder = fence.holder,
             recorded_at = stamp,
             fenced_at = stamp
         WHERE f.lease_key = fence.key;
-    ELSIF fence.index = recorded.lease_index AND fence.holder = recorded.holder THEN
+    ELSIF (fence.generation, fence.index) = (recorded.lease_generation, recorded.lease_index)
+            AND fence.holder = recorded.holder THEN
         -- Written even though the index is unchanged, so that a concurrent REPEATABLE READ or
         -- SERIALIZABLE transaction of this key cannot pass on a snapshot taken before this one
         -- committed (a lock alone would not make it fail).
         UPDATE lease_fence.fences AS f
         SET fenced_at = stamp
         WHERE f.lease_key = fence.key;
-    ELSIF fence.index = recorded.lease_index THEN
+    ELSIF (fence.generation, fence.index) = (recorded.lease_generation, recorded.lease_index) THEN
         RAISE EXCEPTION 'lease fence: index % of lease key % is already recorded for another holder',
                 fence.index, pg_catalog.quote_literal(fence.key)
             USING ERRCODE = 'LF002',
                 DETAIL = pg_catalog.format(
-                    'recorded index %s, holder %L, recorded at %s; refused holder %L',
-                    recorded.lease_index, recorded.holder, recorded.recorded_at, fence.holder),
+                    'recorded index %s, holder %L, recorded at %s, generation %s; refused holder %L',
+                    recorded.lease_index, recorded.holder, recorded.recorded_at,
+                    recorded.lease_generation, fence.holder),
                 HINT = 'Two acquisitions claim the same index, so neither can be told the newer; '
                     'the recorded holder keeps the key. Roll back and stop this work. Was the '
                     'lease key deleted and re-created, restarting its index?',
                 SCHEMA = 'lease_fence',
                 TABLE = 'fences';
     ELSE
-        RAISE EXCEPTION 'lease fence: stale holder of lease key %: index % is below the recorded index %',
-                pg_catalog.quote_literal(fence.key), fence.index, recorded.lease_index
+        RAISE EXCEPTION 'lease fence: stale holder of lease key %: index %.% is below the recorded index %.%',
+                pg_catalog.quote_literal(fence.key), fence.generation, fence.index,
+                recorded.lease_generation, recorded.lease_index
             USING ERRCODE = 'LF001',
                 DETAIL = pg_catalog.format(
-                    'recorded index %s, holder %L, recorded at %s; refused holder %L',
-                    recorded.lease_index, recorded.holder, recorded.recorded_at, fence.holder),
-                HINT = 'A newer holder of this lease has written: this holder lost the lease. '
+                    'recorded index %s, holder %L, recorded at %s, generation %s; refused holder %L',
+                    recorded.lease_index, recorded.holder, recorded.recorded_at,
+                    recorded.lease_generation, fence.holder),
+                HINT = 'A newer holder of this lease has acquired it or written: this holder lost the lease. '
                     'Roll back and stop this work; do not retry it under this lease.',
                 SCHEMA = 'lease_fence',
                 TABLE = 'fences';
@@ -188,7 +214,40 @@ BEGIN
 END
 $fence$;
 
+COMMENT ON FUNCTION lease_fence.fence(text, bigint, bigint, text) IS
+    'Call inside the transaction that writes the protected data: records the sequencer''s '
+    '(generation, index) for the lease key, or raises LF001 (stale: a newer one is recorded) or '
+    'LF002 (this one is recorded for another holder), rolling the transaction back';
+
+-- The earlier form, from before sequencers had a generation.
+CREATE OR REPLACE FUNCTION lease_fence.fence(key text, index bigint, holder text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fence3$
+    SELECT lease_fence.fence(key, 0::bigint, index, holder);
+$fence3$;
+
 COMMENT ON FUNCTION lease_fence.fence(text, bigint, text) IS
-    'Call inside the transaction that writes the protected data: records the sequencer index for '
-    'the lease key, or raises LF001 (stale: a newer index is recorded) or LF002 (this index is '
-    'recorded for another holder), rolling the transaction back';
+    'lease_fence.fence(key, 0, index, holder): the earlier form';
+
+-- Registers a new holder with the fence at its acquisition. Call it alone, in a transaction of
+-- its own, as soon as the lease is acquired (before anything else of the new holder runs): once
+-- it has returned (and committed), every fenced transaction of an older holder of the key is
+-- refused (LF001), whether or not the new holder ever writes. It waits for an older holder's
+-- fenced transaction that is open on the key (so that one may still commit, ordered before the
+-- acquisition). It raises LF001 if a newer holder has already advanced, LF002 if another holder
+-- claims the same (generation, index).
+CREATE OR REPLACE FUNCTION lease_fence.advance(key text, generation bigint, index bigint, holder text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $advance$
+    SELECT lease_fence.fence(key, generation, index, holder);
+$advance$;
+
+COMMENT ON FUNCTION lease_fence.advance(text, bigint, bigint, text) IS
+    'Call when the lease is acquired, in a transaction of its own: records the new holder''s '
+    '(generation, index), so that every older holder''s fenced transaction is refused from then on';

@@ -13,6 +13,10 @@
 --   - lease.try_acquire(..), lease.try_acquire_many(..), lease.release(key, holder),
 --     lease.release_many(holders): one statement each; acquisitions are serialised per key by a
 --     transaction-scoped advisory lock;
+--   - lease.fence_held(holder, index): a fence for data in the same database, called first in
+--     a transaction that writes data a lease protects: raises LF001 unless the holder's row is
+--     live by the database's clock, and locks the row (FOR KEY SHARE) against removal until the
+--     transaction ends, so nobody else acquires the key meanwhile;
 --   - the trigger lease.announce on lease.leases, which NOTIFYs the channel "lease_leases"
 --     (schema name + "_leases") on every insert and delete, with the payload
 --     "<op>:<holder>:<key>": op a (acquired), r (released by its holder), x (expired, removed by
@@ -155,6 +159,13 @@ BEGIN
         VALUES (p_key, p_holder, nextval('lease.lease_index'), p_semaphore, p_limit, p_ttl,
                 v_now + p_ttl, p_settle, p_value, pg_backend_pid())
         RETURNING l.lease_index INTO lease_index;
+        -- PostgresBuilder::advance_fence(true): the new leader is registered with the fence
+        -- (sql/fence.sql, installed in this database) in the transaction that acquires, so
+        -- from its commit every older holder's fenced transaction on the key is refused.
+        IF NOT p_semaphore
+           AND current_setting('lease_postgres.advance_fence', true) = 'on' THEN
+            PERFORM lease_fence.advance(p_key, 0::bigint, lease_index, p_holder);
+        END IF;
         outcome := 'acquired';
         in_use := in_use + 1;
         RETURN;
@@ -212,5 +223,36 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM set_config('lease_postgres.releasing', '*', true);
     RETURN QUERY DELETE FROM lease.leases l WHERE l.holder = ANY(p_holders) RETURNING l.holder;
+END
+$$;
+
+-- A fence for data in this database: call it first in a transaction that writes data the lease
+-- of (p_holder, p_index) protects. Raises LF001 unless the holder's row is live now (by the
+-- database's clock: clock_timestamp(), not the transaction's start), and locks the row FOR KEY
+-- SHARE: renewals go on, but nothing removes the row (a contender taking over an expired row, a
+-- release, an operator's DELETE) until this transaction ends. So a holder whose lease has run
+-- out is refused whatever the next holder has done, and no one acquires the key while this
+-- transaction is open.
+CREATE OR REPLACE FUNCTION lease.fence_held(p_holder text, p_index bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key     text;
+    v_expires timestamptz;
+BEGIN
+    SELECT l.lease_key, l.expires_at INTO v_key, v_expires
+        FROM lease.leases l WHERE l.holder = p_holder AND l.lease_index = p_index
+        FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease fence: holder % (index %) holds no lease: released, taken over or deleted',
+                pg_catalog.quote_literal(p_holder), p_index
+            USING ERRCODE = 'LF001',
+                HINT = 'This holder lost the lease. Roll back and stop this work; do not retry it under this lease.';
+    END IF;
+    IF v_expires <= clock_timestamp() THEN
+        RAISE EXCEPTION 'lease fence: the lease % of holder % (index %) expired at %',
+                pg_catalog.quote_literal(v_key), pg_catalog.quote_literal(p_holder), p_index, v_expires
+            USING ERRCODE = 'LF001',
+                HINT = 'This holder lost the lease. Roll back and stop this work; do not retry it under this lease.';
+    END IF;
 END
 $$;

@@ -42,11 +42,16 @@
 //!
 //! - [`fence::FENCE_SQL`]: the migration, plain SQL for any client (sqlx, tokio-postgres, diesel,
 //!   psql), idempotent; `sql/fence.sql` in this package.
-//! - [`fence::Token`]: the `(key, index, holder)` the SQL function takes, from a sequencer whose
-//!   index rises with every acquisition of its key (Consul, etcd, PostgreSQL, memory);
+//! - [`fence::Token`]: the `(key, generation, index, holder)` the SQL functions take, from a
+//!   sequencer whose `(generation, index)` rises with every acquisition of its key (Consul, etcd,
+//!   PostgreSQL, memory);
 //!   RabbitMQ's slot numbers and semaphores' sequencers are refused with an error that says why.
 //! - `fence::tokio_postgres` (feature `tokio-postgres`) and `fence::sqlx` (feature `sqlx`):
-//!   `install` and `fence` for each client, with an [`fence::Error`] that says what to do.
+//!   `install`, `fence`, `advance` (register a new holder when it acquires) and `fence_held`
+//!   (leases on PostgreSQL: the holder's own row) for each client, with an [`fence::Error`]
+//!   that says what to do; [`fence::AdvanceOnAcquire`] advances on every acquisition of a
+//!   backend, so an older holder is refused from the newer one's acquisition, not its first
+//!   write.
 //!
 //! ## Example
 //!

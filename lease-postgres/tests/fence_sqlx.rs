@@ -104,3 +104,58 @@ async fn fences_through_sqlx() {
     );
     conn.close().await.unwrap();
 }
+
+/// `advance_on_acquire` with a sqlx pool: every leader acquisition registers the new holder, so
+/// the old holder's next fenced transaction is refused before the new one writes; a database
+/// without the fence fails the acquisition (not retried) and leaves the lease free.
+#[tokio::test]
+async fn advances_at_acquisition_through_a_pool() {
+    use lease_core::memory::Memory;
+    use lease_core::{Backend, ErrorKind, LeaseSpec, Wait};
+
+    let db = TestDb::create("sqlx_advance").await;
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let memory = Memory::new();
+    let backend = fence::sqlx::advance_on_acquire(memory.clone(), pool.clone());
+    let spec = LeaseSpec::leader(KEY).wait(Wait::Never);
+
+    let err = backend.acquire(&spec).await.unwrap_err();
+    assert_eq!(
+        (err.kind(), err.is_transient()),
+        (ErrorKind::Usage, false),
+        "{err}"
+    );
+    assert!(
+        err.backend_error()
+            .and_then(|e| e.downcast_ref::<Error>())
+            .is_some_and(|e| matches!(e, Error::NotInstalled { .. })),
+        "{err:?}"
+    );
+    // The lease it took was given back.
+    memory
+        .acquire(&spec)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let mut conn = connect(&db).await;
+    fence::sqlx::install(&mut conn).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE protected (id bigserial PRIMARY KEY, lease_index bigint NOT NULL, \
+         holder text NOT NULL)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let old = backend.acquire(&spec).await.unwrap();
+    let stale = old.sequencer().clone();
+    fenced_write(&mut conn, &stale).await.unwrap();
+    old.release().await.unwrap();
+    let new = backend.acquire(&spec).await.unwrap();
+    let err = fenced_write(&mut conn, &stale).await.unwrap_err();
+    assert!(matches!(err, Error::Stale { .. }), "{err:?}");
+    fenced_write(&mut conn, new.sequencer()).await.unwrap();
+    new.release().await.unwrap();
+}

@@ -627,3 +627,119 @@ async fn many_writers_commit_in_index_order() {
         println!("{level:?}: (committed, refused, retried) per writer {outcomes:?}");
     }
 }
+
+/// The gap `advance` closes: a newer holder that has acquired but not yet written. Without an
+/// advance the older holder's next fenced transaction still commits; after one it is refused,
+/// before the newer holder writes anything.
+#[tokio::test]
+async fn an_advance_at_acquisition_refuses_the_older_holder_before_the_newer_writes() {
+    let (_db, mut client) = setup("advance").await;
+    let (old, new) = (seq(3, "old"), seq(4, "new"));
+    fenced_write(&mut client, &old).await.unwrap();
+    // New has acquired; without an advance, Old still commits.
+    fenced_write(&mut client, &old).await.unwrap();
+    fence::tokio_postgres::advance(&client, &new).await.unwrap();
+    assert_eq!(recorded(&client, KEY).await, Some((4, "new".to_owned())));
+    let err = fenced_write(&mut client, &old).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Stale {
+                index: 3,
+                recorded: Some(4),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // New's own transactions pass; advancing again is harmless; an older advance is refused.
+    fenced_write(&mut client, &new).await.unwrap();
+    fence::tokio_postgres::advance(&client, &new).await.unwrap();
+    let err = fence::tokio_postgres::advance(&client, &old)
+        .await
+        .unwrap_err();
+    assert!(err.is_refused(), "{err:?}");
+    assert_eq!(
+        protected(&client).await,
+        vec![
+            (3, "old".to_owned()),
+            (3, "old".to_owned()),
+            (4, "new".to_owned())
+        ]
+    );
+}
+
+/// An advance waits for an older holder's fenced transaction that is open, which may still
+/// commit (ordered before the acquisition); after the advance returns, nothing older commits.
+#[tokio::test]
+async fn an_advance_waits_for_an_open_older_transaction() {
+    let (db, mut old_client) = setup("advance_waits").await;
+    let new_client = db.connect().await;
+    let observer = db.connect().await;
+    let new_pid = backend_pid(&new_client).await;
+    let (old, new) = (seq(3, "old"), seq(4, "new"));
+    let old_tx = old_client.transaction().await.unwrap();
+    fence::tokio_postgres::fence(&old_tx, &old).await.unwrap();
+    let advance =
+        tokio::spawn(async move { fence::tokio_postgres::advance(&new_client, &new).await });
+    wait_until_blocked(&observer, new_pid, STEP).await;
+    old_tx
+        .execute(
+            "INSERT INTO protected (lease_index, holder) VALUES (3, 'old')",
+            &[],
+        )
+        .await
+        .unwrap();
+    old_tx.commit().await.unwrap();
+    within(STEP, "the advance", advance).await.unwrap().unwrap();
+    let err = fenced_write(&mut old_client, &old).await.unwrap_err();
+    assert!(err.is_refused(), "{err:?}");
+    assert_eq!(protected(&observer).await, vec![(3, "old".to_owned())]);
+}
+
+/// Consul restarts a re-created key's LockIndex at 1 but its CreateIndex (the generation) rises:
+/// the re-created key's holders pass, the old key's are refused, and a sequencer without a
+/// generation (an earlier build's) orders below both.
+#[tokio::test]
+async fn the_generation_orders_before_the_index() {
+    let (_db, mut client) = setup("generation").await;
+    let old = seq(65, "old").with_generation(40);
+    let recreated = seq(3, "new").with_generation(212);
+    fenced_write(&mut client, &old).await.unwrap();
+    fence::tokio_postgres::advance(&client, &recreated)
+        .await
+        .unwrap();
+    fenced_write(&mut client, &recreated).await.unwrap();
+    let err = fenced_write(&mut client, &old).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Stale {
+                index: 65,
+                recorded: Some(3),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let before_02 = seq(66, "older-version");
+    assert!(
+        fenced_write(&mut client, &before_02)
+            .await
+            .unwrap_err()
+            .is_refused()
+    );
+    let generation: i64 = client
+        .query_one("SELECT lease_generation FROM lease_fence.fences", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(generation, 212);
+    // The earlier three-argument form is generation 0: refused here too.
+    let tx = client.transaction().await.unwrap();
+    let refused = tx
+        .execute("SELECT lease_fence.fence($1, 70::bigint, 'x')", &[&KEY])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code().map(|c| c.code()), Some("LF001"));
+}

@@ -1,4 +1,9 @@
-//! A semaphore's `.lock` deleted by an operator while `consul lock -n` shares it with us.
+//! Consul keys deleted and re-created by an operator.
+//!
+//! - A semaphore's `.lock` deleted while `consul lock -n` shares it with us.
+//! - A leader key deleted under its holder and re-created by the next holder: its LockIndex
+//!   restarts at 1, its CreateIndex rises, and the fence (lease-postgres, with the advance at
+//!   acquisition) accepts the new holder's writes and refuses the old one's.
 //!
 //! A holder whose `.lock` was deleted may still be stopping its work: our contenders wait the
 //! settle time (the lock-delay, for a deletion) before anyone of ours is admitted. `consul lock -n`
@@ -150,4 +155,77 @@ async fn a_lock_recreated_by_consul_lock_does_not_end_our_settle() {
         "{DELETIONS} deletions; at most {} writers at once (ours and consul lock's)",
         overlap.count
     );
+}
+
+/// The fence stays live after an operator deletes a leader key: the next holder's sequencer
+/// (the re-created key's CreateIndex, then its LockIndex, restarted at 1) orders after the old
+/// one's, so the new holder's advance and writes pass and the old holder's are refused. Takes
+/// about a second.
+#[tokio::test]
+async fn a_leader_key_recreated_after_an_operator_deletes_it_fences_the_old_holder() {
+    use lease_core::{Backend, LeaseSpec, LostReason};
+    use lease_postgres::fence;
+
+    init_tracing();
+    let agent = Agent::start().await;
+    let db = lease_tests::postgres::TestDb::create("consul_recreated_fence").await;
+    let mut client = db.connect().await;
+    fence::tokio_postgres::install(&client).await.unwrap();
+    let backend = fence::tokio_postgres::advance_on_acquire(
+        agent.backend(),
+        std::sync::Arc::new(db.connect().await),
+    );
+    let key = "fence/recreated";
+    let spec = LeaseSpec::leader(key).lock_delay(Duration::ZERO);
+    // A few acquisitions first, so the old key's LockIndex is well above 1.
+    for _ in 0..3 {
+        backend
+            .acquire(&spec)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let old = backend.acquire(&spec).await.unwrap();
+    let old_seq = old.sequencer().clone();
+    write(&mut client, &old_seq).await.unwrap();
+
+    agent.delete_key(key).await;
+    let reason = tokio::time::timeout(Duration::from_secs(10), old.lost())
+        .await
+        .expect("the old holder learns that its key was deleted");
+    assert_eq!(reason, LostReason::KeyDeleted);
+    let new = backend
+        .acquire(&spec)
+        .await
+        .expect("the fence lets the next holder acquire");
+    let new_seq = new.sequencer().clone();
+    assert!(
+        new_seq.index() < old_seq.index() && new_seq.generation() > old_seq.generation(),
+        "the re-created key restarts its LockIndex and raises its CreateIndex: {old_seq} then {new_seq}"
+    );
+    assert!(new_seq.order() > old_seq.order());
+    write(&mut client, &new_seq)
+        .await
+        .expect("the new holder's write passes");
+    let refused = write(&mut client, &old_seq).await.unwrap_err();
+    assert!(
+        matches!(refused, fence::Error::Stale { .. }),
+        "the old holder's write: {refused:?}"
+    );
+    eprintln!("old {old_seq}, new {new_seq}: the old holder is refused, the new one writes");
+    new.release().await.unwrap();
+    drop(old);
+}
+
+/// One fenced transaction of `seq`.
+async fn write(
+    client: &mut tokio_postgres::Client,
+    seq: &lease_core::Sequencer,
+) -> Result<(), lease_postgres::fence::Error> {
+    let tx = client.transaction().await.unwrap();
+    lease_postgres::fence::tokio_postgres::fence(&tx, seq).await?;
+    tx.commit().await.unwrap();
+    Ok(())
 }

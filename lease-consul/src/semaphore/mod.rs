@@ -166,7 +166,8 @@ fn into_lease(
         settle: spec.settle_after_removal(),
         lock_index: admitted.lock_index,
     };
-    let at = (contender.as_str(), admitted.lock_index, admitted.index);
+    // A contender key is the holder's own: no generation orders it against others.
+    let at = (contender.as_str(), 0, admitted.lock_index, admitted.index);
     session::start_lease(at, session, renewals, backend, lock)
 }
 

@@ -47,6 +47,8 @@ pub struct PostgresBuilder {
     install: bool,
     /// Set by [`PostgresBuilder::ca_cert`]; else the URL's `sslrootcert`.
     ca_cert: Option<PathBuf>,
+    /// Set by [`PostgresBuilder::advance_fence`].
+    advance_fence: bool,
 }
 
 impl Default for PostgresBuilder {
@@ -60,6 +62,7 @@ impl Default for PostgresBuilder {
             application_name: None,
             install: true,
             ca_cert: None,
+            advance_fence: false,
         }
     }
 }
@@ -124,6 +127,24 @@ impl PostgresBuilder {
     /// migration of yours installs it and the role may not create a schema.
     pub fn install(mut self, install: bool) -> Self {
         self.install = install;
+        self
+    }
+
+    /// Whether every leader acquisition registers the new holder with the fence
+    /// ([`fence`](crate::fence), installed in the same database) in the transaction that
+    /// acquires (default false): from the commit that makes a process the holder of a key, every
+    /// older holder's fenced transaction on the key is refused (`lease_fence.advance`), whether
+    /// or not the new holder has written. For data in the same database as the leases; install
+    /// the fence first ([`fence::FENCE_SQL`](crate::fence::FENCE_SQL)), or acquisitions fail with
+    /// the database's error. Semaphore holders are not advanced (the fence refuses them).
+    ///
+    /// The acquisition waits for an older holder's fenced transaction that is open on the key
+    /// (and the attempts sent beside it in one statement wait with it); set
+    /// `idle_in_transaction_session_timeout` below the TTL on the sessions that fence. An
+    /// advance that fails (the fence not installed, a newer holder already recorded) fails
+    /// the attempts of its statement with the database's error.
+    pub fn advance_fence(mut self, advance: bool) -> Self {
+        self.advance_fence = advance;
         self
     }
 
@@ -215,7 +236,9 @@ impl PostgresBuilder {
         config.connect_timeout(self.connect_timeout);
         // The server's side of the same settings, set after connecting rather than as startup
         // options, which some poolers refuse.
-        let mut session_sql = None;
+        let mut session_sql = self
+            .advance_fence
+            .then(|| "SET lease_postgres.advance_fence = 'on'".to_owned());
         if !self.tcp_user_timeout.is_zero() {
             let timeout = self.tcp_user_timeout;
             let idle = (timeout / 3).max(Duration::from_secs(1));
@@ -223,12 +246,16 @@ impl PostgresBuilder {
             config.keepalives(true);
             config.keepalives_idle(idle);
             config.keepalives_interval(Duration::from_secs(1));
-            session_sql = Some(format!(
+            let tcp = format!(
                 "SET tcp_user_timeout = {}; SET tcp_keepalives_idle = {}; \
                  SET tcp_keepalives_interval = 1",
                 timeout.as_millis(),
                 idle.as_secs()
-            ));
+            );
+            session_sql = Some(match session_sql {
+                Some(fence) => format!("{fence}; {tcp}"),
+                None => tcp,
+            });
         }
         let address = address_of(&config);
         Ok(Postgres::from_shared(Shared::new(

@@ -5,14 +5,36 @@
 //! 1. Install the fence once per database: [`FENCE_SQL`] (the file `sql/fence.sql` of this
 //!    package) as a migration of yours, or `install` from `fence::tokio_postgres` or
 //!    `fence::sqlx`. It creates the schema `lease_fence`: the table `lease_fence.fences` and the
-//!    function `lease_fence.fence(key text, index bigint, holder text)`.
-//! 2. In every transaction that writes data the lease protects, call the fence first, with the
+//!    functions `lease_fence.fence(key, generation, index, holder)` and
+//!    `lease_fence.advance(key, generation, index, holder)`.
+//! 2. Register every new holder with the fence **when it acquires the lease**: acquire through
+//!    [`AdvanceOnAcquire`] (`fence::tokio_postgres::advance_on_acquire(backend, client)`,
+//!    `fence::sqlx::advance_on_acquire(backend, pool)`), which runs [`ADVANCE_CALL`] before
+//!    `acquire` returns, for campaigns, guards and macros alike; or call `advance` yourself
+//!    right after acquiring. Leases on PostgreSQL itself (`Postgres`, feature `backend`) do it
+//!    in the acquiring transaction with `PostgresBuilder::advance_fence(true)`.
+//! 3. In every transaction that writes data the lease protects, call the fence first, with the
 //!    lease's [`Sequencer`]: `fence::tokio_postgres::fence(&tx, lease.sequencer())`,
 //!    `fence::sqlx::fence(&mut tx, lease.sequencer())`, or from any other client
 //!    [`FENCE_CALL`] with the parameters of a [`Token`].
-//! 3. A holder whose lease has been taken over, and whose successor has committed a fenced
-//!    transaction, gets [`Error::Stale`]: its transaction is aborted, so nothing it wrote in it is
-//!    committed. Roll back and stop the work; retrying under the same lease fails the same way.
+//! 4. A holder whose lease has been taken over, and whose successor has acquired it through the
+//!    fence (step 2) or committed a fenced transaction, gets [`Error::Stale`]: its transaction is
+//!    aborted, so nothing it wrote in it is committed. Roll back and stop the work; retrying
+//!    under the same lease fails the same way.
+//!
+//! # What each variant refuses, and from when
+//!
+//! | variant | an older holder's fenced transaction is refused from |
+//! | --- | --- |
+//! | `fence` alone (no advance) | the newer holder's first committed fenced transaction: between the newer holder's acquisition and its first write, the older one still commits |
+//! | `fence` + [`AdvanceOnAcquire`] / `advance` | the newer holder's acquisition (`acquire` returns after the advance has committed): nothing older commits after it |
+//! | `fence` + `PostgresBuilder::advance_fence(true)` (leases on the same database) | the commit that inserted the newer holder's row: acquisition and advance are one transaction |
+//! | `fence_held` (leases on the same database) | the moment the holder's row is no longer live (expired by the database's clock, released, deleted), whatever the next holder does; and while the call's transaction is open, no one else can acquire |
+//!
+//! An advance waits for an older holder's fenced transaction that is already open on the key
+//! (that one may still commit, ordered before the acquisition), exactly as a newer holder's
+//! fence call does; the time such a transaction may stay open is bounded by
+//! `idle_in_transaction_session_timeout` (below).
 //!
 //! Call the fence before the transaction reads the protected data, not only before it writes:
 //! from the moment the call returns, every earlier holder's fenced transaction on the key has
@@ -29,10 +51,13 @@
 //! - The index is compared with the latest *committed* record: a call that waited for the lock
 //!   re-reads the row (READ COMMITTED) or fails with 40001 if the row changed after its snapshot
 //!   (REPEATABLE READ, SERIALIZABLE). A rolled-back transaction leaves no trace.
-//! - A higher index is recorded; the same index from the same holder passes (its next
-//!   transaction); the same index from another holder is refused ([`INDEX_REUSED_SQLSTATE`]: two
-//!   acquisitions claim one index, so neither can be told the newer, and the recorded holder keeps
-//!   the key); a lower index is refused ([`STALE_SQLSTATE`]).
+//! - Holders are ordered by `(generation, index)` ([`Sequencer::order`]; the generation is
+//!   Consul's key `CreateIndex`, 0 elsewhere). A higher one is recorded; the same one from the
+//!   same holder passes (its next transaction); the same one from another holder is refused
+//!   ([`INDEX_REUSED_SQLSTATE`]: two acquisitions claim one index, so neither can be told the
+//!   newer, and the recorded holder keeps the key); a lower one is refused ([`STALE_SQLSTATE`]).
+//!   A Consul sequencer written before sequencers had a generation has generation 0, so it orders below every
+//!   sequencer with one: during an upgrade, upgrade every holder before a new one records.
 //! - Two first calls for a key at once: one inserts the key's row, the other waits on the unique
 //!   index and then judges the committed row (or inserts, if the first rolled back).
 //!
@@ -61,11 +86,11 @@
 //! - It needs an index that rises with every acquisition of the key: [`Token::new`] refuses
 //!   RabbitMQ's slot numbers and semaphores' sequencers (each holder of a semaphore has a key of
 //!   its own, so its holders never meet at one fence).
-//! - It trusts the index not to restart. Consul's LockIndex restarts at 1 when the key is deleted
-//!   and re-created (by an operator, or by `consul lock`, which removes an unheld key on exit;
-//!   the library and `lease lock` keep released keys for this reason); a new etcd cluster restarts its revisions; a new memory store its indexes.
-//!   Every new holder is then refused as stale until an operator, once no holder of the old
-//!   indexes can still write, deletes the key's record:
+//! - It trusts `(generation, index)` not to restart. Consul's LockIndex restarts at 1 when the
+//!   key is deleted and re-created, but its CreateIndex (the generation) rises, so the new
+//!   holders pass and the old ones are refused. A new etcd cluster restarts its revisions; a new
+//!   memory store its indexes. Every new holder is then refused as stale until an operator, once
+//!   no holder of the old indexes can still write, deletes the key's record:
 //!   `DELETE FROM lease_fence.fences WHERE lease_key = '…'`.
 //!
 //! # Privileges and installing
@@ -79,6 +104,7 @@
 
 use lease_core::{BackendKind, BoxError, Sequencer};
 
+mod on_acquire;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 #[cfg(feature = "tokio-postgres")]
@@ -89,9 +115,25 @@ pub mod tokio_postgres;
 /// `BEGIN`/`COMMIT`; the file `sql/fence.sql` of this package.
 pub const FENCE_SQL: &str = include_str!("../../sql/fence.sql");
 
+pub use on_acquire::AdvanceOnAcquire;
+
 /// The statement that fences the current transaction, for clients without a helper here: bind
-/// [`Token::key`] (text), [`Token::index`] (bigint) and [`Token::holder`] (text).
-pub const FENCE_CALL: &str = "SELECT lease_fence.fence($1, $2, $3)";
+/// [`Token::key`] (text), [`Token::generation`] (bigint), [`Token::index`] (bigint) and
+/// [`Token::holder`] (text).
+pub const FENCE_CALL: &str = "SELECT lease_fence.fence($1, $2, $3, $4)";
+
+/// The statement a new holder runs as soon as it has acquired the lease, alone in a transaction
+/// of its own (autocommit), so that the fence refuses every older holder from then on: bind the
+/// same parameters as [`FENCE_CALL`]. [`AdvanceOnAcquire`] runs it for you.
+pub const ADVANCE_CALL: &str = "SELECT lease_fence.advance($1, $2, $3, $4)";
+
+/// The statement that fences the current transaction with a PostgreSQL lease's row
+/// (`fence_held` in `fence::tokio_postgres` and `fence::sqlx`), for leases of the backend
+/// `Postgres` in the schema `lease` of the same database: bind [`Token::holder`] (text) and
+/// [`Token::index`] (bigint) of [`Token::held`]. For another schema, write its name in place of
+/// `lease`. Raises [`STALE_SQLSTATE`] unless the holder's row is live, and locks it against
+/// removal until the transaction ends.
+pub const FENCE_HELD_CALL: &str = "SELECT lease.fence_held($1, $2)";
 
 /// The SQLSTATE of a stale holder: an index below the recorded one ([`Error::Stale`]).
 pub const STALE_SQLSTATE: &str = "LF001";
@@ -124,6 +166,7 @@ const NOT_INSTALLED_SQLSTATES: [&str; 3] = ["3F000", "42883", "42P01"];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Token<'a> {
     key: &'a str,
+    generation: i64,
     index: i64,
     holder: &'a str,
 }
@@ -132,9 +175,10 @@ impl<'a> Token<'a> {
     /// The fencing parameters of `sequencer`, or [`Error::Unsupported`] for a sequencer whose
     /// index does not order the holders of its key:
     ///
-    /// - accepted: Consul (the key's LockIndex), etcd (the holder key's create revision, which
-    ///   rises across the cluster), PostgreSQL (the database's lease sequence, drawn for every
-    ///   acquisition) and memory (the key's LockIndex in its store) leader leases;
+    /// - accepted: Consul (the key's CreateIndex as the generation, then its LockIndex), etcd
+    ///   (the holder key's create revision, which rises across the cluster), PostgreSQL (the
+    ///   database's lease sequence, drawn for every acquisition) and memory (the key's LockIndex
+    ///   in its store) leader leases;
     /// - refused: RabbitMQ (the index is a slot number, reused by every holder of the slot),
     ///   semaphores of any backend (the key is the holder's own contender key, `<prefix>/<holder>`,
     ///   so no two holders share a fence), a backend this version does not know, and an index
@@ -171,11 +215,41 @@ impl<'a> Token<'a> {
                  holders of one semaphore never meet at one fence; fence with a leader lease",
             );
         }
+        let (Ok(generation), Ok(index)) = (
+            i64::try_from(sequencer.generation()),
+            i64::try_from(sequencer.index()),
+        ) else {
+            return refuse("the index or generation is above PostgreSQL's bigint range (i64::MAX)");
+        };
+        Ok(Token {
+            key: sequencer.key(),
+            generation,
+            index,
+            holder: sequencer.holder(),
+        })
+    }
+
+    /// The parameters of [`FENCE_HELD_CALL`] for `sequencer`: any PostgreSQL lease (a leader or
+    /// a semaphore holder, whose row is found by its holder ID), or [`Error::Unsupported`] for a
+    /// sequencer of another backend.
+    pub fn held(sequencer: &'a Sequencer) -> Result<Token<'a>, Error> {
+        let refuse = |reason| {
+            Err(Error::Unsupported {
+                sequencer: sequencer.clone(),
+                reason,
+            })
+        };
+        if sequencer.backend() != BackendKind::Postgres {
+            return refuse(
+                "only a PostgreSQL lease (lease_postgres::Postgres) has a row to check; fence                  with fence() and advance() instead",
+            );
+        }
         let Ok(index) = i64::try_from(sequencer.index()) else {
             return refuse("the index is above PostgreSQL's bigint range (i64::MAX)");
         };
         Ok(Token {
             key: sequencer.key(),
+            generation: 0,
             index,
             holder: sequencer.holder(),
         })
@@ -186,12 +260,19 @@ impl<'a> Token<'a> {
         self.key
     }
 
-    /// The sequencer's index as PostgreSQL's `bigint` (`$2`).
+    /// The sequencer's [generation](Sequencer::generation) as PostgreSQL's `bigint` (`$2`):
+    /// Consul's key `CreateIndex`, 0 for other backends. The fence orders holders by
+    /// `(generation, index)`.
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+
+    /// The sequencer's index as PostgreSQL's `bigint` (`$3`).
     pub fn index(&self) -> i64 {
         self.index
     }
 
-    /// The holder that acquired the lease: Consul's session, etcd's lease (`$3`).
+    /// The holder that acquired the lease: Consul's session, etcd's lease (`$4`).
     pub fn holder(&self) -> &'a str {
         self.holder
     }

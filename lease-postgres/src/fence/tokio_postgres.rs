@@ -19,11 +19,13 @@
 //! not needed here). A pooled connection (deadpool-postgres, bb8-postgres) works through its
 //! `Deref`s: pass the [`tokio_postgres::Client`] or [`Transaction`] it dereferences to.
 
-use ::tokio_postgres::types::Type;
-use ::tokio_postgres::{GenericClient, Transaction};
-use lease_core::Sequencer;
+use std::sync::Arc;
 
-use super::{Error, FENCE_CALL, FENCE_SQL, Token};
+use ::tokio_postgres::types::Type;
+use ::tokio_postgres::{Client, GenericClient, Transaction};
+use lease_core::{Backend, Sequencer};
+
+use super::{ADVANCE_CALL, AdvanceOnAcquire, Error, FENCE_CALL, FENCE_HELD_CALL, FENCE_SQL, Token};
 
 /// Installs the fence: runs [`FENCE_SQL`] on `client`.
 ///
@@ -57,22 +59,105 @@ pub async fn install<C: GenericClient>(client: &C) -> Result<(), Error> {
 /// - [`Error::NotInstalled`] when the database has no fence: [`install`] it.
 /// - [`Error::Database`] for anything else (a serialization failure to retry, the connection).
 pub async fn fence(tx: &Transaction<'_>, sequencer: &Sequencer) -> Result<(), Error> {
-    let token = Token::new(sequencer)?;
+    call(tx, FENCE_CALL, sequencer).await
+}
+
+/// Registers `sequencer`, just acquired, with the fence: from the moment this returns, every
+/// fenced transaction of an older holder of the key is refused, whether or not this holder has
+/// written. Call it on a [`Client`] (the statement is its own transaction) right after acquiring,
+/// before the work starts; [`advance_on_acquire`] does it for every acquisition of a backend.
+///
+/// It waits for an older holder's fenced transaction that is open on the key.
+///
+/// # Errors
+///
+/// As [`fence`]: [`Error::Stale`] if a newer holder has already advanced or written (this
+/// acquisition is already stale), [`Error::IndexReused`], [`Error::NotInstalled`],
+/// [`Error::Database`].
+pub async fn advance<C: GenericClient>(client: &C, sequencer: &Sequencer) -> Result<(), Error> {
+    call(client, ADVANCE_CALL, sequencer).await
+}
+
+/// `backend`, registering every leader acquisition with the fence through `client` before
+/// `acquire` returns (see [`AdvanceOnAcquire`]).
+///
+/// `client` runs one statement per acquisition, concurrently with whatever else uses it; a
+/// client whose connection has closed fails every advance (and so every acquisition) until the
+/// application replaces the wrapper: give it a client of its own, or use
+/// [`AdvanceOnAcquire::new`] with a pool.
+///
+/// ```no_run
+/// # async fn example(client: tokio_postgres::Client) -> Result<(), lease_core::Error> {
+/// use std::sync::Arc;
+/// use lease_core::LeaseSpec;
+/// use lease_core::leader::Campaign;
+/// use lease_postgres::fence;
+///
+/// let backend = fence::tokio_postgres::advance_on_acquire(
+///     lease_core::memory::Memory::new(), // Consul::from_env()?, Etcd::from_env()?
+///     Arc::new(client),
+/// );
+/// let campaign = Campaign::new(backend, LeaseSpec::leader("jobs/billing"));
+/// # drop(campaign); Ok(()) }
+/// ```
+pub fn advance_on_acquire(backend: impl Backend, client: Arc<Client>) -> AdvanceOnAcquire {
+    AdvanceOnAcquire::new(backend, move |sequencer| {
+        let client = Arc::clone(&client);
+        async move { advance(&*client, &sequencer).await }
+    })
+}
+
+/// Fences `tx` with the lease row of `sequencer`, a PostgreSQL lease of the backend `Postgres`
+/// (feature `backend`, schema `lease`) in the same database: passes only if the holder's row is
+/// live now, by the database's clock, and keeps it from being removed (a contender's take-over,
+/// a release, an operator's delete) until `tx` ends. So a holder whose lease has expired is
+/// refused even if no one has acquired the lease since, and while `tx` is open no one can.
+///
+/// A lease expiring while `tx` is open stays the holder's until `tx` ends: keep transactions
+/// short, and set `idle_in_transaction_session_timeout` below the TTL.
+///
+/// # Errors
+///
+/// [`Error::Stale`] if the row is not live (expired, released, deleted, taken over);
+/// [`Error::Unsupported`] for a sequencer of another backend; [`Error::NotInstalled`] if the
+/// database has no lease tables; [`Error::Database`] for anything else.
+pub async fn fence_held(tx: &Transaction<'_>, sequencer: &Sequencer) -> Result<(), Error> {
+    let token = Token::held(sequencer)?;
     let index = token.index();
     tx.query_typed(
-        FENCE_CALL,
-        &[
-            (&token.key(), Type::TEXT),
-            (&index, Type::INT8),
-            (&token.holder(), Type::TEXT),
-        ],
+        FENCE_HELD_CALL,
+        &[(&token.holder(), Type::TEXT), (&index, Type::INT8)],
     )
     .await
     .map(drop)
-    .map_err(|e| {
-        let db = e.as_db_error();
-        let sqlstate = db.map(|db| db.code().code().to_owned());
-        let detail = db.and_then(|db| db.detail().map(str::to_owned));
-        Error::from_fence_call(token, sqlstate.as_deref(), detail.as_deref(), Box::new(e))
-    })
+    .map_err(|e| fence_error(token, e))
+}
+
+async fn call<C: GenericClient>(
+    client: &C,
+    statement: &str,
+    sequencer: &Sequencer,
+) -> Result<(), Error> {
+    let token = Token::new(sequencer)?;
+    let (generation, index) = (token.generation(), token.index());
+    client
+        .query_typed(
+            statement,
+            &[
+                (&token.key(), Type::TEXT),
+                (&generation, Type::INT8),
+                (&index, Type::INT8),
+                (&token.holder(), Type::TEXT),
+            ],
+        )
+        .await
+        .map(drop)
+        .map_err(|e| fence_error(token, e))
+}
+
+fn fence_error(token: Token<'_>, e: ::tokio_postgres::Error) -> Error {
+    let db = e.as_db_error();
+    let sqlstate = db.map(|db| db.code().code().to_owned());
+    let detail = db.and_then(|db| db.detail().map(str::to_owned));
+    Error::from_fence_call(token, sqlstate.as_deref(), detail.as_deref(), Box::new(e))
 }

@@ -82,7 +82,7 @@ impl LeaderCache {
             .unwrap_or_else(PoisonError::into_inner);
         let confirmed = confirmed.as_ref().map(|(holder, at)| (Some(holder), *at));
         let newer_seen = |(holder, _): (Option<&Sequencer>, Instant)| {
-            holder.is_some_and(|holder| holder.index() > sequencer.index())
+            holder.is_some_and(|holder| holder.order() > sequencer.order())
         };
         if observed.is_some_and(newer_seen) || confirmed.is_some_and(newer_seen) {
             return Verdict::Stale;

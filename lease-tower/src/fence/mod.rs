@@ -2,10 +2,10 @@
 //!
 //! A leader hands work to another service with its lease's [`Sequencer`] in the
 //! [`SEQUENCER_HEADER`] (`lease-sequencer`), in the sequencer's text form
-//! `<backend>:<index>:<holder>:<key>`, e.g.
+//! `<backend>:[<generation>.]<index>:<holder>:<key>`, e.g.
 //!
 //! ```text
-//! lease-sequencer: consul:7:4ca8e74b-6350-7587-addf-a18084928f3c:service/api/leader
+//! lease-sequencer: consul:41.7:4ca8e74b-6350-7587-addf-a18084928f3c:service/api/leader
 //! ```
 //!
 //! ([`sequencer_header_value`] writes it). [`SequencerCheckLayer`] on the receiving service checks

@@ -3,19 +3,25 @@
 //! (`lease_tests::history`) and its writes to the table `fenced_writes`.
 //!
 //! ```text
-//! lease-fenced-writer (--consul URL | --etcd URLS) --key KEY --postgres URL --history FILE
+//! lease-fenced-writer (--consul URL | --etcd URLS | --postgres-leases URL) --key KEY
+//!                     --postgres URL --history FILE
 //!                     [--ttl SECS] [--lock-delay MS] [--write-every-ms MS]
 //!                     [--stop-at N --stop-where before-fence|after-fence]
 //!                     [--idle-in-transaction-timeout-ms MS]
+//!                     [--advance] [--fence index|held] [--unchecked] [--first-write-after-ms MS]
 //! ```
 //!
-//! It acquires the leader lease `KEY` (waiting forever) and logs `acquired`; then, every
+//! It acquires the leader lease `KEY` (waiting forever) and logs `acquired`; then, after
+//! `--first-write-after-ms` (default 0: a new leader loading its state first), every
 //! `--write-every-ms` (default 20), writes one fenced transaction, numbered from 1:
 //!
-//! 1. `BEGIN`; check `Lease::is_held()` (false: log `lost`, roll back, stop writing);
+//! 1. `BEGIN`; check `Lease::is_held()` (false: log `lost`, roll back, stop writing), unless
+//!    `--unchecked`: then it writes on under a lost lease, as a holder paused between its check
+//!    and its commit does at every write, and the fence alone must stop it;
 //! 2. at transaction `--stop-at N`, `--stop-where before-fence`: log `stopping` and stop this
 //!    whole process with SIGSTOP (`kill -STOP` of itself), to be resumed by the test's SIGCONT;
-//! 3. `lease_fence.fence(key, index, holder)`;
+//! 3. `lease_fence.fence(key, generation, index, holder)` (`--fence index`, the default), or
+//!    `lease.fence_held(holder, index)` (`--fence held`, leases on PostgreSQL only);
 //! 4. at `--stop-at N`, `--stop-where after-fence`: the same, holding the fence's row lock;
 //! 5. insert `(lease_key, lease_index, holder, pid, attempt)` into `fenced_writes`; `COMMIT`.
 //!
@@ -24,6 +30,12 @@
 //! when the connection is gone). The transaction is *not* run under `Lease::run`, so that a holder
 //! resumed after its lease expired goes on with the write it had checked for, as a holder
 //! paused between its check and its commit does: the fence, not the lease, must stop it.
+//!
+//! `--advance` registers the holder with the fence when it acquires, before `acquired` is
+//! logged: through `fence::tokio_postgres::advance_on_acquire` (on a connection of its own to
+//! `--postgres`) for Consul and etcd leases, in the acquiring transaction
+//! (`PostgresBuilder::advance_fence`) for leases on PostgreSQL (`--postgres-leases`, which must
+//! then be the database of `--postgres`).
 //!
 //! `--idle-in-transaction-timeout-ms` sets PostgreSQL's `idle_in_transaction_session_timeout` on
 //! its session, the setting the fence's docs recommend below the lease TTL.
@@ -43,9 +55,10 @@ use lease_tests::postgres::with_sources;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_postgres::{Client, NoTls};
 
-const USAGE: &str = "usage: lease-fenced-writer (--consul URL | --etcd URLS) --key KEY --postgres URL \
---history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] \
-[--stop-at N --stop-where before-fence|after-fence] [--idle-in-transaction-timeout-ms MS]";
+const USAGE: &str = "usage: lease-fenced-writer (--consul URL | --etcd URLS | --postgres-leases URL) \
+--key KEY --postgres URL --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] \
+[--stop-at N --stop-where before-fence|after-fence] [--idle-in-transaction-timeout-ms MS] \
+[--advance] [--fence index|held] [--unchecked] [--first-write-after-ms MS]";
 
 /// Where the writer stops itself within transaction `--stop-at`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +71,12 @@ enum StopWhere {
 struct Args {
     consul: Option<String>,
     etcd: Option<String>,
+    postgres_leases: Option<String>,
+    advance: bool,
+    /// `--fence held`: `lease.fence_held` instead of `lease_fence.fence`.
+    fence_held: bool,
+    unchecked: bool,
+    first_write_after: Duration,
     key: String,
     postgres: String,
     history: PathBuf,
@@ -74,6 +93,9 @@ fn parse_args() -> Result<Args, String> {
     let (mut ttl, mut lock_delay, mut idle_timeout) = (None, None, None);
     let (mut stop_at, mut stop_where) = (None, None);
     let mut write_every = Duration::from_millis(20);
+    let (mut postgres_leases, mut advance, mut fence_held, mut unchecked) =
+        (None, false, false, false);
+    let mut first_write_after = Duration::ZERO;
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         let number = |v: String| {
@@ -83,6 +105,19 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--consul" => consul = Some(value()?),
             "--etcd" => etcd = Some(value()?),
+            "--postgres-leases" => postgres_leases = Some(value()?),
+            "--advance" => advance = true,
+            "--unchecked" => unchecked = true,
+            "--fence" => {
+                fence_held = match value()?.as_str() {
+                    "index" => false,
+                    "held" => true,
+                    other => return Err(format!("unknown --fence {other:?}")),
+                };
+            }
+            "--first-write-after-ms" => {
+                first_write_after = Duration::from_millis(number(value()?)?);
+            }
             "--key" => key = Some(value()?),
             "--postgres" => postgres = Some(value()?),
             "--history" => history = Some(PathBuf::from(value()?)),
@@ -104,8 +139,12 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if consul.is_some() == etcd.is_some() {
-        return Err("give exactly one of --consul and --etcd".into());
+    let backends = [&consul, &etcd, &postgres_leases];
+    if backends.iter().filter(|b| b.is_some()).count() != 1 {
+        return Err("give exactly one of --consul, --etcd and --postgres-leases".into());
+    }
+    if fence_held && postgres_leases.is_none() {
+        return Err("--fence held needs --postgres-leases".into());
     }
     let stop = match (stop_at, stop_where) {
         (Some(n), Some(place)) => Some((n, place)),
@@ -115,6 +154,11 @@ fn parse_args() -> Result<Args, String> {
     Ok(Args {
         consul,
         etcd,
+        postgres_leases,
+        advance,
+        fence_held,
+        unchecked,
+        first_write_after,
         key: key.ok_or("--key is required")?,
         postgres: postgres.ok_or("--postgres is required")?,
         history: history.ok_or("--history is required")?,
@@ -126,9 +170,31 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
-fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
-    // parse_args makes sure exactly one of --consul and --etcd is given.
-    lease_tests::workers::worker_backend(args.consul.as_deref(), args.etcd.as_deref(), None, None)
+/// The lease backend; with `--advance`, one that registers each acquisition with the fence.
+async fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::BoxError> {
+    if let Some(url) = &args.postgres_leases {
+        let postgres = lease_postgres::Postgres::builder()
+            .url(url)
+            .advance_fence(args.advance)
+            .build()?;
+        return Ok(Arc::new(postgres));
+    }
+    // parse_args makes sure exactly one backend is given.
+    let backend = lease_tests::workers::worker_backend(
+        args.consul.as_deref(),
+        args.etcd.as_deref(),
+        None,
+        None,
+    )?;
+    if !args.advance {
+        return Ok(backend);
+    }
+    let (client, connection) = tokio_postgres::connect(&args.postgres, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(Arc::new(fence::tokio_postgres::advance_on_acquire(
+        backend,
+        Arc::new(client),
+    )))
 }
 
 fn exit_with(message: &str) -> ! {
@@ -151,7 +217,9 @@ async fn main() {
         .try_init();
     let history = Recorder::open(&args.history)
         .unwrap_or_else(|e| exit_with(&format!("cannot open {}: {e}", args.history.display())));
-    let backend = backend(&args).unwrap_or_else(|e| exit_with(&e.to_string()));
+    let backend = backend(&args)
+        .await
+        .unwrap_or_else(|e| exit_with(&with_sources(&*e)));
     let (client, connection) = tokio_postgres::connect(&args.postgres, NoTls)
         .await
         .unwrap_or_else(|e| exit_with(&format!("cannot connect to {}: {e:?}", args.postgres)));
@@ -199,6 +267,7 @@ async fn run(args: &Args, backend: &dyn Backend, mut client: Client, history: &R
     };
     let seq = lease.sequencer().to_string();
     history.log("acquired", &seq, "");
+    tokio::time::sleep(args.first_write_after).await;
     for attempt in 1.. {
         match write_once(args, &lease, &mut client, attempt, history).await {
             Ok(true) => history.log("write", &seq, &format!("attempt={attempt}")),
@@ -239,7 +308,7 @@ async fn write_once(
 ) -> Result<bool, lease_core::BoxError> {
     let seq = lease.sequencer();
     let tx = client.transaction().await?;
-    if !lease.is_held() {
+    if !args.unchecked && !lease.is_held() {
         return Ok(false);
     }
     let stop_here = |place| {
@@ -253,7 +322,11 @@ async fn write_once(
         }
     };
     stop_here(StopWhere::BeforeFence);
-    fence::tokio_postgres::fence(&tx, seq).await?;
+    if args.fence_held {
+        fence::tokio_postgres::fence_held(&tx, seq).await?;
+    } else {
+        fence::tokio_postgres::fence(&tx, seq).await?;
+    }
     stop_here(StopWhere::AfterFence);
     let index = i64::try_from(seq.index())?;
     let pid = i64::from(std::process::id());
