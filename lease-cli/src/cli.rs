@@ -61,9 +61,13 @@ have no such signal; there a command whose `lease` was killed runs on until it e
 The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock
 etcd:<create revision>:<lease ID>:jobs/backup or postgres:<index>:<holder>:jobs/backup; check it
 with `lease check`), LEASE_KEY and
-LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to it.
-When it exits, the lease is released at once (the next holder does not wait for the lock-delay)
-and `lease` exits with its code.
+LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to its
+process group; after a SIGINT or SIGTERM, a group still running --grace later is killed
+(SIGKILL). SIGHUP is only forwarded (many programs read it as a reload).
+When the command exits, whatever it left running in its process group (a background child) gets
+SIGTERM, then SIGKILL after --grace; then the lease is released at once (the next holder does
+not wait for the lock-delay) and `lease` exits with the command's code. A process that leaves
+the group (setsid, a daemon) is out of `lease`'s reach.
 
 Single-dash long flags are accepted as `consul lock` spells them (-try 5s, -name=x, -shell,
 -pass-stdin, -timeout 1m, -http-addr=ADDR); they are read as their `--` forms.";
@@ -174,9 +178,10 @@ pub(crate) struct LockArgs {
     /// only: etcd has no lock-delay, and RabbitMQ none either.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) lock_delay: Duration,
-    /// On loss, time between SIGTERM and SIGKILL to the command's process group. The lease is
-    /// given up this much earlier, so TTL must be at least 2.5 times the grace. [default: 5s, or
-    /// TTL/2.5 if that is shorter]
+    /// Time between SIGTERM and SIGKILL to the command's process group: on loss, after a
+    /// forwarded SIGINT or SIGTERM, and for what the command left running when it exited. The
+    /// lease is given up this much earlier, so TTL must be at least 2.5 times the grace.
+    /// [default: 5s, or TTL/2.5 if that is shorter]
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     pub(crate) grace: Option<Duration>,
     /// The value advertised in the key, shown to those waiting. Default: `<host> pid <pid>`.
