@@ -60,14 +60,22 @@ have no such signal; there a command whose `lease` was killed runs on until it e
 
 The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:7:<session>:jobs/backup/.lock
 etcd:<create revision>:<lease ID>:jobs/backup or postgres:<index>:<holder>:jobs/backup; check it
-with `lease check`), LEASE_KEY and
-LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to its
-process group; after a SIGINT or SIGTERM, a group still running --grace later is killed
-(SIGKILL). SIGHUP is only forwarded (many programs read it as a reload).
-When the command exits, whatever it left running in its process group (a background child) gets
-SIGTERM, then SIGKILL after --grace; then the lease is released at once (the next holder does
-not wait for the lock-delay) and `lease` exits with the command's code. A process that leaves
-the group (setsid, a daemon) is out of `lease`'s reach.
+with `lease check`), LEASE_KEY and LEASE_HOLDER in its environment. It also gets the backend a
+flag named, in the variable `lease` reads for it, so `lease check \"$LEASE_SEQUENCER\"` inside it
+reaches the same server: --consul as CONSUL_HTTP_ADDR, --etcd as LEASE_ETCD_ENDPOINTS,
+--postgres as LEASE_POSTGRES_URL (RabbitMQ's sequencers cannot be checked from another
+process). A backend chosen by a variable is inherited as it is, as are the credentials `lease`
+reads only from the environment (CONSUL_HTTP_TOKEN, ETCD_PASSWORD…): none is added. A password
+in --postgres's URL goes to the command with the URL (it could read it on `lease`'s command line
+already, as can every user of the host); set LEASE_POSTGRES_URL instead of the flag to keep it
+off command lines.
+
+SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to the command's process group; after
+a SIGINT or SIGTERM, a group still running --grace later is killed (SIGKILL). SIGHUP is only
+forwarded (many programs read it as a reload). When the command exits, whatever it left running
+in its group (a background child) gets SIGTERM, then SIGKILL after --grace; then the lease is
+released at once (the next holder does not wait for the lock-delay) and `lease` exits with the
+command's code. A process that leaves the group (setsid, a daemon) is out of `lease`'s reach.
 
 Single-dash long flags are accepted as `consul lock` spells them (-try 5s, -name=x, -shell,
 -pass-stdin, -timeout 1m, -http-addr=ADDR); they are read as their `--` forms.";

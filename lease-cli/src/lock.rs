@@ -3,8 +3,8 @@
 //! The order of events is the point of the tool:
 //!
 //! 1. acquire (printing who holds the lease while waiting); a signal while waiting gives up;
-//! 2. start the command in its own process group, with `LEASE_SEQUENCER`, `LEASE_KEY` and
-//!    `LEASE_HOLDER`;
+//! 2. start the command in its own process group, with `LEASE_SEQUENCER`, `LEASE_KEY`,
+//!    `LEASE_HOLDER` and the backend a flag gave (so `lease check` inside it reaches it);
 //! 3. race its exit against the lease's loss and against signals to `lease` (forwarded);
 //! 4. on loss, SIGTERM the group and SIGKILL it after the grace. The spec's fence lead is the
 //!    grace, so the loss is declared (at the latest) a grace before the server could free the
@@ -89,15 +89,17 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
 
     // 2. Start the command.
     let sequencer = lease.sequencer().clone();
+    let mut env = vec![
+        ("LEASE_SEQUENCER", sequencer.to_string()),
+        ("LEASE_KEY", spec.key().to_owned()),
+        ("LEASE_HOLDER", sequencer.holder().to_owned()),
+    ];
+    env.extend(crate::backend::child_env(&args.backend, &chosen));
     let started = Spawn {
         command: &args.command,
         shell: args.shell,
         pass_stdin: args.pass_stdin,
-        env: vec![
-            ("LEASE_SEQUENCER", sequencer.to_string()),
-            ("LEASE_KEY", spec.key().to_owned()),
-            ("LEASE_HOLDER", sequencer.holder().to_owned()),
-        ],
+        env,
     }
     .start();
     let mut guarded = match started {

@@ -508,6 +508,11 @@ async fn status_and_check_follow_the_holder() {
         within(T, "the holders to exit", h.wait()).await.unwrap();
     }
     assert_nothing_left(&agent, "st").await;
+
+    // Inside the command, `lease check` reaches the agent `--consul` named (the command gets it
+    // as CONSUL_HTTP_ADDR), not the one `lease`'s own environment names (a closed port here).
+    let out = check_inside(&["--consul", &agent.addr().to_string(), "st/inside"]).await;
+    assert_checked_current(&out);
 }
 
 async fn file_appears_empty_ok(path: &std::path::Path) {

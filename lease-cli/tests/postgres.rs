@@ -141,3 +141,12 @@ async fn two_backend_variables_without_a_flag_are_refused() {
         "{stderr}"
     );
 }
+
+/// `lease check "$LEASE_SEQUENCER"` inside the command reaches the database `--postgres` named
+/// (the command gets it as LEASE_POSTGRES_URL).
+#[tokio::test]
+async fn lease_check_inside_the_command_reaches_the_database_of_the_flag() {
+    let db = TestDb::create("cli_check_inside").await;
+    let out = check_inside(&["--postgres", db.url(), "jobs/inside"]).await;
+    assert_checked_current(&out);
+}
