@@ -12,11 +12,13 @@ use crate::duration;
 pub(crate) const EXIT_CODES: &str = "\
 Exit codes of `lease lock`:
   (child's)  the command's own exit code; 128+N if it was killed by signal N
-  64         bad usage: unknown option, missing `--`, invalid key or duration (nothing started)
+  64         bad usage: unknown option, missing `--`, invalid key, duration or URL, or two
+             backends configured (refused before any backend is asked; nothing started)
   75         busy: -try/-timeout ran out while the lease was held elsewhere (nothing started)
   124        lost: the lease was lost while the command ran; the command was stopped
-  125        backend error: Consul, etcd, RabbitMQ or PostgreSQL failed or could not be reached
-             (nothing started)
+  125        backend error: Consul, etcd, RabbitMQ or PostgreSQL failed, could not be reached,
+             or refused what it was given (a database that does not exist, a role or token
+             without rights) (nothing started)
   126, 127   the command could not be run / was not found
   128+N      `lease` itself got signal N while waiting for the lease (nothing started)
 `lease status`: 0 held, 1 not held, 2 error. `lease check`: 0 current, 1 stale, 2 error.
@@ -43,8 +45,9 @@ etcd has no lock-delay (--lock-delay is not used): after a holder's key went wit
 On PostgreSQL (--postgres URL, or LEASE_POSTGRES_URL; not DATABASE_URL), KEY is the lease's key
 in the lease table the backend keeps in that database; with -n N, a semaphore of N slots on KEY.
 Expiry is judged by the database's clock, so the hosts' clocks do not matter, and a holder whose
-row is deleted loses the lease. Only `lease` and programs using lease-postgres share these
-leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
+row is deleted loses the lease; the key then stays barred for --lock-delay (15s by default), so
+the old command is stopped before the next one starts. Only `lease` and programs using
+lease-postgres share these leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
 require (or verify-full) also verifies its certificate; sslrootcert=PATH names a private CA.
 
 When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
@@ -182,8 +185,11 @@ pub(crate) struct LockArgs {
     /// confirmed for about TTL less a tenth less --grace.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) ttl: Duration,
-    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s). Consul
-    /// only: etcd has no lock-delay, and RabbitMQ none either.
+    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s). Consul:
+    /// the session's lock-delay (after the session is invalidated), and how long waiters leave
+    /// a key alone after it was deleted under its holder. PostgreSQL: how long a holder's row
+    /// deleted under it (by an operator) bars its key, the settle time; an expired row is taken
+    /// at once. etcd and RabbitMQ have no lock-delay: not used there.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) lock_delay: Duration,
     /// Time between SIGTERM and SIGKILL to the command's process group: on loss, after a

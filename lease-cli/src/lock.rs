@@ -287,15 +287,21 @@ async fn report_waiting(
                     // On etcd our own contender key leads the queue for a moment while we settle
                     // after a holder left: not someone to wait for.
                     Some(leader) if leader.value.as_slice() == ours => {}
-                    Some(leader) => say(format!(
-                        "held by {} (session {}, lock index {})",
-                        leader
-                            .value_str()
-                            .filter(|v| !v.is_empty())
-                            .unwrap_or("an unnamed holder"),
-                        leader.sequencer.holder(),
-                        leader.sequencer.index()
-                    )),
+                    Some(leader) => {
+                        let (index, holder) =
+                            crate::status::holder_terms(leader.sequencer.backend());
+                        say(format!(
+                            "held by {} ({} {}, {} {})",
+                            leader
+                                .value_str()
+                                .filter(|v| !v.is_empty())
+                                .unwrap_or("an unnamed holder"),
+                            holder.1,
+                            leader.sequencer.holder(),
+                            index.1,
+                            leader.sequencer.index()
+                        ));
+                    }
                     None => say("free (its last holder has just left)".to_owned()),
                 }
                 if observer.changed().await.is_err() {
