@@ -22,7 +22,8 @@ Exit codes of `lease lock`:
   126, 127   the command could not be run / was not found
   128+N      `lease` itself got signal N while waiting for the lease (nothing started)
 `lease status`: 0 held, 1 not held, 2 error. `lease check`: 0 current, 1 stale, 2 error.
-`lease amqp`: 0 done, 75 busy (wait ran out, semaphore in use), 125 error.";
+`lease amqp`: 0 done, 75 busy (wait ran out, semaphore in use), 125 error.
+`lease gc`: 0 done, 64 bad usage, 125 Consul could not be asked.";
 
 const LOCK_ABOUT: &str = "\
 Run a command while holding a lease, and stop it before the lease could be given away.
@@ -132,6 +133,54 @@ pub(crate) enum Command {
     /// Administer RabbitMQ persistent semaphores (create, destroy, add, remove, wait).
     #[command(subcommand)]
     Amqp(AmqpCommand),
+    /// Remove the Consul leader keys nobody holds under a prefix (exit 0 done, 125 error).
+    #[command(long_about = GC_ABOUT, after_help = GC_EXAMPLES)]
+    Gc(GcArgs),
+}
+
+const GC_ABOUT: &str = "\
+Remove the Consul leader keys under PREFIX that nobody holds.
+
+Consul keeps a lock's key after its release: `lease lock` and lease-consul keep it on purpose,
+since its LockIndex (the sequencer's index) rises only while the key lives. A service with a
+lease per customer or per job therefore leaves a key per name for ever. `lease gc` removes
+them: only keys with the leader lock's flags (those of `lease lock`, lease-consul and `consul
+lock`) and no session, each with a compare-and-set on the ModifyIndex it was listed at, so a key
+acquired, released or written in between is never deleted. Semaphores are not touched (`lease
+lock -n` removes a semaphore's key when its last holder leaves).
+
+Consul's KV keeps no timestamps, so --older-than DUR is a watch: the keys are listed, and after
+DUR only those that nobody acquired, released or wrote during the wait are removed.
+
+A removed key that is taken again is created anew and starts its LockIndex at 1, with a higher
+CreateIndex. A fence that orders Consul sequencers by CreateIndex before LockIndex (issue 33's
+fence) accepts the new holders and refuses the old; one that compares LockIndex alone refuses
+the new holders until its record of the key is cleared. Remove keys whose sequencers a fence of
+the second kind has seen only with that in mind.";
+
+const GC_EXAMPLES: &str = "\
+Examples:
+  # What would go: the released leader keys under customers/.
+  lease gc --dry-run customers/
+  # Remove those nobody acquired, released or wrote in the last 10 minutes.
+  lease gc --older-than 10m customers/";
+
+#[derive(Debug, Args)]
+pub(crate) struct GcArgs {
+    /// The Consul agent: host:port or a URL. Default: CONSUL_HTTP_ADDR (and the other CONSUL_*
+    /// variables), else 127.0.0.1:8500.
+    #[arg(long, value_name = "URL", alias = "http-addr")]
+    pub(crate) consul: Option<String>,
+    /// Remove only keys unchanged (not acquired, released or written) during a watch of this
+    /// long. Default: those unheld when listed.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub(crate) older_than: Option<Duration>,
+    /// List what would be removed, and remove nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// The prefix of the keys (as Consul's KV reads a prefix: `jobs/` covers `jobs/a/.lock`).
+    #[arg(value_name = "PREFIX")]
+    pub(crate) prefix: String,
 }
 
 /// Where the lease lives.
@@ -331,6 +380,8 @@ const SINGLE_DASH_LONG: &[&str] = &[
     "etcd",
     "postgres",
     "json",
+    "older-than",
+    "dry-run",
 ];
 
 /// Rewrites `-try`, `-name=x` and the other long flags in [`SINGLE_DASH_LONG`] to their `--`

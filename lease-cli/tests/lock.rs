@@ -743,3 +743,114 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
     }
     Guard(Some(f))
 }
+
+/// `lease gc` removes the released leader keys under a prefix and nothing else: not a held
+/// key, not a plain KV key, not a key taken during its `--older-than` watch; `--dry-run` removes
+/// nothing. A removed key can be taken again (its LockIndex restarts at 1).
+#[tokio::test]
+async fn gc_removes_released_leader_keys_and_nothing_else() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("gc");
+    let run = |args: &[&str]| {
+        let mut c = lease_on(&agent);
+        c.args(args);
+        c
+    };
+    let release = |key: &str| {
+        let key = key.to_owned();
+        let c = run(&["lock", &key, "--", "true"]);
+        async move {
+            let out = output(c, "lease lock KEY -- true").await;
+            assert!(out.status.success(), "{key}: {out:?}");
+        }
+    };
+    for key in ["gc/a", "gc/b", "gc/c", "gc/d"] {
+        release(key).await;
+    }
+    let ready = scratch.path("ready");
+    let mut held = run(&["lock", "gc/held", "--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 30", ready.display()))
+        .spawn()
+        .unwrap();
+    file_appears_empty_ok(&ready).await;
+    agent.put_key("gc/config", b"keep me", 0).await;
+
+    let out = output(run(&["gc", "--dry-run", "gc/"]), "lease gc --dry-run").await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(listed.lines().count(), 4, "{listed}");
+    assert!(
+        listed.contains("would remove gc/a/.lock (lock index 1"),
+        "{listed}"
+    );
+    assert_eq!(
+        sorted_keys(&agent, "gc/").await.len(),
+        6,
+        "--dry-run removed nothing"
+    );
+
+    // --older-than: gc/c is taken and released during the watch, so it stays.
+    let mut gc = run(&["gc", "--older-than", "2s", "gc/"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(gc.stderr.take().unwrap()).lines();
+    within(T, "lease gc to start its watch", async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("watching them for 2s") {
+                return;
+            }
+        }
+        panic!("lease gc ended its stderr without watching");
+    })
+    .await;
+    release("gc/c").await;
+    let out = within(T, "lease gc --older-than to finish", gc.wait_with_output())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let removed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(removed.lines().count(), 3, "{removed}");
+    assert_eq!(
+        sorted_keys(&agent, "gc/").await,
+        ["gc/c/.lock", "gc/config", "gc/held/.lock"],
+        "{removed}"
+    );
+
+    // Without a watch: the released gc/c goes, the held key and the plain key stay.
+    let out = output(run(&["gc", "gc/"]), "lease gc").await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        sorted_keys(&agent, "gc/").await,
+        ["gc/config", "gc/held/.lock"]
+    );
+    assert_eq!(
+        agent.key("gc/config").await["Value"],
+        "a2VlcCBtZQ==",
+        "the plain key is untouched"
+    );
+
+    // A removed key is taken again, from a LockIndex of 1.
+    let out = output(
+        run(&["lock", "gc/a", "--", "sh", "-c", "echo $LEASE_SEQUENCER"]),
+        "lease lock on a removed key",
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let sequencer: lease_core::Sequencer =
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(sequencer.index(), 1);
+
+    let out = output(run(&["gc", ""]), "lease gc ''").await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    send(held.id().unwrap(), Signal::SIGTERM);
+    within(T, "the holder to exit", held.wait()).await.unwrap();
+}
+
+/// The keys under `prefix`, sorted.
+async fn sorted_keys(agent: &Agent, prefix: &str) -> Vec<String> {
+    let mut keys = agent.keys(prefix).await;
+    keys.sort();
+    keys
+}
