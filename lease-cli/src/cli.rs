@@ -153,16 +153,16 @@ Consul's KV keeps no timestamps, so --older-than DUR is a watch: the keys are li
 DUR only those that nobody acquired, released or wrote during the wait are removed.
 
 A removed key that is taken again is created anew and starts its LockIndex at 1, with a higher
-CreateIndex. A fence that orders Consul sequencers by CreateIndex before LockIndex (issue 33's
-fence) accepts the new holders and refuses the old; one that compares LockIndex alone refuses
-the new holders until its record of the key is cleared. Remove keys whose sequencers a fence of
-the second kind has seen only with that in mind.";
+CreateIndex. Sequencers that carry the key's CreateIndex before its LockIndex
+(consul:<CreateIndex>.<LockIndex>:…) order the new holders after the old ones, and a fence that
+compares them so accepts the new and refuses the old; a fence or check that compares the
+LockIndex alone would refuse the new holders until its record of the key is cleared.";
 
 const GC_EXAMPLES: &str = "\
 Examples:
   # What would go: the released leader keys under customers/.
   lease gc --dry-run customers/
-  # Remove those nobody acquired, released or wrote in the last 10 minutes.
+  # Remove those nobody acquires, releases or writes during a 10-minute watch.
   lease gc --older-than 10m customers/";
 
 #[derive(Debug, Args)]
