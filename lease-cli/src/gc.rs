@@ -7,7 +7,8 @@
 //! on the ModifyIndex it was listed at, so a key acquired, released or written meanwhile (or
 //! held now) is never deleted.
 
-use lease_consul::UnheldKey;
+use lease_consul::{Consul, UnheldKey};
+use lease_core::Backend;
 
 use crate::backend;
 use crate::cli::{BackendArgs, GcArgs};
@@ -26,6 +27,12 @@ pub(crate) async fn run(args: GcArgs) -> Result<u8, Failure> {
         etcd: None,
         postgres: None,
     })?;
+    let result = clean(&consul, &args).await;
+    consul.shutdown().await;
+    result
+}
+
+async fn clean(consul: &Consul, args: &GcArgs) -> Result<u8, Failure> {
     let failed =
         |e: lease_core::Error| Failure::new(exit::BACKEND, exit::in_cli_terms(&e.to_string()));
     let found = consul
@@ -64,7 +71,6 @@ pub(crate) async fn run(args: GcArgs) -> Result<u8, Failure> {
             }
         }
     }
-    consul_shutdown(&consul).await;
     eprintln!(
         "lease gc: {} {removed} of the {listed} leader keys under {:?} nobody held{}",
         if args.dry_run {
@@ -86,9 +92,4 @@ fn describe(key: &UnheldKey) -> String {
         "{} (lock index {}, create index {})",
         key.key, key.lock_index, key.create_index
     )
-}
-
-async fn consul_shutdown(consul: &lease_consul::Consul) {
-    use lease_core::Backend;
-    consul.shutdown().await;
 }
