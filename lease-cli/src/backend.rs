@@ -103,6 +103,27 @@ impl Chosen {
     }
 }
 
+/// The variables that point a `lease` run by the guarded command at the backend `lease lock`
+/// was given by a flag, so `lease check "$LEASE_SEQUENCER"` inside the command reaches it:
+/// `CONSUL_HTTP_ADDR` (`--consul`), `LEASE_ETCD_ENDPOINTS` (`--etcd`) and `LEASE_POSTGRES_URL`
+/// (`--postgres`). A backend chosen by a variable needs nothing: the command inherits it.
+/// RabbitMQ gets nothing: its sequencers cannot be checked from another process. Each value is the flag's as given (a password in a URL included, which
+/// the command line already showed); credentials that come only from the environment
+/// (`CONSUL_HTTP_TOKEN`, `ETCD_PASSWORD`) are inherited as they were, never added.
+pub(crate) fn child_env(args: &BackendArgs, chosen: &Chosen) -> Vec<(&'static str, String)> {
+    let given = match chosen {
+        Chosen::Consul(_) => args.consul.clone().map(|a| (CONSUL_ADDR_ENV, a)),
+        Chosen::Etcd(_) => args.etcd.clone().map(|e| (ETCD_ENDPOINTS_ENV, e)),
+        Chosen::Postgres(_) => args.postgres.clone().map(|u| (POSTGRES_URL_ENV, u)),
+        Chosen::Amqp(_) => None,
+    };
+    given.into_iter().collect()
+}
+
+/// The Consul agent's address, as the consul CLI (and `lease`, through `ConsulBuilder::from_env`)
+/// reads it.
+const CONSUL_ADDR_ENV: &str = "CONSUL_HTTP_ADDR";
+
 /// The Consul agent `--consul` names, else the one `CONSUL_HTTP_ADDR` (and the other
 /// `CONSUL_*` variables) configure.
 pub(crate) fn consul(args: &BackendArgs) -> Result<Consul, Failure> {

@@ -142,20 +142,91 @@ impl Guarded {
                 return self.child.wait().await;
             }
         };
-        // The leader has gone; the rest of its group gets what is left of the grace.
-        while self.group_alive() {
-            if Instant::now() >= deadline {
-                self.signal(Signal::SIGKILL);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.clear_until(deadline).await;
         Ok(status)
     }
 
-    fn group_alive(&self) -> bool {
+    /// After the leader has exited: stops what is left of its group (a command's background
+    /// child, say) with SIGTERM, then SIGKILL after `grace`, so nothing it started runs on once
+    /// the lease is released. Returns whether anything was left.
+    pub(crate) async fn clear_rest(&self, grace: Duration) -> bool {
+        if !self.group_runs() {
+            return false;
+        }
+        self.signal(Signal::SIGTERM);
+        self.clear_until(Instant::now() + grace).await;
+        true
+    }
+
+    /// Waits (polling) until no process of the group runs; SIGKILLs the group at `deadline`,
+    /// then waits a little more for the kernel to finish the kill.
+    async fn clear_until(&self, deadline: Instant) {
+        let mut killed = false;
+        while self.group_runs() {
+            let now = Instant::now();
+            if now >= deadline && !killed {
+                self.signal(Signal::SIGKILL);
+                killed = true;
+            } else if killed && now >= deadline + KILL_TAKES {
+                eprintln!(
+                    "lease: process group {} still runs {KILL_TAKES:?} after SIGKILL",
+                    self.group
+                );
+                return;
+            }
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+    }
+
+    /// Whether a process of the group still runs. A killed or exited member whose parent has
+    /// gone is a zombie until init reaps it, which the init of some containers never does: it
+    /// counts as gone. Where `/proc` cannot be read, any member counts.
+    fn group_runs(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        if let Some(runs) = group_runs_by_proc(self.group.as_raw()) {
+            return runs;
+        }
         killpg(self.group, None).is_ok()
     }
+}
+
+/// How often a stopping group is looked at.
+const GROUP_POLL: Duration = Duration::from_millis(10);
+
+/// How long a SIGKILLed group may take to be gone before `lease` stops waiting for it.
+const KILL_TAKES: Duration = Duration::from_secs(1);
+
+/// Whether `/proc` lists a process of group `group` that is not a zombie; `None` if `/proc`
+/// cannot be read.
+#[cfg(target_os = "linux")]
+fn group_runs_by_proc(group: i32) -> Option<bool> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        // A process that exits between the listing and the read is gone: skipped.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp …; comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if pgrp.parse() == Ok(group) && state != "Z" && state != "X" {
+            return Some(true);
+        }
+    }
+    Some(false)
 }
 
 /// `lease`'s exit code for a command that ended with `status`: its code, or 128 + the signal

@@ -12,15 +12,18 @@ use crate::duration;
 pub(crate) const EXIT_CODES: &str = "\
 Exit codes of `lease lock`:
   (child's)  the command's own exit code; 128+N if it was killed by signal N
-  64         bad usage: unknown option, missing `--`, invalid key or duration (nothing started)
+  64         bad usage: unknown option, missing `--`, invalid key, duration or URL, or two
+             backends configured (refused before any backend is asked; nothing started)
   75         busy: -try/-timeout ran out while the lease was held elsewhere (nothing started)
   124        lost: the lease was lost while the command ran; the command was stopped
-  125        backend error: Consul, etcd, RabbitMQ or PostgreSQL failed or could not be reached
-             (nothing started)
+  125        backend error: Consul, etcd, RabbitMQ or PostgreSQL failed, could not be reached,
+             or refused what it was given (a database that does not exist, a role or token
+             without rights) (nothing started)
   126, 127   the command could not be run / was not found
   128+N      `lease` itself got signal N while waiting for the lease (nothing started)
 `lease status`: 0 held, 1 not held, 2 error. `lease check`: 0 current, 1 stale, 2 error.
-`lease amqp`: 0 done, 75 busy (wait ran out, semaphore in use), 125 error.";
+`lease amqp`: 0 done, 75 busy (wait ran out, semaphore in use), 125 error.
+`lease gc`: 0 done, 64 bad usage, 125 Consul could not be asked.";
 
 const LOCK_ABOUT: &str = "\
 Run a command while holding a lease, and stop it before the lease could be given away.
@@ -43,8 +46,9 @@ etcd has no lock-delay (--lock-delay is not used): after a holder's key went wit
 On PostgreSQL (--postgres URL, or LEASE_POSTGRES_URL; not DATABASE_URL), KEY is the lease's key
 in the lease table the backend keeps in that database; with -n N, a semaphore of N slots on KEY.
 Expiry is judged by the database's clock, so the hosts' clocks do not matter, and a holder whose
-row is deleted loses the lease. Only `lease` and programs using lease-postgres share these
-leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
+row is deleted loses the lease; the key then stays barred for --lock-delay (15s by default), so
+the old command is stopped before the next one starts. Only `lease` and programs using
+lease-postgres share these leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
 require (or verify-full) also verifies its certificate; sslrootcert=PATH names a private CA.
 
 When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
@@ -60,10 +64,22 @@ have no such signal; there a command whose `lease` was killed runs on until it e
 
 The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:57.7:<session>:jobs/backup/.lock
 etcd:<create revision>:<lease ID>:jobs/backup or postgres:<index>:<holder>:jobs/backup; check it
-with `lease check`), LEASE_KEY and
-LEASE_HOLDER in its environment. SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to it.
-When it exits, the lease is released at once (the next holder does not wait for the lock-delay)
-and `lease` exits with its code.
+with `lease check`), LEASE_KEY and LEASE_HOLDER in its environment. It also gets the backend a
+flag named, in the variable `lease` reads for it, so `lease check \"$LEASE_SEQUENCER\"` inside it
+reaches the same server: --consul as CONSUL_HTTP_ADDR, --etcd as LEASE_ETCD_ENDPOINTS,
+--postgres as LEASE_POSTGRES_URL (RabbitMQ's sequencers cannot be checked from another
+process). A backend chosen by a variable is inherited as it is, as are the credentials `lease`
+reads only from the environment (CONSUL_HTTP_TOKEN, ETCD_PASSWORD…): none is added. A password
+in --postgres's URL goes to the command with the URL (it could read it on `lease`'s command line
+already, as can every user of the host); set LEASE_POSTGRES_URL instead of the flag to keep it
+off command lines.
+
+SIGINT, SIGTERM and SIGHUP sent to `lease` are forwarded to the command's process group; after
+a SIGINT or SIGTERM, a group still running --grace later is killed (SIGKILL). SIGHUP is only
+forwarded (many programs read it as a reload). When the command exits, whatever it left running
+in its group (a background child) gets SIGTERM, then SIGKILL after --grace; then the lease is
+released at once (the next holder does not wait for the lock-delay) and `lease` exits with the
+command's code. A process that leaves the group (setsid, a daemon) is out of `lease`'s reach.
 
 Single-dash long flags are accepted as `consul lock` spells them (-try 5s, -name=x, -shell,
 -pass-stdin, -timeout 1m, -http-addr=ADDR); they are read as their `--` forms.";
@@ -117,6 +133,54 @@ pub(crate) enum Command {
     /// Administer RabbitMQ persistent semaphores (create, destroy, add, remove, wait).
     #[command(subcommand)]
     Amqp(AmqpCommand),
+    /// Remove the Consul leader keys nobody holds under a prefix (exit 0 done, 125 error).
+    #[command(long_about = GC_ABOUT, after_help = GC_EXAMPLES)]
+    Gc(GcArgs),
+}
+
+const GC_ABOUT: &str = "\
+Remove the Consul leader keys under PREFIX that nobody holds.
+
+Consul keeps a lock's key after its release: `lease lock` and lease-consul keep it on purpose,
+since its LockIndex (the sequencer's index) rises only while the key lives. A service with a
+lease per customer or per job therefore leaves a key per name for ever. `lease gc` removes
+them: only keys with the leader lock's flags (those of `lease lock`, lease-consul and `consul
+lock`) and no session, each with a compare-and-set on the ModifyIndex it was listed at, so a key
+acquired, released or written in between is never deleted. Semaphores are not touched (`lease
+lock -n` removes a semaphore's key when its last holder leaves).
+
+Consul's KV keeps no timestamps, so --older-than DUR is a watch: the keys are listed, and after
+DUR only those that nobody acquired, released or wrote during the wait are removed.
+
+A removed key that is taken again is created anew and starts its LockIndex at 1, with a higher
+CreateIndex. Sequencers that carry the key's CreateIndex before its LockIndex
+(consul:<CreateIndex>.<LockIndex>:…) order the new holders after the old ones, and a fence that
+compares them so accepts the new and refuses the old; a fence or check that compares the
+LockIndex alone would refuse the new holders until its record of the key is cleared.";
+
+const GC_EXAMPLES: &str = "\
+Examples:
+  # What would go: the released leader keys under customers/.
+  lease gc --dry-run customers/
+  # Remove those nobody acquires, releases or writes during a 10-minute watch.
+  lease gc --older-than 10m customers/";
+
+#[derive(Debug, Args)]
+pub(crate) struct GcArgs {
+    /// The Consul agent: host:port or a URL. Default: CONSUL_HTTP_ADDR (and the other CONSUL_*
+    /// variables), else 127.0.0.1:8500.
+    #[arg(long, value_name = "URL", alias = "http-addr")]
+    pub(crate) consul: Option<String>,
+    /// Remove only keys unchanged (not acquired, released or written) during a watch of this
+    /// long. Default: those unheld when listed.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub(crate) older_than: Option<Duration>,
+    /// List what would be removed, and remove nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// The prefix of the keys (as Consul's KV reads a prefix: `jobs/` covers `jobs/a/.lock`).
+    #[arg(value_name = "PREFIX")]
+    pub(crate) prefix: String,
 }
 
 /// Where the lease lives.
@@ -170,13 +234,17 @@ pub(crate) struct LockArgs {
     /// confirmed for about TTL less a tenth less --grace.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) ttl: Duration,
-    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s). Consul
-    /// only: etcd has no lock-delay, and RabbitMQ none either.
+    /// After a lost (not released) lease, nobody may take it for this long (0 to 60s). Consul:
+    /// the session's lock-delay (after the session is invalidated), and how long waiters leave
+    /// a key alone after it was deleted under its holder. PostgreSQL: how long a holder's row
+    /// deleted under it (by an operator) bars its key, the settle time; an expired row is taken
+    /// at once. etcd and RabbitMQ have no lock-delay: not used there.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration::parse)]
     pub(crate) lock_delay: Duration,
-    /// On loss, time between SIGTERM and SIGKILL to the command's process group. The lease is
-    /// given up this much earlier, so TTL must be at least 2.5 times the grace. [default: 5s, or
-    /// TTL/2.5 if that is shorter]
+    /// Time between SIGTERM and SIGKILL to the command's process group: on loss, after a
+    /// forwarded SIGINT or SIGTERM, and for what the command left running when it exited. The
+    /// lease is given up this much earlier, so TTL must be at least 2.5 times the grace.
+    /// [default: 5s, or TTL/2.5 if that is shorter]
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     pub(crate) grace: Option<Duration>,
     /// The value advertised in the key, shown to those waiting. Default: `<host> pid <pid>`.
@@ -312,6 +380,8 @@ const SINGLE_DASH_LONG: &[&str] = &[
     "etcd",
     "postgres",
     "json",
+    "older-than",
+    "dry-run",
 ];
 
 /// Rewrites `-try`, `-name=x` and the other long flags in [`SINGLE_DASH_LONG`] to their `--`

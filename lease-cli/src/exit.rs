@@ -43,10 +43,13 @@ impl Failure {
     }
 
     /// A library error: a spec the library refuses is bad usage, a held lease is busy, anything
-    /// else is the backend's failure (its message says what to do).
+    /// else is the backend's failure (its message says what to do). A configuration the backend
+    /// refuses once asked (a database that does not exist) is the backend's failure too, as a
+    /// role without rights or a wrong port is: 64 is for what `lease` refuses before asking.
     pub(crate) fn from_error(error: &Error) -> Failure {
         let code = match (error, error.kind()) {
             (Error::SemaphoreInUse { .. }, _) | (_, ErrorKind::Busy) => BUSY,
+            (Error::Config { .. }, _) => BACKEND,
             (_, ErrorKind::InvalidInput) => USAGE,
             _ => BACKEND,
         };
@@ -63,6 +66,11 @@ const FLAGS: &[(&str, &str)] = &[
     // etcd's credentials come from the environment only (ETCD_USER, ETCD_PASSWORD).
     (", or EtcdBuilder::user", ""),
     (" (or EtcdBuilder::user)", ""),
+    // The PostgreSQL URL comes from --postgres (or LEASE_POSTGRES_URL), never from DATABASE_URL.
+    (
+        "Postgres::from_env reads LEASE_POSTGRES_URL, else DATABASE_URL",
+        "--postgres, or LEASE_POSTGRES_URL",
+    ),
     // The endpoints come from --etcd (or LEASE_ETCD_ENDPOINTS), never from ETCD_ENDPOINTS,
     // except for `lease check` of an etcd sequencer without either, where --etcd is the fix.
     ("ETCD_ENDPOINTS", "--etcd"),
@@ -90,6 +98,13 @@ mod tests {
         let etcd = "cannot reach etcd at http://127.0.0.1:1/: refused; is it running? Start \
                     etcd, or point ETCD_ENDPOINTS at it";
         assert!(in_cli_terms(etcd).ends_with("or point --etcd at it"));
+        let postgres = "start PostgreSQL, or fix the host and port of the URL (Postgres::from_env \
+                        reads LEASE_POSTGRES_URL, else DATABASE_URL)";
+        assert!(
+            in_cli_terms(postgres).ends_with("of the URL (--postgres, or LEASE_POSTGRES_URL)"),
+            "{}",
+            in_cli_terms(postgres)
+        );
         let denied = "use credentials (ETCD_USER and ETCD_PASSWORD, or EtcdBuilder::user) whose \
                       role allows it";
         assert_eq!(

@@ -3,13 +3,16 @@
 //! The order of events is the point of the tool:
 //!
 //! 1. acquire (printing who holds the lease while waiting); a signal while waiting gives up;
-//! 2. start the command in its own process group, with `LEASE_SEQUENCER`, `LEASE_KEY` and
-//!    `LEASE_HOLDER`;
+//! 2. start the command in its own process group, with `LEASE_SEQUENCER`, `LEASE_KEY`,
+//!    `LEASE_HOLDER` and the backend a flag gave (so `lease check` inside it reaches it);
 //! 3. race its exit against the lease's loss and against signals to `lease` (forwarded);
 //! 4. on loss, SIGTERM the group and SIGKILL it after the grace. The spec's fence lead is the
 //!    grace, so the loss is declared (at the latest) a grace before the server could free the
 //!    lease: the group is gone before anyone else can hold it;
-//! 5. on exit, release at once (no lock-delay for the next holder) and exit with its code.
+//!    A forwarded SIGINT or SIGTERM gives the command the grace too: its group is killed
+//!    (SIGKILL) if it still runs a grace later;
+//! 5. on exit, stop what is left of its group (a background child), release at once (no
+//!    lock-delay for the next holder) and exit with its code.
 
 use std::cell::RefCell;
 use std::time::Duration;
@@ -18,6 +21,7 @@ use lease_consul::Consul;
 use lease_core::{Backend, Error, LeaseSpec, Target, Wait};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 
 use crate::backend::Chosen;
 use crate::child::{self, Spawn};
@@ -85,15 +89,17 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
 
     // 2. Start the command.
     let sequencer = lease.sequencer().clone();
+    let mut env = vec![
+        ("LEASE_SEQUENCER", sequencer.to_string()),
+        ("LEASE_KEY", spec.key().to_owned()),
+        ("LEASE_HOLDER", sequencer.holder().to_owned()),
+    ];
+    env.extend(crate::backend::child_env(&args.backend, &chosen));
     let started = Spawn {
         command: &args.command,
         shell: args.shell,
         pass_stdin: args.pass_stdin,
-        env: vec![
-            ("LEASE_SEQUENCER", sequencer.to_string()),
-            ("LEASE_KEY", spec.key().to_owned()),
-            ("LEASE_HOLDER", sequencer.holder().to_owned()),
-        ],
+        env,
     }
     .start();
     let mut guarded = match started {
@@ -108,11 +114,32 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
     // 3. Wait for its exit, the loss of the lease, or a signal to forward.
     let lost = lease.lost();
     tokio::pin!(lost);
+    // A forwarded SIGINT or SIGTERM asks the command to stop: it has the grace to do so.
+    let mut kill_at: Option<Instant> = None;
     let exited = loop {
+        let grace_over = async {
+            match kill_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             status = guarded.wait() => break Ok(status),
             reason = &mut lost => break Err(reason),
-            signal = signals.recv() => guarded.signal(signal),
+            signal = signals.recv() => {
+                guarded.signal(signal);
+                if asks_to_stop(signal) && kill_at.is_none() {
+                    kill_at = Some(Instant::now() + grace);
+                }
+            }
+            () = grace_over => {
+                eprintln!(
+                    "lease: the command's group still runs {grace:?} (--grace) after the \
+                     forwarded signal; killing it (SIGKILL)"
+                );
+                guarded.signal(Signal::SIGKILL);
+                kill_at = None;
+            }
         }
     };
     match exited {
@@ -124,6 +151,14 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
                     format_args!("cannot wait for the command: {e}"),
                 )
             })?;
+            // Nothing the command started may outlive the lease: a background child left in
+            // its group is stopped before the release lets the next holder in.
+            if guarded.clear_rest(grace).await {
+                eprintln!(
+                    "lease: the command exited and left processes running in its group; they \
+                     were stopped (SIGTERM, SIGKILL after {grace:?}) before the release"
+                );
+            }
             match lease.release().await {
                 Ok(()) => {}
                 Err(Error::Lost(reason)) => eprintln!(
@@ -252,15 +287,21 @@ async fn report_waiting(
                     // On etcd our own contender key leads the queue for a moment while we settle
                     // after a holder left: not someone to wait for.
                     Some(leader) if leader.value.as_slice() == ours => {}
-                    Some(leader) => say(format!(
-                        "held by {} (session {}, lock index {})",
-                        leader
-                            .value_str()
-                            .filter(|v| !v.is_empty())
-                            .unwrap_or("an unnamed holder"),
-                        leader.sequencer.holder(),
-                        leader.sequencer.index()
-                    )),
+                    Some(leader) => {
+                        let (index, holder) =
+                            crate::status::holder_terms(leader.sequencer.backend());
+                        say(format!(
+                            "held by {} ({} {}, {} {})",
+                            leader
+                                .value_str()
+                                .filter(|v| !v.is_empty())
+                                .unwrap_or("an unnamed holder"),
+                            holder.1,
+                            leader.sequencer.holder(),
+                            index.1,
+                            leader.sequencer.index()
+                        ));
+                    }
                     None => say("free (its last holder has just left)".to_owned()),
                 }
                 if observer.changed().await.is_err() {
@@ -307,6 +348,12 @@ async fn report_waiting(
         _ => say("held elsewhere".to_owned()),
     }
     std::future::pending().await
+}
+
+/// Whether a forwarded `signal` asks the command to stop, so that its group is killed if it
+/// still runs a grace later. SIGHUP is only passed on: many programs read it as "reload".
+fn asks_to_stop(signal: Signal) -> bool {
+    matches!(signal, Signal::SIGINT | Signal::SIGTERM)
 }
 
 /// SIGINT, SIGTERM and SIGHUP to `lease`: given up on while waiting, forwarded to the command

@@ -3,7 +3,8 @@
 //! `lease lock KEY -- CMD` runs CMD while holding a lease on Consul (interoperating with
 //! `consul lock`), etcd (interoperating with `etcdctl lock`), RabbitMQ or PostgreSQL, and stops it
 //! before the lease could be given away; `lease status` and `lease check` inspect leases and
-//! sequencers; `lease amqp …` administers RabbitMQ semaphores. `lease --help` documents the
+//! sequencers; `lease amqp …` administers RabbitMQ semaphores; `lease gc` removes the Consul
+//! leader keys nobody holds. `lease --help` documents the
 //! flags, examples and exit codes.
 
 mod amqp;
@@ -12,6 +13,7 @@ mod child;
 mod cli;
 mod duration;
 mod exit;
+mod gc;
 mod lock;
 mod status;
 #[cfg(target_os = "linux")]
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(args).await,
             Command::Check(args) => status::check(args).await,
             Command::Amqp(command) => amqp::run(command).await,
+            Command::Gc(args) => gc::run(args).await,
         }
     });
     match result {

@@ -33,7 +33,8 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
             )));
         }
     };
-    let report = report.map_err(|e| Failure::new(exit::QUERY_FAILED, e))?;
+    let report =
+        report.map_err(|e| Failure::new(exit::QUERY_FAILED, exit::in_cli_terms(&e.to_string())))?;
     let held = report["held"].as_bool().unwrap_or(false);
     if args.json {
         println!("{report:#}");
@@ -47,16 +48,35 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
 async fn leader(backend: &dyn Backend, key: &str) -> Result<Value, Error> {
     let observer = backend.observe_leader(key).await?;
     Ok(match observer.leader() {
-        Some(leader) => json!({
-            "key": key,
-            "held": true,
-            "lock_index": leader.sequencer.index(),
-            "session": leader.sequencer.holder(),
-            "value": String::from_utf8_lossy(&leader.value),
-            "sequencer": leader.sequencer.to_string(),
-        }),
+        Some(leader) => {
+            let (index, holder) = holder_terms(leader.sequencer.backend());
+            let mut report = serde_json::Map::new();
+            report.insert("key".into(), key.into());
+            report.insert("held".into(), true.into());
+            report.insert(index.0.into(), leader.sequencer.index().into());
+            report.insert(holder.0.into(), leader.sequencer.holder().into());
+            report.insert(
+                "value".into(),
+                String::from_utf8_lossy(&leader.value).into(),
+            );
+            report.insert("sequencer".into(), leader.sequencer.to_string().into());
+            Value::Object(report)
+        }
         None => json!({ "key": key, "held": false }),
     })
+}
+
+/// What a backend calls a sequencer's index and holder: `(JSON field, words)` each. Consul (and
+/// etcd, which `lease status` has always shown the same way) a lock index and a session;
+/// PostgreSQL an index (from its `lease.lease_index` sequence) and a holder ID (one per
+/// acquisition).
+pub(crate) fn holder_terms(
+    kind: BackendKind,
+) -> ((&'static str, &'static str), (&'static str, &'static str)) {
+    match kind {
+        BackendKind::Postgres => (("index", "index"), ("holder", "holder")),
+        _ => (("lock_index", "lock index"), ("session", "session")),
+    }
 }
 
 async fn consul_semaphore(
@@ -221,6 +241,9 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             println!("stale: {reason}");
             Ok(exit::NOT_HELD)
         }
-        Err(error) => Err(Failure::new(exit::QUERY_FAILED, error)),
+        Err(error) => Err(Failure::new(
+            exit::QUERY_FAILED,
+            exit::in_cli_terms(&error.to_string()),
+        )),
     }
 }

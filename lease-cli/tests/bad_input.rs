@@ -184,10 +184,19 @@ async fn help_documents_examples_exit_codes_and_the_single_dash_flags() {
         "--etcd <URL>",
         "LEASE_ETCD_ENDPOINTS",
         "etcdctl lock",
+        // What --lock-delay does on each backend (it is not Consul's alone).
+        "PostgreSQL: how long a holder's row deleted under it",
+        "etcd and RabbitMQ have no lock-delay",
+        // The grace after a forwarded signal, and the backend passed to the command.
+        "a group still running --grace later is killed",
+        "--postgres as LEASE_POSTGRES_URL",
+        "a database that does not exist",
     ] {
         assert!(
             help.contains(needle),
             "{needle:?} missing from lease lock --help:\n{help}"
         );
     }
+    assert!(!help.contains("Consul\n          only"), "{help}");
+    assert!(!help.contains("Consul only"), "{help}");
 }

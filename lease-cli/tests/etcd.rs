@@ -225,3 +225,12 @@ async fn an_unreachable_etcd_is_a_clear_error_within_a_bounded_time() {
         assert!(!marker.exists(), "the command ran");
     }
 }
+
+/// `lease check "$LEASE_SEQUENCER"` inside the command reaches the etcd `--etcd` named (the
+/// command gets it as LEASE_ETCD_ENDPOINTS), not 127.0.0.1:2379.
+#[tokio::test]
+async fn lease_check_inside_the_command_reaches_the_etcd_of_the_flag() {
+    let server = Server::start().await;
+    let out = check_inside(&["--etcd", &server.url(), "jobs/inside"]).await;
+    assert_checked_current(&out);
+}

@@ -508,6 +508,11 @@ async fn status_and_check_follow_the_holder() {
         within(T, "the holders to exit", h.wait()).await.unwrap();
     }
     assert_nothing_left(&agent, "st").await;
+
+    // Inside the command, `lease check` reaches the agent `--consul` named (the command gets it
+    // as CONSUL_HTTP_ADDR), not the one `lease`'s own environment names (a closed port here).
+    let out = check_inside(&["--consul", &agent.addr().to_string(), "st/inside"]).await;
+    assert_checked_current(&out);
 }
 
 async fn file_appears_empty_ok(path: &std::path::Path) {
@@ -608,4 +613,244 @@ async fn partition_stops_the_child_before_the_session_expires_unlike_consul_lock
     );
     theirs.kill().await.unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(their_child), Signal::SIGKILL).unwrap();
+}
+
+/// Nothing of a command's process group runs beside the next holder: a command that ignores the
+/// forwarded SIGTERM is killed (SIGKILL) a grace later, and a background child left by a command
+/// that exited is stopped before the release. Judged from the history the commands (and their
+/// background children) append to: the first's last write comes before the second's first.
+#[tokio::test]
+async fn nothing_of_the_command_group_runs_beside_the_next_holder() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("group");
+    for case in ["ignores-sigterm", "leaves-a-child"] {
+        let history = scratch.path(&format!("history-{case}"));
+        let pids = scratch.path(&format!("pids-{case}"));
+        let go = scratch.path(&format!("go-{case}"));
+        let prefix = format!("group/{case}");
+        // Writes from the command and from a background child of its own, every 10 ms (not to
+        // lease's stderr: a group left running would hold the test's pipe open).
+        let writer = |name: &str, foreground: &str| {
+            format!(
+                "exec >/dev/null 2>&1; \
+                 w() {{ while :; do echo \"$(date +%s%N) {name}\" >> {h}; sleep 0.01; done; }}; \
+                 w & echo $! >> {p}; echo $$ >> {p}; {foreground}",
+                h = history.display(),
+                p = pids.display()
+            )
+        };
+        let first_command = match case {
+            // `trap ''` is inherited: the background writer and every sleep ignore SIGTERM too.
+            "ignores-sigterm" => format!("trap '' TERM; {}", writer("first", "w")),
+            // Exits once told to, leaving its background writer.
+            _ => writer(
+                "first",
+                &format!("until [ -e {} ]; do sleep 0.01; done; exit 0", go.display()),
+            ),
+        };
+        let first = lease_on(&agent)
+            .args(["lock", "--grace", "1s", &prefix, "--", "sh", "-c"])
+            .arg(&first_command)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_lines(&history, "first", 5).await;
+        let first_pids: Vec<i32> = std::fs::read_to_string(&pids)
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let mut second = lease_on(&agent)
+            .args(["lock", &prefix, "--", "sh", "-c", &writer("second", "w")])
+            .spawn()
+            .unwrap();
+        let asked = now_ns();
+        if case == "ignores-sigterm" {
+            send(first.id().unwrap(), Signal::SIGTERM);
+        } else {
+            std::fs::write(&go, "").unwrap();
+        }
+        // Whatever the verdict, no writer of this test outlives it.
+        let cleanup = first_pids.clone();
+        let _reaper = scopeguard(move || {
+            for pid in cleanup {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        });
+        let out = within(T, "the first lease lock to exit", first.wait_with_output())
+            .await
+            .unwrap();
+        let exited = now_ns();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let still: Vec<i32> = first_pids.iter().copied().filter(|&p| alive(p)).collect();
+        assert!(
+            still.is_empty(),
+            "{case}: {still:?} of the first command's group still run after lease lock exited: \
+             {stderr}"
+        );
+        match case {
+            "ignores-sigterm" => {
+                assert_eq!(out.status.code(), Some(128 + 9), "{stderr}");
+                assert!(stderr.contains("killing it (SIGKILL)"), "{stderr}");
+                eprintln!(
+                    "{case}: SIGTERM → group killed and lease lock gone in {:.0} ms (grace 1 s)",
+                    (exited - asked) as f64 / 1e6
+                );
+            }
+            _ => {
+                assert_eq!(out.status.code(), Some(0), "{stderr}");
+                assert!(
+                    stderr.contains("left processes running in its group"),
+                    "{stderr}"
+                );
+            }
+        }
+        wait_for_lines(&history, "second", 5).await;
+        send(second.id().unwrap(), Signal::SIGTERM);
+        within(T, "the second lease lock to exit", second.wait())
+            .await
+            .unwrap();
+        let lines = std::fs::read_to_string(&history).unwrap();
+        let stamps = |who: &str| -> Vec<u128> {
+            lines
+                .lines()
+                .filter(|l| l.ends_with(who))
+                .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+                .collect()
+        };
+        let (last_first, first_second) = (
+            stamps(" first").into_iter().max().unwrap(),
+            stamps(" second").into_iter().min().unwrap(),
+        );
+        assert!(
+            last_first < first_second,
+            "{case}: the first command's group wrote at {last_first}, after the next holder's \
+             first write at {first_second}"
+        );
+        assert_nothing_left(&agent, &prefix).await;
+    }
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
+/// `lease gc` removes the released leader keys under a prefix and nothing else: not a held
+/// key, not a plain KV key, not a key taken during its `--older-than` watch; `--dry-run` removes
+/// nothing. A removed key can be taken again (its LockIndex restarts at 1).
+#[tokio::test]
+async fn gc_removes_released_leader_keys_and_nothing_else() {
+    let agent = Agent::start().await;
+    let scratch = Scratch::new("gc");
+    let run = |args: &[&str]| {
+        let mut c = lease_on(&agent);
+        c.args(args);
+        c
+    };
+    let release = |key: &str| {
+        let key = key.to_owned();
+        let c = run(&["lock", &key, "--", "true"]);
+        async move {
+            let out = output(c, "lease lock KEY -- true").await;
+            assert!(out.status.success(), "{key}: {out:?}");
+        }
+    };
+    for key in ["gc/a", "gc/b", "gc/c", "gc/d"] {
+        release(key).await;
+    }
+    let ready = scratch.path("ready");
+    let mut held = run(&["lock", "gc/held", "--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 30", ready.display()))
+        .spawn()
+        .unwrap();
+    file_appears_empty_ok(&ready).await;
+    agent.put_key("gc/config", b"keep me", 0).await;
+
+    let out = output(run(&["gc", "--dry-run", "gc/"]), "lease gc --dry-run").await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(listed.lines().count(), 4, "{listed}");
+    assert!(
+        listed.contains("would remove gc/a/.lock (lock index 1"),
+        "{listed}"
+    );
+    assert_eq!(
+        sorted_keys(&agent, "gc/").await.len(),
+        6,
+        "--dry-run removed nothing"
+    );
+
+    // --older-than: gc/c is taken and released during the watch, so it stays.
+    let mut gc = run(&["gc", "--older-than", "2s", "gc/"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(gc.stderr.take().unwrap()).lines();
+    within(T, "lease gc to start its watch", async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("watching them for 2s") {
+                return;
+            }
+        }
+        panic!("lease gc ended its stderr without watching");
+    })
+    .await;
+    release("gc/c").await;
+    let out = within(T, "lease gc --older-than to finish", gc.wait_with_output())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let removed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(removed.lines().count(), 3, "{removed}");
+    assert_eq!(
+        sorted_keys(&agent, "gc/").await,
+        ["gc/c/.lock", "gc/config", "gc/held/.lock"],
+        "{removed}"
+    );
+
+    // Without a watch: the released gc/c goes, the held key and the plain key stay.
+    let out = output(run(&["gc", "gc/"]), "lease gc").await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        sorted_keys(&agent, "gc/").await,
+        ["gc/config", "gc/held/.lock"]
+    );
+    assert_eq!(
+        agent.key("gc/config").await["Value"],
+        "a2VlcCBtZQ==",
+        "the plain key is untouched"
+    );
+
+    // A removed key is taken again, from a LockIndex of 1.
+    let out = output(
+        run(&["lock", "gc/a", "--", "sh", "-c", "echo $LEASE_SEQUENCER"]),
+        "lease lock on a removed key",
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let sequencer: lease_core::Sequencer =
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(sequencer.index(), 1);
+
+    let out = output(run(&["gc", ""]), "lease gc ''").await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    send(held.id().unwrap(), Signal::SIGTERM);
+    within(T, "the holder to exit", held.wait()).await.unwrap();
+}
+
+/// The keys under `prefix`, sorted.
+async fn sorted_keys(agent: &Agent, prefix: &str) -> Vec<String> {
+    let mut keys = agent.keys(prefix).await;
+    keys.sort();
+    keys
 }

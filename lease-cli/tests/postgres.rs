@@ -42,6 +42,16 @@ async fn two_lease_locks_on_one_key_take_turns() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["value"], "first");
     assert_eq!(json["sequencer"], sequencer);
+    // In PostgreSQL's terms: a holder ID and an index, not a session and a lock index.
+    assert_eq!(json["holder"], parts[2], "{json}");
+    assert_eq!(json["index"].to_string(), parts[1], "{json}");
+    assert!(
+        json.get("session").is_none() && json.get("lock_index").is_none(),
+        "{json}"
+    );
+    let out = run(&["status", "--postgres", url, "jobs/a"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("holder: {}", parts[2])), "{text}");
     let out = run(&["check", "--postgres", url, sequencer]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 
@@ -63,7 +73,10 @@ async fn two_lease_locks_on_one_key_take_turns() {
         panic!("the second lease lock ended its stderr without waiting");
     })
     .await;
-    assert!(waiting.contains(parts[2]), "{waiting}");
+    assert!(
+        waiting.contains(&format!("(holder {}, index {})", parts[2], parts[1])),
+        "{waiting}"
+    );
     assert!(
         !second.env.exists(),
         "the second command ran while the first held"
@@ -104,12 +117,35 @@ async fn an_unreachable_postgres_is_a_clear_error() {
     let out = output(cmd, "lease lock --postgres at a closed port").await;
     let (code, stderr) = code_and_stderr(&out);
     assert_eq!(code, Some(125), "{stderr}");
-    for needle in ["127.0.0.1:1", "the command was not started"] {
+    for needle in [
+        "127.0.0.1:1",
+        "the command was not started",
+        "(--postgres, or LEASE_POSTGRES_URL)",
+    ] {
         assert!(
             stderr.contains(needle),
             "{needle:?} missing from:\n{stderr}"
         );
     }
+    // `lease` never reads DATABASE_URL: its message must not send the user there.
+    assert!(!stderr.contains("DATABASE_URL"), "{stderr}");
+    assert!(!marker.exists(), "the command ran");
+}
+
+/// A database that does not exist is the backend's refusal (125, as a role without rights or a
+/// closed port), not bad usage (64: what `lease` refuses before asking anything).
+#[tokio::test]
+async fn a_missing_database_is_a_backend_error() {
+    let scratch = Scratch::new("postgres-no-db");
+    let marker = scratch.path("started");
+    let url = "postgres://postgres@127.0.0.1:5432/lease_cli_no_such_database";
+    let mut cmd = lease_cmd();
+    cmd.args(["lock", "--postgres", url, "jobs/a", "--", "touch"])
+        .arg(&marker);
+    let out = output(cmd, "lease lock --postgres of a missing database").await;
+    let (code, stderr) = code_and_stderr(&out);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
     assert!(!marker.exists(), "the command ran");
 }
 
@@ -140,4 +176,13 @@ async fn two_backend_variables_without_a_flag_are_refused() {
         stderr.contains("--postgres: give PostgreSQL's URL"),
         "{stderr}"
     );
+}
+
+/// `lease check "$LEASE_SEQUENCER"` inside the command reaches the database `--postgres` named
+/// (the command gets it as LEASE_POSTGRES_URL).
+#[tokio::test]
+async fn lease_check_inside_the_command_reaches_the_database_of_the_flag() {
+    let db = TestDb::create("cli_check_inside").await;
+    let out = check_inside(&["--postgres", db.url(), "jobs/inside"]).await;
+    assert_checked_current(&out);
 }

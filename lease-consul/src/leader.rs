@@ -499,6 +499,37 @@ pub(crate) async fn remove_unheld(http: &ConsulHttp, key: &str) -> Result<bool, 
     }
 }
 
+/// The leader keys under `prefix` that no session holds, as one consistent read found them.
+pub(crate) async fn unheld(
+    http: &ConsulHttp,
+    prefix: &str,
+) -> Result<Vec<super::UnheldKey>, Error> {
+    let (entries, _) = http
+        .kv_list(prefix)
+        .await
+        .map_err(|e| e.into_error(http, format_args!("list the keys under {prefix:?}")))?;
+    Ok(entries
+        .into_iter()
+        .filter(|e| e.flags == LEADER_FLAGS && e.holder().is_none())
+        .map(|e| super::UnheldKey {
+            key: e.key,
+            lock_index: e.lock_index,
+            create_index: e.create_index,
+            modify_index: e.modify_index,
+        })
+        .collect())
+}
+
+/// Deletes `found.key` with a compare-and-set on the ModifyIndex it was found at.
+pub(crate) async fn remove_as_found(
+    http: &ConsulHttp,
+    found: &super::UnheldKey,
+) -> Result<bool, Error> {
+    http.kv_delete(&found.key, Some(found.modify_index))
+        .await
+        .map_err(|e| e.into_error(http, format_args!("remove {:?}", found.key)))
+}
+
 /// Whether `sequencer` is still the current holder of its leader key.
 pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) -> Result<(), Error> {
     let (entry, _) = http

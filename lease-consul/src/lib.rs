@@ -171,6 +171,27 @@ impl Consul {
         leader::remove_unheld(&self.http, key).await
     }
 
+    /// Operator action: the leader keys under `prefix` (a plain string prefix of key names, as
+    /// Consul's `?recurse` reads it) that no session holds, as one consistent read finds them.
+    /// Only keys with the leader lock's flags (this crate's and `consul lock`'s) are listed.
+    ///
+    /// Consul keeps a leader key after its release (this crate keeps it on purpose: its
+    /// LockIndex, the sequencer's index, rises only while the key lives), so a service with a
+    /// lease per customer or per job leaves a key per name for ever. With
+    /// [`remove_unheld_key_as_found`](Self::remove_unheld_key_as_found) this is the clean-up
+    /// (`lease gc`). A key removed and taken again starts its LockIndex at 1.
+    pub async fn unheld_leader_keys(&self, prefix: &str) -> Result<Vec<UnheldKey>, Error> {
+        leader::unheld(&self.http, prefix).await
+    }
+
+    /// Deletes the key `found` names if it is still exactly as
+    /// [`unheld_leader_keys`](Self::unheld_leader_keys) found it: a compare-and-set on its
+    /// ModifyIndex, so a key acquired, released or written since (even one taken and let go
+    /// again) is left alone. Returns whether the key was deleted.
+    pub async fn remove_unheld_key_as_found(&self, found: &UnheldKey) -> Result<bool, Error> {
+        leader::remove_as_found(&self.http, found).await
+    }
+
     /// Who holds the semaphore at `prefix` (one consistent read), for operators and tools such
     /// as `lease status -n`: its stored limit and its live holders. A semaphore nobody has used
     /// has no limit and no holders.
@@ -185,6 +206,20 @@ impl Consul {
         lease_core::validate_key(prefix)?;
         semaphore::destroy(&self.http, prefix).await
     }
+}
+
+/// A leader key nobody holds, as [`Consul::unheld_leader_keys`] found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnheldKey {
+    /// The key.
+    pub key: String,
+    /// Its LockIndex: how many times it was acquired since it was created.
+    pub lock_index: u64,
+    /// Its CreateIndex: the Raft index at which it was created (higher for every re-creation).
+    pub create_index: u64,
+    /// Its ModifyIndex when found: any acquisition, release or write changes it.
+    pub modify_index: u64,
 }
 
 /// A Consul semaphore as one read found it ([`Consul::semaphore_state`]).

@@ -353,3 +353,30 @@ pub fn assert_in_turn(first: (&str, &Gated), second: (&str, &Gated)) {
         (second_start - first_end) as f64 / 1e6
     );
 }
+
+/// `lease lock ARGS… -- sh -c 'lease check "$LEASE_SEQUENCER"'`, with `lease` on the command's
+/// PATH and no backend configured but by `args` (see [`lease_cmd`]), run to completion: `lease
+/// lock` exits with the check's code (0 current, 2 the backend could not be asked).
+pub async fn check_inside(args: &[&str]) -> Output {
+    check_inside_with(lease_cmd(), args).await
+}
+
+/// [`check_inside`] from `cmd` (a [`lease_cmd`] with variables of the test's).
+pub async fn check_inside_with(mut cmd: Command, args: &[&str]) -> Output {
+    let bin = Path::new(env!("CARGO_BIN_EXE_lease"));
+    let dir = bin.parent().unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    cmd.env("PATH", format!("{}:{path}", dir.display()))
+        .arg("lock")
+        .args(args)
+        .args(["--", "sh", "-c", "lease check \"$LEASE_SEQUENCER\""]);
+    output(cmd, &format!("lease check inside lease lock {args:?}")).await
+}
+
+/// Asserts that [`check_inside`]'s check found its sequencer current.
+pub fn assert_checked_current(out: &Output) {
+    let (code, stderr) = code_and_stderr(out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code, Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.starts_with("current: "), "{stdout}");
+}
