@@ -9,7 +9,8 @@
 //!
 //! Events: `acquired`, `write` (one unit of guarded work), `lost <reason…>` (the lease was lost and
 //! the work dropped), `released ok` / `released err <error>` (what `Lease::release` answered),
-//! `waiting` (an acquire began) and `exit` (the process is about to leave `main`). The sequencer is
+//! `waiting` (an acquire began), `exit` (the process is about to leave `main`) and `panic <message>
+//! at <location> (thread <name>)` (written by the hook of [`crate::panics`]). The sequencer is
 //! `-` where there is none. Times are wall-clock nanoseconds since the epoch, so the files of every
 //! process on one machine merge into one timeline.
 //!
@@ -56,7 +57,14 @@ impl Recorder {
 
     /// Appends `<ns> <pid> <event> <seq> [detail]`; the time is taken just before the write.
     /// Whitespace in `seq` becomes `_` and newlines in `detail` spaces, so the line parses back.
+    /// Panics if the line cannot be written.
     pub fn log(&self, event: &str, seq: &str, detail: &str) {
+        self.try_log(event, seq, detail)
+            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
+    }
+
+    /// [`log`](Recorder::log), returning the error instead of panicking (for the panic hook).
+    pub fn try_log(&self, event: &str, seq: &str, detail: &str) -> std::io::Result<()> {
         let seq = if seq.is_empty() { "-" } else { seq };
         let seq: String = seq
             .chars()
@@ -74,10 +82,12 @@ impl Recorder {
         }
         line.push('\n');
         // One write(2) per line: with O_APPEND the line lands whole, after every earlier one.
-        let written = (&*self.file)
-            .write(line.as_bytes())
-            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
-        assert_eq!(written, line.len(), "short write to the history");
+        let written = (&*self.file).write(line.as_bytes())?;
+        if written == line.len() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("short write to the history"))
+        }
     }
 }
 
@@ -96,6 +106,8 @@ pub enum Kind {
     Released,
     /// The process is about to return from `main`.
     Exit,
+    /// The process panicked (on any thread); the detail is the message and where.
+    Panic,
     /// Anything else a worker logged (e.g. `error`).
     Other(String),
 }
@@ -109,6 +121,7 @@ impl Kind {
             "lost" => Kind::Lost,
             "released" => Kind::Released,
             "exit" => Kind::Exit,
+            "panic" => Kind::Panic,
             other => Kind::Other(other.to_owned()),
         }
     }
@@ -123,6 +136,7 @@ impl fmt::Display for Kind {
             Kind::Lost => "lost",
             Kind::Released => "released",
             Kind::Exit => "exit",
+            Kind::Panic => "panic",
             Kind::Other(word) => word,
         })
     }

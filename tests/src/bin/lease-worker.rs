@@ -51,6 +51,10 @@
 //! any other failed transaction logs `failed` (and the next write reconnects if the connection
 //! broke). The driver creates the tables and installs the fence before it starts the workers.
 //!
+//! A panic anywhere in the process is recorded (`lease_tests::panics`): a `panic` line in the
+//! history, and a record in `$LEASE_TESTS_PANIC_DIR`. Test-only: `LEASE_TESTS_PANIC_AT=acquired`
+//! makes the first acquisition of `loop` panic in a spawned task (the process runs on).
+//!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
 
@@ -351,6 +355,7 @@ fn release_detail(result: &Result<(), lease_core::Error>) -> String {
 
 #[tokio::main]
 async fn main() {
+    lease_tests::panics::install();
     // First of all, so a SIGTERM never meets the default action (death without clean-up).
     let mut sigterm = signal(SignalKind::terminate()).expect("cannot handle SIGTERM");
     let args = match parse_args() {
@@ -375,6 +380,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    lease_tests::panics::record_in(&history);
     let backend = match backend(&args) {
         Ok(b) => b,
         Err(e) => {
@@ -584,6 +590,7 @@ async fn loop_on(
         };
         let seq = lease.sequencer().to_string();
         history.log("acquired", &seq, "");
+        lease_tests::panics::inject_at("acquired");
         let outcome = if let Some(db) = fenced.as_mut() {
             let fenced = fenced_work(db, lease.sequencer(), &history, args.write_every, args.hold);
             tokio::select! {
