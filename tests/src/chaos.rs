@@ -14,6 +14,16 @@
 //! - The checker ([`judge`]) reads only the histories: the most sequencers writing at once
 //!   against the limit, stale writes, hand-off gaps. On a violation the [`Report`] carries the seed
 //!   and the merged interleaving around it.
+//! - Liveness (issue 33, [`judge_recovery`]): after every fault heals ([`episodes`]: a pause at
+//!   its SIGCONT, a proxy fault when forwarding resumes, a removed slot when it is back, a killed
+//!   server at its restart, every other fault the instant it is made), a holder writes again
+//!   within [`Scenario::recovery_bound`]: the longest a dead holder's claim may outlive its last
+//!   renewal, plus the lock-delay or settle time, one retry pause and a margin. Faults overlap;
+//!   one in force before a holder ran moves the deadline to its own heal plus the bound. Once
+//!   the schedule is over the driver waits, bounded, for a holder after the last heal (usually
+//!   one is writing already), so that a lease left without a holder for good is caught.
+//! - No panic: every worker records its panics (see [`crate::panics`]); each record is a
+//!   violation, with the interleaving around it.
 //!
 //! One thing no library can close is exempted and counted apart: a process stopped between its
 //! `is_held()` check and its write makes that one write after SIGCONT (see `lease-worker`'s
@@ -43,6 +53,9 @@
 //! sessions ([`crate::postgres::terminate_sessions`]); its network faults: blackhole and cut (no
 //! HTTP to answer 500 to). A leak is a row left in the lease table under the scenario's key, or a
 //! worker's session still open after it exited.
+//!
+//! The reference's violations, liveness included (its `consul lock` sessions have a TTL and a
+//! lock-delay of 15 s, and its bound is derived from those), are reported, not failed on.
 //!
 //! The `consul lock` reference runs `consul lock [-n N] PREFIX <child>` in a shell loop; the
 //! child shell appends `write` lines stamped with `date +%s%N`. Its token is per child process

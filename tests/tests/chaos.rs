@@ -4,6 +4,11 @@
 //! The two fenced scenarios (issue 28) write every write through the PostgreSQL fence without a
 //! lease check, and their table must hold no stale row.
 //!
+//! Each scenario also judges liveness (issue 33): after every fault heals, a holder writes again
+//! within the scenario's bound (`Scenario::recovery_bound`), and no worker recorded a panic. Two
+//! tests prove the panic records: a worker made to panic in a background task fails the chaos
+//! run, and a `Run` dropped with a record fails its test, each with the panic's message.
+//!
 //! The seed is `CHAOS_SEED` (default `lease_tests::chaos::DEFAULT_SEED`); a failure prints it and the merged
 //! interleaving around the violation, faults included. The seven scenarios run two at a time (the
 //! test harness's threads on two cores) and take about 80 s together without PostgreSQL's (58 s
