@@ -1264,7 +1264,8 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
         if injected {
             *counts.entry(p.fault.name()).or_default() += 1;
             if p.fault == Fault::Kill9 || p.fault == Fault::Pause {
-                last_crash = Some(Instant::now() + p.lasts);
+                // The latest: a kill after a long pause began must not move it earlier.
+                last_crash = last_crash.max(Some(Instant::now() + p.lasts));
             }
         }
     }
