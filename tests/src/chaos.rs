@@ -513,6 +513,11 @@ pub struct Report {
     pub recovery_violations: usize,
     /// Panic records of the workers (see [`crate::panics`]); any is a violation.
     pub panics: usize,
+    /// From a heal to the next `reachable` of the worker it left unreachable (ms; see
+    /// [`judge_reachability`]).
+    pub reachable_ms: Vec<f64>,
+    /// Workers still unreachable at their deadline after a heal.
+    pub reachability_violations: usize,
     /// Every violation, each with the interleaving around it.
     pub violations: Vec<String>,
     /// Where the files are.
@@ -523,7 +528,7 @@ impl Report {
     /// The header of [`row`](Report::row).
     pub fn header() -> String {
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25} {:>26} {:>5} {:>6}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25} {:>26} {:>5} {:>6} {:>14} {:>5}",
             "scenario",
             "seed",
             "acq",
@@ -540,7 +545,9 @@ impl Report {
             "fenced rows/stale/refused",
             "recovery p50/p99/max (bound)",
             "live",
-            "panics"
+            "panics",
+            "reach p50/max",
+            "unrch"
         )
     }
 
@@ -552,7 +559,7 @@ impl Report {
             .map(|(k, n)| format!("{k}:{n}"))
             .collect();
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25} {:>26} {:>5} {:>6}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25} {:>26} {:>5} {:>6} {:>14} {:>5}",
             self.scenario,
             self.seed,
             self.acquisitions,
@@ -596,7 +603,18 @@ impl Report {
                 )
             },
             self.recovery_violations,
-            self.panics
+            self.panics,
+            if self.reachable_ms.is_empty() {
+                "-".to_owned()
+            } else {
+                let r = &self.reachable_ms;
+                format!(
+                    "{:.0}/{:.0} ms",
+                    crate::stats::percentile(r, 50.0),
+                    r.iter().copied().fold(f64::MIN, f64::max)
+                )
+            },
+            self.reachability_violations
         )
     }
 
@@ -846,6 +864,88 @@ pub fn judge_recovery(history: &History, judged: &History, bound: Duration) -> R
         }
     }
     recovery
+}
+
+/// The worker process a fault line names (`… w<s> pid <pid> …`), if any.
+fn pid_of(text: &str) -> Option<u32> {
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "pid")?;
+    words.next()?.parse().ok()
+}
+
+/// What [`judge_reachability`] found.
+#[derive(Clone, Debug, Default)]
+pub struct ReachabilityVerdict {
+    /// From each heal of a fault on a worker that left it `unreachable` to its next
+    /// `reachable` line (ms).
+    pub back_ms: Vec<f64>,
+    /// Workers still `unreachable` at their deadline after a heal, with the interleaving.
+    pub violations: Vec<String>,
+}
+
+/// Reachability comes back (issue 33): after a fault on one worker heals (a pause, a proxy fault,
+/// a cut, a closed connection: the faults whose line names its pid; a killed worker is gone),
+/// that worker's `Backend::reachability()`, which `lease-worker` logs as `reachability` lines,
+/// must not read `unreachable` at `heal + bound`. The deadline moves, as in [`judge_recovery`],
+/// for the faults on the same worker in force before it. A worker that logs no reachability,
+/// is killed before its deadline, or whose deadline falls after the run stopped is not judged.
+pub fn judge_reachability(history: &History, bound: Duration) -> ReachabilityVerdict {
+    let bound_ns = bound.as_nanos();
+    let episodes = episodes(history);
+    let stop = (history.lines().iter())
+        .find(|l| l.pid == 0 && l.detail.starts_with("stop:"))
+        .or(history.lines().last())
+        .map_or(0, |l| l.t);
+    let reach = Kind::Other("reachability".to_owned());
+    let mut verdict = ReachabilityVerdict::default();
+    for episode in &episodes {
+        let (Some(healed), Some(pid)) = (episode.heal, pid_of(&episode.text)) else {
+            continue;
+        };
+        let states: Vec<&Line> = history.of_pid(pid).filter(|l| l.kind == reach).collect();
+        if healed >= stop || states.is_empty() || episode.text.starts_with("kill9") {
+            continue;
+        }
+        let state_at = |t: u128| {
+            (states.iter().rev())
+                .find(|l| l.t <= t)
+                .map_or("unknown", |l| l.detail.as_str())
+        };
+        if state_at(healed) == "unreachable" {
+            if let Some(back) = (states.iter()).find(|l| l.t >= healed && l.detail == "reachable") {
+                verdict.back_ms.push((back.t - healed) as f64 / 1e6);
+            }
+        }
+        let same: Vec<&Episode> = (episodes.iter())
+            .filter(|e| pid_of(&e.text) == Some(pid))
+            .collect();
+        let mut deadline = healed + bound_ns;
+        loop {
+            let before = deadline;
+            for other in &same {
+                let other_heal = other.heal.unwrap_or(stop);
+                if other.start < deadline && other_heal > healed && other_heal + bound_ns > deadline
+                {
+                    deadline = other_heal + bound_ns;
+                }
+            }
+            if deadline == before {
+                break;
+            }
+        }
+        let killed = (same.iter()).any(|e| e.text.starts_with("kill9") && e.start < deadline);
+        if killed || deadline > stop || state_at(deadline) != "unreachable" {
+            continue;
+        }
+        verdict.violations.push(format!(
+            "pid {pid} still read unreachable {:.3} s after the heal of `{}` (bound {bound:?})\n\
+             --- interleaving (faults are pid 0; >> marks the heal):\n{}",
+            (deadline - healed) as f64 / 1e9,
+            episode.text,
+            history.around(healed, 12)
+        ));
+    }
+    verdict
 }
 
 /// What a fenced scenario's table showed (see [`stale_rows`]).
@@ -1330,6 +1430,10 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     report.recovery_bound = scenario.recovery_bound();
     report.recovery_violations = recovery.violations.len();
     report.violations.extend(recovery.violations);
+    let reachability = judge_reachability(&history, scenario.recovery_bound());
+    report.reachable_ms = reachability.back_ms;
+    report.reachability_violations = reachability.violations.len();
+    report.violations.extend(reachability.violations);
     let panics = run.panics();
     report.panics = panics.len();
     for record in &panics {
@@ -2071,6 +2175,30 @@ mod tests {
         let open = judge("1000 0 fault - delete key k\n1500 0 fault - stop: x\n");
         assert!(open.violations.is_empty());
         assert_eq!(open.undecided, 1);
+    }
+
+    #[test]
+    fn a_worker_must_read_reachable_again_by_the_deadline_after_its_fault_heals() {
+        let bound = Duration::from_nanos(1000);
+        let run = |after: &str| {
+            let text = format!(
+                "100 5 reachability - reachable\n1000 0 fault - blackhole w1 pid 5 for 1s\n\
+                 1100 5 reachability - unreachable\n2000 0 fault - end proxy fault w1\n{after}\
+                 9000 0 fault - stop: x\n"
+            );
+            judge_reachability(&History::parse(&text).unwrap(), bound)
+        };
+        let back = run("2400 5 reachability - reachable\n");
+        assert!(back.violations.is_empty(), "{:?}", back.violations);
+        assert_eq!(back.back_ms, [400e-6]);
+        let stuck = run("");
+        assert_eq!(stuck.violations.len(), 1);
+        assert!(stuck.violations[0].contains("pid 5 still read unreachable"));
+        let late = run("3500 5 reachability - reachable\n");
+        assert_eq!(late.violations.len(), 1, "back after the deadline (3,000)");
+        // A worker killed before its deadline is not judged.
+        let killed = run("2500 0 fault - kill9 w1 pid 5 [5]\n");
+        assert!(killed.violations.is_empty());
     }
 
     #[test]

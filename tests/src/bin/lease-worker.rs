@@ -55,6 +55,10 @@
 //! history, and a record in `$LEASE_TESTS_PANIC_DIR`. Test-only: `LEASE_TESTS_PANIC_AT=acquired`
 //! makes the first acquisition of `loop` panic in a spawned task (the process runs on).
 //!
+//! In `loop` mode a task reads `Backend::reachability()` every 100 ms and logs each change as a
+//! `reachability - reachable|unreachable|unknown` line (the chaos suite judges that it comes
+//! back after a fault heals).
+//!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
 
@@ -63,6 +67,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::CancellationToken;
+use lease_core::backend::Reachability;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{
     Backend, BoxError, BoxFuture, Lease, LeaseSpec, LeaseWatcher, LostReason, Sequencer, Wait,
@@ -539,9 +544,11 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
         None => None,
     };
     let stop = CancellationToken::new();
+    let reachability = tokio::spawn(log_reachability(Arc::clone(&backend), history.clone()));
     let on_sigterm = async {
         sigterm.recv().await;
         stop.cancel();
+        reachability.abort();
     };
     tokio::join!(
         loop_on(
@@ -558,6 +565,23 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
     // service does before it exits; without it that is left to expire with its TTL.
     backend.shutdown().await;
     history.log("exit", "-", "");
+}
+
+/// Logs `reachability - <state>` whenever `backend.reachability()` changes (read every 100 ms).
+async fn log_reachability(backend: Arc<dyn Backend>, history: History) {
+    let mut logged = "";
+    loop {
+        let now = match backend.reachability() {
+            Reachability::Reachable => "reachable",
+            Reachability::Unreachable { .. } => "unreachable",
+            _ => "unknown",
+        };
+        if now != logged {
+            history.log("reachability", "-", now);
+            logged = now;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Forever: acquire `spec` (waiting forever), run the work under `Lease::run`, release (logging
