@@ -22,6 +22,9 @@
 //!   one in force before a holder ran moves the deadline to its own heal plus the bound. Once
 //!   the schedule is over the driver waits, bounded, for a holder after the last heal (usually
 //!   one is writing already), so that a lease left without a holder for good is caught.
+//! - Reachability comes back ([`judge_reachability`]): each worker logs its backend's
+//!   `reachability()` when it changes; after a fault on a worker heals, that worker must not
+//!   read `unreachable` at the heal plus the same bound.
 //! - No panic: every worker records its panics (see [`crate::panics`]); each record is a
 //!   violation, with the interleaving around it.
 //!

@@ -5,7 +5,8 @@
 //! lease check, and their table must hold no stale row.
 //!
 //! Each scenario also judges liveness (issue 33): after every fault heals, a holder writes again
-//! within the scenario's bound (`Scenario::recovery_bound`), and no worker recorded a panic. Two
+//! within the scenario's bound (`Scenario::recovery_bound`), a worker's backend reads reachable
+//! again within it after a fault on that worker heals, and no worker recorded a panic. Two
 //! tests prove the panic records: a worker made to panic in a background task fails the chaos
 //! run, and a `Run` dropped with a record fails its test, each with the panic's message.
 //!
