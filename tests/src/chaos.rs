@@ -596,27 +596,15 @@ impl Report {
             if self.recovery_ms.is_empty() {
                 "-".to_owned()
             } else {
-                let r = &self.recovery_ms;
                 format!(
-                    "{:.0}/{:.0}/{:.0} ms ({:.0} s)",
-                    crate::stats::percentile(r, 50.0),
-                    crate::stats::percentile(r, 99.0),
-                    r.iter().copied().fold(f64::MIN, f64::max),
+                    "{} ({:.0} s)",
+                    summary_ms(&self.recovery_ms, &[50.0, 99.0]),
                     self.recovery_bound.as_secs_f64()
                 )
             },
             self.recovery_violations,
             self.panics,
-            if self.reachable_ms.is_empty() {
-                "-".to_owned()
-            } else {
-                let r = &self.reachable_ms;
-                format!(
-                    "{:.0}/{:.0} ms",
-                    crate::stats::percentile(r, 50.0),
-                    r.iter().copied().fold(f64::MIN, f64::max)
-                )
-            },
+            summary_ms(&self.reachable_ms, &[50.0]),
             self.reachability_violations
         )
     }
@@ -636,6 +624,21 @@ impl Report {
             self.files
         );
     }
+}
+
+/// `samples` at `percentiles`, then their max: `p…/max ms`; `-` if there are none.
+fn summary_ms(samples: &[f64], percentiles: &[f64]) -> String {
+    if samples.is_empty() {
+        return "-".to_owned();
+    }
+    let mut parts: Vec<String> = (percentiles.iter())
+        .map(|p| format!("{:.0}", crate::stats::percentile(samples, *p)))
+        .collect();
+    parts.push(format!(
+        "{:.0}",
+        samples.iter().copied().fold(f64::MIN, f64::max)
+    ));
+    format!("{} ms", parts.join("/"))
 }
 
 impl fmt::Display for Report {
@@ -773,6 +776,42 @@ pub fn episodes(history: &History) -> Vec<Episode> {
     found
 }
 
+/// When the run stopped: the `stop:` fault line, else the last line.
+fn stop_of(history: &History) -> u128 {
+    (history.lines().iter())
+        .find(|l| l.pid == 0 && l.detail.starts_with("stop:"))
+        .or(history.lines().last())
+        .map_or(0, |l| l.t)
+}
+
+/// The deadline of the heal at `healed` (see [`judge_recovery`]): `healed + bound`, moved to
+/// `heal + bound` of each of `episodes` in force after `healed` that began before the deadline
+/// and before `recovered_at`, until none moves it; with the faults that moved it.
+fn deadline(
+    healed: u128,
+    bound_ns: u128,
+    episodes: &[Episode],
+    stop: u128,
+    recovered_at: u128,
+) -> (u128, Vec<String>) {
+    let mut deadline = healed + bound_ns;
+    let mut moved_by = Vec::new();
+    loop {
+        let before = deadline;
+        for other in episodes {
+            let other_heal = other.heal.unwrap_or(stop);
+            let in_force = other.start < recovered_at.min(deadline) && other_heal > healed;
+            if in_force && other_heal + bound_ns > deadline {
+                deadline = other_heal + bound_ns;
+                moved_by.push(other.text.clone());
+            }
+        }
+        if deadline == before {
+            return (deadline, moved_by);
+        }
+    }
+}
+
 /// What [`judge_recovery`] found.
 #[derive(Clone, Debug, Default)]
 pub struct Recovery {
@@ -800,10 +839,7 @@ pub struct Recovery {
 pub fn judge_recovery(history: &History, judged: &History, bound: Duration) -> Recovery {
     let bound_ns = bound.as_nanos();
     let episodes = episodes(history);
-    let stop = (history.lines().iter())
-        .find(|l| l.pid == 0 && l.detail.starts_with("stop:"))
-        .or(history.lines().last())
-        .map_or(0, |l| l.t);
+    let stop = stop_of(history);
     let writes: Vec<u128> = (judged.lines().iter())
         .filter(|l| l.kind == Kind::Write)
         .map(|l| l.t)
@@ -818,22 +854,7 @@ pub fn judge_recovery(history: &History, judged: &History, bound: Duration) -> R
             recovery.times_ms.push((w - healed) as f64 / 1e6);
         }
         let recovered_at = next_write.unwrap_or(u128::MAX);
-        let mut deadline = healed + bound_ns;
-        let mut moved_by = Vec::new();
-        loop {
-            let before = deadline;
-            for other in &episodes {
-                let other_heal = other.heal.unwrap_or(stop);
-                let in_force = other.start < recovered_at.min(deadline) && other_heal > healed;
-                if in_force && other_heal + bound_ns > deadline {
-                    deadline = other_heal + bound_ns;
-                    moved_by.push(other.text.clone());
-                }
-            }
-            if deadline == before {
-                break;
-            }
-        }
+        let (deadline, moved_by) = deadline(healed, bound_ns, &episodes, stop, recovered_at);
         match next_write {
             Some(w) if w <= deadline => {}
             None if deadline > stop => recovery.undecided += 1,
@@ -895,10 +916,7 @@ pub struct ReachabilityVerdict {
 pub fn judge_reachability(history: &History, bound: Duration) -> ReachabilityVerdict {
     let bound_ns = bound.as_nanos();
     let episodes = episodes(history);
-    let stop = (history.lines().iter())
-        .find(|l| l.pid == 0 && l.detail.starts_with("stop:"))
-        .or(history.lines().last())
-        .map_or(0, |l| l.t);
+    let stop = stop_of(history);
     let reach = Kind::Other("reachability".to_owned());
     let mut verdict = ReachabilityVerdict::default();
     for episode in &episodes {
@@ -919,23 +937,11 @@ pub fn judge_reachability(history: &History, bound: Duration) -> ReachabilityVer
                 verdict.back_ms.push((back.t - healed) as f64 / 1e6);
             }
         }
-        let same: Vec<&Episode> = (episodes.iter())
+        let same: Vec<Episode> = (episodes.iter())
             .filter(|e| pid_of(&e.text) == Some(pid))
+            .cloned()
             .collect();
-        let mut deadline = healed + bound_ns;
-        loop {
-            let before = deadline;
-            for other in &same {
-                let other_heal = other.heal.unwrap_or(stop);
-                if other.start < deadline && other_heal > healed && other_heal + bound_ns > deadline
-                {
-                    deadline = other_heal + bound_ns;
-                }
-            }
-            if deadline == before {
-                break;
-            }
-        }
+        let (deadline, _) = deadline(healed, bound_ns, &same, stop, u128::MAX);
         let killed = (same.iter()).any(|e| e.text.starts_with("kill9") && e.start < deadline);
         if killed || deadline > stop || state_at(deadline) != "unreachable" {
             continue;
