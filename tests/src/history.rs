@@ -328,11 +328,15 @@ impl History {
 
     /// Reads and merges the history files at `paths` (a missing file is empty). Panics on a
     /// malformed line, naming the file.
+    ///
+    /// A file read while its process appends may end in part of a line (a reader can see a
+    /// `write` half copied): that unterminated tail is left for the next read.
     pub fn load<P: AsRef<Path>>(paths: &[P]) -> History {
         let mut lines = Vec::new();
         for path in paths {
             let path = path.as_ref();
-            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let mut text = std::fs::read_to_string(path).unwrap_or_default();
+            text.truncate(text.rfind('\n').map_or(0, |end| end + 1));
             match History::parse(&text) {
                 Ok(h) => lines.extend(h.lines),
                 Err(e) => panic!("{}: {e}", path.display()),
@@ -770,6 +774,18 @@ mod tests {
             .map(|w| (w.pid, w.t))
             .collect();
         assert_eq!(one, [(3, 30), (1, 40)]);
+    }
+
+    #[test]
+    fn a_file_read_mid_append_leaves_its_unterminated_tail() {
+        let dir = std::env::temp_dir().join(format!("history-tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.history");
+        std::fs::write(&path, format!("10 1 write {A}\n20 1 wri")).unwrap();
+        let hist = History::load(&[&path]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(hist.lines().len(), 1);
+        assert_eq!(hist.lines()[0].t, 10);
     }
 
     #[test]
