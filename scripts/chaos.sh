@@ -13,7 +13,11 @@
 # all, then one table row per scenario: acquisitions, writes, faults by kind, most writers at
 # once / limit, stale writes, resumed writes (the one write a process stopped between its check
 # and its write makes; exempt), leaks, hangs, false losses (a `lost` where the only faults are
-# raft leader kills; any fails the run), raft election p50/max, hand-off gap p50/p99.
+# raft leader kills; any fails the run), raft election p50/max, hand-off gap p50/p99, recovery
+# p50/p99/max (from each fault's heal to the next write by any worker) with the scenario's bound,
+# liveness violations (heals after which no holder wrote within the bound), panic records of
+# the workers (any fails the run), and reachability: from the heal of a fault on a worker to its
+# backend reading reachable again (p50/max), and workers still unreachable at the bound.
 #
 #   bash scripts/chaos.sh --minutes 30 [--seed N]
 #   CHAOS_ONLY=consul-lock bash scripts/chaos.sh --minutes 1   # only the scenarios named so
@@ -35,7 +39,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done

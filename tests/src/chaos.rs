@@ -14,6 +14,19 @@
 //! - The checker ([`judge`]) reads only the histories: the most sequencers writing at once
 //!   against the limit, stale writes, hand-off gaps. On a violation the [`Report`] carries the seed
 //!   and the merged interleaving around it.
+//! - Liveness (issue 33, [`judge_recovery`]): after every fault heals ([`episodes`]: a pause at
+//!   its SIGCONT, a proxy fault when forwarding resumes, a removed slot when it is back, a killed
+//!   server at its restart, every other fault the instant it is made), a holder writes again
+//!   within [`Scenario::recovery_bound`]: the longest a dead holder's claim may outlive its last
+//!   renewal, plus the lock-delay or settle time, one retry pause and a margin. Faults overlap;
+//!   one in force before a holder ran moves the deadline to its own heal plus the bound. Once
+//!   the schedule is over the driver waits, bounded, for a holder after the last heal (usually
+//!   one is writing already), so that a lease left without a holder for good is caught.
+//! - Reachability comes back ([`judge_reachability`]): each worker logs its backend's
+//!   `reachability()` when it changes; after a fault on a worker heals, that worker must not
+//!   read `unreachable` at the heal plus the same bound.
+//! - No panic: every worker records its panics (see [`crate::panics`]); each record is a
+//!   violation, with the interleaving around it.
 //!
 //! One thing no library can close is exempted and counted apart: a process stopped between its
 //! `is_held()` check and its write makes that one write after SIGCONT (see `lease-worker`'s
@@ -43,6 +56,9 @@
 //! sessions ([`crate::postgres::terminate_sessions`]); its network faults: blackhole and cut (no
 //! HTTP to answer 500 to). A leak is a row left in the lease table under the scenario's key, or a
 //! worker's session still open after it exited.
+//!
+//! The reference's violations, liveness included (its `consul lock` sessions have a TTL and a
+//! lock-delay of 15 s, and its bound is derived from those), are reported, not failed on.
 //!
 //! The `consul lock` reference runs `consul lock [-n N] PREFIX <child>` in a shell loop; the
 //! child shell appends `write` lines stamped with `date +%s%N`. Its token is per child process
@@ -206,6 +222,9 @@ pub struct Scenario {
     /// Every write goes through the PostgreSQL fence, unchecked by the worker (see the module
     /// docs); the table is judged too. Leader keys on Consul and etcd only.
     pub fenced: bool,
+    /// Test-only: every worker panics in a spawned task at this point (`lease-worker`'s
+    /// `LEASE_TESTS_PANIC_AT`), to prove that a panic fails the run.
+    pub panic_at: Option<String>,
 }
 
 /// The AMQP heartbeat the workers ask for: a stopped worker's connection is dropped by the
@@ -213,6 +232,14 @@ pub struct Scenario {
 pub const AMQP_HEARTBEAT_SECS: u64 = 3;
 /// How long a worker has to exit after SIGTERM before it counts as hung.
 pub const EXIT_WITHIN: Duration = Duration::from_secs(2);
+/// The longest pause between a waiter's retries, part of [`Scenario::recovery_bound`]: Consul's
+/// budget gate backs off to 2 s, the other backends to 1 s, and the worker waits 200 ms after a
+/// failed acquire.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(2200);
+/// The part of [`Scenario::recovery_bound`] for everything after the lease is free: a
+/// replacement worker's start, its acquire's round trips and its first write, on a loaded
+/// two-core machine.
+pub const RECOVERY_MARGIN: Duration = Duration::from_secs(5);
 
 impl Scenario {
     /// A scenario with the defaults the CI short mode uses: 3 workers, TTL 10 s, lock-delay
@@ -235,6 +262,7 @@ impl Scenario {
             hold_ms: 300,
             seed: seed_from_env(),
             fenced: false,
+            panic_at: None,
         }
     }
 
@@ -337,6 +365,33 @@ impl Scenario {
                 (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000)
             }
         }
+    }
+
+    /// How long after a fault heals a holder must run again (a `write` by any worker): the
+    /// liveness bound of this scenario, derived from its parameters (see [`judge_recovery`]).
+    ///
+    /// Once a fault has healed, what can still stand between the waiters and the lease is a
+    /// claim nobody renews any more: a killed, paused or cut-off holder's session, lease, row or
+    /// queue. Its last renewal came no later than the heal (a kill heals at once; a pause or a
+    /// blackhole began before it healed), so the backend drops it at the latest
+    /// [`crash_expiry`](Self::crash_expiry) after the heal: Consul 2 × TTL (+1 s), since
+    /// Consul invalidates a TTL session between one and two TTLs after its last renewal; etcd
+    /// and PostgreSQL one TTL (+3 s for their expiry checks); RabbitMQ three heartbeats. Then the
+    /// key may stay barred for the lock-delay (Consul; PostgreSQL after an operator deleted the
+    /// holder's row: the workers' lock-delay, lease-core's default 15 s, as the driver passes
+    /// none) or the settle time (etcd, RabbitMQ: 100 ms). Then a waiter's next try may sit out
+    /// one retry pause (the backends' longest is Consul's 2 s budget gate; the worker adds
+    /// 200 ms after a failed acquire), and [`RECOVERY_MARGIN`] covers the rest: a replacement
+    /// worker's start, its acquire's round trips and its first write, on a loaded machine.
+    /// `consul lock` (the reference) has its own session: TTL 15 s and lock-delay 15 s.
+    pub fn recovery_bound(&self) -> Duration {
+        let bar = match self.backend {
+            Backend::Consul | Backend::ConsulCluster => Duration::from_millis(self.lock_delay_ms),
+            Backend::ConsulLock => Duration::from_secs(15),
+            Backend::Postgres => lease_core::LeaseSpec::DEFAULT_LOCK_DELAY,
+            Backend::Etcd | Backend::Amqp => lease_core::LeaseSpec::DEFAULT_SETTLE,
+        };
+        self.crash_expiry() + bar + RETRY_PAUSE + RECOVERY_MARGIN
     }
 
     /// How long after a crash the backend may keep the crashed worker's session or queue.
@@ -452,6 +507,20 @@ pub struct Report {
     pub handoff_ms: (f64, f64),
     /// A fenced scenario's table: rows, stale rows, writes refused by the fence.
     pub fenced: Option<FencedCounts>,
+    /// From each fault's heal to the next write by any worker (ms), for every heal followed
+    /// by a write (see [`judge_recovery`]).
+    pub recovery_ms: Vec<f64>,
+    /// The bound those are judged against ([`Scenario::recovery_bound`]).
+    pub recovery_bound: Duration,
+    /// Heals after which no holder ran within the bound.
+    pub recovery_violations: usize,
+    /// Panic records of the workers (see [`crate::panics`]); any is a violation.
+    pub panics: usize,
+    /// From a heal to the next `reachable` of the worker it left unreachable (ms; see
+    /// [`judge_reachability`]).
+    pub reachable_ms: Vec<f64>,
+    /// Workers still unreachable at their deadline after a heal.
+    pub reachability_violations: usize,
     /// Every violation, each with the interleaving around it.
     pub violations: Vec<String>,
     /// Where the files are.
@@ -462,7 +531,7 @@ impl Report {
     /// The header of [`row`](Report::row).
     pub fn header() -> String {
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25} {:>26} {:>5} {:>6} {:>14} {:>5}",
             "scenario",
             "seed",
             "acq",
@@ -476,7 +545,12 @@ impl Report {
             "false",
             "elect p50/max",
             "hand-off p50/p99",
-            "fenced rows/stale/refused"
+            "fenced rows/stale/refused",
+            "recovery p50/p99/max (bound)",
+            "live",
+            "panics",
+            "reach p50/max",
+            "unrch"
         )
     }
 
@@ -488,7 +562,7 @@ impl Report {
             .map(|(k, n)| format!("{k}:{n}"))
             .collect();
         format!(
-            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25}",
+            "{:<22} {:>10} {:>6} {:>7} {:<56} {:>7} {:>6} {:>5} {:>5} {:>5} {:>5} {:>15} {:>17} {:>25} {:>26} {:>5} {:>6} {:>14} {:>5}",
             self.scenario,
             self.seed,
             self.acquisitions,
@@ -518,7 +592,20 @@ impl Report {
             self.fenced.as_ref().map_or_else(
                 || "-".to_owned(),
                 |f| format!("{}/{}/{}", f.rows, f.stale_rows, f.refused)
-            )
+            ),
+            if self.recovery_ms.is_empty() {
+                "-".to_owned()
+            } else {
+                format!(
+                    "{} ({:.0} s)",
+                    summary_ms(&self.recovery_ms, &[50.0, 99.0]),
+                    self.recovery_bound.as_secs_f64()
+                )
+            },
+            self.recovery_violations,
+            self.panics,
+            summary_ms(&self.reachable_ms, &[50.0]),
+            self.reachability_violations
         )
     }
 
@@ -537,6 +624,21 @@ impl Report {
             self.files
         );
     }
+}
+
+/// `samples` at `percentiles`, then their max: `p…/max ms`; `-` if there are none.
+fn summary_ms(samples: &[f64], percentiles: &[f64]) -> String {
+    if samples.is_empty() {
+        return "-".to_owned();
+    }
+    let mut parts: Vec<String> = (percentiles.iter())
+        .map(|p| format!("{:.0}", crate::stats::percentile(samples, *p)))
+        .collect();
+    parts.push(format!(
+        "{:.0}",
+        samples.iter().copied().fold(f64::MIN, f64::max)
+    ));
+    format!("{} ms", parts.join("/"))
 }
 
 impl fmt::Display for Report {
@@ -605,6 +707,254 @@ pub fn judge(
         (f64::NAN, f64::NAN)
     };
     report
+}
+
+/// One fault as the faults log tells it (see [`episodes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Episode {
+    /// The fault line's text (`pause w1 pid 123 … for 11.2s`).
+    pub text: String,
+    /// When it was injected (ns).
+    pub start: u128,
+    /// When it healed (ns); `None` if it had not when the run stopped.
+    pub heal: Option<u128>,
+}
+
+/// The faults of a run and when each healed, from the `fault` lines of `faults.history` (pid 0).
+///
+/// "Heals" per kind: a fault that lasts heals at its end line: a pause at `end pause w<s>` (the
+/// SIGCONT), a blackhole or 500s at `end proxy fault w<s>` (a second proxy fault on the same
+/// worker replaces the first's end, so that end heals both), a removed slot at `end rm-slot`, a
+/// killed raft leader at `restart s<i>` (back, or given up). Every other fault heals the instant it
+/// is made: `kill9` (a replacement worker starts at once: the crashed one is gone, though the
+/// backend may keep its claim until it expires), `destroy`, `delete`, `revoke`,
+/// `pg_terminate_backend`, `cut`, `close-conn`. Informational lines
+/// (`seed`, `election:`, `settled:`, `stop:`) are not faults.
+pub fn episodes(history: &History) -> Vec<Episode> {
+    let mut found: Vec<Episode> = Vec::new();
+    let mut open: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let fault_lines = (history.lines().iter())
+        .filter(|l| l.pid == 0 && l.kind == Kind::Other("fault".to_owned()));
+    for line in fault_lines {
+        let words: Vec<&str> = line.detail.split_whitespace().collect();
+        let word = |i: usize| words.get(i).copied().unwrap_or("");
+        // What a lasting fault's end line names: the same key heals it.
+        let ends = match (word(0), word(1)) {
+            ("seed" | "election:" | "settled:" | "stop:", _) => continue,
+            ("end", "pause") => Some(format!("pause {}", word(2))),
+            ("end", "proxy") => Some(format!("proxy {}", word(3))),
+            ("end", _) => Some("rm-slot".to_owned()),
+            ("restart", server) => Some(format!("server {}", server.trim_end_matches(':'))),
+            _ => None,
+        };
+        if let Some(key) = ends {
+            for i in open.remove(&key).unwrap_or_default() {
+                found[i].heal = Some(line.t);
+            }
+            continue;
+        }
+        let lasting = match word(0) {
+            "pause" => Some(format!("pause {}", word(1))),
+            "blackhole" | "http500" => Some(format!("proxy {}", word(1))),
+            "rm-slot" => Some("rm-slot".to_owned()),
+            "raft-kill" => Some(format!("server {}", word(1))),
+            _ => None,
+        };
+        found.push(Episode {
+            text: line.detail.clone(),
+            start: line.t,
+            heal: if lasting.is_some() {
+                None
+            } else {
+                Some(line.t)
+            },
+        });
+        if let Some(key) = lasting {
+            open.entry(key).or_default().push(found.len() - 1);
+        }
+    }
+    found
+}
+
+/// When the run stopped: the `stop:` fault line, else the last line.
+fn stop_of(history: &History) -> u128 {
+    (history.lines().iter())
+        .find(|l| l.pid == 0 && l.detail.starts_with("stop:"))
+        .or(history.lines().last())
+        .map_or(0, |l| l.t)
+}
+
+/// The deadline of the heal at `healed` (see [`judge_recovery`]): `healed + bound`, moved to
+/// `heal + bound` of each of `episodes` in force after `healed` that began before the deadline
+/// and before `recovered_at`, until none moves it; with the faults that moved it.
+fn deadline(
+    healed: u128,
+    bound_ns: u128,
+    episodes: &[Episode],
+    stop: u128,
+    recovered_at: u128,
+) -> (u128, Vec<String>) {
+    let mut deadline = healed + bound_ns;
+    let mut moved_by = Vec::new();
+    loop {
+        let before = deadline;
+        for other in episodes {
+            let other_heal = other.heal.unwrap_or(stop);
+            let in_force = other.start < recovered_at.min(deadline) && other_heal > healed;
+            if in_force && other_heal + bound_ns > deadline {
+                deadline = other_heal + bound_ns;
+                moved_by.push(other.text.clone());
+            }
+        }
+        if deadline == before {
+            return (deadline, moved_by);
+        }
+    }
+}
+
+/// What [`judge_recovery`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Recovery {
+    /// From each heal to the next write (ms), for every heal followed by one.
+    pub times_ms: Vec<f64>,
+    /// Each heal after which no holder ran in time, with the interleaving around it.
+    pub violations: Vec<String>,
+    /// Heals whose deadline fell after the run stopped, with no write after them: not judged.
+    pub undecided: usize,
+}
+
+/// The liveness verdict: after every fault heals ([`episodes`]), a holder runs again (a `write`
+/// line in `judged`, the history without the exempt resumed writes) within `bound`.
+///
+/// Faults overlap: with a fault every few seconds, the next often begins before the last has
+/// healed, or before the lease found a holder again. A fault that is still in force at the heal,
+/// or that begins after it but before any holder ran, may keep the lease from a holder until it
+/// heals in turn: the deadline of the heal `h` is `h + bound`, moved to `heal + bound` of each
+/// such fault (one not healed when the run stopped counts as healed at the stop), repeated until
+/// no fault moves it. A fault that healed before `h` needs nothing more: whatever claim it left
+/// behind is gone `bound` after its own heal, before `h + bound`. So a backend that recovers
+/// between faults is judged heal by heal, and one that never recovers fails at the latest on the
+/// last heal, which the driver leaves time for (it waits, bounded, for a holder before it stops
+/// the workers). The run's stop is the `stop:` fault line, else the last line.
+pub fn judge_recovery(history: &History, judged: &History, bound: Duration) -> Recovery {
+    let bound_ns = bound.as_nanos();
+    let episodes = episodes(history);
+    let stop = stop_of(history);
+    let writes: Vec<u128> = (judged.lines().iter())
+        .filter(|l| l.kind == Kind::Write)
+        .map(|l| l.t)
+        .collect();
+    let mut recovery = Recovery::default();
+    for episode in &episodes {
+        let Some(healed) = episode.heal.filter(|&h| h < stop) else {
+            continue;
+        };
+        let next_write = writes.get(writes.partition_point(|&w| w < healed)).copied();
+        if let Some(w) = next_write {
+            recovery.times_ms.push((w - healed) as f64 / 1e6);
+        }
+        let recovered_at = next_write.unwrap_or(u128::MAX);
+        let (deadline, moved_by) = deadline(healed, bound_ns, &episodes, stop, recovered_at);
+        match next_write {
+            Some(w) if w <= deadline => {}
+            None if deadline > stop => recovery.undecided += 1,
+            _ => {
+                let came = next_write.map_or_else(
+                    || "no holder ran before the run stopped".to_owned(),
+                    |w| {
+                        format!(
+                            "the next write came {:.3} s after it",
+                            (w - healed) as f64 / 1e9
+                        )
+                    },
+                );
+                let moved = if moved_by.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; the deadline moved to {:.3} s after it by faults in force before a \
+                         holder ran: {}",
+                        (deadline - healed) as f64 / 1e9,
+                        moved_by.join("; ")
+                    )
+                };
+                recovery.violations.push(format!(
+                    "no holder ran within {bound:?} of the heal of `{}`: {came}{moved}\n\
+                     --- interleaving (faults are pid 0; >> marks the heal):\n{}",
+                    episode.text,
+                    history.around(healed, 12)
+                ));
+            }
+        }
+    }
+    recovery
+}
+
+/// The worker process a fault line names (`… w<s> pid <pid> …`), if any.
+fn pid_of(text: &str) -> Option<u32> {
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "pid")?;
+    words.next()?.parse().ok()
+}
+
+/// What [`judge_reachability`] found.
+#[derive(Clone, Debug, Default)]
+pub struct ReachabilityVerdict {
+    /// From each heal of a fault on a worker that left it `unreachable` to its next
+    /// `reachable` line (ms).
+    pub back_ms: Vec<f64>,
+    /// Workers still `unreachable` at their deadline after a heal, with the interleaving.
+    pub violations: Vec<String>,
+}
+
+/// Reachability comes back (issue 33): after a fault on one worker heals (a pause, a proxy fault,
+/// a cut, a closed connection: the faults whose line names its pid; a killed worker is gone),
+/// that worker's `Backend::reachability()`, which `lease-worker` logs as `reachability` lines,
+/// must not read `unreachable` at `heal + bound`. The deadline moves, as in [`judge_recovery`],
+/// for the faults on the same worker in force before it. A worker that logs no reachability,
+/// is killed before its deadline, or whose deadline falls after the run stopped is not judged.
+pub fn judge_reachability(history: &History, bound: Duration) -> ReachabilityVerdict {
+    let bound_ns = bound.as_nanos();
+    let episodes = episodes(history);
+    let stop = stop_of(history);
+    let reach = Kind::Other("reachability".to_owned());
+    let mut verdict = ReachabilityVerdict::default();
+    for episode in &episodes {
+        let (Some(healed), Some(pid)) = (episode.heal, pid_of(&episode.text)) else {
+            continue;
+        };
+        let states: Vec<&Line> = history.of_pid(pid).filter(|l| l.kind == reach).collect();
+        if healed >= stop || states.is_empty() || episode.text.starts_with("kill9") {
+            continue;
+        }
+        let state_at = |t: u128| {
+            (states.iter().rev())
+                .find(|l| l.t <= t)
+                .map_or("unknown", |l| l.detail.as_str())
+        };
+        if state_at(healed) == "unreachable" {
+            if let Some(back) = (states.iter()).find(|l| l.t >= healed && l.detail == "reachable") {
+                verdict.back_ms.push((back.t - healed) as f64 / 1e6);
+            }
+        }
+        let same: Vec<Episode> = (episodes.iter())
+            .filter(|e| pid_of(&e.text) == Some(pid))
+            .cloned()
+            .collect();
+        let (deadline, _) = deadline(healed, bound_ns, &same, stop, u128::MAX);
+        let killed = (same.iter()).any(|e| e.text.starts_with("kill9") && e.start < deadline);
+        if killed || deadline > stop || state_at(deadline) != "unreachable" {
+            continue;
+        }
+        verdict.violations.push(format!(
+            "pid {pid} still read unreachable {:.3} s after the heal of `{}` (bound {bound:?})\n\
+             --- interleaving (faults are pid 0; >> marks the heal):\n{}",
+            (deadline - healed) as f64 / 1e9,
+            episode.text,
+            history.around(healed, 12)
+        ));
+    }
+    verdict
 }
 
 /// What a fenced scenario's table showed (see [`stale_rows`]).
@@ -829,6 +1179,9 @@ impl Services {
 pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     let mut run = Run::new("chaos", &scenario.name, worker_bin);
     run.exit_within = EXIT_WITHIN;
+    if let Some(point) = &scenario.panic_at {
+        run.env(crate::panics::INJECT_ENV, point);
+    }
     let mut services = match scenario.backend {
         Backend::Consul | Backend::ConsulLock => Services {
             agent: Some(Agent::start().await),
@@ -1020,10 +1373,34 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
         if injected {
             *counts.entry(p.fault.name()).or_default() += 1;
             if p.fault == Fault::Kill9 || p.fault == Fault::Pause {
-                last_crash = Some(Instant::now() + p.lasts);
+                // The latest: a kill after a long pause began must not move it earlier.
+                last_crash = last_crash.max(Some(Instant::now() + p.lasts));
             }
         }
     }
+
+    // Every fault has healed: leave the lease time to find a holder (bounded), so that the
+    // last heal is judged too (see `judge_recovery`). Usually one is writing already.
+    let healed = now_ns();
+    let settled = tokio::time::timeout(scenario.recovery_bound(), async {
+        loop {
+            let (judged, _) = run.all().without_resumed_writes(&resumes);
+            if (judged.lines().iter()).any(|l| l.kind == Kind::Write && l.t >= healed) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    faults.log(&format!(
+        "settled: {} {:.3} s after the last heal",
+        if settled.is_ok() {
+            "a holder ran"
+        } else {
+            "no holder ran"
+        },
+        (now_ns() - healed) as f64 / 1e9
+    ));
 
     // A worker that died on its own is a finding, not a crash of the test.
     let mut hangs = Vec::new();
@@ -1055,6 +1432,30 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
     );
     if let Some(db) = &services.db {
         judge_fenced(db, &history, &mut report).await;
+    }
+    let (judged, _) = history.without_resumed_writes(exempt);
+    let recovery = judge_recovery(&history, &judged, scenario.recovery_bound());
+    report.recovery_ms = recovery.times_ms;
+    report.recovery_bound = scenario.recovery_bound();
+    report.recovery_violations = recovery.violations.len();
+    report.violations.extend(recovery.violations);
+    let reachability = judge_reachability(&history, scenario.recovery_bound());
+    report.reachable_ms = reachability.back_ms;
+    report.reachability_violations = reachability.violations.len();
+    report.violations.extend(reachability.violations);
+    let panics = run.panics();
+    report.panics = panics.len();
+    for record in &panics {
+        // Marked at the history's own line of it, if the hook could write one.
+        let at = (history.lines().iter())
+            .find(|l| l.kind == Kind::Panic && l.pid == record.pid && l.detail == record.detail)
+            .map_or(record.t, |l| l.t);
+        report.violations.push(format!(
+            "panic in pid {}: {}\n--- interleaving (faults are pid 0):\n{}",
+            record.pid,
+            record.detail,
+            history.around(at, 12)
+        ));
     }
     report.scenario = scenario.name.clone();
     report.seed = scenario.seed;
@@ -1698,6 +2099,115 @@ mod tests {
         );
         let etcd = Scenario::new("e", Backend::Etcd, None, Duration::from_secs(60)).fenced();
         assert!(etcd.fault_kinds().contains(&Fault::DeleteKey));
+    }
+
+    #[test]
+    fn each_fault_heals_at_its_end_line_or_at_once() {
+        let text = "100 0 fault - seed 1 scenario x\n\
+            200 0 fault - pause w1 pid 5 [5] for 11s\n\
+            300 0 fault - blackhole w2 pid 6 for 3s\n\
+            400 0 fault - http500 w2 pid 6 for 2s\n\
+            500 0 fault - kill9 w0 pid 4 [4]\n\
+            550 7 write consul:1:a:k\n\
+            600 0 fault - end proxy fault w2\n\
+            700 0 fault - end pause w1 pid 5\n\
+            800 0 fault - raft-kill s1 (the raft leader)\n\
+            850 0 fault - election: s2 leads after 1s\n\
+            900 0 fault - restart s1: rejoined in 2s\n\
+            910 0 fault - rm-slot sem: Ok(())\n\
+            950 0 fault - stop: SIGTERM to every worker\n";
+        let found: Vec<(String, u128, Option<u128>)> = episodes(&History::parse(text).unwrap())
+            .into_iter()
+            .map(|e| {
+                (
+                    e.text.split(' ').next().unwrap().to_owned(),
+                    e.start,
+                    e.heal,
+                )
+            })
+            .collect();
+        let expected = [
+            ("pause", 200, Some(700)),
+            ("blackhole", 300, Some(600)),
+            ("http500", 400, Some(600)),
+            ("kill9", 500, Some(500)),
+            ("raft-kill", 800, Some(900)),
+            ("rm-slot", 910, None),
+        ]
+        .map(|(word, start, heal)| (word.to_owned(), start, heal));
+        assert_eq!(found, expected);
+    }
+
+    #[test]
+    fn a_heal_needs_a_holder_within_the_bound_unless_a_fault_in_force_moves_it() {
+        let bound = Duration::from_nanos(1000);
+        let judge = |text: &str| {
+            let h = History::parse(text).unwrap();
+            judge_recovery(&h, &h, bound)
+        };
+        // In time: 500 ns after the kill.
+        let fine = judge("1000 0 fault - kill9 w0 pid 4\n1500 7 write s\n9000 0 fault - stop: x\n");
+        assert!(fine.violations.is_empty(), "{:?}", fine.violations);
+        assert_eq!(fine.times_ms, [500e-6]);
+        // Late: 1,500 ns.
+        let late = judge("1000 0 fault - kill9 w0 pid 4\n2500 7 write s\n9000 0 fault - stop: x\n");
+        assert_eq!(late.violations.len(), 1);
+        assert!(
+            late.violations[0].contains("next write came"),
+            "{}",
+            late.violations[0]
+        );
+        assert!(late.violations[0].contains(">>"));
+        // A blackhole that began before any holder ran and healed at 1,800 moves the kill's
+        // deadline to 2,800; the blackhole's own heal is followed in time.
+        let moved = judge(
+            "1000 0 fault - kill9 w0 pid 4\n1200 0 fault - blackhole w1 pid 5 for 1s\n\
+             1800 0 fault - end proxy fault w1\n2500 7 write s\n9000 0 fault - stop: x\n",
+        );
+        assert!(moved.violations.is_empty(), "{:?}", moved.violations);
+        // Once a holder ran, a later fault moves nothing: the kill at 1,000 is judged alone.
+        let after = judge(
+            "1000 0 fault - kill9 w0 pid 4\n1100 7 write s\n1200 0 fault - cut w1 pid 5\n\
+             3000 7 write s\n9000 0 fault - stop: x\n",
+        );
+        assert_eq!(
+            after.violations.len(),
+            1,
+            "the cut's heal at 1,200: {:?}",
+            after.violations
+        );
+        assert!(after.violations[0].contains("`cut w1 pid 5`"));
+        // Never: no holder after the heal, the run went on past the deadline.
+        let never = judge("1000 0 fault - delete key k\n9000 0 fault - stop: x\n");
+        assert!(never.violations[0].contains("no holder ran before the run stopped"));
+        // The run stopped before the deadline: not judged.
+        let open = judge("1000 0 fault - delete key k\n1500 0 fault - stop: x\n");
+        assert!(open.violations.is_empty());
+        assert_eq!(open.undecided, 1);
+    }
+
+    #[test]
+    fn a_worker_must_read_reachable_again_by_the_deadline_after_its_fault_heals() {
+        let bound = Duration::from_nanos(1000);
+        let run = |after: &str| {
+            let text = format!(
+                "100 5 reachability - reachable\n1000 0 fault - blackhole w1 pid 5 for 1s\n\
+                 1100 5 reachability - unreachable\n2000 0 fault - end proxy fault w1\n{after}\
+                 9000 0 fault - stop: x\n"
+            );
+            judge_reachability(&History::parse(&text).unwrap(), bound)
+        };
+        let back = run("2400 5 reachability - reachable\n");
+        assert!(back.violations.is_empty(), "{:?}", back.violations);
+        assert_eq!(back.back_ms, [400e-6]);
+        let stuck = run("");
+        assert_eq!(stuck.violations.len(), 1);
+        assert!(stuck.violations[0].contains("pid 5 still read unreachable"));
+        let late = run("3500 5 reachability - reachable\n");
+        assert_eq!(late.violations.len(), 1, "back after the deadline (3,000)");
+        // A worker killed before its deadline is not judged.
+        let killed = run("2500 0 fault - kill9 w1 pid 5 [5]\n");
+        assert!(killed.violations.is_empty());
     }
 
     #[test]

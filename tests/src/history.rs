@@ -9,7 +9,8 @@
 //!
 //! Events: `acquired`, `write` (one unit of guarded work), `lost <reason…>` (the lease was lost and
 //! the work dropped), `released ok` / `released err <error>` (what `Lease::release` answered),
-//! `waiting` (an acquire began) and `exit` (the process is about to leave `main`). The sequencer is
+//! `waiting` (an acquire began), `exit` (the process is about to leave `main`) and `panic <message>
+//! at <location> (thread <name>)` (written by the hook of [`crate::panics`]). The sequencer is
 //! `-` where there is none. Times are wall-clock nanoseconds since the epoch, so the files of every
 //! process on one machine merge into one timeline.
 //!
@@ -56,7 +57,14 @@ impl Recorder {
 
     /// Appends `<ns> <pid> <event> <seq> [detail]`; the time is taken just before the write.
     /// Whitespace in `seq` becomes `_` and newlines in `detail` spaces, so the line parses back.
+    /// Panics if the line cannot be written.
     pub fn log(&self, event: &str, seq: &str, detail: &str) {
+        self.try_log(event, seq, detail)
+            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
+    }
+
+    /// [`log`](Recorder::log), returning the error instead of panicking (for the panic hook).
+    pub fn try_log(&self, event: &str, seq: &str, detail: &str) -> std::io::Result<()> {
         let seq = if seq.is_empty() { "-" } else { seq };
         let seq: String = seq
             .chars()
@@ -74,10 +82,12 @@ impl Recorder {
         }
         line.push('\n');
         // One write(2) per line: with O_APPEND the line lands whole, after every earlier one.
-        let written = (&*self.file)
-            .write(line.as_bytes())
-            .unwrap_or_else(|e| panic!("cannot append to the history: {e}"));
-        assert_eq!(written, line.len(), "short write to the history");
+        let written = (&*self.file).write(line.as_bytes())?;
+        if written == line.len() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("short write to the history"))
+        }
     }
 }
 
@@ -96,6 +106,8 @@ pub enum Kind {
     Released,
     /// The process is about to return from `main`.
     Exit,
+    /// The process panicked (on any thread); the detail is the message and where.
+    Panic,
     /// Anything else a worker logged (e.g. `error`).
     Other(String),
 }
@@ -109,6 +121,7 @@ impl Kind {
             "lost" => Kind::Lost,
             "released" => Kind::Released,
             "exit" => Kind::Exit,
+            "panic" => Kind::Panic,
             other => Kind::Other(other.to_owned()),
         }
     }
@@ -123,6 +136,7 @@ impl fmt::Display for Kind {
             Kind::Lost => "lost",
             Kind::Released => "released",
             Kind::Exit => "exit",
+            Kind::Panic => "panic",
             Kind::Other(word) => word,
         })
     }
@@ -314,11 +328,15 @@ impl History {
 
     /// Reads and merges the history files at `paths` (a missing file is empty). Panics on a
     /// malformed line, naming the file.
+    ///
+    /// A file read while its process appends may end in part of a line (a reader can see a
+    /// `write` half copied): that unterminated tail is left for the next read.
     pub fn load<P: AsRef<Path>>(paths: &[P]) -> History {
         let mut lines = Vec::new();
         for path in paths {
             let path = path.as_ref();
-            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let mut text = std::fs::read_to_string(path).unwrap_or_default();
+            text.truncate(text.rfind('\n').map_or(0, |end| end + 1));
             match History::parse(&text) {
                 Ok(h) => lines.extend(h.lines),
                 Err(e) => panic!("{}: {e}", path.display()),
@@ -756,6 +774,18 @@ mod tests {
             .map(|w| (w.pid, w.t))
             .collect();
         assert_eq!(one, [(3, 30), (1, 40)]);
+    }
+
+    #[test]
+    fn a_file_read_mid_append_leaves_its_unterminated_tail() {
+        let dir = std::env::temp_dir().join(format!("history-tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.history");
+        std::fs::write(&path, format!("10 1 write {A}\n20 1 wri")).unwrap();
+        let hist = History::load(&[&path]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(hist.lines().len(), 1);
+        assert_eq!(hist.lines()[0].t, 10);
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //!
 //! - [`workers`]: child processes (`lease-worker`, `consul lock`) with their histories, signalled
 //!   and stopped with a bound.
+//! - [`panics`]: the panic hook every test binary installs, so that no panic goes unseen.
 //! - [`chaos`]: the randomized fault-injection driver and the checker that judges its histories.
 //!
 //! Helpers here panic with a message that says how to fix the environment: a test that cannot
@@ -34,6 +35,7 @@ pub mod consul;
 pub mod etcd;
 pub mod history;
 pub mod overlap;
+pub mod panics;
 pub mod postgres;
 pub mod proxy;
 pub mod sockets;

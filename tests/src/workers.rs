@@ -4,6 +4,10 @@
 //!
 //! Files live under `target/<area>/<test>-…/` and are removed when the [`Run`] is dropped, unless
 //! the test failed (then the path is printed).
+//!
+//! Every process a run starts records its panics in the run's directory (see [`crate::panics`]);
+//! a run dropped with a panic record it has not reported through [`Run::panics`] fails its test
+//! with the message.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -48,6 +52,10 @@ pub struct Run {
     /// set).
     pub exit_within: Duration,
     worker_bin: PathBuf,
+    /// Variables set for every process started from now on.
+    env: Vec<(String, String)>,
+    /// Whether [`Run::panics`] handed the panic records to a judge.
+    panics_reported: bool,
 }
 
 impl Run {
@@ -66,7 +74,21 @@ impl Run {
             keep: false,
             exit_within: Duration::from_secs(10),
             worker_bin: worker_bin.to_path_buf(),
+            env: Vec::new(),
+            panics_reported: false,
         }
+    }
+
+    /// Sets the variable `key` to `value` for every process started from now on.
+    pub fn env(&mut self, key: &str, value: &str) {
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
+    /// The panic records of every process of the run so far (see [`crate::panics`]), in time
+    /// order. The caller judges them: once called, dropping the run no longer fails on them.
+    pub fn panics(&mut self) -> Vec<crate::history::Line> {
+        self.panics_reported = true;
+        crate::panics::read_dir(&self.dir)
     }
 
     /// Starts a worker with `args` (its `--history` is added); returns its index.
@@ -107,6 +129,10 @@ impl Run {
     fn start(&mut self, name: &str, mut command: Command, stdin: Stdio) -> usize {
         let history = self.history_path(name);
         let log = self.dir.join(format!("{name}.log"));
+        command.env(crate::panics::DIR_ENV, &self.dir);
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
         let child = command
             .stdin(stdin)
             .stdout(Stdio::null())
@@ -229,7 +255,20 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        // Children are killed by `kill_on_drop`. Keep the files of a failed test.
+        // Children are killed by `kill_on_drop`. A panic nobody judged fails the test; keep the
+        // files of a failed test.
+        if !self.panics_reported && !std::thread::panicking() {
+            let records = crate::panics::read_dir(&self.dir);
+            if !records.is_empty() {
+                self.keep = true;
+                panic!(
+                    "{} panic record(s) in the processes of this run:\n{}\n({})",
+                    records.len(),
+                    crate::panics::describe(&records),
+                    self.files()
+                );
+            }
+        }
         if self.keep || std::thread::panicking() {
             eprintln!("{}", self.files());
         } else {

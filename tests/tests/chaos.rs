@@ -4,6 +4,12 @@
 //! The two fenced scenarios (issue 28) write every write through the PostgreSQL fence without a
 //! lease check, and their table must hold no stale row.
 //!
+//! Each scenario also judges liveness (issue 33): after every fault heals, a holder writes again
+//! within the scenario's bound (`Scenario::recovery_bound`), a worker's backend reads reachable
+//! again within it after a fault on that worker heals, and no worker recorded a panic. Two
+//! tests prove the panic records: a worker made to panic in a background task fails the chaos
+//! run, and a `Run` dropped with a record fails its test, each with the panic's message.
+//!
 //! The seed is `CHAOS_SEED` (default `lease_tests::chaos::DEFAULT_SEED`); a failure prints it and the merged
 //! interleaving around the violation, faults included. The seven scenarios run two at a time (the
 //! test harness's threads on two cores) and take about 80 s together without PostgreSQL's (58 s
@@ -17,6 +23,10 @@
 use std::time::Duration;
 
 use lease_tests::chaos::{Backend, Report, Scenario, run};
+use lease_tests::history::Kind;
+use lease_tests::panics;
+use lease_tests::postgres::TestDb;
+use lease_tests::workers::{Run, wait_for};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lease-worker");
 /// Long enough for a pause past the 10 s TTL and a hand-over after it.
@@ -93,6 +103,65 @@ async fn chaos_postgres_leader() {
         SHORT,
     ))
     .await;
+}
+
+/// Issue 33: a panic in a worker fails the run, with its message. Every worker panics in a task
+/// it spawns at its first acquisition (`LEASE_TESTS_PANIC_AT=acquired`), the shape of the panic
+/// lease-core's keeper once had: the task ends, the process runs on and keeps the promise, so
+/// only the record can tell. A run without faults, on PostgreSQL (no server to start).
+#[tokio::test]
+async fn a_worker_panic_fails_the_chaos_run_with_its_message() {
+    let mut scenario = Scenario::new("panic", Backend::Postgres, None, Duration::from_secs(2));
+    scenario.panic_at = Some("acquired".to_owned());
+    let report = run(&scenario, WORKER.as_ref()).await;
+    println!("{}\n{}", Report::header(), report.row());
+    assert!(report.panics >= 1, "no panic record: {report:?}");
+    let failure = std::panic::catch_unwind(|| report.assert_clean()).unwrap_err();
+    let message = failure.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("injected panic at acquired") && message.contains("panics.rs"),
+        "the failure does not carry the panic's message and place:\n{message}"
+    );
+}
+
+/// Issue 33: a process test whose worker panicked fails when its `Run` is dropped, with the
+/// message, and the worker's history holds the `panic` line among its events.
+#[tokio::test]
+async fn a_run_dropped_with_a_panic_record_fails_its_test() {
+    let db = TestDb::create("chaos_panic_drop").await;
+    let mut run = Run::new("chaos", "panic-drop", WORKER.as_ref());
+    run.env(panics::INJECT_ENV, "acquired");
+    let args = [
+        "--postgres",
+        db.url(),
+        "--key",
+        "panic/drop",
+        "--hold-ms",
+        "100",
+    ];
+    run.spawn("w0", &args.map(str::to_owned));
+    let dir = run.dir.clone();
+    wait_for(
+        Duration::from_secs(30),
+        || format!("a panic record; {}", run.files()),
+        || (!panics::read_dir(&dir).is_empty()).then_some(()),
+    )
+    .await;
+    let history = run.all();
+    let line = (history.lines().iter()).find(|l| l.kind == Kind::Panic);
+    assert!(
+        line.is_some_and(|l| l.detail.contains("injected panic at acquired")),
+        "no panic line in the history: {history:?}"
+    );
+    run.terminate_all().await.unwrap();
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(run)));
+    let _ = std::fs::remove_dir_all(&dir);
+    let failure = dropped.unwrap_err();
+    let message = failure.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("1 panic record(s)") && message.contains("injected panic at acquired"),
+        "{message}"
+    );
 }
 
 /// The long mode: `scripts/chaos.sh` sets `CHAOS_MINUTES` (and maybe `CHAOS_SEED`) and runs

@@ -11,6 +11,7 @@ use lease_consul::Consul;
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Wait};
 use lease_tests::consul::{Agent, AgentOptions};
 use lease_tests::proxy::{Mode, Proxy};
+use lease_tests::workers::Run;
 use lease_tests::{init_tracing, within};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -301,9 +302,13 @@ async fn an_error_names_dns_for_a_name_that_does_not_resolve() {
 async fn two_processes_on_one_agent_hold_a_hundred_and_fifty_leases_each() {
     init_tracing();
     let agent = Agent::start().await;
+    // The workers are started without the run, for their stdout; the run's directory takes their
+    // panic records, and dropping the run fails the test on one.
+    let run = Run::new("consul-scale", "two_processes", WORKER.as_ref());
     let mut workers = Vec::new();
     for (name, limit) in [("procs-a", None), ("procs-b", Some("10"))] {
         let mut command = Command::new(WORKER);
+        command.env(lease_tests::panics::DIR_ENV, &run.dir);
         command.args([
             "--consul",
             &agent.url(),

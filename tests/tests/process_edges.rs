@@ -888,7 +888,11 @@ async fn a_process_that_exits_holding_many_leases_exits_promptly_and_gives_them_
 
     let _serial = SERIAL.lock().await;
     let agent = Agent::start().await;
+    // Started without the run, for its stdout; the run's directory takes its panic records, and
+    // dropping the run fails the test on one.
+    let run = Run::new("process-edges", "exit_many", WORKER.as_ref());
     let mut child = tokio::process::Command::new(WORKER)
+        .env(lease_tests::panics::DIR_ENV, &run.dir)
         .args(["--consul", &agent.url(), "--key", "edges/exit/many"])
         .args([
             "--mode",

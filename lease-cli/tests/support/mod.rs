@@ -87,11 +87,19 @@ pub fn lease_on(agent: &Agent) -> Command {
 }
 
 /// Runs `cmd` to completion (bounded), capturing its output.
+/// A panic of `lease` on any thread (a background task's too, which does not end the process)
+/// fails the test: the default hook's `panicked at` line on its stderr is the record.
 pub async fn output(mut cmd: Command, what: &str) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    lease_tests::within(T, what, cmd.output())
+    let out = lease_tests::within(T, what, cmd.output())
         .await
-        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked at"),
+        "{what} panicked; its stderr:\n{stderr}"
+    );
+    out
 }
 
 /// The exit code and stderr of `out`, for assertions.

@@ -40,6 +40,9 @@
 //! `--idle-in-transaction-timeout-ms` sets PostgreSQL's `idle_in_transaction_session_timeout` on
 //! its session, the setting the fence's docs recommend below the lease TTL.
 //!
+//! A panic anywhere in the process is recorded (`lease_tests::panics`): a `panic` line in the
+//! history, and a record in `$LEASE_TESTS_PANIC_DIR`.
+//!
 //! The table is created (if missing) by the test, not here. SIGTERM: log `exit`, exit 0. Exit 2
 //! for bad arguments or a backend or database that cannot be reached at start.
 #![allow(clippy::unwrap_used)]
@@ -204,6 +207,7 @@ fn exit_with(message: &str) -> ! {
 
 #[tokio::main]
 async fn main() {
+    lease_tests::panics::install();
     // First of all, so a SIGTERM never meets the default action.
     let mut sigterm = signal(SignalKind::terminate()).expect("cannot handle SIGTERM");
     let args = parse_args().unwrap_or_else(|message| exit_with(&format!("{message}\n{USAGE}")));
@@ -217,6 +221,7 @@ async fn main() {
         .try_init();
     let history = Recorder::open(&args.history)
         .unwrap_or_else(|e| exit_with(&format!("cannot open {}: {e}", args.history.display())));
+    lease_tests::panics::record_in(&history);
     let backend = backend(&args)
         .await
         .unwrap_or_else(|e| exit_with(&with_sources(&*e)));

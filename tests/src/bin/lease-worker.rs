@@ -54,6 +54,14 @@
 //! any other failed transaction logs `failed` (and the next write reconnects if the connection
 //! broke). The driver creates the tables and installs the fence before it starts the workers.
 //!
+//! A panic anywhere in the process is recorded (`lease_tests::panics`): a `panic` line in the
+//! history, and a record in `$LEASE_TESTS_PANIC_DIR`. Test-only: `LEASE_TESTS_PANIC_AT=acquired`
+//! makes the first acquisition of `loop` panic in a spawned task (the process runs on).
+//!
+//! In `loop` mode a task reads `Backend::reachability()` every 100 ms and logs each change as a
+//! `reachability - reachable|unreachable|unknown` line (the chaos suite judges that it comes
+//! back after a fault heals).
+//!
 //! Exit status: 0 after SIGTERM, 2 for bad arguments or a backend that cannot be configured.
 #![allow(clippy::unwrap_used)]
 
@@ -62,6 +70,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::CancellationToken;
+use lease_core::backend::Reachability;
 use lease_core::leader::{Campaign, LeaderEvent};
 use lease_core::{
     Backend, BoxError, BoxFuture, Lease, LeaseSpec, LeaseWatcher, LostReason, Sequencer, Wait,
@@ -354,6 +363,7 @@ fn release_detail(result: &Result<(), lease_core::Error>) -> String {
 
 #[tokio::main]
 async fn main() {
+    lease_tests::panics::install();
     // First of all, so a SIGTERM never meets the default action (death without clean-up).
     let mut sigterm = signal(SignalKind::terminate()).expect("cannot handle SIGTERM");
     let args = match parse_args() {
@@ -378,6 +388,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    lease_tests::panics::record_in(&history);
     let backend = match backend(&args) {
         Ok(b) => b,
         Err(e) => {
@@ -536,9 +547,11 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
         None => None,
     };
     let stop = CancellationToken::new();
+    let reachability = tokio::spawn(log_reachability(Arc::clone(&backend), history.clone()));
     let on_sigterm = async {
         sigterm.recv().await;
         stop.cancel();
+        reachability.abort();
     };
     tokio::join!(
         loop_on(
@@ -555,6 +568,23 @@ async fn run_loop(args: &Args, backend: Arc<dyn Backend>, history: History, sigt
     // service does before it exits; without it that is left to expire with its TTL.
     backend.shutdown().await;
     history.log("exit", "-", "");
+}
+
+/// Logs `reachability - <state>` whenever `backend.reachability()` changes (read every 100 ms).
+async fn log_reachability(backend: Arc<dyn Backend>, history: History) {
+    let mut logged = "";
+    loop {
+        let now = match backend.reachability() {
+            Reachability::Reachable => "reachable",
+            Reachability::Unreachable { .. } => "unreachable",
+            _ => "unknown",
+        };
+        if now != logged {
+            history.log("reachability", "-", now);
+            logged = now;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Forever: acquire `spec` (waiting forever), run the work under `Lease::run`, release (logging
@@ -587,6 +617,7 @@ async fn loop_on(
         };
         let seq = lease.sequencer().to_string();
         history.log("acquired", &seq, "");
+        lease_tests::panics::inject_at("acquired");
         let outcome = if let Some(db) = fenced.as_mut() {
             let fenced = fenced_work(db, lease.sequencer(), &history, args.write_every, args.hold);
             tokio::select! {
