@@ -149,6 +149,7 @@ async fn recovers_without_traffic(
     let (status, body) = readiness(&node.readiness).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
+    let mut events = node.handle.events();
     freeze();
     let frozen = Instant::now();
     // A request to the route during the outage: it hangs, and is given up on.
@@ -204,7 +205,10 @@ async fn recovers_without_traffic(
     let (leader_back, ready_back) = (leader_back.unwrap(), ready_back.unwrap());
     // Whether the leader lost its term to the outage (it self-fences once it has gone a TTL
     // without confirming it), and was elected anew.
-    let reelected = node.handle.last_loss().is_some();
+    let mut reelected = false;
+    while let Ok(event) = events.try_recv() {
+        reelected |= matches!(event, LeaderEvent::Lost { .. });
+    }
     println!(
         "RESULT recovery_{name} outage_s={} reelected={reelected} leader_back_ms={} \
          ready_back_ms={}",
