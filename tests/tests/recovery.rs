@@ -3,7 +3,8 @@
 //! server is frozen (etcd, Consul: `kill -STOP` of the server process the test started;
 //! PostgreSQL: a proxy in front of the test's own database holds every byte, since the
 //! machine's server is shared) long enough for the node to go unready, with one request sent to
-//! the limit during the outage (as a request to the route would), then healed. With nothing sent
+//! the limit's handle during the outage (as a request to a route would: a slot of the limit, or a
+//! sequencer check), then healed. With nothing sent
 //! by anyone after that, readiness must come back within one TTL plus the probe's pause (and a
 //! margin for a loaded machine), a leader must run again, and nothing may panic.
 //!
@@ -128,12 +129,24 @@ impl Node {
     }
 }
 
-/// The test: `freeze` the server, send one request to the limit, wait until the node is
+/// The request a route sends to the `limits` handle during the outage.
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    /// A slot of the cluster-wide limit (`SemaphoreLayer`).
+    Limit,
+    /// A check of a sequencer (`SequencerCheckLayer`). PostgreSQL's acquisition, given up on,
+    /// is finished and given back in the background, which would send requests after the heal
+    /// by itself; a check leaves nothing behind.
+    Check,
+}
+
+/// The test: `freeze` the server, send one request through `route`, wait until the node is
 /// unready, keep it frozen for the outage, `heal` it, and time the recovery with no traffic.
 async fn recovers_without_traffic(
     name: &str,
     leader: Arc<dyn Backend>,
     limits: Arc<dyn Backend>,
+    route: Route,
     freeze: impl FnOnce(),
     heal: impl FnOnce(),
 ) {
@@ -145,6 +158,7 @@ async fn recovers_without_traffic(
     let node = Node::start(name, leader, limits.clone()).await;
     // The route works: its handle has answered.
     let slot = limits.acquire(&limit).await.expect("a slot of the limit");
+    let sequencer = slot.sequencer().clone();
     slot.release().await.expect("the slot given back");
     let (status, body) = readiness(&node.readiness).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -153,11 +167,13 @@ async fn recovers_without_traffic(
     freeze();
     let frozen = Instant::now();
     // A request to the route during the outage: it hangs, and is given up on.
-    let sent = tokio::time::timeout(2 * NOT_READY_AFTER, limits.acquire(&limit)).await;
-    eprintln!(
-        "{name}: the request during the outage: {sent:?}; {:?}",
-        limits.reachability()
-    );
+    let given_up = 2 * NOT_READY_AFTER;
+    match route {
+        Route::Limit => drop(tokio::time::timeout(given_up, limits.acquire(&limit)).await),
+        Route::Check => {
+            drop(tokio::time::timeout(given_up, limits.check_sequencer(&sequencer)).await)
+        }
+    }
     let body = within(
         outage,
         "the node to turn unready during the outage",
@@ -244,6 +260,7 @@ async fn etcd_frozen_then_resumed_recovers_readiness_and_leader_without_traffic(
         "etcd",
         backend(),
         backend(),
+        Route::Limit,
         || signal("STOP", &[pid]),
         || signal("CONT", &[pid]),
     )
@@ -262,6 +279,7 @@ async fn consul_frozen_then_resumed_recovers_readiness_and_leader_without_traffi
         "consul",
         backend(),
         backend(),
+        Route::Limit,
         || signal("STOP", &[pid]),
         || signal("CONT", &[pid]),
     )
@@ -282,6 +300,7 @@ async fn postgres_cut_off_then_back_recovers_readiness_and_leader_without_traffi
         "postgres",
         backend("lease-recovery-leader"),
         backend("lease-recovery-limits"),
+        Route::Check,
         || proxy.set_blackhole(true),
         || proxy.set_blackhole(false),
     )
