@@ -127,3 +127,43 @@ where
         probe(client).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use lease_core::backend::{Reachability, ReachabilityTracker};
+
+    use super::{PROBE_EVERY, Probe};
+
+    #[derive(Default)]
+    struct Client {
+        reachability: ReachabilityTracker,
+        probe: Probe,
+    }
+
+    /// A probe of a server that never answers keeps going while its client lives, and its task
+    /// ends (dropping what it holds) within a pause of the client's drop: no task outlives it.
+    #[tokio::test]
+    async fn the_probe_ends_with_its_client() {
+        let client = Arc::new(Client::default());
+        client.reachability.answered(false);
+        let probes = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&probes);
+        let now = client.probe.watch(
+            &client,
+            |c| c.reachability.get(),
+            move |c: Arc<Client>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { c.reachability.answered(false) }
+            },
+        );
+        assert!(matches!(now, Reachability::Unreachable { .. }));
+        tokio::time::sleep(PROBE_EVERY * 2).await;
+        assert!(probes.load(Ordering::SeqCst) >= 2, "probing every second");
+        drop(client);
+        tokio::time::sleep(PROBE_EVERY * 2).await;
+        assert_eq!(Arc::strong_count(&probes), 1, "the probe's task has ended");
+    }
+}
