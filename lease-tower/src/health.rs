@@ -20,7 +20,7 @@
 //! Neither service sends anything to a backend itself: reachability is what the backend's own
 //! requests (renewals, watches, acquisitions) found ([`Backend::reachability`]), and while a
 //! backend finds its server unreachable it probes it about every second (Consul, etcd,
-//! PostgreSQL), so the report turns ready again when the server is back, with no other traffic.
+//! PostgreSQL, RabbitMQ), so the report turns ready again when the server is back, with no other traffic.
 //! A backend that tracks no reachability (`"reachable": null`) is always ready. A refused or reset
 //! connection counts at once; a request that hangs (a partition, a frozen agent) counts once it
 //! has gone a second without an answer while nothing else was answered, and the outage is dated
@@ -53,7 +53,7 @@
 //! ```json
 //! {
 //!   "status": "not ready",
-//!   "reasons": [ "backend etcd: unreachable for 12034 ms",
+//!   "reasons": [ "backend etcd: unreachable for 12034 ms (not ready after 10000 ms)",
 //!                "campaign service/api/leader failed: …" ],
 //!   "backend": { "reachable": true, "unreachable_for_ms": null },
 //!   "backends": { "etcd": { "reachable": false, "unreachable_for_ms": 12034 } },
