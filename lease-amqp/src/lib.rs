@@ -190,6 +190,8 @@ struct Inner {
     /// Different semaphores are administered in parallel (a process taking thousands of new
     /// leader keys creates them concurrently).
     admin_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Connects to the broker while it is unreachable (see [`Amqp::reachability`]).
+    probe: lease_http::Probe,
 }
 
 impl fmt::Debug for Amqp {
@@ -234,6 +236,7 @@ impl Amqp {
                 connections: ConnectionPool::new(),
                 claims: Mutex::new(HashMap::new()),
                 keepers: Keepers::new(),
+                probe: lease_http::Probe::default(),
                 admin_locks: Mutex::new(HashMap::new()),
             }),
         }
@@ -435,9 +438,18 @@ impl Backend for Amqp {
     }
 
     /// Reachable while one of this handle's connections to the broker is up; with none, what
-    /// the last attempt to connect found; unknown before the first.
+    /// the last attempt to connect found; unknown before the first. While unreachable, the
+    /// handle connects again about every second in the background (and closes that connection
+    /// at once), until the broker answers.
     fn reachability(&self) -> Reachability {
-        self.inner.connections.reachability()
+        self.inner.probe.watch(
+            &self.inner,
+            |inner| inner.connections.reachability(),
+            |inner| async move {
+                let amqp = Amqp { inner };
+                amqp.inner.connections.probe(&amqp).await;
+            },
+        )
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

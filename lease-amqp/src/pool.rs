@@ -93,6 +93,25 @@ impl ConnectionPool {
         self.reachability.get()
     }
 
+    /// Connects once, for a probe of a broker found unreachable: the connections that closed are
+    /// dropped first (their leases are already lost), so that the answer, not them, is what
+    /// [`reachability`](Self::reachability) reports; the new connection is closed at once.
+    pub(crate) async fn probe(&self, amqp: &Amqp) {
+        self.connections
+            .lock()
+            .await
+            .retain(|pooled| pooled.connection.status().connected());
+        let connection = amqp.connect().await;
+        self.reachability.answered(matches!(
+            &connection,
+            Ok(_) | Err(Error::PermissionDenied { .. })
+        ));
+        if let Ok(connection) = connection {
+            let close = connection.close(REPLY_SUCCESS, ShortString::from("reachability probe"));
+            let _ = tokio::time::timeout(amqp.config().operation_timeout, close).await;
+        }
+    }
+
     /// Reserves a channel for `use_`; see the module docs.
     ///
     /// A lease reservation never waits: an acquire already holding one cannot wait for room it

@@ -268,7 +268,7 @@ impl Backend for Consul {
     }
 
     fn reachability(&self) -> Reachability {
-        self.http.reachability()
+        self.http.probed_reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -84,9 +84,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Whether this handle's server answered its last request: for a health check's readiness
-    /// (`lease-tower`'s `health` module). No I/O: it reports what the requests the backend sends
-    /// anyway (renewals, watches, acquisitions) have found, so a handle that sends nothing learns
-    /// nothing.
+    /// (`lease-tower`'s `health` module). No I/O of its own: it reports what the requests the
+    /// backend sends anyway (renewals, watches, acquisitions) have found. A backend that reports
+    /// [`Reachability::Unreachable`] should probe its server in the background until it answers
+    /// (a cheap request about every second; lease-http's `Probe`), so that the report turns
+    /// current again when the server is back even if nothing else is sent: the backends of this
+    /// repository do.
     ///
     /// The default body returns [`Reachability::Unknown`].
     fn reachability(&self) -> Reachability {
@@ -214,9 +217,9 @@ impl Reachability {
 /// loses its connections).
 ///
 /// A server that hangs is unreachable too, and from the moment it stopped answering, not from
-/// the moment a request's timeout ran out: while a request sent at `t` has had no answer for
-/// [`HANG_AFTER`], and nothing else was answered since `t`, the server is reported unreachable
-/// since `t`. (A partitioned agent once showed as reachable for the whole 10 s timeout of a
+/// the moment a request's timeout ran out: while a request sent at `t` is unanswered and the
+/// server has answered nothing for [`HANG_AFTER`], the server is reported unreachable since `t`
+/// (or since its last answer, if that came after `t`). (A partitioned agent once showed as reachable for the whole 10 s timeout of a
 /// hung request, and readiness lagged the self-fence by as much.)
 ///
 /// [`Backend::reachability`]: crate::Backend::reachability
@@ -267,15 +270,26 @@ impl Drop for InFlight<'_> {
                 tracked.in_flight.remove(&self.sent);
             }
         }
-        let unanswered = tracked.last_answer.is_none_or(|answer| answer < self.sent);
-        if unanswered && self.sent.elapsed() >= HANG_AFTER {
+        let silent_since = tracked.silent_since(self.sent);
+        if silent_since.elapsed() >= HANG_AFTER {
             tracked.seen = match tracked.seen {
                 Reachability::Unreachable { since } => Reachability::Unreachable {
-                    since: since.min(self.sent),
+                    since: since.min(silent_since),
                 },
-                _ => Reachability::Unreachable { since: self.sent },
+                _ => Reachability::Unreachable {
+                    since: silent_since,
+                },
             };
         }
+    }
+}
+
+impl Tracked {
+    /// Since when the server has said nothing to a request sent at `sent` that is still
+    /// unanswered: from the send, or from a later answer to an earlier request (an answer on its
+    /// way when the server stopped must not hide the hang that follows).
+    fn silent_since(&self, sent: tokio::time::Instant) -> tokio::time::Instant {
+        self.last_answer.map_or(sent, |answer| answer.max(sent))
     }
 }
 
@@ -319,9 +333,8 @@ impl ReachabilityTracker {
             .in_flight
             .keys()
             .next()
-            .copied()
-            .filter(|oldest| tracked.last_answer.is_none_or(|answer| answer < *oldest))
-            .filter(|oldest| oldest.elapsed() >= HANG_AFTER);
+            .map(|oldest| tracked.silent_since(*oldest))
+            .filter(|silent| silent.elapsed() >= HANG_AFTER);
         match (tracked.seen, hung_since) {
             (seen, None) => seen,
             (Reachability::Unreachable { since }, Some(hung)) => Reachability::Unreachable {
@@ -385,5 +398,29 @@ mod tests {
         assert_eq!(tracker.get(), Reachability::Unreachable { since: hung_at });
         tracker.answered(true);
         assert_eq!(tracker.get(), Reachability::Reachable);
+    }
+
+    /// An answer to an earlier request that lands after a request was sent (the server stopped
+    /// just after sending it) does not hide that request's hang: the server is unreachable once
+    /// it has said nothing for `HANG_AFTER`, from that answer. (Such a request, given up on, was
+    /// once forgotten, and a Consul agent frozen at that moment stayed "reachable" for good.)
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_landing_after_a_send_dates_the_hang_from_itself() {
+        let tracker = ReachabilityTracker::default();
+        let earlier = tracker.sending();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let hung = tracker.sending();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tracker.answered(true);
+        drop(earlier);
+        let answered_at = Instant::now();
+        tokio::time::sleep(HANG_AFTER / 2).await;
+        assert_eq!(tracker.get(), Reachability::Reachable);
+        tokio::time::sleep(HANG_AFTER).await;
+        let outage = Reachability::Unreachable { since: answered_at };
+        assert_eq!(tracker.get(), outage);
+        // Given up on, it leaves the outage on record.
+        drop(hung);
+        assert_eq!(tracker.get(), outage);
     }
 }

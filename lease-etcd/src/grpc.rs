@@ -242,6 +242,8 @@ pub(crate) struct EtcdClient {
     /// needs it (see [`EtcdClient::detached`]).
     detached: OnceLock<Option<Arc<EtcdClient>>>,
     reachability: ReachabilityTracker,
+    /// Probes etcd while it is unreachable (see [`EtcdClient::probe`]).
+    probe: lease_http::Probe,
     watches: Watches,
     pool: Pool,
     /// Cancelled when the client is dropped: ends the stream tasks.
@@ -292,6 +294,7 @@ impl EtcdClient {
             requests: AtomicU64::new(0),
             detached: OnceLock::new(),
             reachability: ReachabilityTracker::default(),
+            probe: lease_http::Probe::default(),
             watches: Watches::default(),
             pool: Pool::default(),
             closed: CancellationToken::new(),
@@ -345,6 +348,17 @@ impl EtcdClient {
     /// Whether an endpoint answered this client's last request.
     pub(crate) fn reachability(&self) -> Reachability {
         self.reachability.get()
+    }
+
+    /// Whether an endpoint answered this client's last request, probing etcd in the background
+    /// while none did (a one-key read about every second, until one is answered), so that the
+    /// answer turns current again without other traffic.
+    pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
+        self.probe
+            .watch(self, EtcdClient::reachability, |client| async move {
+                // Any answer, an error status too, is etcd answering.
+                let _ = client.range(&RangeRequest::probe()).await;
+            })
     }
 
     pub(crate) fn reachability_tracker(&self) -> &ReachabilityTracker {

@@ -170,7 +170,7 @@ impl Backend for Etcd {
     }
 
     fn reachability(&self) -> Reachability {
-        self.http.reachability()
+        self.http.probed_reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

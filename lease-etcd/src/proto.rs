@@ -90,6 +90,17 @@ impl RangeRequest {
         }
     }
 
+    /// The cheapest linearizable read, for a probe: at most one key's name, of a key nobody
+    /// writes.
+    pub(crate) fn probe() -> Self {
+        RangeRequest {
+            key: b"\0lease-probe".to_vec(),
+            limit: 1,
+            keys_only: true,
+            ..RangeRequest::default()
+        }
+    }
+
     /// Every key under `dir/` (the keys of an election or a semaphore).
     pub(crate) fn under(dir: &str) -> Self {
         let (key, range_end) = dir_range(dir);

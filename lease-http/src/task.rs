@@ -1,8 +1,12 @@
-//! A client's background task, kept running while the client is used.
+//! A client's background task, kept running while the client is used, and the one that probes
+//! its server while the server is unreachable.
 
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
+use lease_core::backend::Reachability;
+use lease_core::backoff::Backoff;
 use tokio::task::JoinHandle;
 
 /// A background task of a client (a stream it keeps open, a batch it sends): started on first
@@ -34,5 +38,132 @@ impl Task {
         }
         *task = Some(tokio::spawn(start()));
         true
+    }
+}
+
+/// The first pause of a [`Probe`], before its first request.
+const PROBE_FIRST: Duration = Duration::from_millis(100);
+
+/// The longest pause between two requests of a [`Probe`]: a healed server is seen within about
+/// this (plus the request's round trip) without any other traffic.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// A client's probe of its server while the server is unreachable, so that
+/// [`Backend::reachability`](lease_core::Backend::reachability) turns current again when the
+/// server comes back, even if nothing else is sent (a load balancer that takes a node out on a
+/// 503 never sends the request that would bring it back).
+///
+/// [`watch`](Probe::watch) is called where the backend reports its reachability: while the
+/// report is [`Reachability::Unreachable`], it starts (once) a [`Task`] that sends the
+/// backend's cheapest request, paused by a [`Backoff`] from 100 ms up to [`PROBE_EVERY`], until
+/// the report is no longer unreachable. The request feeds the client's
+/// [`ReachabilityTracker`](lease_core::backend::ReachabilityTracker) as every other request
+/// does. The task holds its client only weakly between requests, so it ends with the client
+/// (within one pause, plus one request still on its way).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use lease_core::backend::{Reachability, ReachabilityTracker};
+///
+/// #[derive(Default)]
+/// struct Client {
+///     reachability: ReachabilityTracker,
+///     probe: lease_http::Probe,
+/// }
+///
+/// let client = Arc::new(Client::default());
+/// client.reachability.answered(false);
+/// let now = client.probe.watch(&client, |c| c.reachability.get(), |c: Arc<Client>| async move {
+///     c.reachability.answered(true) // the server answered the probe's request
+/// });
+/// assert!(matches!(now, Reachability::Unreachable { .. }));
+/// tokio::time::sleep(lease_http::PROBE_EVERY * 2).await;
+/// assert_eq!(client.reachability.get(), Reachability::Reachable);
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct Probe(Task);
+
+impl Probe {
+    /// Reads `client`'s reachability (`reachability`), and, if it is unreachable and this is
+    /// called on a Tokio runtime, starts probing unless a probe runs: `probe` sends one request,
+    /// bounded by its own timeout. Returns what was read: no I/O here.
+    pub fn watch<C, R, P, F>(&self, client: &Arc<C>, reachability: R, probe: P) -> Reachability
+    where
+        C: Send + Sync + 'static,
+        R: Fn(&C) -> Reachability + Send + 'static,
+        P: Fn(Arc<C>) -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let now = reachability(client);
+        if matches!(now, Reachability::Unreachable { .. })
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            let client = Arc::downgrade(client);
+            self.0
+                .ensure(move || probe_until_reachable(client, reachability, probe));
+        }
+        now
+    }
+}
+
+async fn probe_until_reachable<C, R, P, F>(client: Weak<C>, reachability: R, probe: P)
+where
+    R: Fn(&C) -> Reachability,
+    P: Fn(Arc<C>) -> F,
+    F: Future<Output = ()>,
+{
+    let mut pause = Backoff::new(PROBE_FIRST, PROBE_EVERY);
+    loop {
+        pause.wait().await;
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        if !matches!(reachability(&client), Reachability::Unreachable { .. }) {
+            return;
+        }
+        probe(client).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use lease_core::backend::{Reachability, ReachabilityTracker};
+
+    use super::{PROBE_EVERY, Probe};
+
+    #[derive(Default)]
+    struct Client {
+        reachability: ReachabilityTracker,
+        probe: Probe,
+    }
+
+    /// A probe of a server that never answers keeps going while its client lives, and its task
+    /// ends (dropping what it holds) within a pause of the client's drop: no task outlives it.
+    #[tokio::test]
+    async fn the_probe_ends_with_its_client() {
+        let client = Arc::new(Client::default());
+        client.reachability.answered(false);
+        let probes = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&probes);
+        let now = client.probe.watch(
+            &client,
+            |c| c.reachability.get(),
+            move |c: Arc<Client>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { c.reachability.answered(false) }
+            },
+        );
+        assert!(matches!(now, Reachability::Unreachable { .. }));
+        tokio::time::sleep(PROBE_EVERY * 2).await;
+        assert!(probes.load(Ordering::SeqCst) >= 2, "probing every second");
+        drop(client);
+        tokio::time::sleep(PROBE_EVERY * 2).await;
+        assert_eq!(Arc::strong_count(&probes), 1, "the probe's task has ended");
     }
 }

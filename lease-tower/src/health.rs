@@ -1,23 +1,31 @@
-//! Health and readiness endpoints: this node's campaigns, its leases and whether its backend
-//! answers, as JSON (the counterpart of client-go's `HealthzAdaptor`).
+//! Health and readiness endpoints: this node's campaigns, its leases and whether its backends
+//! answer, as JSON (the counterpart of client-go's `HealthzAdaptor`).
 //!
 //! [`Health`] is built once with what to report, and gives two tower services that answer any
 //! request (mount them with axum's `route_service`):
 //!
 //! - [`liveness`](Health::liveness) (`/healthz`): always `200 OK`, with the report;
 //! - [`readiness`](Health::readiness) (`/readyz`): `200 OK` with the report, or `503 Service
-//!   Unavailable` with `"status": "not ready"` once the backend has been unreachable for longer
-//!   than [`not_ready_after`](Health::not_ready_after), or, sooner, once a campaign or lease it
-//!   reports on has fenced itself during the outage: a load balancer stops sending traffic to a
-//!   node that can neither lead nor check a sequencer no later than the node stops serving.
+//!   Unavailable` with `"status": "not ready"` and the `"reasons"` why, once a backend has been
+//!   unreachable for longer than [`not_ready_after`](Health::not_ready_after), or, sooner, once a
+//!   campaign or lease it reports on has fenced itself during the outage, and as soon as a
+//!   campaign it reports on has failed: a load balancer stops sending traffic to a node that can
+//!   neither lead nor check a sequencer no later than the node stops serving.
 //!
-//! Neither sends anything to the backend: reachability is what the backend's own requests
-//! (renewals, watches, acquisitions) found ([`Backend::reachability`]). A backend that tracks no
-//! reachability (`"reachable": null`) is always ready. A refused or reset connection counts at
-//! once; a request that hangs (a partition, a frozen agent) counts once it has gone a second
-//! without an answer while nothing else was answered, and the outage is dated from when it was
-//! sent, so `not_ready_after` means the same for a backend that hangs as for one that refuses.
-//! (Watch reads, which may rightly wait, do not count.)
+//! A service whose leases live on several backends (a leader on PostgreSQL, a limit on etcd)
+//! reports them all in one `/readyz`: [`Health::new`] takes the first, reported as `"backend"`,
+//! and [`Health::backend`] adds each other one by name, reported under `"backends"`; the node is
+//! ready while every one of them is.
+//!
+//! Neither service sends anything to a backend itself: reachability is what the backend's own
+//! requests (renewals, watches, acquisitions) found ([`Backend::reachability`]), and while a
+//! backend finds its server unreachable it probes it about every second (Consul, etcd,
+//! PostgreSQL, RabbitMQ), so the report turns ready again when the server is back, with no other traffic.
+//! A backend that tracks no reachability (`"reachable": null`) is always ready. A refused or reset
+//! connection counts at once; a request that hangs (a partition, a frozen agent) counts once it
+//! has gone a second without an answer while nothing else was answered, and the outage is dated
+//! from when it was sent, so `not_ready_after` means the same for a backend that hangs as for one
+//! that refuses. (Watch reads, which may rightly wait, do not count.)
 //!
 //! The report:
 //!
@@ -37,7 +45,26 @@
 //! `role` is `leader` while this node's campaign holds its term, else `follower`; `sequencer` is
 //! this node's current term (`null` as a follower); `leader` is who leads as the campaign sees it
 //! (`null` while nobody does or nothing is known; its `value` is the leader's advertised value,
-//! as text).
+//! as text). `state` is `not_started`, `running`, `ended`, `failed` or `abandoned`; a failed
+//! campaign also carries its `"error"`.
+//!
+//! Not ready, with a second backend added as `Health::new(postgres).backend("etcd", etcd)`:
+//!
+//! ```json
+//! {
+//!   "status": "not ready",
+//!   "reasons": [ "backend etcd: unreachable for 12034 ms (not ready after 10000 ms)",
+//!                "campaign service/api/leader failed: …" ],
+//!   "backend": { "reachable": true, "unreachable_for_ms": null },
+//!   "backends": { "etcd": { "reachable": false, "unreachable_for_ms": 12034 } },
+//!   "campaigns": [ { "key": "service/api/leader", "state": "failed", "error": "…", "role": "follower",
+//!                    "sequencer": null, "leader": null } ],
+//!   "leases": []
+//! }
+//! ```
+//!
+//! `"reasons"` is there only while the node is not ready, and `"backends"` only when backends
+//! were added by name.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -67,7 +94,9 @@ use tokio::time::Instant;
 ///
 /// let backend: Arc<dyn Backend> = Arc::new(Memory::new());
 /// let campaign = Campaign::try_new(backend.clone(), LeaseSpec::leader("service/api/leader"))?;
+/// let limits = Memory::new(); // e.g. etcd, for a route's cluster-wide limit
 /// let health = Health::new(backend)
+///     .backend("limits", limits)
 ///     .campaign(campaign.handle())
 ///     .not_ready_after(Duration::from_secs(5));
 /// # #[cfg(feature = "axum")] {
@@ -78,6 +107,7 @@ use tokio::time::Instant;
 /// # }
 /// assert!(health.is_ready());
 /// assert!(health.report().contains(r#""role":"follower""#));
+/// assert!(health.report().contains(r#""backends":{"limits":{"reachable":true"#));
 /// # Ok(())
 /// # }
 /// ```
@@ -85,6 +115,8 @@ use tokio::time::Instant;
 #[must_use = "a Health reports nothing until its services are mounted"]
 pub struct Health {
     backend: Arc<dyn Backend>,
+    /// The backends added by name, in the order they were added.
+    named: Vec<(String, Arc<dyn Backend>)>,
     campaigns: Vec<CampaignHandle>,
     leases: Vec<LeaseWatcher>,
     not_ready_after: Duration,
@@ -94,19 +126,32 @@ impl Health {
     /// The default of [`not_ready_after`](Self::not_ready_after).
     pub const DEFAULT_NOT_READY_AFTER: Duration = Duration::from_secs(10);
 
-    /// Reports on `backend`'s reachability; add campaigns and leases to report them too. Takes
-    /// any backend, by value or as an `Arc<dyn Backend>`
-    /// ([`into_shared`](lease_core::backend::into_shared)).
+    /// Reports on `backend`'s reachability (as `"backend"`); add campaigns and leases to report
+    /// them too, and other backends with [`backend`](Self::backend). Takes any backend, by value
+    /// or as an `Arc<dyn Backend>` ([`into_shared`](lease_core::backend::into_shared)).
     pub fn new(backend: impl Backend) -> Self {
         Health {
             backend: lease_core::backend::into_shared(backend),
+            named: Vec::new(),
             campaigns: Vec::new(),
             leases: Vec::new(),
             not_ready_after: Self::DEFAULT_NOT_READY_AFTER,
         }
     }
 
-    /// Reports this campaign: its state, this node's role and term, and who leads.
+    /// Reports on one more backend, as the field `name` of `"backends"`: for a service whose
+    /// leases live on several (a leader on PostgreSQL, a limit on etcd). The node is ready while
+    /// every backend is. A name given twice keeps the later backend.
+    pub fn backend(mut self, name: impl Into<String>, backend: impl Backend) -> Self {
+        let name = name.into();
+        let backend = lease_core::backend::into_shared(backend);
+        self.named.retain(|(other, _)| *other != name);
+        self.named.push((name, backend));
+        self
+    }
+
+    /// Reports this campaign: its state, this node's role and term, and who leads. A campaign
+    /// that has failed (`run_until` returned an error) makes the node not ready.
     pub fn campaign(mut self, handle: CampaignHandle) -> Self {
         self.campaigns.push(handle);
         self
@@ -118,7 +163,7 @@ impl Health {
         self
     }
 
-    /// How long the backend may go unanswered before [`readiness`](Self::readiness) answers 503.
+    /// How long a backend may go unanswered before [`readiness`](Self::readiness) answers 503.
     /// Default: [`DEFAULT_NOT_READY_AFTER`](Self::DEFAULT_NOT_READY_AFTER) (10 s). Whatever the
     /// bound, a node is unready from the moment a campaign or lease it reports on fences itself
     /// during the outage (it can no longer lead or hold); a bound shorter than the leases' fence
@@ -128,15 +173,48 @@ impl Health {
         self
     }
 
-    /// Whether the backend has answered within the bound (or does not track reachability).
+    /// Whether the node is ready: every backend has answered within the bound (or does not
+    /// track reachability), and no campaign it reports on has failed.
     pub fn is_ready(&self) -> bool {
-        self.ready_given(self.backend.reachability())
+        self.look().reasons.is_empty()
     }
 
-    fn ready_given(&self, reachability: Reachability) -> bool {
-        reachability
-            .unreachable_for()
-            .is_none_or(|outage| outage < self.not_ready_after && !self.fenced_during(outage))
+    /// One look at every backend and campaign: what the report says, and why the node is not
+    /// ready (nothing if it is).
+    fn look(&self) -> Look {
+        let backends: Vec<Reachability> = std::iter::once(&self.backend)
+            .chain(self.named.iter().map(|(_, backend)| backend))
+            .map(|backend| backend.reachability())
+            .collect();
+        let mut reasons = Vec::new();
+        for (i, reachability) in backends.iter().enumerate() {
+            let Some(outage) = reachability.unreachable_for() else {
+                continue;
+            };
+            let name = match i {
+                0 => String::from("backend"),
+                i => format!("backend {}", self.named[i - 1].0),
+            };
+            if outage >= self.not_ready_after {
+                reasons.push(format!(
+                    "{name}: unreachable for {} ms (not ready after {} ms)",
+                    outage.as_millis(),
+                    self.not_ready_after.as_millis()
+                ));
+            } else if self.fenced_during(outage) {
+                reasons.push(format!(
+                    "{name}: unreachable for {} ms, and a lease reported here fenced itself \
+                     meanwhile",
+                    outage.as_millis()
+                ));
+            }
+        }
+        for campaign in &self.campaigns {
+            if let CampaignState::Failed(error) = campaign.state() {
+                reasons.push(format!("campaign {} failed: {error}", campaign.key()));
+            }
+        }
+        Look { backends, reasons }
     }
 
     /// Whether a lease this reports on has fenced itself during the current outage (which began
@@ -168,29 +246,40 @@ impl Health {
         self.render().1
     }
 
-    /// Whether the node is ready, and the report that says so, from one look at the backend.
+    /// Whether the node is ready, and the report that says so, from one look at the backends.
     fn render(&self) -> (bool, String) {
-        // One look, so the status and the backend's fields agree.
-        let reachability = self.backend.reachability();
+        // One look, so the status, its reasons and the backends' fields agree.
+        let look = self.look();
+        let ready = look.reasons.is_empty();
         let mut out = String::from("{\"status\":");
-        let ready = self.ready_given(reachability);
         string(&mut out, if ready { "ok" } else { "not ready" });
-        let reachable = match reachability {
-            Reachability::Reachable => "true",
-            Reachability::Unreachable { .. } => "false",
-            _ => "null",
-        };
-        let _ = write!(
-            out,
-            ",\"backend\":{{\"reachable\":{reachable},\"unreachable_for_ms\":"
-        );
-        match reachability.unreachable_for() {
-            Some(outage) => {
-                let _ = write!(out, "{}", outage.as_millis());
+        if !ready {
+            out.push_str(",\"reasons\":[");
+            for (i, reason) in look.reasons.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                string(&mut out, reason);
             }
-            None => out.push_str("null"),
+            out.push(']');
         }
-        out.push_str("},\"campaigns\":[");
+        out.push_str(",\"backend\":");
+        reachability_json(&mut out, look.backends[0]);
+        if !self.named.is_empty() {
+            out.push_str(",\"backends\":{");
+            for (i, ((name, _), reachability)) in
+                self.named.iter().zip(&look.backends[1..]).enumerate()
+            {
+                if i > 0 {
+                    out.push(',');
+                }
+                string(&mut out, name);
+                out.push(':');
+                reachability_json(&mut out, *reachability);
+            }
+            out.push('}');
+        }
+        out.push_str(",\"campaigns\":[");
         for (i, campaign) in self.campaigns.iter().enumerate() {
             if i > 0 {
                 out.push(',');
@@ -219,8 +308,8 @@ impl Health {
     }
 
     /// A service answering `200 OK` with the report while the node is ready, and `503 Service
-    /// Unavailable` with it once the backend has been unreachable past
-    /// [`not_ready_after`](Self::not_ready_after).
+    /// Unavailable` with it (and the reasons) once a backend has been unreachable past
+    /// [`not_ready_after`](Self::not_ready_after), or a campaign it reports on has failed.
     pub fn readiness(&self) -> HealthService {
         HealthService {
             health: Arc::new(self.clone()),
@@ -229,11 +318,36 @@ impl Health {
     }
 }
 
+/// What one look at a [`Health`]'s backends found: each one's reachability (the first backend's,
+/// then the named ones' in order), and why the node is not ready.
+struct Look {
+    backends: Vec<Reachability>,
+    reasons: Vec<String>,
+}
+
+/// Appends a backend's `{"reachable": …, "unreachable_for_ms": …}`.
+fn reachability_json(out: &mut String, reachability: Reachability) {
+    let reachable = match reachability {
+        Reachability::Reachable => "true",
+        Reachability::Unreachable { .. } => "false",
+        _ => "null",
+    };
+    let _ = write!(out, "{{\"reachable\":{reachable},\"unreachable_for_ms\":");
+    match reachability.unreachable_for() {
+        Some(outage) => {
+            let _ = write!(out, "{}", outage.as_millis());
+        }
+        None => out.push_str("null"),
+    }
+    out.push('}');
+}
+
 fn campaign_json(out: &mut String, campaign: &CampaignHandle) {
     out.push_str("{\"key\":");
     string(out, campaign.key());
     out.push_str(",\"state\":");
-    let state = match campaign.state() {
+    let state = campaign.state();
+    let name = match &state {
         CampaignState::NotStarted => "not_started",
         CampaignState::Running => "running",
         CampaignState::Ended(_) => "ended",
@@ -241,7 +355,11 @@ fn campaign_json(out: &mut String, campaign: &CampaignHandle) {
         CampaignState::Abandoned => "abandoned",
         _ => "unknown",
     };
-    string(out, state);
+    string(out, name);
+    if let CampaignState::Failed(error) = &state {
+        out.push_str(",\"error\":");
+        string(out, error);
+    }
     let term = campaign.term();
     out.push_str(",\"role\":");
     string(out, if term.is_some() { "leader" } else { "follower" });
@@ -319,7 +437,66 @@ impl<B> tower::Service<Request<B>> for HealthService {
 
 #[cfg(test)]
 mod tests {
-    use super::string;
+    use std::time::Duration;
+
+    use lease_core::leader::{Campaign, CampaignState};
+    use lease_core::memory::Memory;
+    use lease_core::{Backend, CancellationToken, LeaseSpec};
+
+    use super::{Health, string};
+
+    /// A campaign that ended in `Failed` (here: its key is a semaphore's, which no retry cures)
+    /// can no longer lead: the node is not ready, and the report says why.
+    #[tokio::test]
+    async fn a_failed_campaign_makes_the_node_unready_with_its_error() {
+        let backend = Memory::new();
+        let _semaphore = backend
+            .acquire(&LeaseSpec::semaphore("service/api/leader", 2))
+            .await
+            .expect("the semaphore");
+        let campaign =
+            Campaign::try_new(backend.clone(), LeaseSpec::leader("service/api/leader")).unwrap();
+        let handle = campaign.handle();
+        let health = Health::new(backend).campaign(handle.clone());
+        assert!(health.is_ready(), "{}", health.report());
+
+        let ended = campaign.hold_until(CancellationToken::new()).await;
+        assert!(ended.is_err(), "{ended:?}");
+        assert!(matches!(handle.state(), CampaignState::Failed(_)));
+        assert!(!health.is_ready());
+        let report = health.report();
+        assert!(
+            report.starts_with(
+                r#"{"status":"not ready","reasons":["campaign service/api/leader failed: "#
+            ),
+            "{report}"
+        );
+        assert!(
+            report
+                .contains(r#""state":"failed","error":"key \"service/api/leader/.lock\" is used"#),
+            "{report}"
+        );
+    }
+
+    /// Several backends: one field each under `"backends"`, and the node ready only while all
+    /// of them are.
+    #[tokio::test]
+    async fn each_named_backend_has_its_field_and_counts_for_readiness() {
+        let health = Health::new(Memory::new())
+            .backend("etcd", Memory::new())
+            .backend("postgres", Memory::new())
+            .not_ready_after(Duration::from_secs(1));
+        assert!(health.is_ready());
+        assert_eq!(
+            health.report(),
+            concat!(
+                r#"{"status":"ok","backend":{"reachable":true,"unreachable_for_ms":null},"#,
+                r#""backends":{"etcd":{"reachable":true,"unreachable_for_ms":null},"#,
+                r#""postgres":{"reachable":true,"unreachable_for_ms":null}},"#,
+                r#""campaigns":[],"leases":[]}"#
+            )
+        );
+    }
 
     #[test]
     fn strings_are_escaped_as_json_requires() {

@@ -271,6 +271,11 @@ impl Agent {
         self.http_addr
     }
 
+    /// The agent's process id, for faults (`kill -STOP`, see [`crate::workers::signal`]).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the agent is running")
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.http_addr)

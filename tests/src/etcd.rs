@@ -246,6 +246,15 @@ impl Server {
         format!("http://{}", self.addr())
     }
 
+    /// The server's process id, for faults (`kill -STOP`, see [`crate::workers::signal`]).
+    pub fn pid(&self) -> u32 {
+        self.member
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .expect("etcd is running")
+    }
+
     /// `https://127.0.0.1:<port>`, of a server started with [`Server::start_tls`].
     pub fn https_url(&self) -> String {
         let (_, port) = self

@@ -245,7 +245,14 @@ async fn connection_cut_by_a_proxy_cancels_the_work_and_frees_the_slot() {
         via_proxy.reachability(),
         Reachability::Unreachable { .. }
     ));
+    // The broker is back: with nothing else sent, the handle's probe finds it.
     proxy.set_mode(Mode::Forward);
+    within(T, "the handle to find the broker again", async {
+        while via_proxy.reachability() != Reachability::Reachable {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     let again = via_proxy
         .acquire(&LeaseSpec::leader(&name).wait(Wait::UpTo(T)))
         .await

@@ -109,9 +109,11 @@ async fn health_reports_the_term_and_readiness_follows_the_agents_reachability()
     let (status, body) = get(&app, "/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(
-        body.starts_with(
-            r#"{"status":"not ready","backend":{"reachable":false,"unreachable_for_ms":"#
-        ),
+        body.starts_with(r#"{"status":"not ready","reasons":["backend: unreachable for "#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#""backend":{"reachable":false,"unreachable_for_ms":"#),
         "{body}"
     );
     assert!(

@@ -160,6 +160,8 @@ pub(crate) struct ConsulHttp {
     /// that needs it (see [`ConsulHttp::detached`]).
     detached: OnceLock<Option<Arc<ConsulHttp>>>,
     reachability: ReachabilityTracker,
+    /// Probes the agent while it is unreachable (see [`ConsulHttp::probed_reachability`]).
+    probe: lease_http::Probe,
     /// The sessions this client gave back with a clean release, lately.
     released: ReleasedSessions,
 }
@@ -199,6 +201,7 @@ impl ConsulHttp {
             cas_conflicts: AtomicU64::new(0),
             detached: OnceLock::new(),
             reachability: ReachabilityTracker::default(),
+            probe: lease_http::Probe::default(),
             released: ReleasedSessions::default(),
         })
     }
@@ -279,6 +282,19 @@ impl ConsulHttp {
     /// Whether the agent answered this client's last request.
     pub(crate) fn reachability(&self) -> Reachability {
         self.reachability.get()
+    }
+
+    /// Whether the agent answered this client's last request, probing it in the background while
+    /// it did not (`GET /v1/status/leader` about every second, until one is answered), so that
+    /// the answer turns current again without other traffic.
+    pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
+        self.probe
+            .watch(self, ConsulHttp::reachability, |http| async move {
+                // Any answer, a 500 "No cluster leader" too, is the agent answering.
+                let _ = http
+                    .call(Method::GET, http.url(["status", "leader"]), None)
+                    .await;
+            })
     }
 
     /// How many requests this client has sent.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lease_core::backend::{Keepers, ReachabilityTracker};
+use lease_core::backend::{Keepers, Reachability, ReachabilityTracker};
 use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
 use lease_core::{BackendKind, Error};
@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     slots: Vec<Mutex<Option<Arc<Client>>>>,
     next: AtomicUsize,
     pub(crate) reachability: ReachabilityTracker,
+    /// Probes the server while it is unreachable (see [`Shared::probed_reachability`]).
+    probe: lease_http::Probe,
     pub(crate) keepers: Keepers,
     pub(crate) listener: Listener,
     pub(crate) renewer: Renewer,
@@ -279,6 +281,7 @@ impl Shared {
             slots: (0..max_connections).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             reachability: ReachabilityTracker::default(),
+            probe: lease_http::Probe::default(),
             keepers: Keepers::new(),
             listener: Listener::default(),
             renewer: Renewer::default(),
@@ -385,6 +388,26 @@ impl Shared {
                 other => return other,
             }
         }
+    }
+}
+
+impl Shared {
+    /// Whether the server answered the last request, probing it in the background while it did
+    /// not (a connect if need be, and `SELECT 1`, about every second, until one is answered), so
+    /// that the answer turns current again without other traffic.
+    pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
+        self.probe.watch(
+            self,
+            |shared| shared.reachability.get(),
+            |shared| async move {
+                // Any answer, an error too, is the server answering.
+                let _ = shared
+                    .request(false, |client| async move {
+                        client.simple_query("SELECT 1").await
+                    })
+                    .await;
+            },
+        )
     }
 }
 

@@ -193,7 +193,7 @@ impl Backend for Postgres {
     }
 
     fn reachability(&self) -> Reachability {
-        self.shared.reachability.get()
+        self.shared.probed_reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
