@@ -577,8 +577,8 @@ pub enum LostReason {
     /// Like [`SelfFenced`](LostReason::SelfFenced), a self-fencing:
     /// [`is_self_fenced`](LostReason::is_self_fenced) is true for both.
     #[error(
-        "this process was paused for {} (its timers ran {} late), leaving the lease unconfirmed \
-         for {}; self-fenced before the session TTL could expire",
+        "this process was paused for at least {} (its timers ran {} late), leaving the lease \
+         unconfirmed for {}; self-fenced before the session TTL could expire",
         seconds(*.paused_for),
         seconds(*.paused_for),
         seconds(*.unconfirmed_for)

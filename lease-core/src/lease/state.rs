@@ -496,8 +496,8 @@ mod tests {
         assert!(reason.is_self_fenced());
         assert_eq!(
             reason.to_string(),
-            "this process was paused for 11.00 s (its timers ran 11.00 s late), leaving the lease \
-             unconfirmed for 20.00 s; self-fenced before the session TTL could expire"
+            "this process was paused for at least 11.00 s (its timers ran 11.00 s late), leaving \
+             the lease unconfirmed for 20.00 s; self-fenced before the session TTL could expire"
         );
         // A reader that comes first (a guarded work's next poll) says the same.
         let state = LeaseState::new(Fence::new(Duration::from_secs(9), Instant::now()));
