@@ -500,6 +500,85 @@ async fn etcd_a_frozen_process_names_the_pause_not_the_backend() {
     a_frozen_process_names_the_pause("etcd_frozen_process", &backend).await;
 }
 
+/// The same for a waiter on etcd: frozen past its TTL while it waits in `acquire`, it finds its
+/// pooled etcd lease's fence passed when it resumes, and the acquire's error names the pause.
+#[tokio::test]
+async fn etcd_a_frozen_waiter_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let server = lease_tests::etcd::Server::start().await;
+    let mut run = Run::new("process-edges", "etcd_frozen_waiter", WORKER.as_ref());
+    let args = strings(&[
+        "--etcd",
+        &server.url(),
+        "--key",
+        "edges/etcd_frozen_waiter",
+        "--ttl",
+        &PAUSED_TTL_SECS.to_string(),
+    ]);
+    let a = run.spawn("a", &args);
+    let b = run.spawn("b", &args);
+    let waiter = wait_for(
+        START,
+        || format!("a holder's first write and a waiter; {}", run.files()),
+        || {
+            let h = run.history(&[a, b]);
+            let write = h.lines().iter().find(|l| l.kind == Kind::Write)?;
+            let waiter = if write.pid == run.pid(a) { b } else { a };
+            run.history(&[waiter])
+                .first(run.pid(waiter), &Kind::Waiting)
+                .map(|_| waiter)
+        },
+    )
+    .await;
+    run.assert_alive();
+    signal("STOP", &[run.pid(waiter)]);
+    // Holding the pause, not judging by it.
+    tokio::time::sleep(PAUSE).await;
+    let resumed = now_ns();
+    signal("CONT", &[run.pid(waiter)]);
+    let error = wait_for(
+        STEP,
+        || {
+            format!(
+                "the resumed waiter to report its acquire's end; {}",
+                run.files()
+            )
+        },
+        || {
+            run.history(&[waiter])
+                .lines()
+                .iter()
+                .find(|l| l.kind == Kind::Other("error".to_owned()) && l.t > resumed)
+                .cloned()
+        },
+    )
+    .await;
+    run.assert_alive();
+    let shutdown = run.terminate_all().await;
+    println!(
+        "RESULT process_edges::etcd_frozen_waiter: waiter frozen {PAUSE:?}; {:.1} ms after \
+         SIGCONT: {}",
+        ms(error.t as i128 - resumed as i128),
+        error.detail
+    );
+    if !error
+        .detail
+        .contains("this process was paused for at least ")
+        || error.detail.contains("unreachable")
+    {
+        run.keep = true;
+        panic!(
+            "the frozen waiter's error does not name the pause: {:?}\n{}",
+            error.detail,
+            run.files()
+        );
+    }
+    if let Err(e) = shutdown {
+        run.keep = true;
+        panic!("{e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // c: an operator deletes keys
 
