@@ -500,21 +500,18 @@ async fn etcd_a_frozen_process_names_the_pause_not_the_backend() {
     a_frozen_process_names_the_pause("etcd_frozen_process", &backend).await;
 }
 
-/// The same for a waiter on etcd: frozen past its TTL while it waits in `acquire`, it finds its
-/// pooled etcd lease's fence passed when it resumes, and the acquire's error names the pause.
-#[tokio::test]
-async fn etcd_a_frozen_waiter_names_the_pause_not_the_backend() {
-    let _serial = SERIAL.lock().await;
-    let server = lease_tests::etcd::Server::start().await;
-    let mut run = Run::new("process-edges", "etcd_frozen_waiter", WORKER.as_ref());
-    let args = strings(&[
-        "--etcd",
-        &server.url(),
+/// The same for a waiter: frozen past its TTL while it waits in `acquire`, it finds the fence of
+/// its waiting session (Consul) or pooled lease (etcd) passed when it resumes, and the acquire's
+/// error names the pause.
+async fn a_frozen_waiter_names_the_pause(test: &str, backend_args: &[String]) {
+    let mut run = Run::new("process-edges", test, WORKER.as_ref());
+    let mut args = backend_args.to_vec();
+    args.extend(strings(&[
         "--key",
-        "edges/etcd_frozen_waiter",
+        &format!("edges/{test}"),
         "--ttl",
         &PAUSED_TTL_SECS.to_string(),
-    ]);
+    ]));
     let a = run.spawn("a", &args);
     let b = run.spawn("b", &args);
     let waiter = wait_for(
@@ -556,8 +553,7 @@ async fn etcd_a_frozen_waiter_names_the_pause_not_the_backend() {
     run.assert_alive();
     let shutdown = run.terminate_all().await;
     println!(
-        "RESULT process_edges::etcd_frozen_waiter: waiter frozen {PAUSE:?}; {:.1} ms after \
-         SIGCONT: {}",
+        "RESULT process_edges::{test}: waiter frozen {PAUSE:?}; {:.1} ms after SIGCONT: {}",
         ms(error.t as i128 - resumed as i128),
         error.detail
     );
@@ -577,6 +573,22 @@ async fn etcd_a_frozen_waiter_names_the_pause_not_the_backend() {
         run.keep = true;
         panic!("{e}");
     }
+}
+
+#[tokio::test]
+async fn etcd_a_frozen_waiter_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let server = lease_tests::etcd::Server::start().await;
+    let backend = strings(&["--etcd", &server.url()]);
+    a_frozen_waiter_names_the_pause("etcd_frozen_waiter", &backend).await;
+}
+
+#[tokio::test]
+async fn consul_a_frozen_waiter_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let backend = strings(&["--consul", &agent.url()]);
+    a_frozen_waiter_names_the_pause("consul_frozen_waiter", &backend).await;
 }
 
 // ---------------------------------------------------------------------------------------------
