@@ -262,3 +262,10 @@ mod tests {
         assert!(Scenario::named("loss_on_key_delete").is_some());
     }
 }
+
+/// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
+/// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
+/// features, commands and links it names.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -240,3 +240,10 @@ impl Backend for Consul {
         Box::pin(self.http.keepers().shutdown())
     }
 }
+
+/// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
+/// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
+/// features, commands and links it names.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -108,3 +108,10 @@ pub use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "macros")]
 pub use lease_macros::{leader_only, semaphore};
+
+/// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
+/// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
+/// features, commands and links it names.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -686,3 +686,130 @@ impl EtcdClient {
             .ok_or_else(|| ApiError::Malformed("the client is gone".into()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use lease_core::ErrorKind;
+    use tonic::{Code, Status};
+
+    use super::*;
+
+    /// What etcd (3.4, `rpctypes`) answers while it elects a leader, stops, restarts or is
+    /// overloaded, and a call that got no answer, are transient in the public error a campaign
+    /// judges: a campaign never ends on them. Credentials, permissions and bad requests are not.
+    #[tokio::test]
+    async fn server_trouble_is_transient_and_nothing_else() {
+        let etcd = crate::Etcd::builder()
+            .endpoints(["http://127.0.0.1:1"])
+            .build()
+            .expect("a client");
+        let refused = Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        // (the status, its kind, transient)
+        let table = [
+            (
+                Status::new(Code::Unavailable, "etcdserver: no leader"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(Code::Unavailable, "etcdserver: leader changed"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(Code::Unavailable, "etcdserver: server stopped"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(Code::Unavailable, "etcdserver: request timed out"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(
+                    Code::Unavailable,
+                    "etcdserver: request timed out, possibly due to previous leader failure",
+                ),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(Code::Unavailable, "etcdserver: unhealthy cluster"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(Code::ResourceExhausted, "etcdserver: too many requests"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(
+                    Code::ResourceExhausted,
+                    "etcdserver: mvcc: database space exceeded",
+                ),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                Status::new(Code::DeadlineExceeded, "context deadline exceeded"),
+                ErrorKind::Backend,
+                true,
+            ),
+            // What a stopping server answers a call its shutdown cancelled.
+            (
+                Status::new(Code::Cancelled, "context canceled"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (refused, ErrorKind::Unreachable, true),
+            (
+                Status::new(Code::PermissionDenied, "etcdserver: permission denied"),
+                ErrorKind::PermissionDenied,
+                false,
+            ),
+            (
+                Status::new(Code::Unauthenticated, "etcdserver: invalid auth token"),
+                ErrorKind::PermissionDenied,
+                false,
+            ),
+            (
+                Status::new(
+                    Code::InvalidArgument,
+                    "etcdserver: authentication failed, invalid user ID or password",
+                ),
+                ErrorKind::PermissionDenied,
+                false,
+            ),
+            (
+                Status::new(Code::InvalidArgument, "etcdserver: request is too large"),
+                ErrorKind::Backend,
+                false,
+            ),
+            (
+                Status::new(Code::NotFound, "etcdserver: requested lease not found"),
+                ErrorKind::Backend,
+                false,
+            ),
+            (
+                Status::new(Code::Unimplemented, "unknown service etcdserverpb.KV"),
+                ErrorKind::Backend,
+                false,
+            ),
+        ];
+        for (status, kind, transient) in table {
+            let what = format!("{:?} {}", status.code(), status.message());
+            let public = etcd
+                .http
+                .public_error(status_error(status), "acquire \"k\"");
+            assert_eq!(
+                (public.kind(), public.is_transient()),
+                (kind, transient),
+                "{what}: {public}"
+            );
+        }
+    }
+}

@@ -12,6 +12,8 @@ use crate::{Cause, DisplayChain, Retryable};
 
 /// gRPC status codes, as a gRPC gateway (etcd's) gives them in an error body's `code`.
 pub mod grpc {
+    /// The call was cancelled: by etcd, when its shutdown cancels the calls in flight.
+    pub const CANCELLED: i32 = 1;
     /// The deadline passed before the operation completed.
     pub const DEADLINE_EXCEEDED: i32 = 4;
     /// The thing asked about does not exist.
@@ -80,8 +82,8 @@ impl ApiError {
     /// Worth retrying: the server or the network may answer differently in a moment (a leader
     /// election in the server, an overloaded server, the network). A transport failure and no
     /// answer in time are; an unreadable answer is not. An error answer with a gRPC code is if
-    /// the code is DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED or UNAVAILABLE, or is 0 (none
-    /// given) with a 5xx status; one without (a plain HTTP API) is if its status is 5xx or 429.
+    /// the code is CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED or UNAVAILABLE, or
+    /// is 0 (none given) with a 5xx status; one without (a plain HTTP API) is if its status is 5xx or 429.
     pub fn is_transient(&self) -> bool {
         match self {
             ApiError::Transport(_) | ApiError::TimedOut => true,
@@ -92,7 +94,8 @@ impl ApiError {
             } => {
                 matches!(
                     *code,
-                    grpc::DEADLINE_EXCEEDED
+                    grpc::CANCELLED
+                        | grpc::DEADLINE_EXCEEDED
                         | grpc::RESOURCE_EXHAUSTED
                         | grpc::ABORTED
                         | grpc::UNAVAILABLE
@@ -204,6 +207,7 @@ mod tests {
     #[test]
     fn a_grpc_answer_is_retried_by_its_code_or_if_5xx_without_one() {
         for transient in [
+            grpc::CANCELLED,
             grpc::DEADLINE_EXCEEDED,
             grpc::RESOURCE_EXHAUSTED,
             grpc::ABORTED,

@@ -266,3 +266,10 @@ pub fn leader_only(args: TokenStream, item: TokenStream) -> TokenStream {
 pub fn semaphore(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::lease_attribute(Kind::Semaphore, args.into(), item.into()).into()
 }
+
+/// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
+/// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
+/// features, commands and links it names.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -116,3 +116,10 @@ pub use backend::{DATABASE_URL_ENV, DEFAULT_SCHEMA, Postgres, PostgresBuilder, U
 /// your migrations when the backend's role may not create a schema
 /// (`PostgresBuilder::install(false)`).
 pub const LEASE_SQL: &str = include_str!("../sql/lease.sql");
+
+/// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
+/// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
+/// features, commands and links it names.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -87,3 +87,10 @@ pub mod leader;
 pub mod semaphore;
 
 pub use body::{LeaseBody, LeaseLost};
+
+/// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
+/// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
+/// features, commands and links it names.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

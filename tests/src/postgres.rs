@@ -125,6 +125,43 @@ impl TestDb {
     pub async fn connect(&self) -> Client {
         connect(&self.url).await
     }
+
+    /// The operator's outage: `ALTER DATABASE … ALLOW_CONNECTIONS false`, so every new
+    /// connection is refused (SQLSTATE 55000, "database … is not currently accepting
+    /// connections", superusers too), then `pg_terminate_backend` of every session of the
+    /// database (the test's own connections to it included). Returns how many were terminated.
+    pub async fn refuse_connections(&self) -> i64 {
+        let server = connect(&url()).await;
+        server
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" ALLOW_CONNECTIONS false",
+                self.name
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("cannot close {} to connections: {e:?}", self.name));
+        server
+            .query_one(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&self.name],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cannot terminate the sessions of {}: {e:?}", self.name))
+            .get(0)
+    }
+
+    /// The end of [`refuse_connections`](TestDb::refuse_connections)'s outage:
+    /// `ALTER DATABASE … ALLOW_CONNECTIONS true`.
+    pub async fn accept_connections(&self) {
+        connect(&url())
+            .await
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true",
+                self.name
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("cannot open {} to connections: {e:?}", self.name));
+    }
 }
 
 impl Drop for TestDb {

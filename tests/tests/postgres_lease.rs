@@ -540,3 +540,134 @@ fn a_runtime_that_ends_holding_a_lease_gives_it_back() {
     drop(second);
     drop(db);
 }
+
+/// The database refuses connections (`ALTER DATABASE … ALLOW_CONNECTIONS false`: SQLSTATE 55000,
+/// "not currently accepting connections") and its sessions are terminated, as a campaign starts.
+/// The campaign keeps retrying, and the backend reports itself unreachable: the campaign used to
+/// end (`Failed`, on a code it took for permanent) and the backend to report itself reachable
+/// (the refusal was an answer), so a cluster stayed leaderless, and ready, for good. A handle
+/// that only observes (as a waiting follower, it sends nothing but its listening connection)
+/// reports it too, and reachable again once it listens again. Once the database takes
+/// connections again, the campaign leads within its retry pause (no row is in the way; a
+/// holder's row would add at most one TTL).
+#[tokio::test]
+async fn a_campaign_rides_out_a_database_that_refuses_connections() {
+    use lease_core::leader::{Campaign, CampaignEnd, CampaignState};
+
+    let (db, _admin, postgres, _app) = set_up("refusing").await;
+    // The handle has its connections, and the tables are installed.
+    postgres
+        .acquire(&LeaseSpec::leader("jobs/refusing/first").wait(Wait::Never))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let follower = backend(&db, "lease-refusing-follower");
+    let _observer = follower
+        .observe_leader("jobs/refusing/first")
+        .await
+        .unwrap();
+    assert_eq!(follower.reachability(), Reachability::Reachable);
+    let terminated = db.refuse_connections().await;
+    assert!(terminated >= 2, "{terminated} sessions terminated");
+    within(
+        Duration::from_secs(10),
+        "the observing handle to report the database unreachable",
+        async {
+            while !matches!(follower.reachability(), Reachability::Unreachable { .. }) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+
+    let ttl = Duration::from_secs(10);
+    let campaign = Campaign::try_new(
+        postgres.clone(),
+        LeaseSpec::leader("jobs/refusing").ttl(ttl),
+    )
+    .unwrap();
+    let handle = campaign.handle();
+    let shutdown = lease_core::CancellationToken::new();
+    let running = tokio::spawn(campaign.hold_until(shutdown.clone()));
+    let still_running = || {
+        let state = handle.state();
+        assert!(
+            matches!(state, CampaignState::NotStarted | CampaignState::Running),
+            "the campaign stopped while the database refused connections: {state:?}"
+        );
+    };
+    within(
+        Duration::from_secs(10),
+        "the backend to report the database unreachable",
+        async {
+            while !matches!(postgres.reachability(), Reachability::Unreachable { .. }) {
+                still_running();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    // The first failed acquisition the campaign hears of (after the backend's own retries).
+    let error = within(
+        Duration::from_secs(20),
+        "the campaign's first failed acquisition",
+        async {
+            loop {
+                still_running();
+                if let Some(error) = handle.last_error() {
+                    return error;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    assert!(
+        error.is_transient() && error.kind() == lease_core::ErrorKind::Unreachable,
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("55000"), "{error}");
+    still_running();
+    assert!(
+        matches!(postgres.reachability(), Reachability::Unreachable { .. }),
+        "{:?}",
+        postgres.reachability()
+    );
+
+    db.accept_connections().await;
+    let reopened = tokio::time::Instant::now();
+    let bound = ttl + Campaign::DEFAULT_MAX_BACKOFF;
+    within(
+        bound,
+        "a leader once the database took connections",
+        async {
+            while !handle.is_leader() {
+                still_running();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "elected {:?} after the database took connections again",
+        reopened.elapsed()
+    );
+    assert_eq!(postgres.reachability(), Reachability::Reachable);
+    within(
+        Duration::from_secs(5),
+        "the observing handle to listen again",
+        async {
+            while follower.reachability() != Reachability::Reachable {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    let ended = within(Duration::from_secs(10), "the step-down", running).await;
+    assert!(matches!(ended, Ok(Ok(CampaignEnd::Shutdown))), "{ended:?}");
+    postgres.shutdown().await;
+    follower.shutdown().await;
+}

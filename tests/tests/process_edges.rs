@@ -1,9 +1,10 @@
 //! Lease promises proved with real child processes (`lease-worker`), real Consul, RabbitMQ,
 //! etcd and PostgreSQL, and judged from the histories the processes write (`lease_tests::history`).
 //!
-//! Faults are real: SIGSTOP/SIGCONT/SIGTERM sent with `kill`, keys deleted on the agent. Every wait
+//! Faults are real: SIGSTOP/SIGCONT/SIGTERM sent with `kill`, keys deleted on the agent, a
+//! database closed to connections (`LEASE_PG_OUTAGE_SECS=20` for the full outage). Every wait
 //! is bounded; the only sleep holds a pause for its length. The tests take turns (one lock), so
-//! their timings do not disturb each other on a small machine; the file takes about a minute and a half.
+//! their timings do not disturb each other on a small machine; the file takes a few minutes.
 //! Histories are kept under `target/process-edges/` when a test fails (the path is printed).
 //!
 //! ```sh
@@ -1151,5 +1152,228 @@ async fn a_process_that_exits_holding_many_leases_exits_promptly_and_gives_them_
         left, 0,
         "{left} of {MANY} sessions still listed {limit:?} after the process exited: their leases \
          were not given back, and stay taken until their TTL (15 s) and lock-delay (15 s) pass"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A database that refuses connections for a while
+
+/// The environment variable that sets how long the database refuses connections in
+/// [`a_database_that_refused_connections_has_a_leader_again_within_a_ttl_and_a_retry_pause`]
+/// (whole seconds; 20 for the figure of the closing note).
+const PG_OUTAGE_ENV: &str = "LEASE_PG_OUTAGE_SECS";
+/// The outage without [`PG_OUTAGE_ENV`]: longer than the holder's fence (its TTL, 10 s, less a
+/// tenth), so every process campaigns while the database refuses them. A holder rides out a
+/// shorter outage (its renewals go through again in time), and nobody's campaign meets the
+/// refusal, so a few seconds would prove nothing.
+const PG_OUTAGE_DEFAULT_SECS: u64 = 12;
+const PG_TTL_SECS: u64 = 10;
+
+/// Three `lease-worker` processes campaign (the README's way) on a PostgreSQL leader key; the
+/// database refuses connections (`ALTER DATABASE … ALLOW_CONNECTIONS false`, and every session
+/// terminated) for [`PG_OUTAGE_DEFAULT_SECS`] (or [`PG_OUTAGE_ENV`]), then takes them again.
+/// Judged from the histories: a holder runs again within one TTL plus the campaign's longest
+/// retry pause (and a margin for a loaded machine) of the end of the outage, and never two at
+/// once. Every campaign used to end on the refusal (SQLSTATE 55000 was taken for permanent), and
+/// no process ever led again.
+#[tokio::test]
+async fn a_database_that_refused_connections_has_a_leader_again_within_a_ttl_and_a_retry_pause() {
+    use lease_tests::postgres::TestDb;
+
+    let _serial = SERIAL.lock().await;
+    let outage_secs = match std::env::var(PG_OUTAGE_ENV) {
+        Ok(secs) => secs
+            .parse()
+            .unwrap_or_else(|_| panic!("{PG_OUTAGE_ENV}={secs:?} is not a whole number")),
+        Err(_) => PG_OUTAGE_DEFAULT_SECS,
+    };
+    let outage = Duration::from_secs(outage_secs);
+    let db = TestDb::create("process_pg_outage").await;
+    let mut run = Run::new("process-edges", "pg_outage", WORKER.as_ref());
+    let args = strings(&[
+        "--postgres",
+        db.url(),
+        "--key",
+        "edges/pg-outage",
+        "--ttl",
+        &PG_TTL_SECS.to_string(),
+        "--mode",
+        "campaign-signal",
+    ]);
+    let workers: Vec<usize> = (0..3).map(|i| run.spawn(&format!("w{i}"), &args)).collect();
+    let first = wait_for(
+        START,
+        || format!("a first write; {}", run.files()),
+        || {
+            let h = run.all();
+            h.lines().iter().find(|l| l.kind == Kind::Write).cloned()
+        },
+    )
+    .await;
+    run.assert_alive();
+
+    let terminated = db.refuse_connections().await;
+    assert!(terminated >= 3, "{terminated} sessions terminated");
+    // The outage itself: held for its length.
+    tokio::time::sleep(outage).await;
+    run.assert_alive();
+    db.accept_connections().await;
+    let opened = now_ns();
+
+    let bound =
+        Duration::from_secs(PG_TTL_SECS) + lease_core::leader::Campaign::DEFAULT_MAX_BACKOFF;
+    let margin = Duration::from_secs(5);
+    let deadline = Instant::now() + bound + margin;
+    let back = loop {
+        let h = run.all();
+        if let Some(l) = h
+            .lines()
+            .iter()
+            .find(|l| l.kind == Kind::Write && l.t > opened)
+        {
+            break Some(l.clone());
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let Some(back) = back else {
+        run.keep = true;
+        panic!(
+            "no process ran the leader's work within {:?} of the database taking connections \
+             again (outage {outage:?}; promised: one TTL, {PG_TTL_SECS} s, plus the campaign's \
+             longest retry pause, {:?}); {}",
+            bound + margin,
+            lease_core::leader::Campaign::DEFAULT_MAX_BACKOFF,
+            run.files()
+        );
+    };
+    let recovery_ms = ms(back.t as i128 - opened as i128);
+    let elected_again = back.seq != first.seq;
+    run.assert_alive();
+    let shutdown = run.terminate(&workers).await;
+    let overlap = run.all().max_concurrent_writers(1);
+    if overlap.exceeds_limit() || shutdown.is_err() {
+        run.keep = true;
+    }
+    assert!(!overlap.exceeds_limit(), "{overlap}; {}", run.files());
+    shutdown.unwrap();
+    println!(
+        "RESULT pg_outage_s={outage_secs} pg_leader_back_after_outage_ms={recovery_ms:.0} \
+         pg_new_term_after_outage={elected_again}"
+    );
+    assert!(
+        recovery_ms <= (bound + margin).as_secs_f64() * 1000.0,
+        "a holder ran {recovery_ms:.0} ms after the outage; {}",
+        run.files()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failover on every backend, from real processes
+
+/// The TTL of the failover measurement: the least a lease may have, so `kill -9` costs least.
+const FAILOVER_TTL_SECS: u64 = 10;
+
+/// The first line of `kind` by worker `who` at or after `after` (ns), waited for up to `limit`.
+async fn first_after(run: &Run, who: usize, kind: Kind, after: u128, limit: Duration) -> Line {
+    let pid = run.pid(who);
+    wait_for(
+        limit,
+        || format!("worker {pid}'s first `{kind}` line; {}", run.files()),
+        || {
+            run.history(&[who])
+                .of_pid(pid)
+                .find(|l| l.kind == kind && l.t >= after)
+                .cloned()
+        },
+    )
+    .await
+}
+
+/// Failover on one backend (`backend`: its `lease-worker` flag and URL), from the histories of
+/// `lease-worker` processes campaigning the README's way with a TTL of [`FAILOVER_TTL_SECS`]
+/// (and, on Consul, the default lock-delay of 15 s): a holder and a follower that sees it lead;
+/// SIGTERM the holder; then, with a new follower, `kill -9` the new holder. Returns the time
+/// from each signal to the follower's first write, in ms. Judged against what is promised: a
+/// second after a SIGTERM's exit (5 s here, from the signal, on a loaded machine), and after a
+/// `kill -9` the backend's own expiry (the TTL; on Consul up to twice the TTL, plus the
+/// lock-delay), with a margin.
+async fn failover(name: &str, backend: &[String], kill9_bound: Duration) -> (f64, f64) {
+    let mut run = Run::new(
+        "process-edges",
+        &format!("failover_{name}"),
+        WORKER.as_ref(),
+    );
+    let mut args = backend.to_vec();
+    args.extend(strings(&[
+        "--key",
+        &format!("edges/failover/{name}"),
+        "--ttl",
+        &FAILOVER_TTL_SECS.to_string(),
+        "--mode",
+        "campaign-signal",
+    ]));
+    let holder = run.spawn(&format!("{name}-a"), &args);
+    first_after(&run, holder, Kind::Write, 0, START).await;
+    let follower = run.spawn(&format!("{name}-b"), &args);
+    first_after(&run, follower, Kind::Other("leader".into()), 0, START).await;
+    run.assert_alive();
+
+    let term = now_ns();
+    let exited = run.terminate(&[holder]).await;
+    let took_over = first_after(&run, follower, Kind::Write, term, Duration::from_secs(5)).await;
+    let sigterm_ms = ms(took_over.t as i128 - term as i128);
+    assert!(exited.is_ok(), "{name}: {}", exited.unwrap_err());
+
+    let next = run.spawn(&format!("{name}-c"), &args);
+    first_after(&run, next, Kind::Other("leader".into()), 0, START).await;
+    run.assert_alive();
+    let kill = now_ns();
+    run.kill9(follower).await;
+    let took_over = first_after(&run, next, Kind::Write, kill, kill9_bound).await;
+    let kill9_ms = ms(took_over.t as i128 - kill as i128);
+
+    let stopped = run.terminate(&[next]).await;
+    let overlap = run.all().max_concurrent_writers(1);
+    if overlap.exceeds_limit() {
+        run.keep = true;
+    }
+    assert!(
+        !overlap.exceeds_limit(),
+        "{name}: {overlap}; {}",
+        run.files()
+    );
+    stopped.unwrap();
+    println!(
+        "RESULT {name}_failover_sigterm_ms={sigterm_ms:.0} {name}_failover_kill9_ms={kill9_ms:.0} {name}_failover_ttl_s={FAILOVER_TTL_SECS}"
+    );
+    (sigterm_ms, kill9_ms)
+}
+
+/// The failover figures of every backend: from a leader process's SIGTERM, and from its
+/// `kill -9`, until the next process's worker runs (`RESULT <backend>_failover_…` lines). The
+/// three backends run at once (each its own processes and server), so the test takes about as
+/// long as Consul's `kill -9` failover (TTL, which Consul may let run to twice the TTL, then
+/// the lock-delay).
+#[tokio::test]
+async fn failover_after_sigterm_and_after_kill_9_on_consul_etcd_and_postgres() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let etcd = lease_tests::etcd::Server::start().await;
+    let db = lease_tests::postgres::TestDb::create("process_failover").await;
+    let ttl = Duration::from_secs(FAILOVER_TTL_SECS);
+    let margin = Duration::from_secs(5);
+    let consul_lock_delay = Duration::from_secs(15);
+    let (consul, etcd, postgres) = (
+        strings(&["--consul", &agent.url()]),
+        strings(&["--etcd", &etcd.url()]),
+        strings(&["--postgres", db.url()]),
+    );
+    tokio::join!(
+        failover("consul", &consul, 2 * ttl + consul_lock_delay + margin),
+        failover("etcd", &etcd, ttl + margin),
+        failover("postgres", &postgres, ttl + margin),
     );
 }

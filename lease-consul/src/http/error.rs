@@ -118,3 +118,91 @@ const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows
     `limits.http_max_conns_per_client` connections (default 200), shared by every process on \
     this host; raise that limit in the agent's configuration, or lower \
     `ConsulBuilder::max_connections` (default 8) of the processes here";
+
+#[cfg(test)]
+mod tests {
+    use lease_core::ErrorKind;
+
+    use super::*;
+
+    fn answer(status: u16, message: &str) -> ApiError {
+        ApiError::Status {
+            status: StatusCode::from_u16(status).expect("a status code"),
+            grpc_code: None,
+            message: message.to_owned(),
+        }
+    }
+
+    /// What Consul (1.8.7) answers while it elects a leader, restarts or is overloaded is
+    /// transient, in the public error a campaign judges: a campaign never ends on it.
+    /// Permissions, bad requests and unreadable answers are not.
+    #[test]
+    fn server_trouble_is_transient_and_nothing_else() {
+        let consul = crate::Consul::builder()
+            .address("http://127.0.0.1:1")
+            .build()
+            .expect("a client");
+        let refused = || {
+            ApiError::pool(Box::new(std::io::Error::from(
+                std::io::ErrorKind::ConnectionRefused,
+            )))
+        };
+        // (what Consul answers, its kind, transient)
+        let table = [
+            (answer(500, "No cluster leader"), ErrorKind::Backend, true),
+            (
+                answer(500, "rpc error making call: No cluster leader"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                answer(500, "rpc error making call: rpc error making call: EOF"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (
+                answer(500, "No known Consul servers"),
+                ErrorKind::Backend,
+                true,
+            ),
+            (answer(502, "Bad Gateway"), ErrorKind::Backend, true),
+            (answer(503, "Service Unavailable"), ErrorKind::Backend, true),
+            (answer(504, "Gateway Timeout"), ErrorKind::Backend, true),
+            (
+                answer(
+                    429,
+                    "Your IP is issuing too many concurrent connections, please rate limit your calls",
+                ),
+                ErrorKind::Backend,
+                true,
+            ),
+            (refused(), ErrorKind::Unreachable, true),
+            (ApiError::TimedOut, ErrorKind::Backend, true),
+            (
+                answer(403, "Permission denied"),
+                ErrorKind::PermissionDenied,
+                false,
+            ),
+            (
+                answer(400, "Request decode failed"),
+                ErrorKind::Backend,
+                false,
+            ),
+            (answer(404, ""), ErrorKind::Backend, false),
+            (
+                ApiError::Malformed("not JSON".into()),
+                ErrorKind::Backend,
+                false,
+            ),
+        ];
+        for (error, kind, transient) in table {
+            let what = error.to_string();
+            let public = consul.http.public_error(error, "acquire \"k\"");
+            assert_eq!(
+                (public.kind(), public.is_transient()),
+                (kind, transient),
+                "{what}: {public}"
+            );
+        }
+    }
+}

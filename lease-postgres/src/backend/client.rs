@@ -21,6 +21,7 @@ use super::attempt::Attempts;
 use super::listen::Listener;
 use super::release::Releaser;
 use super::renew::Renewer;
+use super::sqlstate::{Stage, Verdict, judge};
 use super::tls::{self, Connector};
 
 /// The longest a request may go unanswered before it counts as failed (and is retried, within
@@ -105,14 +106,16 @@ fn with_sources(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// SQLSTATE classes worth retrying: transaction rollback (40), insufficient resources (53),
-/// operator intervention (57: shutdown, `pg_terminate_backend`), connection exception (08),
-/// lock not available (55P03).
-fn transient_sqlstate(code: &str) -> bool {
-    ["40", "53", "57", "08"].iter().any(|c| code.starts_with(c)) || code == "55P03"
-}
-
 impl PgError {
+    /// A failure to connect: TLS's own, or any other.
+    pub(crate) fn connecting(error: tokio_postgres::Error) -> PgError {
+        if tls::is_tls_failure(&error) {
+            PgError::Tls(error)
+        } else {
+            PgError::Connect(error)
+        }
+    }
+
     fn sqlstate(&self) -> Option<&str> {
         match self {
             PgError::Connect(e) | PgError::Query(e) => e.code().map(|c| c.code()),
@@ -121,11 +124,22 @@ impl PgError {
         }
     }
 
-    /// Whether the server did not answer (or the connection broke): worth another attempt.
+    /// The verdict on the server's code ([`judge`]), if it answered one.
+    fn verdict(&self) -> Option<Verdict> {
+        match self {
+            PgError::Connect(e) => e.code().map(|c| judge(c.code(), Stage::Connecting)),
+            PgError::Query(e) => e.code().map(|c| judge(c.code(), Stage::Statement)),
+            PgError::Batch(shared) => shared.verdict(),
+            _ => None,
+        }
+    }
+
+    /// Whether another attempt may succeed: the server did not answer (or the connection
+    /// broke), or answered a code a retry can cure ([`judge`]).
     pub(crate) fn is_transient(&self) -> bool {
-        match (self, self.sqlstate()) {
+        match (self, self.verdict()) {
             (PgError::Batch(shared), _) => shared.is_transient(),
-            (_, Some(code)) => transient_sqlstate(code),
+            (_, Some(verdict)) => verdict != Verdict::Permanent,
             (_, None) => !matches!(self, PgError::Malformed(_) | PgError::Tls(_)),
         }
     }
@@ -139,22 +153,23 @@ impl PgError {
         }
     }
 
-    fn answered(&self) -> bool {
-        match self {
-            PgError::Batch(shared) => shared.answered(),
-            _ => {
-                self.sqlstate().is_some() || matches!(self, PgError::Malformed(_) | PgError::Tls(_))
-            }
+    /// Whether the server answered, for reachability: a code that says the database cannot be
+    /// used now ([`Verdict::Unusable`]) is no answer.
+    pub(crate) fn answered(&self) -> bool {
+        match (self, self.verdict()) {
+            (PgError::Batch(shared), _) => shared.answered(),
+            (_, Some(verdict)) => verdict != Verdict::Unusable,
+            (_, None) => matches!(self, PgError::Malformed(_) | PgError::Tls(_)),
         }
     }
 
     fn metric(&self) -> RequestError {
-        match self {
-            PgError::TimedOut => RequestError::TimedOut,
-            PgError::Malformed(_) => RequestError::Malformed,
-            PgError::Batch(shared) => shared.metric(),
-            _ if self.sqlstate().is_some() => RequestError::Status,
-            _ => RequestError::Unreachable,
+        match (self, self.verdict()) {
+            (PgError::TimedOut, _) => RequestError::TimedOut,
+            (PgError::Malformed(_), _) => RequestError::Malformed,
+            (PgError::Batch(shared), _) => shared.metric(),
+            (_, Some(Verdict::Unusable) | None) => RequestError::Unreachable,
+            (_, Some(_)) => RequestError::Status,
         }
     }
 
@@ -193,6 +208,12 @@ impl PgError {
                            tables (lease-postgres's sql/lease.sql says which)",
                 }
             }
+            (_, Some(code)) if self.verdict() == Some(Verdict::Unusable) => Error::Unreachable {
+                backend: "PostgreSQL",
+                address: shared.address.clone(),
+                hint: UNUSABLE_HINT,
+                source: format!("SQLSTATE {code}: {text}").into(),
+            },
             (PgError::Connect(_), Some("3D000")) => Error::config(format!(
                 "the database of the PostgreSQL URL does not exist ({}: {text}): create it or \
                  fix the URL",
@@ -202,7 +223,7 @@ impl PgError {
                 backend: "PostgreSQL",
                 operation,
                 message: format!("SQLSTATE {code}: {text}"),
-                transient: transient_sqlstate(code),
+                transient: self.verdict() == Some(Verdict::Transient),
             },
             (PgError::Connect(_) | PgError::Query(_), None) => Error::Unreachable {
                 backend: "PostgreSQL",
@@ -225,6 +246,13 @@ impl PgError {
         }
     }
 }
+
+/// What to do when the server answers that the database cannot be used now.
+const UNUSABLE_HINT: &str = "the server is up but does not take connections to this database \
+                             now (starting up, shutting down or in recovery; closed with \
+                             ALTER DATABASE ... ALLOW_CONNECTIONS false; or out of connection \
+                             slots): requests are retried until it does; if this lasts, see the \
+                             server's log";
 
 /// What to do when the server does not answer.
 const UNREACHABLE_HINT: &str = "start PostgreSQL, or fix the host and port of the URL \
@@ -276,13 +304,10 @@ impl Shared {
         session_sql: Option<&str>,
         tls: &Connector,
     ) -> Result<Client, PgError> {
-        let (client, connection) = config.connect(tls.clone()).await.map_err(|e| {
-            if tls::is_tls_failure(&e) {
-                PgError::Tls(e)
-            } else {
-                PgError::Connect(e)
-            }
-        })?;
+        let (client, connection) = config
+            .connect(tls.clone())
+            .await
+            .map_err(PgError::connecting)?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::{Notify, mpsc};
 use tokio_postgres::AsyncMessage;
 
-use super::client::{Shared, retry_backoff, set_session};
+use super::client::{PgError, Shared, retry_backoff, set_session};
 use lease_http::Task;
 
 /// What happened to a row of a subscribed key.
@@ -182,6 +182,11 @@ async fn listen(shared: Weak<Shared>) {
         let (client, mut connection) = match connected {
             Ok(connected) => connected,
             Err(error) => {
+                let error = PgError::connecting(error);
+                // News for readiness too: a waiter or an observer sends nothing else meanwhile.
+                if let Some(strong) = shared.upgrade() {
+                    strong.reachability.answered(error.answered());
+                }
                 tracing::debug!(%error, "cannot connect to listen for lease notifications; retrying");
                 pause.wait().await;
                 continue;
@@ -213,7 +218,10 @@ async fn listen(shared: Weak<Shared>) {
         }
         pause.reset();
         match shared.upgrade() {
-            Some(strong) => strong.listener.resync(),
+            Some(strong) => {
+                strong.reachability.answered(true);
+                strong.listener.resync();
+            }
             None => return,
         }
         // Until the connection ends, or the handle goes.

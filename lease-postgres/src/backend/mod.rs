@@ -10,6 +10,7 @@ mod listen;
 mod observe;
 mod release;
 mod renew;
+mod sqlstate;
 mod tls;
 
 use std::fmt;

@@ -24,6 +24,9 @@
 //! - `campaign-signal`: the README's way: a campaign spawned with `run_until`, stepped down when
 //!   `lease_core::shutdown_signal()` completes (SIGTERM or SIGINT), then awaited before `main`
 //!   returns.
+//!
+//!   Both campaign modes also log `leader - <sequencer>` each time the campaign sees a new leader
+//!   (`LeaderEvent::LeaderChanged`), itself or another process.
 //! - `drop-at-exit`: acquire, write until SIGTERM, then return from `main` with the lease still
 //!   in a local (dropped as `main` ends).
 //! - `wait-then-exit`: acquire (waiting forever); on SIGTERM return from `main` at once, dropping
@@ -635,6 +638,13 @@ fn logged_campaign(
         }
         LeaderEvent::Released { sequencer } => {
             events.log("released", &sequencer.to_string(), "ok");
+        }
+        // Who leads, as this process's campaign sees it: a follower's first such line shows it
+        // is up and campaigning.
+        LeaderEvent::LeaderChanged {
+            leader: Some(leader),
+        } => {
+            events.log("leader", "-", &leader.sequencer.to_string());
         }
         _ => {}
     });
