@@ -145,7 +145,7 @@ impl SlotHold {
         };
         wire::close_channel(&self.channel, self.amqp.config().operation_timeout).await;
         self.settle_consumer = None;
-        if matches!(lost, Some(LostReason::SelfFenced { .. })) {
+        if lost.is_some_and(LostReason::is_self_fenced) {
             self.amqp
                 .discard_connection(self.reservation.pooled())
                 .await;

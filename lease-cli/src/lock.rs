@@ -15,6 +15,7 @@
 //!    lock-delay for the next holder) and exit with its code.
 
 use std::cell::RefCell;
+use std::convert::Infallible;
 use std::time::Duration;
 
 use lease_consul::Consul;
@@ -67,7 +68,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
                 eprintln!("lease: {signal} while waiting for {}; the command was not started", spec.key());
                 return Ok(128 + signal as u8);
             }
-            () = report => unreachable!("reporting never ends"),
+            never = report => match never {},
         }
     };
     let lease = match acquired {
@@ -265,13 +266,14 @@ fn default_value() -> String {
 }
 
 /// Prints one line on stderr naming the current holder, and another whenever it changes.
-/// Remembers the last description in `last`, for the busy message. Never completes.
+/// Remembers the last description in `last`, for the busy message. Never completes (its output
+/// type says so, for the `select!` that races it with the acquire).
 async fn report_waiting(
     backend: &dyn Backend,
     consul: Option<&Consul>,
     spec: &LeaseSpec,
     last: &RefCell<Option<String>>,
-) {
+) -> Infallible {
     let key = spec.key();
     let ours = spec.advertised_value();
     let say = |description: String| {

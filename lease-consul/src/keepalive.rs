@@ -204,10 +204,7 @@ impl Heartbeat {
                 return SessionEnd::Invalidated;
             }
             if expired {
-                return SessionEnd::Fenced {
-                    unconfirmed_for: fence.confirmed_at().map_or(Duration::ZERO, |c| c.elapsed()),
-                    last_error: last_error.map(|e| e.to_string()),
-                };
+                return SessionEnd::fenced(&fence, last_error.map(|e| e.to_string()));
             }
             let Some(deadline) = fence.deadline() else {
                 return std::future::pending().await;
@@ -220,11 +217,8 @@ impl Heartbeat {
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    if let Some(unconfirmed_for) = fence.overdue() {
-                        return SessionEnd::Fenced {
-                            unconfirmed_for,
-                            last_error: last_error.map(|e| e.to_string()),
-                        };
+                    if fence.is_past() {
+                        return SessionEnd::fenced(&fence, last_error.map(|e| e.to_string()));
                     }
                 }
             }

@@ -29,18 +29,34 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostR
 pub(crate) enum SessionEnd {
     /// Consul no longer knows the session (destroyed, expired, checks failed).
     Invalidated,
-    /// No renewal succeeded for TTL − margin: the session must be treated as lost.
+    /// No renewal succeeded for TTL − margin: the session must be treated as lost, for
+    /// `reason` (self-fenced, or this process was paused: see [`SessionEnd::fenced`]).
     Fenced {
-        unconfirmed_for: Duration,
+        reason: LostReason,
         last_error: Option<String>,
     },
 }
 
 impl SessionEnd {
-    /// The error for an `acquire` whose waiting session could not be kept alive.
+    /// The session's `fence` passed (or a renewal ran into its deadline): the loss the fence
+    /// declares ([`Fence::expired`]), which names a pause of this process rather than Consul when
+    /// the fence's timer ran late; `SelfFenced` if the deadline is, just, not behind us.
+    pub(crate) fn fenced(fence: &Fence, last_error: Option<String>) -> SessionEnd {
+        let reason = fence.expired().unwrap_or_else(|| LostReason::SelfFenced {
+            unconfirmed_for: fence.confirmed_at().map_or(Duration::ZERO, |c| c.elapsed()),
+        });
+        SessionEnd::Fenced { reason, last_error }
+    }
+
+    /// The error for an `acquire` whose waiting session could not be kept alive: Consul's
+    /// failure, or (this process was paused, and Consul was not even asked) the loss.
     pub(crate) fn into_wait_error(self, key: &str) -> Error {
         let message = match self {
             SessionEnd::Invalidated => "the session was invalidated".into(),
+            SessionEnd::Fenced {
+                reason: reason @ LostReason::ProcessPaused { .. },
+                ..
+            } => return Error::Lost(reason),
             SessionEnd::Fenced { last_error, .. } => {
                 last_error.unwrap_or_else(|| "renewals did not succeed".into())
             }
@@ -58,9 +74,7 @@ impl From<SessionEnd> for LostReason {
     fn from(end: SessionEnd) -> Self {
         match end {
             SessionEnd::Invalidated => LostReason::SessionInvalidated,
-            SessionEnd::Fenced {
-                unconfirmed_for, ..
-            } => LostReason::SelfFenced { unconfirmed_for },
+            SessionEnd::Fenced { reason, .. } => reason,
         }
     }
 }
@@ -434,11 +448,8 @@ async fn renew_until_ended(
             return std::future::pending().await;
         };
         tokio::time::sleep_until(next.min(deadline)).await;
-        if let Some(unconfirmed_for) = fence.overdue() {
-            return SessionEnd::Fenced {
-                unconfirmed_for,
-                last_error,
-            };
+        if fence.is_past() {
+            return SessionEnd::fenced(&fence, last_error);
         }
         let sent = Instant::now();
         match tokio::time::timeout_at(deadline, http.session_renew(&id)).await {
@@ -454,10 +465,10 @@ async fn renew_until_ended(
                 next = Instant::now() + retry_every;
             }
             Err(_) => {
-                return SessionEnd::Fenced {
-                    unconfirmed_for: fence.confirmed_at().map_or(Duration::ZERO, |c| c.elapsed()),
-                    last_error: Some("the renew request did not complete".into()),
-                };
+                return SessionEnd::fenced(
+                    &fence,
+                    Some("the renew request did not complete".into()),
+                );
             }
         }
     }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 mod keeper;
 
-pub use crate::lease::Fence;
+pub use crate::lease::{Fence, PAUSE_TOLERANCE};
 pub use keeper::{Hold, Keepers, RELEASE_BOUND, instrument_acquire};
 
 use crate::observer::LeaderObserver;

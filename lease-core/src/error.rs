@@ -568,9 +568,47 @@ pub enum LostReason {
         /// How long since the session was last confirmed.
         unconfirmed_for: Duration,
     },
+    /// This process did not run for a while (it was stopped, as by `SIGSTOP` or a suspended VM,
+    /// or its runtime was blocked), and the lease went unconfirmed for nearly a TTL meanwhile;
+    /// it was given up before the backend could hand it to someone else. The backend may have
+    /// been fine throughout: the timers of this process ran `paused_for` late, which is how the
+    /// pause is known (see [`Fence`](crate::backend::Fence)).
+    ///
+    /// Like [`SelfFenced`](LostReason::SelfFenced), a self-fencing:
+    /// [`is_self_fenced`](LostReason::is_self_fenced) is true for both.
+    #[error(
+        "this process was paused for at least {} (its timers ran {} late), leaving the lease \
+         unconfirmed for {}; self-fenced before the session TTL could expire",
+        seconds(*.paused_for),
+        seconds(*.paused_for),
+        seconds(*.unconfirmed_for)
+    )]
+    ProcessPaused {
+        /// How late this process's timers ran: at least how long it did not run.
+        paused_for: Duration,
+        /// How long since the session was last confirmed.
+        unconfirmed_for: Duration,
+    },
     /// The lease was released by its holder (an explicit release, or a drop).
     #[error("the lease was released")]
     Released,
+}
+
+impl LostReason {
+    /// Whether this process gave the lease up on its own clock, before the backend could hand
+    /// it on: [`SelfFenced`](LostReason::SelfFenced) (nothing confirmed it) or
+    /// [`ProcessPaused`](LostReason::ProcessPaused) (this process did not run).
+    pub fn is_self_fenced(&self) -> bool {
+        matches!(
+            self,
+            LostReason::SelfFenced { .. } | LostReason::ProcessPaused { .. }
+        )
+    }
+}
+
+/// A duration in seconds with two decimals, as the loss reasons show them (`20.55 s`).
+fn seconds(duration: Duration) -> String {
+    format!("{:.2} s", duration.as_secs_f64())
 }
 
 #[cfg(test)]

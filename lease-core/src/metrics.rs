@@ -27,7 +27,7 @@
 //! - `kind`: `leader` or `semaphore`;
 //! - `key`: the leader key or the semaphore's prefix (name), exactly as in the [`LeaseSpec`];
 //! - `reason`: `session_invalidated`, `key_deleted`, `key_released`, `key_taken`,
-//!   `holder_pruned`, `slot_removed`, `connection_closed`, `self_fenced`;
+//!   `holder_pruned`, `slot_removed`, `connection_closed`, `self_fenced`, `process_paused`;
 //! - `error`: `unreachable` (no answer: refused, reset, DNS, TLS), `timeout`, `status` (an error
 //!   answer), `malformed` (an answer this crate could not read), `other`.
 //!
@@ -151,6 +151,7 @@ fn reason_label(reason: &LostReason) -> &'static str {
         LostReason::SlotRemoved => "slot_removed",
         LostReason::ConnectionClosed => "connection_closed",
         LostReason::SelfFenced { .. } => "self_fenced",
+        LostReason::ProcessPaused { .. } => "process_paused",
         LostReason::Released => "released",
     }
 }

@@ -33,8 +33,8 @@ use tonic_prost::ProstCodec;
 
 use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
 use super::proto::{LeaseId, LeaseKeepAliveResponse, path};
-use lease_core::LeaseSpec;
 use lease_core::backend::{Fence, RELEASE_BOUND};
+use lease_core::{LeaseSpec, LostReason};
 use lease_http::{retry_transient, within};
 
 /// Why a pooled etcd lease ended, for every acquisition on it.
@@ -42,8 +42,9 @@ use lease_http::{retry_transient, within};
 pub(crate) enum LeaseEnd {
     /// etcd says the lease no longer exists (revoked, or expired).
     Revoked,
-    /// No keep-alive was answered for the fence's time.
-    Fenced { unconfirmed_for: Duration },
+    /// No keep-alive was answered for the fence's time: the loss the fence declares
+    /// ([`Fence::expired`]: self-fenced, or this process was paused).
+    Fenced(LostReason),
 }
 
 /// Pooled leases are shared by acquisitions with the same TTL and fence.
@@ -264,8 +265,8 @@ impl Pool {
             let mut state = self.lock();
             state.joined_due = None;
             for (id, pooled) in &mut state.leases {
-                if let Some(unconfirmed_for) = pooled.fence.overdue() {
-                    fenced.push((*id, unconfirmed_for));
+                if let Some(reason) = pooled.fence.expired() {
+                    fenced.push((*id, reason));
                     continue;
                 }
                 if pooled.due <= now + COALESCE {
@@ -284,12 +285,11 @@ impl Pool {
                     next = next.min(deadline);
                 }
             }
-            for (id, unconfirmed_for) in &fenced {
+            for (id, reason) in &fenced {
                 if let Some(pooled) = state.leases.remove(id) {
-                    let unconfirmed_for = *unconfirmed_for;
                     pooled
                         .end
-                        .send_replace(Some(LeaseEnd::Fenced { unconfirmed_for }));
+                        .send_replace(Some(LeaseEnd::Fenced(reason.clone())));
                 }
             }
         }

@@ -283,7 +283,7 @@ pub(crate) async fn acquire(
                 let _ = session.give_back(None).await;
                 lost_with_a_lease = true;
             }
-            Err(end @ LeaseEnd::Fenced { .. }) => {
+            Err(end @ LeaseEnd::Fenced(_)) => {
                 let _ = session.give_back(None).await;
                 return Err(Error::Lost(end.into()));
             }

@@ -31,7 +31,7 @@ impl From<LeaseEnd> for LostReason {
     fn from(end: LeaseEnd) -> Self {
         match end {
             LeaseEnd::Revoked => LostReason::SessionInvalidated,
-            LeaseEnd::Fenced { unconfirmed_for } => LostReason::SelfFenced { unconfirmed_for },
+            LeaseEnd::Fenced(reason) => reason,
         }
     }
 }
@@ -315,8 +315,8 @@ async fn ended(mut end: watch::Receiver<Option<LeaseEnd>>, fence: Fence) -> Leas
                 };
             }
             () = expiry => {
-                if let Some(unconfirmed_for) = fence.overdue() {
-                    return LeaseEnd::Fenced { unconfirmed_for };
+                if let Some(reason) = fence.expired() {
+                    return LeaseEnd::Fenced(reason);
                 }
             }
         }

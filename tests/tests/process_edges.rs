@@ -1,10 +1,10 @@
-//! Lease promises proved with real child processes (`lease-worker`), real Consul, RabbitMQ and
-//! PostgreSQL, and judged from the histories the processes write (`lease_tests::history`).
+//! Lease promises proved with real child processes (`lease-worker`), real Consul, RabbitMQ,
+//! etcd and PostgreSQL, and judged from the histories the processes write (`lease_tests::history`).
 //!
 //! Faults are real: SIGSTOP/SIGCONT/SIGTERM sent with `kill`, keys deleted on the agent, a
 //! database closed to connections (`LEASE_PG_OUTAGE_SECS=20` for the full outage). Every wait
 //! is bounded; the only sleep holds a pause for its length. The tests take turns (one lock), so
-//! their timings do not disturb each other on a small machine; the file takes about a minute.
+//! their timings do not disturb each other on a small machine; the file takes a few minutes.
 //! Histories are kept under `target/process-edges/` when a test fails (the path is printed).
 //!
 //! ```sh
@@ -377,6 +377,219 @@ async fn amqp_a_paused_holder_writes_nothing_after_its_fence_deadline() {
     if let Err(e) = result {
         std::panic::resume_unwind(e.into_panic());
     }
+}
+
+/// The TTL of the PostgreSQL and etcd leases of the frozen-process tests (the shortest the spec
+/// allows); [`PAUSE`] is longer.
+const PAUSED_TTL_SECS: u64 = 10;
+
+/// Issue 33, break 7: a holder process frozen past its TTL (SIGSTOP, then SIGCONT) while the
+/// backend is fine must name the pause as the reason of its loss, not an unreachable backend.
+///
+/// Two loop workers on one key; the holder is frozen for [`PAUSE`]. The other one acquiring the
+/// key meanwhile shows that the backend answered throughout. Judged from the frozen worker's
+/// history: its `lost` line for the frozen lease.
+async fn a_frozen_process_names_the_pause(test: &str, backend_args: &[String]) {
+    let mut run = Run::new("process-edges", test, WORKER.as_ref());
+    let mut args = backend_args.to_vec();
+    args.extend(strings(&[
+        "--key",
+        &format!("edges/{test}"),
+        "--ttl",
+        &PAUSED_TTL_SECS.to_string(),
+        "--lock-delay",
+        "0",
+    ]));
+    let a = run.spawn("a", &args);
+    let b = run.spawn("b", &args);
+    let (holder, other, seq) = wait_for(
+        START,
+        || format!("a holder's first write; {}", run.files()),
+        || {
+            let h = run.history(&[a, b]);
+            let write = h.lines().iter().find(|l| l.kind == Kind::Write)?;
+            let holder = if write.pid == run.pid(a) { a } else { b };
+            let other = if holder == a { b } else { a };
+            Some((holder, other, write.seq.clone()))
+        },
+    )
+    .await;
+    run.assert_alive();
+
+    let stopped = now_ns();
+    signal("STOP", &[run.pid(holder)]);
+    let taken_over = wait_for(
+        PAUSE + STEP,
+        || {
+            format!(
+                "the other worker to write while the holder is frozen; {}",
+                run.files()
+            )
+        },
+        || {
+            run.history(&[other])
+                .lines()
+                .iter()
+                .find(|l| l.kind == Kind::Write && l.t > stopped)
+                .map(|l| l.t)
+        },
+    )
+    .await;
+    // Holding the pause, not judging by it.
+    let frozen_for = Duration::from_nanos((now_ns() - stopped) as u64);
+    tokio::time::sleep(PAUSE.saturating_sub(frozen_for)).await;
+    let resumed = now_ns();
+    signal("CONT", &[run.pid(holder)]);
+
+    let lost = wait_for(
+        STEP,
+        || {
+            format!(
+                "the resumed holder to log the loss of {seq}; {}",
+                run.files()
+            )
+        },
+        || {
+            run.history(&[holder])
+                .of_seq(&seq)
+                .find(|l| l.kind == Kind::Lost)
+                .cloned()
+        },
+    )
+    .await;
+    run.assert_alive();
+    let shutdown = run.terminate_all().await;
+    println!(
+        "RESULT process_edges::{test}: holder frozen {:.1} s (the other worker wrote {:.1} s \
+         after SIGSTOP); loss logged {:.1} ms after SIGCONT: {}",
+        ms((resumed - stopped) as i128) / 1e3,
+        ms((taken_over - stopped) as i128) / 1e3,
+        ms(lost.t as i128 - resumed as i128),
+        lost.detail
+    );
+    if !lost
+        .detail
+        .starts_with("this process was paused for at least ")
+        || lost.detail.contains("unreachable")
+    {
+        run.keep = true;
+        panic!(
+            "the frozen holder's loss does not name the pause: {:?}\n{}",
+            lost.detail,
+            run.files()
+        );
+    }
+    if let Err(e) = shutdown {
+        run.keep = true;
+        panic!("{e}");
+    }
+}
+
+#[tokio::test]
+async fn postgres_a_frozen_process_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let db = lease_tests::postgres::TestDb::create("process_edges_pause").await;
+    let backend = strings(&["--postgres", db.url()]);
+    a_frozen_process_names_the_pause("postgres_frozen_process", &backend).await;
+}
+
+#[tokio::test]
+async fn etcd_a_frozen_process_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let server = lease_tests::etcd::Server::start().await;
+    let backend = strings(&["--etcd", &server.url()]);
+    a_frozen_process_names_the_pause("etcd_frozen_process", &backend).await;
+}
+
+/// The same for a waiter: frozen past its TTL while it waits in `acquire`, it finds the fence of
+/// its waiting session (Consul) or pooled lease (etcd) passed when it resumes, and the acquire's
+/// error names the pause.
+async fn a_frozen_waiter_names_the_pause(test: &str, backend_args: &[String]) {
+    let mut run = Run::new("process-edges", test, WORKER.as_ref());
+    let mut args = backend_args.to_vec();
+    args.extend(strings(&[
+        "--key",
+        &format!("edges/{test}"),
+        "--ttl",
+        &PAUSED_TTL_SECS.to_string(),
+    ]));
+    let a = run.spawn("a", &args);
+    let b = run.spawn("b", &args);
+    let waiter = wait_for(
+        START,
+        || format!("a holder's first write and a waiter; {}", run.files()),
+        || {
+            let h = run.history(&[a, b]);
+            let write = h.lines().iter().find(|l| l.kind == Kind::Write)?;
+            let waiter = if write.pid == run.pid(a) { b } else { a };
+            run.history(&[waiter])
+                .first(run.pid(waiter), &Kind::Waiting)
+                .map(|_| waiter)
+        },
+    )
+    .await;
+    run.assert_alive();
+    signal("STOP", &[run.pid(waiter)]);
+    // Holding the pause, not judging by it.
+    tokio::time::sleep(PAUSE).await;
+    let resumed = now_ns();
+    signal("CONT", &[run.pid(waiter)]);
+    let error = wait_for(
+        STEP,
+        || {
+            format!(
+                "the resumed waiter to report its acquire's end; {}",
+                run.files()
+            )
+        },
+        || {
+            run.history(&[waiter])
+                .lines()
+                .iter()
+                .find(|l| l.kind == Kind::Other("error".to_owned()) && l.t > resumed)
+                .cloned()
+        },
+    )
+    .await;
+    run.assert_alive();
+    let shutdown = run.terminate_all().await;
+    println!(
+        "RESULT process_edges::{test}: waiter frozen {PAUSE:?}; {:.1} ms after SIGCONT: {}",
+        ms(error.t as i128 - resumed as i128),
+        error.detail
+    );
+    if !error
+        .detail
+        .contains("this process was paused for at least ")
+        || error.detail.contains("unreachable")
+    {
+        run.keep = true;
+        panic!(
+            "the frozen waiter's error does not name the pause: {:?}\n{}",
+            error.detail,
+            run.files()
+        );
+    }
+    if let Err(e) = shutdown {
+        run.keep = true;
+        panic!("{e}");
+    }
+}
+
+#[tokio::test]
+async fn etcd_a_frozen_waiter_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let server = lease_tests::etcd::Server::start().await;
+    let backend = strings(&["--etcd", &server.url()]);
+    a_frozen_waiter_names_the_pause("etcd_frozen_waiter", &backend).await;
+}
+
+#[tokio::test]
+async fn consul_a_frozen_waiter_names_the_pause_not_the_backend() {
+    let _serial = SERIAL.lock().await;
+    let agent = Agent::start().await;
+    let backend = strings(&["--consul", &agent.url()]);
+    a_frozen_waiter_names_the_pause("consul_frozen_waiter", &backend).await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -149,8 +149,6 @@ impl Keepers {
         backend: Arc<dyn Backend>,
         hold: H,
     ) -> Lease {
-        let state = Arc::new(LeaseState::new(fence));
-        let (release_tx, release_rx) = oneshot::channel();
         // Not a child of the acquire (nor of the request that asked for it, which ends long
         // before the lease does): it follows from it.
         let span = tracing::info_span!(parent: None, "lease.hold", sequencer = %sequencer);
@@ -163,19 +161,14 @@ impl Keepers {
                 Box::pin(async move { backend.check_sequencer(&sequencer).await })
             })
         };
-        let lease = Lease::new(sequencer, Arc::clone(&state), check_sequencer, release_tx);
-        generation.tracker.spawn(
-            keep(
-                Arc::clone(&state),
-                release_rx,
-                generation.stop.clone(),
-                Guard(Some(Kept {
-                    hold,
-                    state: Arc::clone(&state),
-                })),
-            )
-            .instrument(span),
+        let (lease, keeper) = lease_and_keeper(
+            sequencer,
+            fence,
+            check_sequencer,
+            generation.stop.clone(),
+            hold,
         );
+        generation.tracker.spawn(keeper.instrument(span));
         lease
     }
 
@@ -231,6 +224,24 @@ impl Keepers {
     }
 }
 
+/// The lease handle and its holder task, not started yet: what [`Keepers::start`] spawns.
+fn lease_and_keeper<H: Hold>(
+    sequencer: Sequencer,
+    fence: Fence,
+    check_sequencer: CheckSequencer,
+    stop: CancellationToken,
+    hold: H,
+) -> (Lease, impl Future<Output = ()> + Send + 'static) {
+    let state = Arc::new(LeaseState::new(fence));
+    let (release_tx, release_rx) = oneshot::channel();
+    let lease = Lease::new(sequencer, Arc::clone(&state), check_sequencer, release_tx);
+    let kept = Kept {
+        hold,
+        state: Arc::clone(&state),
+    };
+    (lease, keep(state, release_rx, stop, Guard(Some(kept))))
+}
+
 /// A clean-up closure, as [`Keepers::spawn_clean_up`] takes it.
 struct Abandon<A>(A);
 
@@ -280,6 +291,39 @@ impl<T: GuardTarget> Drop for Guard<T> {
     }
 }
 
+/// The lease handle's one release request, as the holder task has it: still to come, or
+/// received. A oneshot receiver must not be polled again once it has answered, so the two
+/// states are one value, and a received request cannot be waited for a second time.
+enum Release {
+    /// Not asked yet: the handle may still ask, or be dropped (which asks too).
+    Awaited(oneshot::Receiver<ReleaseRequest>),
+    /// Asked: the reply channel if someone waits for the answer, `None` if nobody does (a
+    /// dropped handle).
+    Received(ReleaseRequest),
+}
+
+impl Release {
+    /// The reply channel of a request already received; `None` if none was (nobody waits).
+    fn received(self) -> ReleaseRequest {
+        match self {
+            Release::Received(reply) => reply,
+            Release::Awaited(_) => None,
+        }
+    }
+
+    /// The reply channel of the request, waiting for it if it has not come yet, unless the
+    /// backend shuts down first; `None` if nobody waits for the answer.
+    async fn reply(self, stop: &CancellationToken) -> ReleaseRequest {
+        match self {
+            Release::Received(reply) => reply,
+            Release::Awaited(release_rx) => tokio::select! {
+                request = release_rx => request.ok().flatten(),
+                () = stop.cancelled() => None,
+            },
+        }
+    }
+}
+
 async fn keep<H: Hold>(
     state: Arc<LeaseState>,
     mut release_rx: oneshot::Receiver<ReleaseRequest>,
@@ -289,23 +333,27 @@ async fn keep<H: Hold>(
     let Some(Kept { hold, .. }) = guard.0.as_mut() else {
         return;
     };
-    let outcome = tokio::select! {
+    // The futures are dropped before a branch's handler runs, so a handler can move the
+    // receiver the first branch borrowed.
+    let (found, release) = tokio::select! {
         biased;
         // A dropped lease handle asks for a release with nobody waiting for the answer.
-        request = &mut release_rx => Ok(request.unwrap_or(None)),
-        () = stop.cancelled() => Ok(None),
+        request = &mut release_rx => (None, Release::Received(request.unwrap_or(None))),
+        () = stop.cancelled() => (None, Release::Awaited(release_rx)),
         // A loss found by `Lease::check`, or by a reader past the fence deadline.
-        reason = state.lost_signal() => Err(reason),
-        reason = state.fence().expiry() => Err(reason),
-        reason = hold.watch() => Err(reason),
+        reason = state.lost_signal() => (Some(reason), Release::Awaited(release_rx)),
+        reason = state.fence().expiry() => (Some(reason), Release::Awaited(release_rx)),
+        reason = hold.watch() => (Some(reason), Release::Awaited(release_rx)),
     };
     // A release at a set time (`Lease::release_at`) keeps the lease, watched, until then.
-    if outcome.is_ok() {
+    if found.is_none() {
         hold_until_due(&state, hold, &stop).await;
     }
-    let outcome = match outcome {
-        // Asked to release, but the lease may have been lost just before: that is a loss.
-        Ok(reply) if state.is_held() && state.lose(LostReason::Released) => {
+    let reason = match found {
+        Some(reason) => reason,
+        // Asked to release (or shut down), but the lease may have been lost just before: that
+        // is a loss.
+        None if state.is_held() && state.lose(LostReason::Released) => {
             let result = match tokio::time::timeout(RELEASE_BOUND, hold.release()).await {
                 Ok(result) => result,
                 Err(_) => Err(Error::ReleaseTimedOut {
@@ -321,15 +369,13 @@ async fn keep<H: Hold>(
                     "lease release failed; the backend frees it when the session expires"
                 ),
             }
-            if let Some(reply) = reply {
+            if let Some(reply) = release.received() {
                 let _ = reply.send(result);
             }
             return;
         }
-        Ok(reply) => (state.lost_signal().await, reply),
-        Err(reason) => (reason, None),
+        None => state.lost_signal().await,
     };
-    let (reason, mut reply) = outcome;
     if state.lose(reason.clone()) {
         tracing::warn!(%reason, "lease lost");
     }
@@ -347,14 +393,9 @@ async fn keep<H: Hold>(
         );
     }
     guard.disarm();
-    // Answer a release that comes after the loss once the clean-up is done: the lease was lost.
-    if reply.is_none() {
-        reply = tokio::select! {
-            request = release_rx => request.ok().flatten(),
-            () = stop.cancelled() => None,
-        };
-    }
-    if let Some(reply) = reply {
+    // Answer a release, received before or coming after the loss, once the clean-up is done:
+    // the lease was lost.
+    if let Some(reply) = release.reply(&stop).await {
         let _ = reply.send(Err(Error::Lost(reason)));
     }
 }
@@ -419,8 +460,146 @@ pub fn instrument_acquire<'a>(
     Box::pin(crate::metrics::acquire(backend, spec, acquire).instrument(span))
 }
 
-#[cfg(all(test, feature = "memory"))]
+#[cfg(test)]
 mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// What a test lease's backend was asked to do.
+    #[derive(Clone, Default)]
+    struct Calls(Arc<Mutex<Vec<String>>>);
+
+    impl Calls {
+        fn push(&self, call: String) {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(call);
+        }
+
+        fn taken(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+        }
+    }
+
+    /// The backend's side of a held lease, reduced to recording what the holder task asks of
+    /// it: its watch never reports a loss, so every loss here is one the lease's state knew
+    /// before the holder task ran.
+    struct Recorded(Calls);
+
+    impl Hold for Recorded {
+        async fn watch(&mut self) -> LostReason {
+            std::future::pending().await
+        }
+
+        async fn release(&mut self) -> Result<(), Error> {
+            self.0.push("release".to_owned());
+            Ok(())
+        }
+
+        async fn clean_up(&mut self, reason: &LostReason) {
+            self.0.push(format!("clean_up: {reason}"));
+        }
+    }
+
+    /// A lease whose backend answers every check with `check`, and its holder task, spawned so
+    /// that a panic in it is seen through its `JoinHandle`.
+    fn spawned(
+        fence: Fence,
+        check: LostReason,
+        calls: &Calls,
+    ) -> (Lease, tokio::task::JoinHandle<()>) {
+        let check_sequencer: CheckSequencer = Arc::new(move |_| {
+            let check = check.clone();
+            Box::pin(async move { Err(Error::Lost(check)) })
+        });
+        let sequencer = Sequencer::new(BackendKind::Memory, "k", 1, "holder");
+        let (lease, keeper) = lease_and_keeper(
+            sequencer,
+            fence,
+            check_sequencer,
+            CancellationToken::new(),
+            Recorded(calls.clone()),
+        );
+        (lease, tokio::spawn(keeper))
+    }
+
+    async fn assert_ended_without_panic(keeper: tokio::task::JoinHandle<()>) {
+        match keeper.await {
+            Ok(()) => {}
+            Err(error) if error.is_panic() => {
+                std::panic::resume_unwind(error.into_panic());
+            }
+            Err(error) => panic!("the holder task did not finish: {error}"),
+        }
+    }
+
+    /// Break 3 of issue 33: `check` found the lease lost, then the handle was dropped before the
+    /// holder task ran. The task sees the drop's request first (its select is biased), finds the
+    /// lease not held, and must answer nobody rather than poll the spent receiver again.
+    #[tokio::test]
+    async fn a_lease_dropped_after_check_found_it_lost_is_cleaned_up_without_a_panic() {
+        let calls = Calls::default();
+        let taken = LostReason::KeyTaken {
+            lock_index: 2,
+            session: "other".to_owned(),
+        };
+        let (lease, keeper) = spawned(Fence::unbounded(), taken.clone(), &calls);
+        // The holder task is waiting in its select.
+        tokio::task::yield_now().await;
+        assert!(lease.is_held());
+        let checked = lease.check().await;
+        assert!(
+            matches!(&checked, Err(Error::Lost(reason)) if *reason == taken),
+            "{checked:?}"
+        );
+        drop(lease);
+        assert_ended_without_panic(keeper).await;
+        assert_eq!(calls.taken(), [format!("clean_up: {taken}")]);
+    }
+
+    /// The same with the loss found by a reader past the fence deadline (a paused process),
+    /// before the holder task's own timer fired.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_dropped_after_a_reader_found_it_past_its_fence_is_cleaned_up_without_a_panic()
+    {
+        let calls = Calls::default();
+        let fence = Fence::new(Duration::from_secs(9), Instant::now());
+        let (lease, keeper) = spawned(fence, LostReason::SessionInvalidated, &calls);
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!lease.is_held(), "past the fence deadline");
+        drop(lease);
+        assert_ended_without_panic(keeper).await;
+        let calls = calls.taken();
+        assert!(
+            matches!(&calls[..], [clean_up] if clean_up.starts_with("clean_up: ")),
+            "{calls:?}"
+        );
+    }
+
+    /// A release asked for after the loss is answered with the loss, once the clean-up is done.
+    #[tokio::test]
+    async fn a_release_after_a_loss_the_state_knew_reports_the_loss() {
+        let calls = Calls::default();
+        let (lease, keeper) = spawned(Fence::unbounded(), LostReason::KeyDeleted, &calls);
+        tokio::task::yield_now().await;
+        let _ = lease.check().await;
+        let released = lease.release().await;
+        assert!(
+            matches!(&released, Err(Error::Lost(LostReason::KeyDeleted))),
+            "{released:?}"
+        );
+        assert_ended_without_panic(keeper).await;
+        assert_eq!(
+            calls.taken(),
+            [format!("clean_up: {}", LostReason::KeyDeleted)]
+        );
+    }
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod release_at_tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 

@@ -7,6 +7,7 @@
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -198,6 +199,9 @@ impl Campaign {
     /// Errors are retried exactly when [`Error::is_transient`] says so. Returns `Err` for an
     /// error retrying cannot fix: an invalid spec, a key used by another kind of lock, a
     /// permission or configuration error; the handles then report [`CampaignState::Failed`].
+    /// Such an end is logged at ERROR and, when no tracing subscriber is installed (nothing would
+    /// show that event), also said in one line on stderr: `lease: the campaign for "<key>"
+    /// failed and will not retry: <error>`.
     ///
     /// # Spans
     ///
@@ -474,8 +478,26 @@ impl RunGuard {
         self.shared.end_term();
         self.shared.state.send_replace(match result {
             Ok(end) => CampaignState::Ended(*end),
-            Err(error) => CampaignState::Failed(error.to_string()),
+            Err(error) => {
+                say_failed_without_subscriber(&self.shared.key, error);
+                CampaignState::Failed(error.to_string())
+            }
         });
+    }
+}
+
+/// A campaign that ends for good must not end unseen: when no tracing subscriber would show its
+/// error event (none is installed, globally or for this thread), one line on stderr says so.
+fn say_failed_without_subscriber(key: &str, error: &Error) {
+    let unseen = tracing::dispatcher::get_default(|dispatch| {
+        dispatch.is::<tracing::subscriber::NoSubscriber>()
+    });
+    if unseen {
+        // Not `eprintln!`, which panics when stderr is closed.
+        let _ = writeln!(
+            std::io::stderr(),
+            "lease: the campaign for {key:?} failed and will not retry: {error}"
+        );
     }
 }
 
@@ -554,5 +576,140 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
             Ok(message) => (*message).to_owned(),
             Err(_) => "a panic with a non-string payload".to_owned(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::memory::Memory;
+
+    /// Set in the child processes of the stderr tests, which run `campaign_fails_in_a_child`.
+    const CHILD: &str = "LEASE_CORE_CAMPAIGN_FAILS_CHILD";
+    const LINE: &str = "lease: the campaign for \"jobs\" failed and will not retry: ";
+
+    /// Runs `campaign_fails_in_a_child` in a process of its own (this test binary), with or
+    /// without a subscriber, and returns what it wrote on stderr.
+    fn child_stderr(with_subscriber: bool) -> String {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let output = Command::new(exe)
+            .args([
+                "--exact",
+                "leader::campaign::tests::campaign_fails_in_a_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                CHILD,
+                if with_subscriber {
+                    "subscriber"
+                } else {
+                    "none"
+                },
+            )
+            .output()
+            .expect("run the test binary");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "the child failed: {}\n{stderr}",
+            output.status
+        );
+        stderr
+    }
+
+    #[test]
+    fn a_failed_campaign_says_so_on_stderr_when_no_subscriber_is_installed() {
+        let stderr = child_stderr(false);
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with(LINE)).collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "one line, naming the key; stderr:\n{stderr}"
+        );
+        assert!(
+            lines[0].contains("another kind of lock"),
+            "the line gives the error: {stderr}"
+        );
+    }
+
+    #[test]
+    fn a_failed_campaign_leaves_stderr_to_the_subscriber_when_one_is_installed() {
+        let stderr = child_stderr(true);
+        assert!(
+            !stderr.contains("lease: the campaign"),
+            "nothing on stderr beside the ERROR event: {stderr}"
+        );
+        assert!(
+            stderr.contains("child: 1 error event(s)"),
+            "the subscriber saw the error event: {stderr}"
+        );
+    }
+
+    /// Counts ERROR events, as a real subscriber would show them.
+    struct CountErrors(Arc<AtomicUsize>);
+
+    impl tracing::Subscriber for CountErrors {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::ERROR {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// The child of the tests above: a campaign for a semaphore on a key a leader lock uses,
+    /// which no retry can fix. Does nothing unless run by them.
+    #[test]
+    #[ignore = "run in a child process by the stderr tests of this module"]
+    fn campaign_fails_in_a_child() {
+        let Ok(mode) = std::env::var(CHILD) else {
+            return;
+        };
+        let errors = Arc::new(AtomicUsize::new(0));
+        if mode == "subscriber" {
+            tracing::subscriber::set_global_default(CountErrors(Arc::clone(&errors)))
+                .expect("the only subscriber of this process");
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let memory = Memory::new();
+            let _leader = memory
+                .acquire(&LeaseSpec::leader("jobs"))
+                .await
+                .expect("the leader lock");
+            let campaign =
+                Campaign::try_new(memory, LeaseSpec::semaphore("jobs", 2)).expect("a valid spec");
+            let handle = campaign.handle();
+            let ended = campaign
+                .hold_until(CancellationToken::new())
+                .await
+                .expect_err("a conflict ends the campaign");
+            assert!(!ended.is_transient(), "{ended}");
+            assert!(
+                matches!(handle.state(), CampaignState::Failed(_)),
+                "{:?}",
+                handle.state()
+            );
+        });
+        if mode == "subscriber" {
+            eprintln!("child: {} error event(s)", errors.load(Ordering::Relaxed));
+        }
     }
 }

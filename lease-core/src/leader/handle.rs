@@ -205,7 +205,9 @@ pub enum CampaignState {
     /// `run_until` returned `Ok` with this end.
     Ended(CampaignEnd),
     /// `run_until` returned an error retrying cannot fix (an invalid spec, a key used by another
-    /// kind of lock, a permission denial...); its message.
+    /// kind of lock, a permission denial...); its message. The campaign does not run again.
+    /// The end is logged at ERROR, and said in one line on stderr when no tracing subscriber is
+    /// installed (see [`Campaign::run_until`](super::Campaign::run_until)).
     Failed(String),
     /// The `run_until` future was dropped before it ended.
     Abandoned,

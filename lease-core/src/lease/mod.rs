@@ -16,8 +16,8 @@ use std::task::Poll;
 
 use tokio::sync::oneshot;
 
-pub use state::Fence;
 use state::LeaseState;
+pub use state::{Fence, PAUSE_TOLERANCE};
 
 use crate::{Error, LostReason, Sequencer};
 

@@ -29,6 +29,12 @@ use crate::metrics::Tally;
 /// [`Lease::run`](crate::Lease::run) read it on the monotonic clock (tokio's, so paused-time
 /// tests drive it), and the holder task declares [`LostReason::SelfFenced`] when it passes.
 ///
+/// The holder task's timer fires at the deadline in a process that runs. Found passed by more
+/// than [`PAUSE_TOLERANCE`] (or a tenth of `valid_for`, if longer) since it fell due, by that
+/// timer or by a reader, the deadline says that this process did not run (it was stopped, or
+/// its runtime was blocked): the loss is then [`LostReason::ProcessPaused`], naming the pause
+/// rather than the backend.
+///
 /// A confirmation says the backend still knows the holder; it says nothing of whether this
 /// process would *see* a loss. A backend that watches its leases through something that can
 /// stop (a shared watch that failed, or that is being rebuilt) calls
@@ -79,6 +85,9 @@ struct FenceInner {
     writer: Mutex<Writer>,
     /// Woken when the deadline moves earlier (a suspension), for [`Fence::expiry`].
     lowered: Notify,
+    /// Nanoseconds after `epoch` of the last time the deadline was set earlier (or of the
+    /// fence's creation): a timer set then fires at the deadline or at once, whichever is later.
+    lowered_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -99,6 +108,11 @@ impl fmt::Debug for Fence {
 
 const UNBOUNDED: u64 = u64::MAX;
 
+/// How late a fence deadline may be found passed, after it fell due, before the lateness is
+/// taken for a process that did not run (see [`Fence`]); a tenth of the fence's `valid_for` if
+/// that is longer. A running process's timers fire within milliseconds, even on a loaded machine.
+pub const PAUSE_TOLERANCE: Duration = Duration::from_secs(1);
+
 impl Fence {
     /// A fence confirmed at `confirmed_at` (the send time of the request that created the lease's
     /// session or connection), each confirmation good for `valid_for`.
@@ -110,6 +124,7 @@ impl Fence {
             deadline: AtomicU64::new(saturating_nanos(valid_for)),
             writer: Mutex::default(),
             lowered: Notify::new(),
+            lowered_at: AtomicU64::new(nanos_between(confirmed_at, Instant::now())),
         }))
     }
 
@@ -123,6 +138,7 @@ impl Fence {
             deadline: AtomicU64::new(UNBOUNDED),
             writer: Mutex::default(),
             lowered: Notify::new(),
+            lowered_at: AtomicU64::new(0),
         }))
     }
 
@@ -189,7 +205,12 @@ impl Fence {
         let deadline = counted
             .saturating_add(saturating_nanos(self.0.valid_for))
             .min(UNBOUNDED - 1);
-        self.0.deadline.swap(deadline, Ordering::AcqRel) > deadline
+        let lowered = self.0.deadline.swap(deadline, Ordering::AcqRel) > deadline;
+        if lowered {
+            let now = nanos_between(self.0.epoch, Instant::now());
+            self.0.lowered_at.fetch_max(now, Ordering::AcqRel);
+        }
+        lowered
     }
 
     /// How long one confirmation is good for.
@@ -227,6 +248,11 @@ impl Fence {
     /// How long the lease has gone unconfirmed (or unseen), once that is past the deadline;
     /// `None` before.
     pub fn overdue(&self) -> Option<Duration> {
+        self.passed().map(|passed| passed.unconfirmed_for)
+    }
+
+    /// The deadline as found passed now; `None` before it.
+    fn passed(&self) -> Option<Passed> {
         // The fast path of every poll: nothing to compute while the deadline is ahead.
         let deadline = self.0.deadline.load(Ordering::Acquire);
         let now = nanos_between(self.0.epoch, Instant::now());
@@ -234,13 +260,33 @@ impl Fence {
             return None;
         }
         let counted = deadline.saturating_sub(saturating_nanos(self.0.valid_for));
-        Some(Duration::from_nanos(now.saturating_sub(counted)))
+        let due = deadline.max(self.0.lowered_at.load(Ordering::Acquire));
+        Some(Passed {
+            unconfirmed_for: Duration::from_nanos(now.saturating_sub(counted)),
+            late: Duration::from_nanos(now.saturating_sub(due)),
+        })
     }
 
-    /// The loss to declare when the deadline has passed, `None` before.
-    pub(crate) fn expired(&self) -> Option<LostReason> {
-        self.overdue()
-            .map(|unconfirmed_for| LostReason::SelfFenced { unconfirmed_for })
+    /// The loss to declare when the deadline has passed, `None` before:
+    /// [`LostReason::ProcessPaused`] if it was found passed too late for a process that runs
+    /// (see [`Fence`]), else [`LostReason::SelfFenced`].
+    ///
+    /// What the holder task declares; a backend that runs a fence of its own (a waiter's
+    /// session, a pooled lease) declares the same with it.
+    pub fn expired(&self) -> Option<LostReason> {
+        let Passed {
+            unconfirmed_for,
+            late,
+        } = self.passed()?;
+        let tolerance = PAUSE_TOLERANCE.max(self.0.valid_for / 10);
+        Some(if late > tolerance {
+            LostReason::ProcessPaused {
+                paused_for: late,
+                unconfirmed_for,
+            }
+        } else {
+            LostReason::SelfFenced { unconfirmed_for }
+        })
     }
 
     /// Completes when the deadline passes, following every later confirmation and suspension.
@@ -262,6 +308,13 @@ impl Fence {
             }
         }
     }
+}
+
+/// A passed deadline: how long the lease went unconfirmed, and how long after the deadline fell
+/// due (for a timer set when it was) it was found passed.
+struct Passed {
+    unconfirmed_for: Duration,
+    late: Duration,
 }
 
 fn saturating_nanos(duration: Duration) -> u64 {
@@ -438,5 +491,104 @@ mod tests {
         unbounded.suspend(Instant::now());
         assert_eq!(unbounded.deadline(), None);
         assert!(!unbounded.is_past());
+    }
+
+    /// The clock moved 20 s while nothing ran, as across a SIGSTOP: the fence's timer fires 11 s
+    /// after its deadline, and the loss names the pause, not the backend.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_found_passed_long_after_it_fell_due_names_the_pause() {
+        let fence = Fence::new(Duration::from_secs(9), Instant::now());
+        let expiry = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.expiry().await }
+        });
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let reason = expiry.await.unwrap();
+        assert_eq!(
+            reason,
+            LostReason::ProcessPaused {
+                paused_for: Duration::from_secs(11),
+                unconfirmed_for: Duration::from_secs(20),
+            }
+        );
+        assert!(reason.is_self_fenced());
+        assert_eq!(
+            reason.to_string(),
+            "this process was paused for at least 11.00 s (its timers ran 11.00 s late), leaving \
+             the lease unconfirmed for 20.00 s; self-fenced before the session TTL could expire"
+        );
+        // A reader that comes first (a guarded work's next poll) says the same.
+        let state = LeaseState::new(Fence::new(Duration::from_secs(9), Instant::now()));
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(!state.is_held());
+        assert!(matches!(
+            state.lost_reason(),
+            Some(LostReason::ProcessPaused { paused_for, .. }) if paused_for == Duration::from_secs(11)
+        ));
+    }
+
+    /// Late by up to the tolerance (a second, or a tenth of the fence) is a process that runs:
+    /// the backend went unconfirmed.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_found_passed_within_the_tolerance_is_the_backends() {
+        let fence = Fence::new(Duration::from_secs(9), Instant::now());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            fence.expired(),
+            Some(LostReason::SelfFenced {
+                unconfirmed_for: Duration::from_secs(10)
+            })
+        );
+        let long = Fence::new(Duration::from_secs(60), Instant::now());
+        tokio::time::advance(Duration::from_secs(65)).await;
+        assert!(
+            matches!(long.expired(), Some(LostReason::SelfFenced { .. })),
+            "5 s late is within a tenth of 60 s"
+        );
+    }
+
+    /// A deadline set in the past (a suspension from long ago, a fence created from an old
+    /// confirmation) falls due when it is set: a timer set then is on time, so the backend is
+    /// named, not a pause.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_set_in_the_past_is_due_when_it_is_set() {
+        let created = Instant::now();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let old = Fence::new(Duration::from_secs(9), created);
+        assert_eq!(
+            old.expired(),
+            Some(LostReason::SelfFenced {
+                unconfirmed_for: Duration::from_secs(30)
+            })
+        );
+
+        let fence = Fence::new(Duration::from_secs(9), Instant::now());
+        let watched_until = Instant::now();
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            fence.confirm(Instant::now());
+        }
+        // The watch is found to have failed 20 s after it last saw the lease.
+        fence.suspend(watched_until);
+        let expiry = fence.expiry().await;
+        assert_eq!(
+            expiry,
+            LostReason::SelfFenced {
+                unconfirmed_for: Duration::from_secs(20)
+            }
+        );
+        // Lateness counts from the suspension: found 20 s after it with nothing declared, the
+        // deadline says this process did not run.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(matches!(
+            fence.expired(),
+            Some(LostReason::SelfFenced { .. })
+        ));
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(matches!(
+            fence.expired(),
+            Some(LostReason::ProcessPaused { .. })
+        ));
     }
 }

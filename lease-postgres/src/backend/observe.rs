@@ -36,6 +36,12 @@ pub(crate) async fn observe(shared: &Arc<Shared>, key: &str) -> Result<LeaderObs
     Ok(LeaderObserver::new(key, rx))
 }
 
+/// The time a row has left, as the database counted it in seconds: at most a day (read again
+/// then), and none for what is not a number of seconds (NaN), which `Duration` cannot hold.
+fn time_left(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds.clamp(0.0, 86_400.0)).unwrap_or_default()
+}
+
 /// The live leader row of `key`, and when it expires.
 async fn leader_of(
     shared: &Shared,
@@ -59,7 +65,7 @@ async fn leader_of(
     let index: i64 = row.try_get(1).map_err(PgError::Query)?;
     let value: Vec<u8> = row.try_get(2).map_err(PgError::Query)?;
     let left: f64 = row.try_get(3).map_err(PgError::Query)?;
-    let expiry = Instant::now() + Duration::from_secs_f64(left.clamp(0.0, 86_400.0));
+    let expiry = Instant::now() + time_left(left);
     let index = u64::try_from(index).unwrap_or_default();
     let sequencer = Sequencer::new(BackendKind::Postgres, key, index, holder);
     Ok((Some(Leader::new(sequencer, value)), Some(expiry)))
@@ -99,5 +105,18 @@ async fn follow(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_float_the_database_answers_is_a_time_left() {
+        assert_eq!(time_left(1.5), Duration::from_millis(1500));
+        assert_eq!(time_left(-3.0), Duration::ZERO);
+        assert_eq!(time_left(f64::INFINITY), Duration::from_secs(86_400));
+        assert_eq!(time_left(f64::NAN), Duration::ZERO);
     }
 }
