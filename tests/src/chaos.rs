@@ -374,7 +374,7 @@ impl Scenario {
     /// claim nobody renews any more: a killed, paused or cut-off holder's session, lease, row or
     /// queue. Its last renewal came no later than the heal (a kill heals at once; a pause or a
     /// blackhole began before it healed), so the backend drops it at the latest
-    /// [`crash_expiry`](Self::crash_expiry) after the heal: Consul 2 × TTL (+1 s), since
+    /// `crash_expiry` after the heal: Consul 2 × TTL (+1 s), since
     /// Consul invalidates a TTL session between one and two TTLs after its last renewal; etcd
     /// and PostgreSQL one TTL (+3 s for their expiry checks); RabbitMQ three heartbeats. Then the
     /// key may stay barred for the lock-delay (Consul; PostgreSQL after an operator deleted the
