@@ -221,7 +221,7 @@ bounded() {
 # integration and doc tests of every package) in the first. They are long (chaos alone 100 s, 4 to
 # 5 minutes in all) and mostly idle, waiting on services, timeouts and worker processes, so beside
 # the first lane they cost little CPU and take minutes off the step.
-long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale min_hold fence_frozen_link)
+long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale fence_frozen_link)
 test_log=target/test.log
 lane2_log=target/test-lane2.log
 : >"$test_log"
