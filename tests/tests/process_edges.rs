@@ -467,15 +467,27 @@ async fn a_frozen_process_names_the_pause(test: &str, backend_args: &[String]) {
         ms(lost.t as i128 - resumed as i128),
         lost.detail
     );
-    if !lost
-        .detail
-        .starts_with("this process was paused for at least ")
-        || lost.detail.contains("unreachable")
-    {
+    let names_it = lost.detail.starts_with(PAUSE_NAMED);
+    judge_pause_named(&mut run, "holder's loss", &lost.detail, names_it, shutdown);
+}
+
+/// How a loss found because this process was paused begins (`LostReason::ProcessPaused`).
+const PAUSE_NAMED: &str = "this process was paused for at least ";
+
+/// The verdict of a frozen-process test: what the resumed process logged (`detail`, the `what`)
+/// names the pause (`names_it`) and not the backend, and the workers stopped cleanly; else the
+/// test fails with the run's files kept.
+fn judge_pause_named(
+    run: &mut Run,
+    what: &str,
+    detail: &str,
+    names_it: bool,
+    shutdown: Result<(), String>,
+) {
+    if !names_it || detail.contains("unreachable") {
         run.keep = true;
         panic!(
-            "the frozen holder's loss does not name the pause: {:?}\n{}",
-            lost.detail,
+            "the frozen {what} does not name the pause: {detail:?}\n{}",
             run.files()
         );
     }
@@ -558,22 +570,15 @@ async fn a_frozen_waiter_names_the_pause(test: &str, backend_args: &[String]) {
         ms(error.t as i128 - resumed as i128),
         error.detail
     );
-    if !error
-        .detail
-        .contains("this process was paused for at least ")
-        || error.detail.contains("unreachable")
-    {
-        run.keep = true;
-        panic!(
-            "the frozen waiter's error does not name the pause: {:?}\n{}",
-            error.detail,
-            run.files()
-        );
-    }
-    if let Err(e) = shutdown {
-        run.keep = true;
-        panic!("{e}");
-    }
+    // The acquire's error wraps the loss's text.
+    let names_it = error.detail.contains(PAUSE_NAMED);
+    judge_pause_named(
+        &mut run,
+        "waiter's error",
+        &error.detail,
+        names_it,
+        shutdown,
+    );
 }
 
 #[tokio::test]
