@@ -126,6 +126,24 @@ impl TestDb {
         connect(&self.url).await
     }
 
+    /// A new connection to it, with the fence installed and the `fenced_writes` table that
+    /// `lease-fenced-writer` writes its rows into (each with its server-side `written_at`).
+    pub async fn connect_for_fenced_writes(&self) -> Client {
+        let client = self.connect().await;
+        lease_postgres::fence::tokio_postgres::install(&client)
+            .await
+            .unwrap_or_else(|e| panic!("cannot install the fence in {}: {e}", self.name));
+        client
+            .batch_execute(
+                "CREATE TABLE fenced_writes (id bigserial PRIMARY KEY, lease_key text NOT NULL, \
+                 lease_index bigint NOT NULL, holder text NOT NULL, pid bigint NOT NULL, \
+                 attempt bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cannot create fenced_writes in {}: {e}", self.name));
+        client
+    }
+
     /// The operator's outage: `ALTER DATABASE … ALLOW_CONNECTIONS false`, so every new
     /// connection is refused (SQLSTATE 55000, "database … is not currently accepting
     /// connections", superusers too), then `pg_terminate_backend` of every session of the

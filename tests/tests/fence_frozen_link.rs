@@ -106,18 +106,7 @@ async fn rows_of(client: &Client, holder: &str) -> Vec<(u128, i64)> {
 
 async fn frozen_link(test: &str, leases: Leases, variant: Variant) {
     let db = TestDb::create(test).await;
-    let client = db.connect().await;
-    lease_postgres::fence::tokio_postgres::install(&client)
-        .await
-        .unwrap();
-    client
-        .batch_execute(
-            "CREATE TABLE fenced_writes (id bigserial PRIMARY KEY, lease_key text NOT NULL, \
-             lease_index bigint NOT NULL, holder text NOT NULL, pid bigint NOT NULL, \
-             attempt bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .await
-        .unwrap();
+    let client = db.connect_for_fenced_writes().await;
 
     // A reaches the lease backend through the proxy, B directly; both write to the database
     // directly.

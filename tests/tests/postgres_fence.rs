@@ -148,18 +148,7 @@ async fn outcome_of(run: &Run, who: usize, attempt: i64, limit: Duration) -> Lin
 /// Runs one case on the lease backend `backend_args` (`--consul URL` or `--etcd URL`).
 async fn paused_holder(test: &str, backend_args: &[String], case: Case) {
     let db = TestDb::create(test).await;
-    let client = db.connect().await;
-    lease_postgres::fence::tokio_postgres::install(&client)
-        .await
-        .unwrap();
-    client
-        .batch_execute(
-            "CREATE TABLE fenced_writes (id bigserial PRIMARY KEY, lease_key text NOT NULL, \
-             lease_index bigint NOT NULL, holder text NOT NULL, pid bigint NOT NULL, \
-             attempt bigint NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .await
-        .unwrap();
+    let client = db.connect_for_fenced_writes().await;
 
     let mut run = Run::new("postgres-fence", test, WRITER.as_ref());
     let mut common: Vec<String> = backend_args.to_vec();
