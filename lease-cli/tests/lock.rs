@@ -237,18 +237,7 @@ async fn a_killed_lease_lock_takes_its_whole_command_group_with_it() {
         .await
         .unwrap();
 
-    let lines = std::fs::read_to_string(&history).unwrap();
-    let stamps = |who: &str| -> Vec<u128> {
-        lines
-            .lines()
-            .filter(|l| l.ends_with(who))
-            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-            .collect()
-    };
-    let (last_first, first_second) = (
-        stamps(" first").into_iter().max().unwrap(),
-        stamps(" second").into_iter().min().unwrap(),
-    );
+    let (last_first, first_second) = hand_over(&history);
     eprintln!(
         "kill -9 → command group gone within {:.1} ms; its last write {:.1} ms after the kill; \
          the next holder's first write {:.0} ms after it",
@@ -264,6 +253,23 @@ async fn a_killed_lease_lock_takes_its_whole_command_group_with_it() {
 }
 
 /// Waits (bounded) until `path` has `n` lines ending in ` who`.
+/// The hand-over in a history of `<ns> first` and `<ns> second` lines: the first command's last
+/// write and the second's first.
+fn hand_over(path: &std::path::Path) -> (u128, u128) {
+    let lines = std::fs::read_to_string(path).unwrap();
+    let stamps = |who: &str| -> Vec<u128> {
+        lines
+            .lines()
+            .filter(|l| l.ends_with(who))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    (
+        stamps(" first").into_iter().max().unwrap(),
+        stamps(" second").into_iter().min().unwrap(),
+    )
+}
+
 async fn wait_for_lines(path: &std::path::Path, who: &str, n: usize) {
     let suffix = format!(" {who}");
     lease_tests::workers::wait_for(
@@ -710,18 +716,7 @@ async fn nothing_of_the_command_group_runs_beside_the_next_holder() {
         within(T, "the second lease lock to exit", second.wait())
             .await
             .unwrap();
-        let lines = std::fs::read_to_string(&history).unwrap();
-        let stamps = |who: &str| -> Vec<u128> {
-            lines
-                .lines()
-                .filter(|l| l.ends_with(who))
-                .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-                .collect()
-        };
-        let (last_first, first_second) = (
-            stamps(" first").into_iter().max().unwrap(),
-            stamps(" second").into_iter().min().unwrap(),
-        );
+        let (last_first, first_second) = hand_over(&history);
         assert!(
             last_first < first_second,
             "{case}: the first command's group wrote at {last_first}, after the next holder's \
