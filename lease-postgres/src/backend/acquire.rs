@@ -399,13 +399,19 @@ impl Detached {
         }
     }
 
+    /// A connection of its own, or `None` if the server cannot be reached (the row then
+    /// expires with its TTL).
+    async fn connect(&self) -> Option<tokio_postgres::Client> {
+        Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls)
+            .await
+            .ok()
+    }
+
     /// [`keep_row`] on a connection of its own.
     fn keep(self, key: String, holder: String, left: Duration) -> BoxFuture<'static, ()> {
         let end = Instant::now() + left;
         Box::pin(async move {
-            let Ok(client) =
-                Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls).await
-            else {
+            let Some(client) = self.connect().await else {
                 return;
             };
             let sql = super::client::in_schema(KEEP_SQL, &self.schema);
@@ -417,9 +423,7 @@ impl Detached {
     /// A release on a connection of its own.
     fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let Ok(client) =
-                Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls).await
-            else {
+            let Some(client) = self.connect().await else {
                 return;
             };
             let sql = super::client::in_schema(RELEASE_SQL, &self.schema);
