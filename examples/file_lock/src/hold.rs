@@ -9,7 +9,7 @@ use std::time::Duration;
 use lease_core::backend::Hold;
 use lease_core::{BoxFuture, Error, LostReason};
 
-use crate::lock_file::{self, Lock};
+use crate::lock_file::{self, Lock, io_error};
 
 /// One held lock file and the record that makes it ours.
 pub(crate) struct FileHold {
@@ -45,7 +45,7 @@ impl Hold for FileHold {
     async fn release(&mut self) -> Result<(), Error> {
         lock_file::remove_if_held_by(&self.path, &self.record)
             .map(drop)
-            .map_err(|error| crate::io_error("delete", &self.path, &error))
+            .map_err(|error| io_error("delete", &self.path, &error))
     }
 
     /// After a loss the file is gone or another holder's: nothing of ours is left to give back.

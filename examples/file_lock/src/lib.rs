@@ -97,7 +97,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use hold::FileHold;
-use lock_file::{Lock, Record};
+use lock_file::{Lock, Record, io_error};
 
 /// The kind its sequencers and metrics name: `file`.
 static KIND: LazyLock<BackendKind> = LazyLock::new(|| BackendKind::custom("file"));
@@ -419,16 +419,6 @@ fn new_holder() -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// A file operation that failed, as the contract's error for a backend's own failures.
-fn io_error(operation: &str, path: &Path, error: &std::io::Error) -> Error {
-    Error::Backend {
-        backend: "file lock",
-        operation: format!("{operation} {}", path.display()),
-        message: error.to_string(),
-        transient: false,
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
+use lease_core::Error;
+
 /// Who holds a lock file, as its record says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -170,6 +172,16 @@ pub(crate) fn create_with(path: &Path, contents: &str) -> io::Result<bool> {
         Ok(mut file) => file.write_all(contents.as_bytes()).map(|()| true),
         Err(error) if error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
         Err(error) => Err(error),
+    }
+}
+
+/// A file operation that failed, as the contract's error for a backend's own failures.
+pub(crate) fn io_error(operation: &str, path: &Path, error: &std::io::Error) -> Error {
+    Error::Backend {
+        backend: "file lock",
+        operation: format!("{operation} {}", path.display()),
+        message: error.to_string(),
+        transient: false,
     }
 }
 
