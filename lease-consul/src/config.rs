@@ -7,7 +7,7 @@ use std::time::Duration;
 use lease_core::Error;
 
 use super::Consul;
-use super::http::{self, ConsulHttp};
+use super::wire::{self, ConsulHttp};
 
 /// An ACL token: sent as a header, never displayed.
 #[derive(Clone)]
@@ -398,12 +398,12 @@ impl ConsulBuilder {
         }
         let max_connections = self
             .max_connections
-            .unwrap_or(http::DEFAULT_MAX_CONNECTIONS);
-        if max_connections < http::MIN_CONNECTIONS {
+            .unwrap_or(wire::DEFAULT_MAX_CONNECTIONS);
+        if max_connections < wire::MIN_CONNECTIONS {
             return Err(Error::config(format!(
                 "max_connections {max_connections} is too few: a Consul client needs at least {} \
                  (one for watches, two for other requests, one spare)",
-                http::MIN_CONNECTIONS
+                wire::MIN_CONNECTIONS
             )));
         }
         let https = base.scheme() == "https";
@@ -445,14 +445,14 @@ impl ConsulBuilder {
                          cannot apply: configure it on that reqwest::Client instead"
                     )));
                 }
-                http::HttpClient::Given(client)
+                wire::HttpClient::Given(client)
             }
             None => {
                 let config = self.client_config(&base, max_connections)?;
                 if (https || config.wants_tls()) && !lease_http::TLS {
                     return Err(lease_http::tls_missing("the Consul agent's https address"));
                 }
-                http::HttpClient::build(config).map_err(|e| {
+                wire::HttpClient::build(config).map_err(|e| {
                     let message = format!(
                         "cannot build the HTTP client for Consul: {}",
                         lease_http::DisplayChain(&*e)
@@ -461,7 +461,7 @@ impl ConsulBuilder {
                 })?
             }
         };
-        let settings = http::Settings {
+        let settings = wire::Settings {
             token,
             datacenter: self.datacenter,
             namespace: self.namespace,
@@ -715,7 +715,7 @@ mod tests {
     /// The hints of a failed connection name `CONSUL_HTTP_ADDR` only for an address read from it.
     #[tokio::test]
     async fn unreachable_hints_name_where_the_address_came_from() {
-        use crate::http::{ApiError, hint};
+        use crate::wire::{ApiError, hint};
         // Nothing listens on port 1: refused at once, no server needed.
         let refused = reqwest::get("http://127.0.0.1:1/").await.unwrap_err();
         let error = ApiError::Transport(std::sync::Arc::new(refused));

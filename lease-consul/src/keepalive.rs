@@ -28,8 +28,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::config::KeepAlive;
-use super::http::ConsulHttp;
 use super::session::SessionEnd;
+use super::wire::ConsulHttp;
 use lease_core::Error;
 use lease_core::backend::Fence;
 

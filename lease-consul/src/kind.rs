@@ -28,7 +28,7 @@
 
 use reqwest::StatusCode;
 
-use super::http::{ApiError, KvEntry, TxnOp};
+use super::wire::{ApiError, KvEntry, TxnOp};
 #[cfg(doc)]
 use lease_core::Error;
 

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use super::kind::{OtherKind, Verdict};
 use super::retry::retry_transient;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watched, Watches};
+use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
@@ -488,7 +488,7 @@ impl SessionLock for LeaderKey {
 /// Deletes the leader key `key` if no session holds it and it carries the leader flags, with a
 /// compare-and-set on the index it was read at, so a key taken meanwhile is left alone.
 pub(crate) async fn remove_unheld(http: &ConsulHttp, key: &str) -> Result<bool, Error> {
-    let fail = |e: super::http::ApiError| e.into_error(http, format_args!("remove {key:?}"));
+    let fail = |e: super::wire::ApiError| e.into_error(http, format_args!("remove {key:?}"));
     let (entry, _) = http.kv_get(key).await.map_err(fail)?;
     match entry {
         Some(entry) if entry.holder().is_none() && entry.flags == LEADER_FLAGS => http

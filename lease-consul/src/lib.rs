@@ -39,7 +39,6 @@
 //! slots with `consul lock -n N PREFIX cmd`.
 
 mod config;
-mod http;
 mod keepalive;
 mod kind;
 mod leader;
@@ -48,6 +47,7 @@ mod retry;
 mod semaphore;
 mod session;
 mod watch;
+mod wire;
 
 use std::fmt;
 use std::sync::Arc;
@@ -55,10 +55,10 @@ use std::time::Duration;
 
 pub use config::{ConsulBuilder, KeepAlive};
 
-use http::ConsulHttp;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
+use wire::ConsulHttp;
 
 /// Leases on Consul. Cloning is cheap and clones share one connection pool.
 ///

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::http::{ConsulHttp, KvEntry};
 use super::watch::{Interest, Watched, Watches};
+use super::wire::{ConsulHttp, KvEntry};
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 

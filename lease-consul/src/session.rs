@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{Behavior, ConsulHttp, SessionLife, TxnOp};
 use super::keepalive::Heartbeat;
 use super::leader::LEADER_FLAGS;
 use super::retry::{retry_transient, within};
 use super::watch::{Interest, Listing, Watches};
+use super::wire::{Behavior, ConsulHttp, SessionLife, TxnOp};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
@@ -267,7 +267,7 @@ async fn keep_key(
     const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(86_400));
     let whole_seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
     let ttl = Duration::from_secs(whole_seconds).clamp(TTL_RANGE.0, TTL_RANGE.1);
-    let fail = |e: super::http::ApiError| e.into_error(http, format_args!("keep {key:?}"));
+    let fail = |e: super::wire::ApiError| e.into_error(http, format_args!("keep {key:?}"));
     let (entry, _) = http.kv_get(key).await.map_err(fail)?;
     let entry = entry
         .filter(|entry| entry.holder() == Some(session))

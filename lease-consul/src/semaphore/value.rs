@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::http::KvEntry;
+use crate::wire::KvEntry;
 use lease_core::semaphore::{
     LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key,
 };

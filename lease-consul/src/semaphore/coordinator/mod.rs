@@ -47,7 +47,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::http::ConsulHttp;
+use crate::wire::ConsulHttp;
 use lease_core::Error;
 use lease_core::semaphore::{Give, Take, Taken};
 

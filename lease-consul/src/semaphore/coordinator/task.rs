@@ -12,12 +12,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{GiveReply, Request, TakeReply};
-use crate::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
 use crate::kind::{OtherKind, Verdict};
 use crate::leader::LEADER_FLAGS;
 use crate::retry::backoff;
 use crate::semaphore::value::{encode_lock, read_snapshot};
 use crate::watch::{Interest, Watched, Watches};
+use crate::wire::{ApiError, ConsulHttp, KvEntry, TxnOp};
 use lease_core::Error;
 use lease_core::backoff::Backoff;
 use lease_core::semaphore::{
