@@ -1,57 +1,12 @@
 //! Where the Consul agent is and how to talk to it, configured like Consul's own CLI.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use lease_core::Error;
 
 use super::Consul;
-use super::wire::{self, ConsulHttp};
-
-/// An ACL token: sent as a header, never displayed.
-#[derive(Clone)]
-pub(crate) struct Token(String);
-
-impl Token {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-/// Where a client's agent address came from, so that a message names what the user set, and
-/// never `CONSUL_HTTP_ADDR` for an address that did not come from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AddressOrigin {
-    /// `CONSUL_HTTP_ADDR`, read by [`ConsulBuilder::from_env`].
-    Env,
-    /// [`ConsulBuilder::address`].
-    Builder,
-    /// Neither: the default `127.0.0.1:8500`. `from_env` if [`ConsulBuilder::from_env`] found
-    /// `CONSUL_HTTP_ADDR` unset.
-    Default {
-        /// Whether the environment was read.
-        from_env: bool,
-    },
-}
-
-impl AddressOrigin {
-    /// The setting a user changes to give another address.
-    pub(crate) fn setting(self) -> &'static str {
-        match self {
-            AddressOrigin::Env | AddressOrigin::Default { from_env: true } => "CONSUL_HTTP_ADDR",
-            AddressOrigin::Builder | AddressOrigin::Default { from_env: false } => {
-                "ConsulBuilder::address"
-            }
-        }
-    }
-}
+use super::wire::{self, AddressOrigin, ConsulHttp, Token};
 
 #[derive(Clone, Debug)]
 enum TokenSource {

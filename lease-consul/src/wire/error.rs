@@ -5,8 +5,8 @@ use std::fmt;
 
 use reqwest::StatusCode;
 
-use super::ConsulHttp;
-use crate::config::AddressOrigin;
+use super::http::ConsulHttp;
+use super::settings::AddressOrigin;
 use lease_core::Error;
 use lease_http::{ApiError, Cause, ErrorContext};
 
