@@ -27,11 +27,43 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::config::KeepAlive;
 use super::session::SessionEnd;
 use super::wire::ConsulHttp;
 use lease_core::Error;
 use lease_core::backend::Fence;
+
+/// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`](crate::ConsulBuilder::keep_alive)).
+///
+/// # Examples
+///
+/// A client for a token without `service:write`, with a larger connection budget:
+///
+/// ```
+/// use lease_consul::{Consul, KeepAlive};
+///
+/// let consul = Consul::builder()
+///     .max_connections(16)
+///     .keep_alive(KeepAlive::SessionTtl)
+///     .build()
+///     .unwrap();
+/// # let _ = consul;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeepAlive {
+    /// One TTL check per process (per session TTL), registered on the agent as the service
+    /// `lease` and passed every TTL/2; every session of the process is tied to it. Idle traffic
+    /// does not grow with the number of leases, and a process that dies loses its leases one
+    /// TTL after its last pass (a session TTL takes up to twice that: Consul doubles it).
+    /// This needs `service:write` on `lease` beside `session:write` and `key:write`; with a
+    /// token that lacks it, the client warns once and falls back to [`KeepAlive::SessionTtl`].
+    #[default]
+    AgentCheck,
+    /// Each session has its own TTL and is renewed every TTL/2, as `consul lock` does: one
+    /// request per lease per TTL/2, and no service registration (for tokens without
+    /// `service:write`).
+    SessionTtl,
+}
 
 /// The service name under which heartbeat checks are registered.
 const SERVICE_NAME: &str = "lease";

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::kind::{OtherKind, Verdict};
+use super::kind::{LEADER_FLAGS, OtherKind, Verdict};
 use super::retry::retry_transient;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watched, Watches};
@@ -26,8 +26,19 @@ use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
-/// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
-pub(crate) const LEADER_FLAGS: u64 = Error::LEADER_FLAGS;
+/// A leader key nobody holds, as [`Consul::unheld_leader_keys`] found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnheldKey {
+    /// The key.
+    pub key: String,
+    /// Its LockIndex: how many times it was acquired since it was created.
+    pub lock_index: u64,
+    /// Its CreateIndex: the Raft index at which it was created (higher for every re-creation).
+    pub create_index: u64,
+    /// Its ModifyIndex when found: any acquisition, release or write changes it.
+    pub modify_index: u64,
+}
 
 /// First pause after an acquire refused by lock-delay; doubles up to [`LOCK_DELAY_MAX_PAUSE`].
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);
@@ -500,10 +511,7 @@ pub(crate) async fn remove_unheld(http: &ConsulHttp, key: &str) -> Result<bool, 
 }
 
 /// The leader keys under `prefix` that no session holds, as one consistent read found them.
-pub(crate) async fn unheld(
-    http: &ConsulHttp,
-    prefix: &str,
-) -> Result<Vec<super::UnheldKey>, Error> {
+pub(crate) async fn unheld(http: &ConsulHttp, prefix: &str) -> Result<Vec<UnheldKey>, Error> {
     let (entries, _) = http
         .kv_list(prefix)
         .await
@@ -511,7 +519,7 @@ pub(crate) async fn unheld(
     Ok(entries
         .into_iter()
         .filter(|e| e.flags == LEADER_FLAGS && e.holder().is_none())
-        .map(|e| super::UnheldKey {
+        .map(|e| UnheldKey {
             key: e.key,
             lock_index: e.lock_index,
             create_index: e.create_index,
@@ -521,10 +529,7 @@ pub(crate) async fn unheld(
 }
 
 /// Deletes `found.key` with a compare-and-set on the ModifyIndex it was found at.
-pub(crate) async fn remove_as_found(
-    http: &ConsulHttp,
-    found: &super::UnheldKey,
-) -> Result<bool, Error> {
+pub(crate) async fn remove_as_found(http: &ConsulHttp, found: &UnheldKey) -> Result<bool, Error> {
     http.kv_delete(&found.key, Some(found.modify_index))
         .await
         .map_err(|e| e.into_error(http, format_args!("remove {:?}", found.key)))

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::keepalive::Heartbeat;
-use super::leader::LEADER_FLAGS;
+use super::kind::LEADER_FLAGS;
 use super::retry::{retry_transient, within};
 use super::watch::{Interest, Listing, Watches};
 use super::wire::{Behavior, ConsulHttp, SessionLife, TxnOp};

@@ -25,7 +25,11 @@
 
 mod coordinator;
 mod pool;
+mod state;
 mod value;
+
+pub use self::state::{SemaphoreHolder, SemaphoreState};
+pub(crate) use self::state::{destroy, state};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,13 +38,12 @@ use tokio::time::Instant;
 
 use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
-use self::value::read_snapshot;
-use super::retry::{retry_transient, within};
+use self::value::{directory, read_snapshot};
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing};
-use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry};
+use super::wire::{Behavior, ConsulHttp, KvEntry};
 pub(crate) use lease_core::semaphore::{SEMAPHORE_FLAGS, prefix_of};
-use lease_core::semaphore::{Taken, contender_key, lock_key};
+use lease_core::semaphore::{Taken, contender_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
@@ -275,77 +278,4 @@ pub(crate) async fn check_sequencer(
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
     let lost = verdict(prefix, &entries, sequencer.holder(), sequencer.index());
     session::judged::<SemaphoreSlot>(http, sequencer.holder(), lost).await
-}
-
-/// What one consistent read of the semaphore at `prefix` says: its limit and live holders.
-pub(crate) async fn state(http: &ConsulHttp, prefix: &str) -> Result<super::SemaphoreState, Error> {
-    let (entries, index) = http
-        .kv_list(&directory(prefix))
-        .await
-        .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
-    let snapshot = read_snapshot(prefix, &entries, index);
-    if let Err(unreadable) = &snapshot.lock {
-        return Err(unreadable.to_error(prefix));
-    }
-    let holders = snapshot
-        .live_holders()
-        .into_iter()
-        .map(|session| {
-            let key = contender_key(prefix, &session);
-            let entry = entries.iter().find(|e| e.key == key);
-            super::SemaphoreHolder {
-                sequencer: Sequencer::new(
-                    lease_core::BackendKind::Consul,
-                    key.as_str(),
-                    entry.map_or(0, |e| e.lock_index),
-                    session.as_str(),
-                ),
-                value: entry
-                    .and_then(|e| e.decoded_value().ok())
-                    .unwrap_or_default(),
-                session,
-            }
-        })
-        .collect();
-    Ok(super::SemaphoreState {
-        limit: snapshot.limit(),
-        holders,
-    })
-}
-
-/// `<prefix>/`: the directory every key of the semaphore at `prefix` is in.
-pub(super) fn directory(prefix: &str) -> String {
-    format!("{prefix}/")
-}
-
-/// Removes the semaphore at `prefix` if no live holder remains.
-pub(crate) async fn destroy(http: &ConsulHttp, prefix: &str) -> Result<(), Error> {
-    let fail = |e: ApiError| e.into_error(http, format_args!("destroy semaphore {prefix:?}"));
-    let directory = directory(prefix);
-    loop {
-        let (entries, index) =
-            retry_transient(within(Duration::from_secs(5)), || http.kv_list(&directory))
-                .await
-                .map_err(fail)?;
-        let snapshot = read_snapshot(prefix, &entries, index);
-        let modify_index = match &snapshot.lock {
-            Err(unreadable) => return Err(unreadable.to_error(prefix)),
-            Ok(None) => return Ok(()),
-            Ok(Some((modify_index, _))) => *modify_index,
-        };
-        let live = snapshot.live_holders();
-        if !live.is_empty() {
-            return Err(Error::SemaphoreInUse {
-                key: prefix.to_owned(),
-                holders: live.len(),
-            });
-        }
-        if http
-            .kv_delete(&lock_key(prefix), Some(modify_index))
-            .await
-            .map_err(fail)?
-        {
-            return Ok(());
-        }
-    }
 }

@@ -9,6 +9,11 @@ use lease_core::semaphore::{
     LockValue, SEMAPHORE_FLAGS, Snapshot, Unreadable, contender_key, lock_key,
 };
 
+/// `<prefix>/`: the directory every key of the semaphore at `prefix` is in.
+pub(crate) fn directory(prefix: &str) -> String {
+    format!("{prefix}/")
+}
+
 /// Reads `.lock` in Consul's map form or the list form of Consul's semaphore guide; anything else
 /// is refused, never guessed.
 pub(crate) fn parse_lock(bytes: &[u8]) -> Result<LockValue, String> {
@@ -79,7 +84,7 @@ pub(crate) fn encode_lock(value: &LockValue) -> Vec<u8> {
 /// live holders, and settle).
 pub(super) fn read_snapshot(prefix: &str, entries: &[KvEntry], index: u64) -> Snapshot {
     let lock_key = lock_key(prefix);
-    let directory = super::directory(prefix);
+    let directory = directory(prefix);
     let mut lock = Ok(None);
     let mut lock_created = None;
     let mut live = HashSet::new();

@@ -10,17 +10,18 @@ use reqwest::{Method, StatusCode, Url};
 
 use super::answer::status_error;
 use super::budget::{Budget, Kind};
-use super::error::hint;
+use super::error::{LIMIT_HINT, hint};
 use super::settings::{AddressOrigin, Settings, Token};
 use super::transport::HttpClient;
 use crate::keepalive::KeepAlives;
 use crate::session::ReleasedSessions;
 use crate::watch::Watches;
 use lease_core::BackendKind;
+use lease_core::Error;
 use lease_core::backend::ReachabilityTracker;
 use lease_core::backend::{Keepers, Reachability};
 use lease_core::metrics::RequestError;
-use lease_http::ApiError;
+use lease_http::{ApiError, ErrorContext};
 
 /// Timeout of a request that does not block server-side.
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -344,5 +345,52 @@ impl ConsulHttp {
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
         self.exchange(method, url, body, REQUEST_TIMEOUT, Kind::Brief)
             .await
+    }
+}
+
+impl ErrorContext for ConsulHttp {
+    fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
+        let transient = error.is_transient();
+        let hint = hint(&error, self.origin(), self.https());
+        match error {
+            ApiError::Transport(source) => Error::Unreachable {
+                backend: "Consul",
+                address: self.address(),
+                hint,
+                source: lease_http::unreachable_source(&*source),
+            },
+            ApiError::Status {
+                status: StatusCode::FORBIDDEN,
+                message,
+                ..
+            } => Error::PermissionDenied {
+                operation: operation.to_string(),
+                message,
+                hint: "use an ACL token (CONSUL_HTTP_TOKEN, or ConsulBuilder::token) whose policy \
+                       allows it",
+            },
+            ApiError::Status {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message,
+                ..
+            } => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: format!("429 Too Many Requests: {message}; {LIMIT_HINT}"),
+                transient,
+            },
+            ApiError::Status { .. } | ApiError::Malformed(_) => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: error.to_string(),
+                transient,
+            },
+            ApiError::TimedOut => Error::Backend {
+                backend: "Consul",
+                operation: operation.to_string(),
+                message: "no answer in the time left; the agent may be overloaded".to_owned(),
+                transient,
+            },
+        }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::config::KeepAlive;
+use crate::keepalive::KeepAlive;
 
 /// An ACL token: sent as a header, never displayed.
 #[derive(Clone)]

@@ -37,7 +37,10 @@
 //! A take whose caller went away before it was admitted is dropped; one admitted after its
 //! caller went away is given back by the coordinator itself.
 
+mod request;
 mod task;
+
+use self::request::{GiveReply, Request, TakeReply};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -45,14 +48,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
 use crate::wire::ConsulHttp;
 use lease_core::Error;
 use lease_core::semaphore::{Give, Take, Taken};
 
-/// How long a give-back is retried through trouble before it is reported failed.
-const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
 /// How many requests may wait in a coordinator's channel; more callers wait for room.
 const CHANNEL_CAPACITY: usize = 128;
 
@@ -69,50 +69,6 @@ pub(super) struct TakeArgs<'a> {
     pub(super) settle: Duration,
     /// Answer `Full` after one fresh read instead of waiting.
     pub(super) once: bool,
-}
-
-/// What a queued take carries for the coordinator: what to write, and whom to answer.
-#[derive(Debug)]
-struct TakeReply {
-    value: Vec<u8>,
-    answer: oneshot::Sender<Result<Taken, Error>>,
-}
-
-/// What a queued give-back carries: until when to retry it, and whom to answer (nobody for a
-/// slot the coordinator gives back itself).
-#[derive(Debug)]
-struct GiveReply {
-    give_up: Instant,
-    answer: Option<oneshot::Sender<Result<(), Error>>>,
-}
-
-impl GiveReply {
-    /// For a give-back the caller waits for, answered on `answer`.
-    fn to(answer: oneshot::Sender<Result<(), Error>>) -> Self {
-        GiveReply {
-            give_up: Instant::now() + GIVE_UP_AFTER,
-            answer: Some(answer),
-        }
-    }
-
-    /// For a slot the coordinator gives back itself: admitted after its caller went away.
-    fn unanswered() -> Self {
-        GiveReply {
-            give_up: Instant::now() + GIVE_UP_AFTER,
-            answer: None,
-        }
-    }
-
-    fn send(self, result: Result<(), Error>) {
-        if let Some(answer) = self.answer {
-            let _ = answer.send(result);
-        }
-    }
-}
-
-enum Request {
-    Take(Take, TakeReply),
-    Give(Give, GiveReply),
 }
 
 /// The coordinators of one client, one per prefix, started on demand.

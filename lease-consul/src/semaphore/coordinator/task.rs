@@ -11,11 +11,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{GiveReply, Request, TakeReply};
-use crate::kind::{OtherKind, Verdict};
-use crate::leader::LEADER_FLAGS;
+use super::request::{GiveReply, Request, TakeReply};
+use crate::kind::{LEADER_FLAGS, OtherKind, Verdict};
 use crate::retry::backoff;
-use crate::semaphore::value::{encode_lock, read_snapshot};
+use crate::semaphore::value::{directory, encode_lock, read_snapshot};
 use crate::watch::{Interest, Watched, Watches};
 use crate::wire::{ApiError, ConsulHttp, KvEntry, TxnOp};
 use lease_core::Error;
@@ -65,7 +64,7 @@ pub(super) async fn run(
         backoff: backoff(),
         leader: OtherKind::Absent,
     };
-    let directory = super::super::directory(&coordinator.prefix);
+    let directory = directory(&coordinator.prefix);
     let mut watched = Watches::watch(
         &coordinator.http,
         Interest::Prefix(directory.clone()),
@@ -223,11 +222,7 @@ impl Coordinator {
     /// One round: read if needed, answer what can be answered, write one transaction.
     async fn round(&mut self) -> Round {
         if self.snapshot.is_none() {
-            match self
-                .http
-                .kv_list(&super::super::directory(&self.prefix))
-                .await
-            {
+            match self.http.kv_list(&directory(&self.prefix)).await {
                 Ok((entries, index)) => {
                     self.snapshot = Some(read_snapshot(&self.prefix, &entries, index));
                     self.fresh = true;
