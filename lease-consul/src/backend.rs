@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::client::Client;
 use crate::leader::{self, UnheldKey};
 use crate::observe;
 use crate::semaphore::{self, SemaphoreState};
@@ -31,46 +32,59 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 /// ```
 #[derive(Clone)]
 pub struct Consul {
-    pub(crate) http: Arc<ConsulHttp>,
+    client: Arc<Client>,
     semaphores: Arc<semaphore::Semaphores>,
+}
+
+impl Consul {
+    /// The wire client of this backend's client.
+    fn wire(&self) -> &Arc<ConsulHttp> {
+        self.client.wire()
+    }
+
+    /// The client this backend and its clones share (for the crate's tests).
+    #[cfg(test)]
+    pub(crate) fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
 }
 
 impl fmt::Debug for Consul {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Consul")
-            .field("address", &self.http.address())
+            .field("address", &self.client.wire().address())
             .finish_non_exhaustive()
     }
 }
 
 impl Consul {
-    pub(crate) fn from_parts(http: Arc<ConsulHttp>, pool_idle_for: Option<Duration>) -> Consul {
+    pub(crate) fn from_parts(client: Arc<Client>, pool_idle_for: Option<Duration>) -> Consul {
         Consul {
-            http,
+            client,
             semaphores: Arc::new(semaphore::Semaphores::new(pool_idle_for)),
         }
     }
 
     /// How many HTTP requests this client (and its clones) has sent to Consul, for measuring.
     pub fn requests_sent(&self) -> u64 {
-        self.http.requests_sent()
+        self.wire().requests_sent()
     }
 
     /// How many of those were writes (PUT or DELETE; each one a Raft apply in Consul).
     pub fn writes_sent(&self) -> u64 {
-        self.http.writes_sent()
+        self.wire().writes_sent()
     }
 
     /// How many prefix watches (blocking queries, each on one connection) this client runs now:
     /// at most `max_connections − 2` (`− 3` with a client of your own), however many leases it
     /// holds or waits for.
     pub fn prefix_watches(&self) -> usize {
-        self.http.watches().groups()
+        self.client.watches().groups()
     }
 
     /// How many semaphore compare-and-set writes this client lost to other contenders.
     pub fn cas_conflicts(&self) -> u64 {
-        self.http.cas_conflicts()
+        self.wire().cas_conflicts()
     }
 
     /// Whether `sequencer` still names a current holder: of its leader key, or (for a semaphore
@@ -80,14 +94,14 @@ impl Consul {
     /// `Err(Error::Lost(_))` says why it is stale.
     pub async fn check_sequencer(&self, sequencer: &Sequencer) -> Result<(), Error> {
         let (entry, _) =
-            self.http.kv_get(sequencer.key()).await.map_err(|e| {
-                e.into_error(&self.http, format_args!("read {:?}", sequencer.key()))
+            self.wire().kv_get(sequencer.key()).await.map_err(|e| {
+                e.into_error(self.wire(), format_args!("read {:?}", sequencer.key()))
             })?;
         match (entry, semaphore::prefix_of(sequencer)) {
             (Some(e), Some(prefix)) if e.flags == semaphore::SEMAPHORE_FLAGS => {
-                semaphore::check_sequencer(&self.http, prefix, sequencer).await
+                semaphore::check_sequencer(self.wire(), prefix, sequencer).await
             }
-            _ => leader::check_sequencer(&self.http, sequencer).await,
+            _ => leader::check_sequencer(self.wire(), sequencer).await,
         }
     }
 
@@ -95,10 +109,10 @@ impl Consul {
     /// it holds away from its holder — the holder's work is cancelled when it notices. Lock-delay
     /// then keeps the keys it held from being taken for the session's lock-delay.
     pub async fn destroy_session(&self, id: &str) -> Result<(), Error> {
-        self.http
+        self.wire()
             .session_destroy(id)
             .await
-            .map_err(|e| e.into_error(&self.http, format_args!("destroy session {id}")))
+            .map_err(|e| e.into_error(self.wire(), format_args!("destroy session {id}")))
     }
 
     /// Deletes the leader key `key` if nobody holds it, as `consul lock` does once its child has
@@ -110,7 +124,7 @@ impl Consul {
     /// first, and a release is not a loss.
     pub async fn remove_unheld_key(&self, key: &str) -> Result<bool, Error> {
         lease_core::validate_key(key)?;
-        leader::remove_unheld(&self.http, key).await
+        leader::remove_unheld(self.wire(), key).await
     }
 
     /// Operator action: the leader keys under `prefix` (a plain string prefix of key names, as
@@ -123,7 +137,7 @@ impl Consul {
     /// [`remove_unheld_key_as_found`](Self::remove_unheld_key_as_found) this is the clean-up
     /// (`lease gc`). A key removed and taken again starts its LockIndex at 1.
     pub async fn unheld_leader_keys(&self, prefix: &str) -> Result<Vec<UnheldKey>, Error> {
-        leader::unheld(&self.http, prefix).await
+        leader::unheld(self.wire(), prefix).await
     }
 
     /// Deletes the key `found` names if it is still exactly as
@@ -131,7 +145,7 @@ impl Consul {
     /// ModifyIndex, so a key acquired, released or written since (even one taken and let go
     /// again) is left alone. Returns whether the key was deleted.
     pub async fn remove_unheld_key_as_found(&self, found: &UnheldKey) -> Result<bool, Error> {
-        leader::remove_as_found(&self.http, found).await
+        leader::remove_as_found(self.wire(), found).await
     }
 
     /// Who holds the semaphore at `prefix` (one consistent read), for operators and tools such
@@ -139,14 +153,14 @@ impl Consul {
     /// has no limit and no holders.
     pub async fn semaphore_state(&self, prefix: &str) -> Result<SemaphoreState, Error> {
         lease_core::validate_key(prefix)?;
-        semaphore::state(&self.http, prefix).await
+        semaphore::state(self.wire(), prefix).await
     }
 
     /// Removes the semaphore at `prefix` (its `.lock` key) if no live holder remains; refuses
     /// with [`Error::SemaphoreInUse`] while holders remain.
     pub async fn destroy_semaphore(&self, prefix: &str) -> Result<(), Error> {
         lease_core::validate_key(prefix)?;
-        semaphore::destroy(&self.http, prefix).await
+        semaphore::destroy(self.wire(), prefix).await
     }
 }
 
@@ -156,9 +170,9 @@ impl Backend for Consul {
             spec.validate()?;
             let backend: Arc<dyn Backend> = Arc::new(self.clone());
             match spec.target() {
-                Target::Leader { .. } => leader::acquire(&self.http, spec, backend).await,
+                Target::Leader { .. } => leader::acquire(&self.client, spec, backend).await,
                 Target::Semaphore { .. } => {
-                    semaphore::acquire(&self.http, &self.semaphores, spec, backend).await
+                    semaphore::acquire(&self.client, &self.semaphores, spec, backend).await
                 }
                 other => Err(other.unsupported("Consul")),
             }
@@ -166,7 +180,7 @@ impl Backend for Consul {
     }
 
     fn observe_leader<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LeaderObserver, Error>> {
-        Box::pin(observe::observe(&self.http, key))
+        Box::pin(observe::observe(&self.client, key))
     }
 
     fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
@@ -174,10 +188,10 @@ impl Backend for Consul {
     }
 
     fn reachability(&self) -> Reachability {
-        self.http.probed_reachability()
+        self.client.probed_reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.http.keepers().shutdown())
+        Box::pin(self.client.keepers().shutdown())
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use lease_core::Error;
 
 use super::backend::Consul;
+use super::client::Client;
 use super::keepalive::KeepAlive;
 use super::wire::{self, AddressOrigin, ConsulHttp, Token};
 
@@ -404,12 +405,12 @@ impl ConsulBuilder {
             server_name: self.tls_server_name,
             node_checks: self.node_checks,
             max_connections,
-            keep_alive: self.keep_alive,
             origin,
             port_given,
         };
-        let http = ConsulHttp::new(client, base, settings);
-        Ok(Consul::from_parts(http, self.semaphore_pool))
+        let wire = ConsulHttp::new(client, base, settings);
+        let client = Client::new(wire, self.keep_alive);
+        Ok(Consul::from_parts(client, self.semaphore_pool))
     }
 
     /// How to build the HTTP client: the files read, and where to connect when the URL names
@@ -620,7 +621,7 @@ mod tests {
             .address("consul.internal")
             .build()
             .unwrap();
-        let address = consul.http.address();
+        let address = consul.client().wire().address();
         assert!(
             address.starts_with("http://consul.internal:80 (")
                 && address.contains("no port, so http's default 80 was assumed")
@@ -632,18 +633,19 @@ mod tests {
             .build()
             .unwrap();
         assert!(
-            tls.http
+            tls.client()
+                .wire()
                 .address()
                 .contains("https's default 443 was assumed"),
             "{}",
-            tls.http.address()
+            tls.client().wire().address()
         );
         for given in ["consul.internal:80", "http://consul.internal:8500"] {
             let consul = ConsulBuilder::new().address(given).build().unwrap();
             assert!(
-                !consul.http.address().contains("assumed"),
+                !consul.client().wire().address().contains("assumed"),
                 "{}",
-                consul.http.address()
+                consul.client().wire().address()
             );
         }
     }

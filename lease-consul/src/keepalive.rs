@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::session::SessionEnd;
 use super::wire::ConsulHttp;
 use lease_core::Error;
-use lease_core::backend::Fence;
+use lease_core::backend::{Fence, Keepers};
 
 /// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`](crate::ConsulBuilder::keep_alive)).
 ///
@@ -74,6 +74,10 @@ const REAP_AFTER: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub(crate) struct KeepAlives {
     mode: KeepAlive,
+    /// The wire client each heartbeat is handed when it starts.
+    wire: Arc<ConsulHttp>,
+    /// Where a heartbeat's clean-up runs once its last session is gone.
+    keepers: Keepers,
     beats: tokio::sync::Mutex<Beats>,
 }
 
@@ -102,6 +106,7 @@ struct Beat {
 #[derive(Debug)]
 pub(crate) struct Heartbeat {
     http: Weak<ConsulHttp>,
+    keepers: Keepers,
     check: String,
     /// Confirmed by the passes: past its deadline, the check may have turned critical.
     fence: Fence,
@@ -110,16 +115,13 @@ pub(crate) struct Heartbeat {
 }
 
 impl KeepAlives {
-    pub(crate) fn new(mode: KeepAlive) -> Self {
+    pub(crate) fn new(mode: KeepAlive, wire: Arc<ConsulHttp>, keepers: Keepers) -> Self {
         KeepAlives {
             mode,
+            wire,
+            keepers,
             beats: tokio::sync::Mutex::default(),
         }
-    }
-
-    /// How sessions are kept alive.
-    pub(crate) fn mode(&self) -> KeepAlive {
-        self.mode
     }
 
     /// The heartbeat sessions of `ttl` are tied to, registered if none is alive; `None` when
@@ -127,7 +129,6 @@ impl KeepAlives {
     /// (`LeaseSpec::fence_after`).
     pub(crate) async fn heartbeat(
         &self,
-        http: &Arc<ConsulHttp>,
         ttl: Duration,
         fence_after: Duration,
     ) -> Result<Option<Arc<Heartbeat>>, Error> {
@@ -144,7 +145,7 @@ impl KeepAlives {
                 return Ok(Some(beat));
             }
         }
-        let beat = match Heartbeat::register(http, ttl, fence_after).await {
+        let beat = match Heartbeat::register(&self.wire, &self.keepers, ttl, fence_after).await {
             Ok(beat) => Arc::new(beat),
             Err(Error::PermissionDenied { message, .. }) => {
                 tracing::warn!(
@@ -167,6 +168,7 @@ impl KeepAlives {
 impl Heartbeat {
     async fn register(
         http: &Arc<ConsulHttp>,
+        keepers: &Keepers,
         ttl: Duration,
         fence_after: Duration,
     ) -> Result<Heartbeat, Error> {
@@ -203,6 +205,7 @@ impl Heartbeat {
         ));
         Ok(Heartbeat {
             http: Arc::downgrade(http),
+            keepers: keepers.clone(),
             check,
             fence,
             beat,
@@ -267,7 +270,7 @@ impl Drop for Heartbeat {
         };
         let check = std::mem::take(&mut self.check);
         let abandoned = (Arc::clone(&http), check.clone());
-        http.keepers().clone().spawn_clean_up(
+        self.keepers.clone().spawn_clean_up(
             async move {
                 if let Err(error) = http.agent_deregister(&check).await {
                     tracing::debug!(%check, %error, "could not deregister the heartbeat check; Consul reaps it a minute after it turns critical");
@@ -296,7 +299,7 @@ async fn beat_until_gone(
     fence: Fence,
     tx: watch::Sender<Beat>,
 ) {
-    let retry_every = super::session::retry_pause(ttl);
+    let retry_every = lease_http::retry_pause(ttl);
     let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + ttl / 2;
     loop {
         let Some(deadline) = fence.deadline() else {

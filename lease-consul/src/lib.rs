@@ -39,6 +39,7 @@
 //! slots with `consul lock -n N PREFIX cmd`.
 
 mod backend;
+mod client;
 mod config;
 mod keepalive;
 mod kind;

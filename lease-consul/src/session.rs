@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::client::Client;
 use super::keepalive::Heartbeat;
 use super::kind::LEADER_FLAGS;
 use super::retry::{retry_transient, within};
-use super::watch::{Interest, Listing, Watches};
+use super::watch::{Interest, Listing};
 use super::wire::{Behavior, ConsulHttp, SessionLife, TxnOp};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
@@ -88,7 +89,7 @@ pub(crate) type Renewals = Pin<Box<dyn Future<Output = SessionEnd> + Send>>;
 /// leader key it may hold first, so the next holder does not wait out the lock-delay).
 #[derive(Debug)]
 pub(crate) struct Session {
-    http: Arc<ConsulHttp>,
+    client: Arc<Client>,
     id: String,
     fence: Fence,
     /// A leader key this session may hold: released before the session is destroyed.
@@ -102,14 +103,15 @@ impl Session {
     /// Creates a session for `spec`, and what keeps it alive (returned, to be polled), which
     /// confirms the session's [`Fence`].
     pub(crate) async fn create(
-        http: &Arc<ConsulHttp>,
+        client: &Arc<Client>,
         spec: &LeaseSpec,
         behavior: Behavior,
     ) -> Result<(Session, Renewals), Error> {
+        let http = client.wire();
         let ttl = spec.session_ttl();
-        let heartbeat = http
+        let heartbeat = client
             .keep_alives()
-            .heartbeat(http, ttl, spec.fence_after())
+            .heartbeat(ttl, spec.fence_after())
             .await?;
         let life = match &heartbeat {
             Some(heartbeat) => SessionLife::Check(heartbeat.check()),
@@ -144,7 +146,7 @@ impl Session {
         };
         Ok((
             Session {
-                http: Arc::clone(http),
+                client: Arc::clone(client),
                 id,
                 fence,
                 key: None,
@@ -159,8 +161,14 @@ impl Session {
         &self.id
     }
 
-    pub(crate) fn http(&self) -> &Arc<ConsulHttp> {
-        &self.http
+    /// The client the session was created by.
+    pub(crate) fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    /// Its client's wire client.
+    pub(crate) fn wire(&self) -> &Arc<ConsulHttp> {
+        self.client.wire()
     }
 
     /// The self-fencing deadline of whatever this session holds.
@@ -177,20 +185,21 @@ impl Session {
     /// holder), then destroys the session.
     pub(crate) async fn give_back(&mut self) -> Result<(), Error> {
         self.ended = true;
-        give_back(&self.http, &self.id, self.key.as_deref()).await
+        let released = Some(self.client.released());
+        give_back(self.wire(), released, &self.id, self.key.as_deref()).await
     }
 
     /// Destroys the session without releasing first: after a loss, whatever it still holds stays
     /// under lock-delay while the work stops.
     pub(crate) async fn destroy(&mut self) -> Result<(), Error> {
         self.ended = true;
-        destroy(&self.http, &self.id).await
+        destroy(self.wire(), &self.id).await
     }
 
     /// [`give_back`](Session::give_back) on a detached runtime, for a process that is ending.
     pub(crate) fn abandon(mut self) -> Option<BoxFuture<'static, ()>> {
         self.ended = true;
-        let give_back = detached_give_back(&self.http, &self.id, self.key.as_deref())?;
+        let give_back = detached_give_back(self.wire(), &self.id, self.key.as_deref())?;
         // Deregistering the heartbeat check first would invalidate the session under its
         // lock-delay instead of releasing it: keep the check until the give-back is done.
         let heartbeat = self._heartbeat.take();
@@ -215,10 +224,10 @@ impl Session {
         let Some(key) = self.key.clone() else {
             return self.give_back().await;
         };
-        match keep_key(&self.http, &key, &self.id, left).await {
+        match keep_key(self.wire(), &key, &self.id, left).await {
             Ok(()) => {
                 self.ended = true;
-                destroy(&self.http, &self.id).await
+                destroy(self.wire(), &self.id).await
             }
             Err(error) => {
                 tracing::debug!(%error, key, "could not keep the key for its min_hold; releasing it");
@@ -233,7 +242,7 @@ impl Session {
             return self.abandon();
         };
         self.ended = true;
-        let http = self.http.detached()?;
+        let http = self.wire().detached()?;
         let id = self.id.clone();
         let heartbeat = self._heartbeat.take();
         Some(Box::pin(async move {
@@ -241,7 +250,7 @@ impl Session {
             if keep_key(&http, &key, &id, left).await.is_ok() {
                 let _ = destroy(&http, &id).await;
             } else {
-                let _ = give_back(&http, &id, Some(&key)).await;
+                let _ = give_back(&http, None, &id, Some(&key)).await;
             }
             drop(heartbeat);
         }))
@@ -323,17 +332,18 @@ impl Drop for Session {
         }
         // An acquire that was cancelled, or a session dropped with its runtime: give it back in
         // the background, or from a detached runtime if this one is ending.
-        let (http, id, key) = (
-            Arc::clone(&self.http),
+        let (client, id, key) = (
+            Arc::clone(&self.client),
             std::mem::take(&mut self.id),
             self.key.take(),
         );
-        let abandoned = (Arc::clone(&http), id.clone(), key.clone());
+        let abandoned = (Arc::clone(client.wire()), id.clone(), key.clone());
         // The heartbeat check stays registered until the session is given back.
         let heartbeat = self._heartbeat.take();
-        http.keepers().clone().spawn_clean_up(
+        client.keepers().clone().spawn_clean_up(
             async move {
-                if let Err(error) = give_back(&http, &id, key.as_deref()).await {
+                let released = Some(client.released());
+                if let Err(error) = give_back(client.wire(), released, &id, key.as_deref()).await {
                     tracing::warn!(session = %id, %error, "could not destroy session; it expires with its TTL or heartbeat check");
                 }
                 drop(heartbeat);
@@ -354,19 +364,26 @@ fn detached_give_back(
     let http = http.detached()?;
     let (id, key) = (id.to_owned(), key.map(str::to_owned));
     Some(Box::pin(async move {
-        let _ = give_back(&http, &id, key.as_deref()).await;
+        let _ = give_back(&http, None, &id, key.as_deref()).await;
     }))
 }
 
-async fn give_back(http: &ConsulHttp, id: &str, key: Option<&str>) -> Result<(), Error> {
+/// Releases `key` (if any) and destroys session `id`; a clean release is recorded in
+/// `released` (the client's; none on the detached runtime, where nobody contends any more).
+async fn give_back(
+    http: &ConsulHttp,
+    released_sessions: Option<&ReleasedSessions>,
+    id: &str,
+    key: Option<&str>,
+) -> Result<(), Error> {
     // Destroying the session also releases the key if the release fails (subject to lock-delay
     // then), so do it in every case.
     let released = match key {
         Some(key) => release_key(http, key, id).await,
         None => Ok(()),
     };
-    if key.is_some() && released.is_ok() {
-        http.released().record(id);
+    if let Some(sessions) = released_sessions.filter(|_| key.is_some() && released.is_ok()) {
+        sessions.record(id);
     }
     released.and(destroy(http, id).await)
 }
@@ -429,7 +446,7 @@ async fn destroy(http: &ConsulHttp, id: &str) -> Result<(), Error> {
     Ok(())
 }
 
-pub(crate) use lease_http::retry_pause;
+use lease_http::retry_pause;
 
 /// Renews `id` every TTL/2, confirming `fence` with each renewal's send time, until Consul says
 /// the session is gone or the fence's deadline passes (then it returns `Fenced`, at that
@@ -524,7 +541,7 @@ pub(crate) fn start_lease<L: SessionLock>(
     let sequencer = Sequencer::new(BackendKind::Consul, key, lock_index, session.id())
         .with_generation(create_index);
     tracing::info!(%sequencer, "lease acquired");
-    let (keepers, fence) = (session.http().keepers().clone(), session.fence().clone());
+    let (keepers, fence) = (session.client().keepers().clone(), session.fence().clone());
     let hold = SessionHold {
         lock,
         session: Some(session),
@@ -543,12 +560,11 @@ impl<L: SessionLock> Hold for SessionHold<L> {
         let (lock, id, acquired_at) = (&self.lock, session.id(), self.acquired_at);
         // Suspends the session's fence whenever nothing reads the lock's key: a lease the
         // process cannot see is not kept alive by its session alone.
-        let mut watched = Watches::watch(
-            session.http(),
-            lock.interest(),
-            false,
-            Some(session.fence()),
-        );
+        let mut watched =
+            session
+                .client()
+                .watches()
+                .watch(lock.interest(), false, Some(session.fence()));
         let lock_watch = async {
             loop {
                 // Failures are not reported to this watch: keeping the session alive is what
@@ -572,7 +588,7 @@ impl<L: SessionLock> Hold for SessionHold<L> {
         if *reason != L::COARSE {
             return None;
         }
-        went_with_session(session.http(), session.id()).await
+        went_with_session(session.wire(), session.id()).await
     }
 
     fn keep_until(&mut self, until: Instant) -> bool {

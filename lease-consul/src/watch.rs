@@ -67,7 +67,7 @@
 //! at index `i` waits for a listing of index `i` or later.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -160,9 +160,17 @@ enum View {
     Trouble(ApiError),
 }
 
-/// The watches of one client.
-#[derive(Debug)]
+/// The watches of one client: its wire client, handed to each group's task as it starts, and
+/// the registry of its groups. Cloning shares both.
+#[derive(Clone, Debug)]
 pub(crate) struct Watches {
+    wire: Arc<ConsulHttp>,
+    registry: Arc<Registry>,
+}
+
+/// Which groups run, and who watches what in each.
+#[derive(Debug)]
+struct Registry {
     max_groups: usize,
     groups: Mutex<BTreeMap<String, Group>>,
     /// Absorbed groups whose last read is still in flight, oldest first: a group that finds no
@@ -429,16 +437,14 @@ pub(crate) struct Watched {
 
 #[derive(Debug)]
 struct Registration {
-    watches: Weak<ConsulHttp>,
+    registry: Arc<Registry>,
     interest: Interest,
     id: u64,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(http) = self.watches.upgrade() {
-            http.watches().remove(&self.interest, self.id);
-        }
+        self.registry.remove(&self.interest, self.id);
     }
 }
 
@@ -465,18 +471,19 @@ impl Watched {
 }
 
 impl Watches {
-    pub(crate) fn new(max_groups: usize) -> Self {
+    /// The watches of `wire`'s client: at most as many groups as its budget has watch slots.
+    pub(crate) fn new(wire: Arc<ConsulHttp>) -> Self {
+        let registry = Registry::new(wire.budget().max_watches());
         Watches {
-            max_groups: max_groups.max(1),
-            groups: Mutex::default(),
-            retired: Mutex::default(),
-            next_id: AtomicU64::new(0),
+            wire,
+            registry: Arc::new(registry),
         }
     }
 
     /// How many prefix watches are running, for measuring.
     pub(crate) fn groups(&self) -> usize {
-        self.groups
+        self.registry
+            .groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
@@ -486,13 +493,13 @@ impl Watches {
     /// `fence` of a held lease is suspended whenever no read covers `interest` (see the module
     /// docs).
     pub(crate) fn watch(
-        http: &Arc<ConsulHttp>,
+        &self,
         interest: Interest,
         troubles: bool,
         fence: Option<&Fence>,
     ) -> Watched {
-        let watches = http.watches();
-        let id = watches.next_id.fetch_add(1, Ordering::Relaxed);
+        let registry = &self.registry;
+        let id = registry.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, view) = watch::channel(View::Pending);
         let wants = Arc::new(AtomicU64::new(0));
         let watcher = Watcher {
@@ -502,11 +509,11 @@ impl Watches {
             wants: Arc::clone(&wants),
             fence: fence.cloned(),
         };
-        let mut groups = watches
+        let mut groups = registry
             .groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let prefix = watches.group_for(http, &mut groups, interest.path());
+        let prefix = registry.group_for(&self.wire, &mut groups, interest.path());
         if let Some(group) = groups.get(&prefix) {
             lock(&group.shared).insert(interest.clone(), watcher);
         }
@@ -516,17 +523,29 @@ impl Watches {
             seen: false,
             wants,
             _registration: Registration {
-                watches: Arc::downgrade(http),
+                registry: Arc::clone(registry),
                 interest,
                 id,
             },
         }
     }
+}
 
-    /// The prefix of the group that covers `path`, started (or widened) if none does.
+impl Registry {
+    fn new(max_groups: usize) -> Self {
+        Registry {
+            max_groups: max_groups.max(1),
+            groups: Mutex::default(),
+            retired: Mutex::default(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// The prefix of the group that covers `path`, started (or widened) if none does; a new
+    /// group's task is handed `wire`.
     fn group_for(
-        &self,
-        http: &Arc<ConsulHttp>,
+        self: &Arc<Self>,
+        wire: &Arc<ConsulHttp>,
         groups: &mut BTreeMap<String, Group>,
         path: &str,
     ) -> String {
@@ -556,7 +575,12 @@ impl Watches {
             }
         }
         tracing::debug!(prefix = %wanted, groups = groups.len() + 1, "watching a Consul prefix");
-        tokio::spawn(run(Arc::clone(http), wanted.clone(), Arc::clone(&shared)));
+        tokio::spawn(run(
+            Arc::clone(wire),
+            Arc::clone(self),
+            wanted.clone(),
+            Arc::clone(&shared),
+        ));
         groups.insert(wanted.clone(), Group { shared });
         wanted
     }
@@ -565,8 +589,8 @@ impl Watches {
     /// is held by a registered group or by an absorbed group's last read (registered groups
     /// never outnumber the slots, and this one is registered): the oldest such read is abandoned
     /// and its slot taken, rather than wait up to [`WATCH_WAIT`] for it to end.
-    async fn slot<'a>(&self, http: &'a ConsulHttp) -> WatchSlot<'a> {
-        let waiting = http.budget().watch_slot();
+    async fn slot<'a>(&self, wire: &'a ConsulHttp) -> WatchSlot<'a> {
+        let waiting = wire.budget().watch_slot();
         tokio::pin!(waiting);
         tokio::select! {
             biased;
@@ -664,13 +688,13 @@ fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
 
 /// A group's task: reads until the group ends, or until a group that needs its slot abandons
 /// its read (it was absorbed).
-async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
+async fn run(wire: Arc<ConsulHttp>, registry: Arc<Registry>, prefix: String, shared: Arc<Shared>) {
     tokio::select! {
         biased;
         () = shared.abandon.cancelled() => {}
-        () = read(&http, &prefix, &shared) => {}
+        () = read(&wire, &registry, &prefix, &shared) => {}
     }
-    http.watches().ended(&shared);
+    registry.ended(&shared);
 }
 
 /// A group's blocking query loop, under one watch slot: read, publish, repeat; failures are
@@ -679,18 +703,18 @@ async fn run(http: Arc<ConsulHttp>, prefix: String, shared: Arc<Shared>) {
 /// The first read, and the first after a failure, is a plain listing: it answers at once, so the
 /// group knows when a read covers it again (a blocking read that answers 30 s later could not
 /// say it had been covering all along).
-async fn read(http: &Arc<ConsulHttp>, prefix: &str, shared: &Arc<Shared>) {
-    let slot = http.watches().slot(http).await;
+async fn read(wire: &ConsulHttp, registry: &Registry, prefix: &str, shared: &Arc<Shared>) {
+    let slot = registry.slot(wire).await;
     let mut index = 0;
     let mut blocks = false;
     let mut backoff = backoff();
-    while !http.watches().ends(prefix, shared) {
+    while !registry.ends(prefix, shared) {
         let blocking = blocks.then_some(Blocking {
             index,
             wait: WATCH_WAIT,
         });
         let sent = Instant::now();
-        match http.kv_watch(prefix, blocking, &slot).await {
+        match wire.kv_watch(prefix, blocking, &slot).await {
             Ok((entries, new_index)) => {
                 backoff.reset();
                 // Consul's rule for blocking queries: an index that went backwards means start
@@ -737,7 +761,7 @@ async fn read(http: &Arc<ConsulHttp>, prefix: &str, shared: &Arc<Shared>) {
 
 /// What the model test of the bookkeeping inspects.
 #[cfg(test)]
-impl Watches {
+impl Registry {
     /// The interests no running read covers now (their group has not read yet, or its reads
     /// fail), and any broken rule of the registry: a watcher outside its group's prefix, nested
     /// groups, more groups than slots.
@@ -1047,7 +1071,7 @@ mod tests {
             .max_connections(super::super::wire::MIN_CONNECTIONS)
             .build()
             .unwrap();
-        let http = Arc::clone(&consul.http);
+        let watches = consul.client().watches().clone();
         let mut slowest = Duration::ZERO;
         for seed in 1..=8_u64 {
             let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -1067,7 +1091,7 @@ mod tests {
                         Interest::Key(path.into())
                     };
                     let fence = Fence::new(Duration::from_secs(60), Instant::now());
-                    let watch = Watches::watch(&http, interest, false, Some(&fence));
+                    let watch = watches.watch(interest, false, Some(&fence));
                     watched.push((watch, fence));
                 } else {
                     let (watch, fence) = watched.swap_remove(random(watched.len()));
@@ -1076,7 +1100,7 @@ mod tests {
                 }
                 let started = Instant::now();
                 loop {
-                    let uncovered = http.watches().uncovered();
+                    let uncovered = watches.registry.uncovered();
                     if uncovered.is_empty() {
                         break;
                     }

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
 use self::value::{directory, read_snapshot};
+use super::client::Client;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing};
 use super::wire::{Behavior, ConsulHttp, KvEntry};
@@ -64,7 +65,7 @@ impl Semaphores {
 
 /// Acquires a slot of the semaphore `spec` names (validated by the caller).
 pub(crate) async fn acquire(
-    http: &Arc<ConsulHttp>,
+    client: &Arc<Client>,
     semaphores: &Arc<Semaphores>,
     spec: &LeaseSpec,
     backend: Arc<dyn Backend>,
@@ -87,12 +88,12 @@ pub(crate) async fn acquire(
         } = match semaphores.pool.take(prefix).await {
             Some(pooled) => pooled,
             None => {
-                let (session, renewals) = Session::create(http, spec, Behavior::Delete).await?;
+                let (session, renewals) = Session::create(client, spec, Behavior::Delete).await?;
                 Pooled { session, renewals }
             }
         };
         let take = semaphores.coordinators.take(
-            http,
+            client,
             prefix,
             TakeArgs {
                 session: session.id(),
@@ -237,13 +238,13 @@ impl SessionLock for SemaphoreSlot {
         let Some(mut session) = slot.take() else {
             return Ok(());
         };
-        let http = Arc::clone(session.http());
+        let client = Arc::clone(session.client());
         let (semaphores, prefix, settle) = (&self.semaphores, &self.prefix, self.settle);
         if semaphores.pool.enabled() {
             // Keep the session and its contender key for the next acquisition.
             let given = semaphores
                 .coordinators
-                .give(&http, prefix, session.id(), false, settle)
+                .give(&client, prefix, session.id(), false, settle)
                 .await;
             if let Err(error) = given {
                 *slot = Some(session);
@@ -259,7 +260,7 @@ impl SessionLock for SemaphoreSlot {
         }
         let left = semaphores
             .coordinators
-            .give(&http, prefix, session.id(), true, settle)
+            .give(&client, prefix, session.id(), true, settle)
             .await;
         let destroyed = session.destroy().await;
         left.and(destroyed)

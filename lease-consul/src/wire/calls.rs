@@ -24,6 +24,14 @@ pub(crate) enum SessionLife<'a> {
 }
 
 impl ConsulHttp {
+    /// `GET /v1/status/leader`: any answer, a 500 "No cluster leader" too, is the agent
+    /// answering (the reachability probe's request).
+    pub(crate) async fn status_leader(&self) -> Result<(), ApiError> {
+        self.call(Method::GET, self.url(["status", "leader"]), None)
+            .await
+            .map(drop)
+    }
+
     /// `PUT /v1/session/create`; returns the new session's ID. The session lives as long as
     /// `keep_alive` says: renewed within `ttl`, or tied to an agent check.
     pub(crate) async fn session_create(

@@ -147,7 +147,7 @@ mod tests {
         ];
         for (error, kind, transient) in table {
             let what = error.to_string();
-            let public = consul.http.public_error(error, "acquire \"k\"");
+            let public = consul.client().wire().public_error(error, "acquire \"k\"");
             assert_eq!(
                 (public.kind(), public.is_transient()),
                 (kind, transient),

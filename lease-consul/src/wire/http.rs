@@ -13,13 +13,10 @@ use super::budget::{Budget, Kind};
 use super::error::{LIMIT_HINT, hint};
 use super::settings::{AddressOrigin, Settings, Token};
 use super::transport::HttpClient;
-use crate::keepalive::KeepAlives;
-use crate::session::ReleasedSessions;
-use crate::watch::Watches;
 use lease_core::BackendKind;
 use lease_core::Error;
+use lease_core::backend::Reachability;
 use lease_core::backend::ReachabilityTracker;
-use lease_core::backend::{Keepers, Reachability};
 use lease_core::metrics::RequestError;
 use lease_http::{ApiError, ErrorContext};
 
@@ -31,8 +28,6 @@ pub(crate) struct ConsulHttp {
     client: HttpClient,
     /// What the client was configured with, to configure its detached twin alike.
     pub(super) settings: Settings,
-    /// The holder tasks of every lease this client (and its clones) acquired.
-    keepers: Keepers,
     /// The agent's address, as configured (for messages).
     base: Url,
     /// The base of request URLs: `base`, or `base` naming the TLS server name.
@@ -40,10 +35,6 @@ pub(crate) struct ConsulHttp {
     /// Set once the agent refused `?ns=` (Consul's open-source edition has no namespaces).
     namespace_refused: AtomicBool,
     budget: Budget,
-    /// Every blocking query of this client, multiplexed.
-    watches: Watches,
-    /// The heartbeat checks this client's sessions are tied to.
-    keep_alives: KeepAlives,
     requests: AtomicU64,
     writes: AtomicU64,
     cas_conflicts: AtomicU64,
@@ -51,10 +42,6 @@ pub(crate) struct ConsulHttp {
     /// that needs it (see [`ConsulHttp::detached`]).
     detached: OnceLock<Option<Arc<ConsulHttp>>>,
     reachability: ReachabilityTracker,
-    /// Probes the agent while it is unreachable (see [`ConsulHttp::probed_reachability`]).
-    probe: lease_http::Probe,
-    /// The sessions this client gave back with a clean release, lately.
-    released: ReleasedSessions,
 }
 
 impl fmt::Debug for ConsulHttp {
@@ -79,27 +66,17 @@ impl ConsulHttp {
         }
         Arc::new(ConsulHttp {
             client,
-            keepers: Keepers::new(),
             base,
             endpoint,
             namespace_refused: AtomicBool::new(false),
-            watches: Watches::new(budget.max_watches()),
             budget,
-            keep_alives: KeepAlives::new(settings.keep_alive),
             settings,
             requests: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             cas_conflicts: AtomicU64::new(0),
             detached: OnceLock::new(),
             reachability: ReachabilityTracker::default(),
-            probe: lease_http::Probe::default(),
-            released: ReleasedSessions::default(),
         })
-    }
-
-    /// The holder tasks of this client's leases.
-    pub(crate) fn keepers(&self) -> &Keepers {
-        &self.keepers
     }
 
     /// The same client on its own connection pool, for the clean-ups that run on the detached
@@ -115,35 +92,16 @@ impl ConsulHttp {
     }
 
     fn build_detached(&self) -> Option<Arc<ConsulHttp>> {
-        let settings = Settings {
-            keep_alive: self.keep_alives.mode(),
-            ..self.settings.clone()
-        };
         Some(ConsulHttp::new(
             self.client.rebuilt()?,
             self.base.clone(),
-            settings,
+            self.settings.clone(),
         ))
-    }
-
-    /// The prefix watches of this client.
-    pub(crate) fn watches(&self) -> &Watches {
-        &self.watches
-    }
-
-    /// The sessions this client gave back with a clean release, lately.
-    pub(crate) fn released(&self) -> &ReleasedSessions {
-        &self.released
     }
 
     /// The connection budget of this client (a watch takes its slot from it).
     pub(crate) fn budget(&self) -> &Budget {
         &self.budget
-    }
-
-    /// The heartbeats of this client's sessions.
-    pub(crate) fn keep_alives(&self) -> &KeepAlives {
-        &self.keep_alives
     }
 
     /// The agent's address, for messages: with the port, and saying so when it was assumed.
@@ -173,19 +131,6 @@ impl ConsulHttp {
     /// Whether the agent answered this client's last request.
     pub(crate) fn reachability(&self) -> Reachability {
         self.reachability.get()
-    }
-
-    /// Whether the agent answered this client's last request, probing it in the background while
-    /// it did not (`GET /v1/status/leader` about every second, until one is answered), so that
-    /// the answer turns current again without other traffic.
-    pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
-        self.probe
-            .watch(self, ConsulHttp::reachability, |http| async move {
-                // Any answer, a 500 "No cluster leader" too, is the agent answering.
-                let _ = http
-                    .call(Method::GET, http.url(["status", "leader"]), None)
-                    .await;
-            })
     }
 
     /// How many requests this client has sent.

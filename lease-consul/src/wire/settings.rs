@@ -3,8 +3,6 @@
 
 use std::fmt;
 
-use crate::keepalive::KeepAlive;
-
 /// An ACL token: sent as a header, never displayed.
 #[derive(Clone)]
 pub(crate) struct Token(pub(crate) String);
@@ -59,7 +57,6 @@ pub(crate) struct Settings {
     pub(crate) server_name: Option<String>,
     pub(crate) node_checks: Option<Vec<String>>,
     pub(crate) max_connections: usize,
-    pub(crate) keep_alive: KeepAlive,
     /// Where the address came from, for hints.
     pub(crate) origin: AddressOrigin,
     /// Whether the address gives the port (else the scheme's default was assumed).

@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::wire::ConsulHttp;
+use crate::client::Client;
 use lease_core::Error;
 use lease_core::semaphore::{Give, Take, Taken};
 
@@ -93,11 +93,11 @@ impl Coordinators {
     /// Cancel safe: see the module docs.
     pub(super) async fn take(
         &self,
-        http: &Arc<ConsulHttp>,
+        client: &Client,
         prefix: &str,
         take: TakeArgs<'_>,
     ) -> Result<Taken, Error> {
-        self.ask(http, prefix, |answer| {
+        self.ask(client, prefix, |answer| {
             let wanted = Take {
                 session: take.session.to_owned(),
                 limit: take.limit,
@@ -115,13 +115,13 @@ impl Coordinators {
     /// the write.
     pub(super) async fn give(
         &self,
-        http: &Arc<ConsulHttp>,
+        client: &Client,
         prefix: &str,
         session: &str,
         delete_contender: bool,
         settle: Duration,
     ) -> Result<(), Error> {
-        self.ask(http, prefix, |answer| {
+        self.ask(client, prefix, |answer| {
             let give = Give {
                 session: session.to_owned(),
                 delete_contender,
@@ -135,14 +135,14 @@ impl Coordinators {
     /// Sends the request `make` builds to the coordinator of `prefix` and waits for its answer.
     async fn ask<R>(
         &self,
-        http: &Arc<ConsulHttp>,
+        client: &Client,
         prefix: &str,
         make: impl Fn(oneshot::Sender<Result<R, Error>>) -> Request,
     ) -> Result<R, Error> {
         // A coordinator that stops for idleness just as we send drops the request (and its
         // answer channel): send again, to a new one.
         for _ in 0..3 {
-            let Some(sender) = self.sender(http, prefix) else {
+            let Some(sender) = self.sender(client, prefix) else {
                 break;
             };
             let (answer_tx, answer) = oneshot::channel();
@@ -157,12 +157,17 @@ impl Coordinators {
 
     /// The channel to the coordinator of `prefix`, started if none runs; `None` if the map's
     /// lock is poisoned.
-    fn sender(&self, http: &Arc<ConsulHttp>, prefix: &str) -> Option<mpsc::Sender<Request>> {
+    fn sender(&self, client: &Client, prefix: &str) -> Option<mpsc::Sender<Request>> {
         let mut senders = self.senders.lock().ok()?;
         senders.retain(|_, sender| !sender.is_closed());
         let sender = senders.entry(prefix.to_owned()).or_insert_with(|| {
             let (sender, requests) = mpsc::channel(CHANNEL_CAPACITY);
-            tokio::spawn(task::run(Arc::clone(http), prefix.to_owned(), requests));
+            tokio::spawn(task::run(
+                Arc::clone(client.wire()),
+                client.watches().clone(),
+                prefix.to_owned(),
+                requests,
+            ));
             sender
         });
         Some(sender.clone())

@@ -51,6 +51,7 @@ struct Coordinator {
 
 pub(super) async fn run(
     http: Arc<ConsulHttp>,
+    watches: Watches,
     prefix: String,
     mut requests: mpsc::Receiver<Request>,
 ) {
@@ -65,12 +66,7 @@ pub(super) async fn run(
         leader: OtherKind::Absent,
     };
     let directory = directory(&coordinator.prefix);
-    let mut watched = Watches::watch(
-        &coordinator.http,
-        Interest::Prefix(directory.clone()),
-        true,
-        None,
-    );
+    let mut watched = watches.watch(Interest::Prefix(directory.clone()), true, None);
     let mut open = true;
     let mut idle_since: Option<Instant> = None;
     loop {
