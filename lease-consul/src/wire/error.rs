@@ -1,5 +1,6 @@
 //! What a failed Consul call ([`ApiError`]) means to the user: the hints that name Consul's
-//! settings, and the public error, saying what the caller was doing.
+//! settings, and the public error, saying what the caller was doing (built by the wire client's
+//! `ErrorContext`, beside [`ConsulHttp`](super::ConsulHttp), from these hints).
 
 use reqwest::StatusCode;
 
