@@ -27,7 +27,7 @@ use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
-/// A leader key nobody holds, as [`Consul::unheld_leader_keys`] found it.
+/// A leader key nobody holds, as [`Consul::unheld_leader_keys`](crate::Consul::unheld_leader_keys) found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnheldKey {

@@ -8,7 +8,7 @@ use crate::wire::{ApiError, ConsulHttp};
 use lease_core::semaphore::{contender_key, lock_key};
 use lease_core::{Error, Sequencer};
 
-/// A Consul semaphore as one read found it ([`Consul::semaphore_state`]).
+/// A Consul semaphore as one read found it ([`Consul::semaphore_state`](crate::Consul::semaphore_state)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SemaphoreState {
