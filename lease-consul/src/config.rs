@@ -1,57 +1,14 @@
 //! Where the Consul agent is and how to talk to it, configured like Consul's own CLI.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use lease_core::Error;
 
-use super::Consul;
-use super::http::{self, ConsulHttp};
-
-/// An ACL token: sent as a header, never displayed.
-#[derive(Clone)]
-pub(crate) struct Token(String);
-
-impl Token {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-/// Where a client's agent address came from, so that a message names what the user set, and
-/// never `CONSUL_HTTP_ADDR` for an address that did not come from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AddressOrigin {
-    /// `CONSUL_HTTP_ADDR`, read by [`ConsulBuilder::from_env`].
-    Env,
-    /// [`ConsulBuilder::address`].
-    Builder,
-    /// Neither: the default `127.0.0.1:8500`. `from_env` if [`ConsulBuilder::from_env`] found
-    /// `CONSUL_HTTP_ADDR` unset.
-    Default {
-        /// Whether the environment was read.
-        from_env: bool,
-    },
-}
-
-impl AddressOrigin {
-    /// The setting a user changes to give another address.
-    pub(crate) fn setting(self) -> &'static str {
-        match self {
-            AddressOrigin::Env | AddressOrigin::Default { from_env: true } => "CONSUL_HTTP_ADDR",
-            AddressOrigin::Builder | AddressOrigin::Default { from_env: false } => {
-                "ConsulBuilder::address"
-            }
-        }
-    }
-}
+use super::backend::Consul;
+use super::client::Client;
+use super::keepalive::KeepAlive;
+use super::wire::{self, AddressOrigin, ConsulHttp, Token};
 
 #[derive(Clone, Debug)]
 enum TokenSource {
@@ -141,37 +98,17 @@ fn env_false(value: &str) -> bool {
     matches!(value, "0" | "f" | "F" | "false" | "FALSE" | "False")
 }
 
-/// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`]).
-///
-/// # Examples
-///
-/// A client for a token without `service:write`, with a larger connection budget:
-///
-/// ```
-/// use lease_consul::{Consul, KeepAlive};
-///
-/// let consul = Consul::builder()
-///     .max_connections(16)
-///     .keep_alive(KeepAlive::SessionTtl)
-///     .build()
-///     .unwrap();
-/// # let _ = consul;
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeepAlive {
-    /// One TTL check per process (per session TTL), registered on the agent as the service
-    /// `lease` and passed every TTL/2; every session of the process is tied to it. Idle traffic
-    /// does not grow with the number of leases, and a process that dies loses its leases one
-    /// TTL after its last pass (a session TTL takes up to twice that: Consul doubles it).
-    /// This needs `service:write` on `lease` beside `session:write` and `key:write`; with a
-    /// token that lacks it, the client warns once and falls back to [`KeepAlive::SessionTtl`].
-    #[default]
-    AgentCheck,
-    /// Each session has its own TTL and is renewed every TTL/2, as `consul lock` does: one
-    /// request per lease per TTL/2, and no service registration (for tokens without
-    /// `service:write`).
-    SessionTtl,
+impl Consul {
+    /// A builder with Consul's defaults, ignoring the environment.
+    pub fn builder() -> ConsulBuilder {
+        ConsulBuilder::new()
+    }
+
+    /// A backend configured from the environment as the `consul` CLI is
+    /// (see [`ConsulBuilder::from_env`]).
+    pub fn from_env() -> Result<Consul, Error> {
+        ConsulBuilder::from_env().build()
+    }
 }
 
 impl ConsulBuilder {
@@ -398,12 +335,12 @@ impl ConsulBuilder {
         }
         let max_connections = self
             .max_connections
-            .unwrap_or(http::DEFAULT_MAX_CONNECTIONS);
-        if max_connections < http::MIN_CONNECTIONS {
+            .unwrap_or(wire::DEFAULT_MAX_CONNECTIONS);
+        if max_connections < wire::MIN_CONNECTIONS {
             return Err(Error::config(format!(
                 "max_connections {max_connections} is too few: a Consul client needs at least {} \
                  (one for watches, two for other requests, one spare)",
-                http::MIN_CONNECTIONS
+                wire::MIN_CONNECTIONS
             )));
         }
         let https = base.scheme() == "https";
@@ -445,14 +382,14 @@ impl ConsulBuilder {
                          cannot apply: configure it on that reqwest::Client instead"
                     )));
                 }
-                http::HttpClient::Given(client)
+                wire::HttpClient::Given(client)
             }
             None => {
                 let config = self.client_config(&base, max_connections)?;
                 if (https || config.wants_tls()) && !lease_http::TLS {
                     return Err(lease_http::tls_missing("the Consul agent's https address"));
                 }
-                http::HttpClient::build(config).map_err(|e| {
+                wire::HttpClient::build(config).map_err(|e| {
                     let message = format!(
                         "cannot build the HTTP client for Consul: {}",
                         lease_http::DisplayChain(&*e)
@@ -461,19 +398,19 @@ impl ConsulBuilder {
                 })?
             }
         };
-        let settings = http::Settings {
+        let settings = wire::Settings {
             token,
             datacenter: self.datacenter,
             namespace: self.namespace,
             server_name: self.tls_server_name,
             node_checks: self.node_checks,
             max_connections,
-            keep_alive: self.keep_alive,
             origin,
             port_given,
         };
-        let http = ConsulHttp::new(client, base, settings);
-        Ok(Consul::from_parts(http, self.semaphore_pool))
+        let wire = ConsulHttp::new(client, base, settings);
+        let client = Client::new(wire, self.keep_alive);
+        Ok(Consul::from_parts(client, self.semaphore_pool))
     }
 
     /// How to build the HTTP client: the files read, and where to connect when the URL names
@@ -577,245 +514,4 @@ fn base_url(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_file_that_cannot_be_read_is_named_and_kept_as_the_source() {
-        let missing = std::env::temp_dir().join("lease-consul-no-such-ca.pem");
-        let error = ConsulBuilder::new()
-            .address("https://127.0.0.1:8501")
-            .ca_cert(&missing)
-            .build()
-            .expect_err("no CA file");
-        assert!(error.to_string().contains("CONSUL_CACERT"), "{error}");
-        let source = std::error::Error::source(&error).expect("the I/O error");
-        let io = source
-            .downcast_ref::<std::io::Error>()
-            .expect("an I/O error");
-        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
-    }
-
-    #[test]
-    fn addresses_parse_like_the_cli() {
-        let env = AddressOrigin::Env;
-        let parse =
-            |address, ssl| base_url(address, ssl, env).map(|(url, port)| (url.to_string(), port));
-        assert_eq!(
-            parse(None, false).unwrap(),
-            ("http://127.0.0.1:8500/".to_owned(), true)
-        );
-        assert_eq!(
-            parse(Some("10.0.0.1:8501"), true).unwrap(),
-            ("https://10.0.0.1:8501/".to_owned(), true)
-        );
-        assert_eq!(
-            parse(Some("http://h:1"), true).unwrap(),
-            ("http://h:1/".to_owned(), true)
-        );
-        assert_eq!(
-            parse(Some("consul.internal"), false).unwrap(),
-            ("http://consul.internal/".to_owned(), false)
-        );
-        for bad in [
-            "unix:///tmp/c.sock",
-            "http://h:1/v1",
-            "http://u:p@h:1",
-            "http://h:notaport",
-            "ftp://h",
-        ] {
-            assert!(parse(Some(bad), false).is_err(), "{bad}");
-        }
-    }
-
-    /// Only an address read from `CONSUL_HTTP_ADDR` is blamed on it; a builder's is blamed on
-    /// the builder call.
-    #[test]
-    fn address_errors_name_where_the_address_came_from() {
-        for bad in [
-            "http://h:notaport",
-            "ftp://h",
-            "http://h:1/v1",
-            "http://u:p@h:1",
-        ] {
-            let Err(Error::Config {
-                message: from_builder,
-                ..
-            }) = base_url(Some(bad), false, AddressOrigin::Builder)
-            else {
-                panic!("{bad} was accepted");
-            };
-            assert!(!from_builder.contains("CONSUL_HTTP_ADDR"), "{from_builder}");
-            assert!(
-                !from_builder.contains("CONSUL_HTTP_TOKEN"),
-                "{from_builder}"
-            );
-            assert!(
-                from_builder.contains("ConsulBuilder::address"),
-                "{from_builder}"
-            );
-            let Err(Error::Config {
-                message: from_env, ..
-            }) = base_url(Some(bad), false, AddressOrigin::Env)
-            else {
-                panic!("{bad} was accepted");
-            };
-            assert!(from_env.contains("CONSUL_HTTP_ADDR"), "{from_env}");
-        }
-        let Err(Error::Config { message: built, .. }) =
-            ConsulBuilder::new().address("http://h:notaport").build()
-        else {
-            panic!("accepted");
-        };
-        assert!(!built.contains("CONSUL_HTTP_ADDR"), "{built}");
-        assert_eq!(
-            ConsulBuilder::new().address_origin(),
-            AddressOrigin::Default { from_env: false }
-        );
-        assert_eq!(
-            ConsulBuilder::from_env().address("h:1").address_origin(),
-            AddressOrigin::Builder
-        );
-    }
-
-    #[test]
-    fn a_missing_port_is_named_in_messages() {
-        let consul = ConsulBuilder::new()
-            .address("consul.internal")
-            .build()
-            .unwrap();
-        let address = consul.http.address();
-        assert!(
-            address.starts_with("http://consul.internal:80 (")
-                && address.contains("no port, so http's default 80 was assumed")
-                && address.contains("8500"),
-            "{address}"
-        );
-        let tls = ConsulBuilder::new()
-            .address("https://consul.internal")
-            .build()
-            .unwrap();
-        assert!(
-            tls.http
-                .address()
-                .contains("https's default 443 was assumed"),
-            "{}",
-            tls.http.address()
-        );
-        for given in ["consul.internal:80", "http://consul.internal:8500"] {
-            let consul = ConsulBuilder::new().address(given).build().unwrap();
-            assert!(
-                !consul.http.address().contains("assumed"),
-                "{}",
-                consul.http.address()
-            );
-        }
-    }
-
-    /// The hints of a failed connection name `CONSUL_HTTP_ADDR` only for an address read from it.
-    #[tokio::test]
-    async fn unreachable_hints_name_where_the_address_came_from() {
-        use crate::http::{ApiError, hint};
-        // Nothing listens on port 1: refused at once, no server needed.
-        let refused = reqwest::get("http://127.0.0.1:1/").await.unwrap_err();
-        let error = ApiError::Transport(std::sync::Arc::new(refused));
-        for origin in [
-            AddressOrigin::Builder,
-            AddressOrigin::Default { from_env: false },
-        ] {
-            let hint = hint(&error, origin, false);
-            assert!(!hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
-            assert!(
-                hint.contains("ConsulBuilder::address"),
-                "{origin:?}: {hint}"
-            );
-        }
-        for origin in [
-            AddressOrigin::Env,
-            AddressOrigin::Default { from_env: true },
-        ] {
-            let hint = hint(&error, origin, false);
-            assert!(hint.contains("CONSUL_HTTP_ADDR"), "{origin:?}: {hint}");
-        }
-    }
-
-    #[test]
-    fn token_is_redacted() {
-        let b = ConsulBuilder::new().token("abc-secret");
-        assert!(!format!("{b:?}").contains("abc-secret"));
-    }
-
-    /// As Go's `strconv.ParseBool`, which the `consul` CLI reads its flags with.
-    #[test]
-    fn flags_read_like_the_cli() {
-        for on in ["1", "t", "T", "true", "TRUE", "True"] {
-            assert!(env_true(on) && !env_false(on), "{on}");
-        }
-        for off in ["0", "f", "F", "false", "FALSE", "False"] {
-            assert!(env_false(off) && !env_true(off), "{off}");
-        }
-    }
-
-    /// `CONSUL_CLIENT_CERT` and `CONSUL_CLIENT_KEY` come from the environment one by one; the
-    /// error names the one missing.
-    #[test]
-    fn a_client_certificate_without_its_key_names_what_is_missing() {
-        let cases = [
-            (
-                Some("cert.pem"),
-                None,
-                "CONSUL_CLIENT_CERT is set without CONSUL_CLIENT_KEY",
-            ),
-            (
-                None,
-                Some("key.pem"),
-                "CONSUL_CLIENT_KEY is set without CONSUL_CLIENT_CERT",
-            ),
-        ];
-        for (cert, key, expected) in cases {
-            let builder = ConsulBuilder {
-                client_cert: Some(ClientCert {
-                    cert: cert.map(PathBuf::from),
-                    key: key.map(PathBuf::from),
-                }),
-                ..ConsulBuilder::new()
-            };
-            let error = builder.build().unwrap_err().to_string();
-            assert!(error.contains(expected), "{error}");
-        }
-    }
-
-    #[test]
-    fn tls_settings_are_checked_when_built() {
-        let missing = ConsulBuilder::new()
-            .address("https://127.0.0.1:8501")
-            .ca_cert("/nonexistent/ca.pem")
-            .build()
-            .unwrap_err()
-            .to_string();
-        assert!(
-            missing.contains("cannot read the CA certificate (CONSUL_CACERT) /nonexistent/ca.pem"),
-            "{missing}"
-        );
-        let not_a_name = ConsulBuilder::new()
-            .address("https://127.0.0.1:8501")
-            .tls_server_name("not a host")
-            .build()
-            .unwrap_err()
-            .to_string();
-        assert!(not_a_name.contains("is not a host name"), "{not_a_name}");
-        let given = ConsulBuilder::new()
-            .http_client(reqwest::Client::new())
-            .connect_timeout(Duration::from_secs(1))
-            .build()
-            .unwrap_err()
-            .to_string();
-        assert!(given.contains("connect_timeout cannot apply"), "{given}");
-        // A client of one's own, with nothing else about TLS, is fine.
-        ConsulBuilder::new()
-            .http_client(reqwest::Client::new())
-            .namespace("team-a")
-            .build()
-            .unwrap();
-    }
-}
+mod tests;

@@ -27,11 +27,43 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::config::KeepAlive;
-use super::http::ConsulHttp;
 use super::session::SessionEnd;
+use super::wire::ConsulHttp;
 use lease_core::Error;
-use lease_core::backend::Fence;
+use lease_core::backend::{Fence, Keepers};
+
+/// How a client keeps its sessions alive (see [`ConsulBuilder::keep_alive`](crate::ConsulBuilder::keep_alive)).
+///
+/// # Examples
+///
+/// A client for a token without `service:write`, with a larger connection budget:
+///
+/// ```
+/// use lease_consul::{Consul, KeepAlive};
+///
+/// let consul = Consul::builder()
+///     .max_connections(16)
+///     .keep_alive(KeepAlive::SessionTtl)
+///     .build()
+///     .unwrap();
+/// # let _ = consul;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeepAlive {
+    /// One TTL check per process (per session TTL), registered on the agent as the service
+    /// `lease` and passed every TTL/2; every session of the process is tied to it. Idle traffic
+    /// does not grow with the number of leases, and a process that dies loses its leases one
+    /// TTL after its last pass (a session TTL takes up to twice that: Consul doubles it).
+    /// This needs `service:write` on `lease` beside `session:write` and `key:write`; with a
+    /// token that lacks it, the client warns once and falls back to [`KeepAlive::SessionTtl`].
+    #[default]
+    AgentCheck,
+    /// Each session has its own TTL and is renewed every TTL/2, as `consul lock` does: one
+    /// request per lease per TTL/2, and no service registration (for tokens without
+    /// `service:write`).
+    SessionTtl,
+}
 
 /// The service name under which heartbeat checks are registered.
 const SERVICE_NAME: &str = "lease";
@@ -42,6 +74,10 @@ const REAP_AFTER: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub(crate) struct KeepAlives {
     mode: KeepAlive,
+    /// The wire client each heartbeat is handed when it starts.
+    wire: Arc<ConsulHttp>,
+    /// Where a heartbeat's clean-up runs once its last session is gone.
+    keepers: Keepers,
     beats: tokio::sync::Mutex<Beats>,
 }
 
@@ -70,6 +106,7 @@ struct Beat {
 #[derive(Debug)]
 pub(crate) struct Heartbeat {
     http: Weak<ConsulHttp>,
+    keepers: Keepers,
     check: String,
     /// Confirmed by the passes: past its deadline, the check may have turned critical.
     fence: Fence,
@@ -78,16 +115,13 @@ pub(crate) struct Heartbeat {
 }
 
 impl KeepAlives {
-    pub(crate) fn new(mode: KeepAlive) -> Self {
+    pub(crate) fn new(mode: KeepAlive, wire: Arc<ConsulHttp>, keepers: Keepers) -> Self {
         KeepAlives {
             mode,
+            wire,
+            keepers,
             beats: tokio::sync::Mutex::default(),
         }
-    }
-
-    /// How sessions are kept alive.
-    pub(crate) fn mode(&self) -> KeepAlive {
-        self.mode
     }
 
     /// The heartbeat sessions of `ttl` are tied to, registered if none is alive; `None` when
@@ -95,7 +129,6 @@ impl KeepAlives {
     /// (`LeaseSpec::fence_after`).
     pub(crate) async fn heartbeat(
         &self,
-        http: &Arc<ConsulHttp>,
         ttl: Duration,
         fence_after: Duration,
     ) -> Result<Option<Arc<Heartbeat>>, Error> {
@@ -112,7 +145,7 @@ impl KeepAlives {
                 return Ok(Some(beat));
             }
         }
-        let beat = match Heartbeat::register(http, ttl, fence_after).await {
+        let beat = match Heartbeat::register(&self.wire, &self.keepers, ttl, fence_after).await {
             Ok(beat) => Arc::new(beat),
             Err(Error::PermissionDenied { message, .. }) => {
                 tracing::warn!(
@@ -135,6 +168,7 @@ impl KeepAlives {
 impl Heartbeat {
     async fn register(
         http: &Arc<ConsulHttp>,
+        keepers: &Keepers,
         ttl: Duration,
         fence_after: Duration,
     ) -> Result<Heartbeat, Error> {
@@ -171,6 +205,7 @@ impl Heartbeat {
         ));
         Ok(Heartbeat {
             http: Arc::downgrade(http),
+            keepers: keepers.clone(),
             check,
             fence,
             beat,
@@ -235,7 +270,7 @@ impl Drop for Heartbeat {
         };
         let check = std::mem::take(&mut self.check);
         let abandoned = (Arc::clone(&http), check.clone());
-        http.keepers().clone().spawn_clean_up(
+        self.keepers.clone().spawn_clean_up(
             async move {
                 if let Err(error) = http.agent_deregister(&check).await {
                     tracing::debug!(%check, %error, "could not deregister the heartbeat check; Consul reaps it a minute after it turns critical");
@@ -264,7 +299,7 @@ async fn beat_until_gone(
     fence: Fence,
     tx: watch::Sender<Beat>,
 ) {
-    let retry_every = super::session::retry_pause(ttl);
+    let retry_every = lease_http::retry_pause(ttl);
     let mut next = fence.confirmed_at().unwrap_or_else(Instant::now) + ttl / 2;
     loop {
         let Some(deadline) = fence.deadline() else {

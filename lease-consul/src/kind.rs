@@ -28,9 +28,11 @@
 
 use reqwest::StatusCode;
 
-use super::http::{ApiError, KvEntry, TxnOp};
-#[cfg(doc)]
+use super::wire::{ApiError, KvEntry, TxnOp};
 use lease_core::Error;
+
+/// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
+pub(crate) const LEADER_FLAGS: u64 = Error::LEADER_FLAGS;
 
 /// What an acquisition's transaction asserts about the key where the other kind of lock would be
 /// recorded.
@@ -88,7 +90,6 @@ impl OtherKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::LEADER_FLAGS;
     use lease_core::semaphore::SEMAPHORE_FLAGS;
 
     fn entry(flags: u64, modify_index: u64) -> KvEntry {

@@ -18,16 +18,28 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::http::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
-use super::kind::{OtherKind, Verdict};
+use super::client::Client;
+use super::kind::{LEADER_FLAGS, OtherKind, Verdict};
 use super::retry::retry_transient;
-use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
-use super::watch::{Interest, Listing, Watched, Watches};
+use super::session::{self, ReleasedSessions, Renewals, Session, SessionEnd, SessionLock};
+use super::watch::{Interest, Listing, Watched};
+use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
-/// The flags `consul lock` (and Consul's Go `api.Lock`) put on a leader lock key.
-pub(crate) const LEADER_FLAGS: u64 = Error::LEADER_FLAGS;
+/// A leader key nobody holds, as [`Consul::unheld_leader_keys`](crate::Consul::unheld_leader_keys) found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnheldKey {
+    /// The key.
+    pub key: String,
+    /// Its LockIndex: how many times it was acquired since it was created.
+    pub lock_index: u64,
+    /// Its CreateIndex: the Raft index at which it was created (higher for every re-creation).
+    pub create_index: u64,
+    /// Its ModifyIndex when found: any acquisition, release or write changes it.
+    pub modify_index: u64,
+}
 
 /// First pause after an acquire refused by lock-delay; doubles up to [`LOCK_DELAY_MAX_PAUSE`].
 const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(25);
@@ -38,21 +50,21 @@ const READ_GRACE: Duration = Duration::from_secs(5);
 /// Acquires the leader lock `spec` names (validated by the caller); `backend` answers the
 /// lease's checks.
 pub(crate) async fn acquire(
-    http: &Arc<ConsulHttp>,
+    client: &Arc<Client>,
     spec: &LeaseSpec,
     backend: Arc<dyn Backend>,
 ) -> Result<Lease, Error> {
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
     loop {
-        let (mut session, mut renewals) = Session::create(http, spec, Behavior::Release).await?;
+        let (mut session, mut renewals) = Session::create(client, spec, Behavior::Release).await?;
         // If this future is dropped from here on, the session releases the key before it is
         // destroyed, so the next holder does not wait out the lock-delay.
         session.may_hold(spec.key());
         let outcome = tokio::select! {
             biased;
             end = &mut renewals => Err(end),
-            result = contend(http, session.id(), spec, started, deadline) => Ok(result),
+            result = contend(client, session.id(), spec, started, deadline) => Ok(result),
         };
         match outcome {
             Ok(Ok(Contended::Acquired(held))) => {
@@ -99,13 +111,13 @@ struct Acquired {
 /// it settles, so a holder that takes the key meanwhile and loses it the same way is seen too;
 /// every state read, whether from the watch or after a refused acquire, is judged the same way.
 async fn contend(
-    http: &Arc<ConsulHttp>,
+    client: &Client,
     session: &str,
     spec: &LeaseSpec,
     started: Instant,
     deadline: Option<Instant>,
 ) -> Result<Contended, Error> {
-    let mut contention = Contention::new(http, session, spec, started, deadline);
+    let mut contention = Contention::new(client, session, spec, started, deadline);
     loop {
         let entry = contention.next_state().await?;
         if contention.held_by_another(entry.as_ref()).await? {
@@ -139,7 +151,9 @@ enum Attempt {
 
 /// One contention for a leader key: what [`contend`] has learned so far.
 struct Contention<'a> {
-    http: &'a Arc<ConsulHttp>,
+    http: &'a ConsulHttp,
+    /// The sessions this client released cleanly (no settling after those).
+    released: &'a ReleasedSessions,
     session: &'a str,
     spec: &'a LeaseSpec,
     key: &'a str,
@@ -163,7 +177,7 @@ struct Contention<'a> {
 
 impl<'a> Contention<'a> {
     fn new(
-        http: &'a Arc<ConsulHttp>,
+        client: &'a Client,
         session: &'a str,
         spec: &'a LeaseSpec,
         started: Instant,
@@ -171,13 +185,16 @@ impl<'a> Contention<'a> {
     ) -> Self {
         let key = spec.key();
         Contention {
-            http,
+            http: client.wire(),
+            released: client.released(),
             session,
             spec,
             key,
             started,
             deadline,
-            watched: Watches::watch(http, Interest::Key(key.to_owned()), false, None),
+            watched: client
+                .watches()
+                .watch(Interest::Key(key.to_owned()), false, None),
             semaphore_lock: lock_key(key),
             semaphore: OtherKind::Absent,
             index: None,
@@ -283,7 +300,7 @@ impl<'a> Contention<'a> {
             // and Consul refuses us while it runs), or by an invalidation Consul does not delay.
             Some(_) if lock_delay.is_some_and(|d| d >= self.spec.settle_time()) => None,
             // Released cleanly by this very client.
-            Some(_) if self.http.released().contains(&previous) => None,
+            Some(_) if self.released.contains(&previous) => None,
             Some(_) => match self.http.session_exists(&previous).await {
                 Ok(true) => None,
                 Ok(false) | Err(_) => Some(self.spec.settle_time()),
@@ -488,7 +505,7 @@ impl SessionLock for LeaderKey {
 /// Deletes the leader key `key` if no session holds it and it carries the leader flags, with a
 /// compare-and-set on the index it was read at, so a key taken meanwhile is left alone.
 pub(crate) async fn remove_unheld(http: &ConsulHttp, key: &str) -> Result<bool, Error> {
-    let fail = |e: super::http::ApiError| e.into_error(http, format_args!("remove {key:?}"));
+    let fail = |e: super::wire::ApiError| e.into_error(http, format_args!("remove {key:?}"));
     let (entry, _) = http.kv_get(key).await.map_err(fail)?;
     match entry {
         Some(entry) if entry.holder().is_none() && entry.flags == LEADER_FLAGS => http
@@ -500,10 +517,7 @@ pub(crate) async fn remove_unheld(http: &ConsulHttp, key: &str) -> Result<bool, 
 }
 
 /// The leader keys under `prefix` that no session holds, as one consistent read found them.
-pub(crate) async fn unheld(
-    http: &ConsulHttp,
-    prefix: &str,
-) -> Result<Vec<super::UnheldKey>, Error> {
+pub(crate) async fn unheld(http: &ConsulHttp, prefix: &str) -> Result<Vec<UnheldKey>, Error> {
     let (entries, _) = http
         .kv_list(prefix)
         .await
@@ -511,7 +525,7 @@ pub(crate) async fn unheld(
     Ok(entries
         .into_iter()
         .filter(|e| e.flags == LEADER_FLAGS && e.holder().is_none())
-        .map(|e| super::UnheldKey {
+        .map(|e| UnheldKey {
             key: e.key,
             lock_index: e.lock_index,
             create_index: e.create_index,
@@ -521,10 +535,7 @@ pub(crate) async fn unheld(
 }
 
 /// Deletes `found.key` with a compare-and-set on the ModifyIndex it was found at.
-pub(crate) async fn remove_as_found(
-    http: &ConsulHttp,
-    found: &super::UnheldKey,
-) -> Result<bool, Error> {
+pub(crate) async fn remove_as_found(http: &ConsulHttp, found: &UnheldKey) -> Result<bool, Error> {
     http.kv_delete(&found.key, Some(found.modify_index))
         .await
         .map_err(|e| e.into_error(http, format_args!("remove {:?}", found.key)))

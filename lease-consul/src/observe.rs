@@ -9,20 +9,22 @@
 //! never reported as current through an outage. (The watch's blocking reads wait at most five
 //! minutes, and a silent network ends them within that plus a request timeout.)
 
-use std::sync::Arc;
-
 use tokio::sync::watch;
 
-use super::http::{ConsulHttp, KvEntry};
-use super::watch::{Interest, Watched, Watches};
+use super::client::Client;
+use super::watch::{Interest, Watched};
+use super::wire::KvEntry;
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 
 /// Starts observing `key`; the first read happens before this returns, so errors (a bad token, an
 /// unreachable agent) are reported here rather than swallowed by the task.
-pub(crate) async fn observe(http: &Arc<ConsulHttp>, key: &str) -> Result<LeaderObserver, Error> {
+pub(crate) async fn observe(client: &Client, key: &str) -> Result<LeaderObserver, Error> {
+    let http = client.wire();
     lease_core::validate_key(key)?;
-    let watched = Watches::watch(http, Interest::Key(key.to_owned()), true, None);
+    let watched = client
+        .watches()
+        .watch(Interest::Key(key.to_owned()), true, None);
     let (entry, index) = http
         .kv_get(key)
         .await

@@ -25,7 +25,11 @@
 
 mod coordinator;
 mod pool;
+mod state;
 mod value;
+
+pub use self::state::{SemaphoreHolder, SemaphoreState};
+pub(crate) use self::state::{destroy, state};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,13 +38,13 @@ use tokio::time::Instant;
 
 use self::coordinator::{Coordinators, TakeArgs};
 use self::pool::{Pool, Pooled};
-use self::value::read_snapshot;
-use super::http::{ApiError, Behavior, ConsulHttp, KvEntry};
-use super::retry::{retry_transient, within};
+use self::value::{directory, read_snapshot};
+use super::client::Client;
 use super::session::{self, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing};
+use super::wire::{Behavior, ConsulHttp, KvEntry};
 pub(crate) use lease_core::semaphore::{SEMAPHORE_FLAGS, prefix_of};
-use lease_core::semaphore::{Taken, contender_key, lock_key};
+use lease_core::semaphore::{Taken, contender_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
 /// A client's semaphore machinery: the idle-session pool and the per-prefix coordinators.
@@ -61,7 +65,7 @@ impl Semaphores {
 
 /// Acquires a slot of the semaphore `spec` names (validated by the caller).
 pub(crate) async fn acquire(
-    http: &Arc<ConsulHttp>,
+    client: &Arc<Client>,
     semaphores: &Arc<Semaphores>,
     spec: &LeaseSpec,
     backend: Arc<dyn Backend>,
@@ -84,12 +88,12 @@ pub(crate) async fn acquire(
         } = match semaphores.pool.take(prefix).await {
             Some(pooled) => pooled,
             None => {
-                let (session, renewals) = Session::create(http, spec, Behavior::Delete).await?;
+                let (session, renewals) = Session::create(client, spec, Behavior::Delete).await?;
                 Pooled { session, renewals }
             }
         };
         let take = semaphores.coordinators.take(
-            http,
+            client,
             prefix,
             TakeArgs {
                 session: session.id(),
@@ -234,13 +238,13 @@ impl SessionLock for SemaphoreSlot {
         let Some(mut session) = slot.take() else {
             return Ok(());
         };
-        let http = Arc::clone(session.http());
+        let client = Arc::clone(session.client());
         let (semaphores, prefix, settle) = (&self.semaphores, &self.prefix, self.settle);
         if semaphores.pool.enabled() {
             // Keep the session and its contender key for the next acquisition.
             let given = semaphores
                 .coordinators
-                .give(&http, prefix, session.id(), false, settle)
+                .give(&client, prefix, session.id(), false, settle)
                 .await;
             if let Err(error) = given {
                 *slot = Some(session);
@@ -256,7 +260,7 @@ impl SessionLock for SemaphoreSlot {
         }
         let left = semaphores
             .coordinators
-            .give(&http, prefix, session.id(), true, settle)
+            .give(&client, prefix, session.id(), true, settle)
             .await;
         let destroyed = session.destroy().await;
         left.and(destroyed)
@@ -275,77 +279,4 @@ pub(crate) async fn check_sequencer(
         .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
     let lost = verdict(prefix, &entries, sequencer.holder(), sequencer.index());
     session::judged::<SemaphoreSlot>(http, sequencer.holder(), lost).await
-}
-
-/// What one consistent read of the semaphore at `prefix` says: its limit and live holders.
-pub(crate) async fn state(http: &ConsulHttp, prefix: &str) -> Result<super::SemaphoreState, Error> {
-    let (entries, index) = http
-        .kv_list(&directory(prefix))
-        .await
-        .map_err(|e| e.into_error(http, format_args!("read semaphore {prefix:?}")))?;
-    let snapshot = read_snapshot(prefix, &entries, index);
-    if let Err(unreadable) = &snapshot.lock {
-        return Err(unreadable.to_error(prefix));
-    }
-    let holders = snapshot
-        .live_holders()
-        .into_iter()
-        .map(|session| {
-            let key = contender_key(prefix, &session);
-            let entry = entries.iter().find(|e| e.key == key);
-            super::SemaphoreHolder {
-                sequencer: Sequencer::new(
-                    lease_core::BackendKind::Consul,
-                    key.as_str(),
-                    entry.map_or(0, |e| e.lock_index),
-                    session.as_str(),
-                ),
-                value: entry
-                    .and_then(|e| e.decoded_value().ok())
-                    .unwrap_or_default(),
-                session,
-            }
-        })
-        .collect();
-    Ok(super::SemaphoreState {
-        limit: snapshot.limit(),
-        holders,
-    })
-}
-
-/// `<prefix>/`: the directory every key of the semaphore at `prefix` is in.
-pub(super) fn directory(prefix: &str) -> String {
-    format!("{prefix}/")
-}
-
-/// Removes the semaphore at `prefix` if no live holder remains.
-pub(crate) async fn destroy(http: &ConsulHttp, prefix: &str) -> Result<(), Error> {
-    let fail = |e: ApiError| e.into_error(http, format_args!("destroy semaphore {prefix:?}"));
-    let directory = directory(prefix);
-    loop {
-        let (entries, index) =
-            retry_transient(within(Duration::from_secs(5)), || http.kv_list(&directory))
-                .await
-                .map_err(fail)?;
-        let snapshot = read_snapshot(prefix, &entries, index);
-        let modify_index = match &snapshot.lock {
-            Err(unreadable) => return Err(unreadable.to_error(prefix)),
-            Ok(None) => return Ok(()),
-            Ok(Some((modify_index, _))) => *modify_index,
-        };
-        let live = snapshot.live_holders();
-        if !live.is_empty() {
-            return Err(Error::SemaphoreInUse {
-                key: prefix.to_owned(),
-                holders: live.len(),
-            });
-        }
-        if http
-            .kv_delete(&lock_key(prefix), Some(modify_index))
-            .await
-            .map_err(fail)?
-        {
-            return Ok(());
-        }
-    }
 }

@@ -37,7 +37,10 @@
 //! A take whose caller went away before it was admitted is dropped; one admitted after its
 //! caller went away is given back by the coordinator itself.
 
+mod request;
 mod task;
+
+use self::request::{GiveReply, Request, TakeReply};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -45,14 +48,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
-use crate::http::ConsulHttp;
+use crate::client::Client;
 use lease_core::Error;
 use lease_core::semaphore::{Give, Take, Taken};
 
-/// How long a give-back is retried through trouble before it is reported failed.
-const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
 /// How many requests may wait in a coordinator's channel; more callers wait for room.
 const CHANNEL_CAPACITY: usize = 128;
 
@@ -69,50 +69,6 @@ pub(super) struct TakeArgs<'a> {
     pub(super) settle: Duration,
     /// Answer `Full` after one fresh read instead of waiting.
     pub(super) once: bool,
-}
-
-/// What a queued take carries for the coordinator: what to write, and whom to answer.
-#[derive(Debug)]
-struct TakeReply {
-    value: Vec<u8>,
-    answer: oneshot::Sender<Result<Taken, Error>>,
-}
-
-/// What a queued give-back carries: until when to retry it, and whom to answer (nobody for a
-/// slot the coordinator gives back itself).
-#[derive(Debug)]
-struct GiveReply {
-    give_up: Instant,
-    answer: Option<oneshot::Sender<Result<(), Error>>>,
-}
-
-impl GiveReply {
-    /// For a give-back the caller waits for, answered on `answer`.
-    fn to(answer: oneshot::Sender<Result<(), Error>>) -> Self {
-        GiveReply {
-            give_up: Instant::now() + GIVE_UP_AFTER,
-            answer: Some(answer),
-        }
-    }
-
-    /// For a slot the coordinator gives back itself: admitted after its caller went away.
-    fn unanswered() -> Self {
-        GiveReply {
-            give_up: Instant::now() + GIVE_UP_AFTER,
-            answer: None,
-        }
-    }
-
-    fn send(self, result: Result<(), Error>) {
-        if let Some(answer) = self.answer {
-            let _ = answer.send(result);
-        }
-    }
-}
-
-enum Request {
-    Take(Take, TakeReply),
-    Give(Give, GiveReply),
 }
 
 /// The coordinators of one client, one per prefix, started on demand.
@@ -137,11 +93,11 @@ impl Coordinators {
     /// Cancel safe: see the module docs.
     pub(super) async fn take(
         &self,
-        http: &Arc<ConsulHttp>,
+        client: &Client,
         prefix: &str,
         take: TakeArgs<'_>,
     ) -> Result<Taken, Error> {
-        self.ask(http, prefix, |answer| {
+        self.ask(client, prefix, |answer| {
             let wanted = Take {
                 session: take.session.to_owned(),
                 limit: take.limit,
@@ -159,13 +115,13 @@ impl Coordinators {
     /// the write.
     pub(super) async fn give(
         &self,
-        http: &Arc<ConsulHttp>,
+        client: &Client,
         prefix: &str,
         session: &str,
         delete_contender: bool,
         settle: Duration,
     ) -> Result<(), Error> {
-        self.ask(http, prefix, |answer| {
+        self.ask(client, prefix, |answer| {
             let give = Give {
                 session: session.to_owned(),
                 delete_contender,
@@ -179,14 +135,14 @@ impl Coordinators {
     /// Sends the request `make` builds to the coordinator of `prefix` and waits for its answer.
     async fn ask<R>(
         &self,
-        http: &Arc<ConsulHttp>,
+        client: &Client,
         prefix: &str,
         make: impl Fn(oneshot::Sender<Result<R, Error>>) -> Request,
     ) -> Result<R, Error> {
         // A coordinator that stops for idleness just as we send drops the request (and its
         // answer channel): send again, to a new one.
         for _ in 0..3 {
-            let Some(sender) = self.sender(http, prefix) else {
+            let Some(sender) = self.sender(client, prefix) else {
                 break;
             };
             let (answer_tx, answer) = oneshot::channel();
@@ -201,12 +157,17 @@ impl Coordinators {
 
     /// The channel to the coordinator of `prefix`, started if none runs; `None` if the map's
     /// lock is poisoned.
-    fn sender(&self, http: &Arc<ConsulHttp>, prefix: &str) -> Option<mpsc::Sender<Request>> {
+    fn sender(&self, client: &Client, prefix: &str) -> Option<mpsc::Sender<Request>> {
         let mut senders = self.senders.lock().ok()?;
         senders.retain(|_, sender| !sender.is_closed());
         let sender = senders.entry(prefix.to_owned()).or_insert_with(|| {
             let (sender, requests) = mpsc::channel(CHANNEL_CAPACITY);
-            tokio::spawn(task::run(Arc::clone(http), prefix.to_owned(), requests));
+            tokio::spawn(task::run(
+                Arc::clone(client.wire()),
+                client.watches().clone(),
+                prefix.to_owned(),
+                requests,
+            ));
             sender
         });
         Some(sender.clone())

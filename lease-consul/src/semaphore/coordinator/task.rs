@@ -11,13 +11,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{GiveReply, Request, TakeReply};
-use crate::http::{ApiError, ConsulHttp, KvEntry, TxnOp};
-use crate::kind::{OtherKind, Verdict};
-use crate::leader::LEADER_FLAGS;
+use super::request::{GiveReply, Request, TakeReply};
+use crate::kind::{LEADER_FLAGS, OtherKind, Verdict};
 use crate::retry::backoff;
-use crate::semaphore::value::{encode_lock, read_snapshot};
+use crate::semaphore::value::{directory, encode_lock, read_snapshot};
 use crate::watch::{Interest, Watched, Watches};
+use crate::wire::{ApiError, ConsulHttp, KvEntry, TxnOp};
 use lease_core::Error;
 use lease_core::backoff::Backoff;
 use lease_core::semaphore::{
@@ -52,6 +51,7 @@ struct Coordinator {
 
 pub(super) async fn run(
     http: Arc<ConsulHttp>,
+    watches: Watches,
     prefix: String,
     mut requests: mpsc::Receiver<Request>,
 ) {
@@ -65,13 +65,8 @@ pub(super) async fn run(
         backoff: backoff(),
         leader: OtherKind::Absent,
     };
-    let directory = super::super::directory(&coordinator.prefix);
-    let mut watched = Watches::watch(
-        &coordinator.http,
-        Interest::Prefix(directory.clone()),
-        true,
-        None,
-    );
+    let directory = directory(&coordinator.prefix);
+    let mut watched = watches.watch(Interest::Prefix(directory.clone()), true, None);
     let mut open = true;
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -223,11 +218,7 @@ impl Coordinator {
     /// One round: read if needed, answer what can be answered, write one transaction.
     async fn round(&mut self) -> Round {
         if self.snapshot.is_none() {
-            match self
-                .http
-                .kv_list(&super::super::directory(&self.prefix))
-                .await
-            {
+            match self.http.kv_list(&directory(&self.prefix)).await {
                 Ok((entries, index)) => {
                     self.snapshot = Some(read_snapshot(&self.prefix, &entries, index));
                     self.fresh = true;

@@ -1,14 +1,11 @@
 //! What a failed Consul call ([`ApiError`]) means to the user: the hints that name Consul's
-//! settings, and the public error, saying what the caller was doing.
-
-use std::fmt;
+//! settings, and the public error, saying what the caller was doing (built by the wire client's
+//! `ErrorContext`, beside [`ConsulHttp`](super::ConsulHttp), from these hints).
 
 use reqwest::StatusCode;
 
-use super::ConsulHttp;
-use crate::config::AddressOrigin;
-use lease_core::Error;
-use lease_http::{ApiError, Cause, ErrorContext};
+use super::settings::AddressOrigin;
+use lease_http::{ApiError, Cause};
 
 /// What the user should do about `error`, for errors and warnings. It names the setting the
 /// agent's address came from (`origin`): `CONSUL_HTTP_ADDR` only if it was read; and over `https`,
@@ -59,53 +56,6 @@ pub(crate) fn hint(error: &ApiError, origin: AddressOrigin, https: bool) -> &'st
     }
 }
 
-impl ErrorContext for ConsulHttp {
-    fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
-        let transient = error.is_transient();
-        let hint = hint(&error, self.origin(), self.https());
-        match error {
-            ApiError::Transport(source) => Error::Unreachable {
-                backend: "Consul",
-                address: self.address(),
-                hint,
-                source: lease_http::unreachable_source(&*source),
-            },
-            ApiError::Status {
-                status: StatusCode::FORBIDDEN,
-                message,
-                ..
-            } => Error::PermissionDenied {
-                operation: operation.to_string(),
-                message,
-                hint: "use an ACL token (CONSUL_HTTP_TOKEN, or ConsulBuilder::token) whose policy \
-                       allows it",
-            },
-            ApiError::Status {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                message,
-                ..
-            } => Error::Backend {
-                backend: "Consul",
-                operation: operation.to_string(),
-                message: format!("429 Too Many Requests: {message}; {LIMIT_HINT}"),
-                transient,
-            },
-            ApiError::Status { .. } | ApiError::Malformed(_) => Error::Backend {
-                backend: "Consul",
-                operation: operation.to_string(),
-                message: error.to_string(),
-                transient,
-            },
-            ApiError::TimedOut => Error::Backend {
-                backend: "Consul",
-                operation: operation.to_string(),
-                message: "no answer in the time left; the agent may be overloaded".to_owned(),
-                transient,
-            },
-        }
-    }
-}
-
 /// What to check when the TLS handshake with the agent fails.
 const TLS_HINT: &str = "the TLS handshake failed: trust the CA that signed the agent's certificate \
     (CONSUL_CACERT, or ConsulBuilder::ca_cert), connect by a name the certificate carries or set \
@@ -114,7 +64,7 @@ const TLS_HINT: &str = "the TLS handshake failed: trust the CA that signed the a
     ConsulBuilder::client_cert)";
 
 /// What to change when the agent refuses or drops connections.
-const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows each client IP \
+pub(super) const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows each client IP \
     `limits.http_max_conns_per_client` connections (default 200), shared by every process on \
     this host; raise that limit in the agent's configuration, or lower \
     `ConsulBuilder::max_connections` (default 8) of the processes here";
@@ -122,6 +72,7 @@ const LIMIT_HINT: &str = "the agent refused or dropped the connection: it allows
 #[cfg(test)]
 mod tests {
     use lease_core::ErrorKind;
+    use lease_http::ErrorContext;
 
     use super::*;
 
@@ -197,7 +148,7 @@ mod tests {
         ];
         for (error, kind, transient) in table {
             let what = error.to_string();
-            let public = consul.http.public_error(error, "acquire \"k\"");
+            let public = consul.client().wire().public_error(error, "acquire \"k\"");
             assert_eq!(
                 (public.kind(), public.is_transient()),
                 (kind, transient),

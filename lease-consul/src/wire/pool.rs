@@ -80,7 +80,7 @@ impl Pool {
         let exchange = async {
             let response = self.client.request(request).await?;
             let status = response.status();
-            let index = super::consul_index(response.headers());
+            let index = super::answer::consul_index(response.headers());
             let bytes = response.into_body().collect().await?.to_bytes();
             Ok::<_, BoxError>((status, index, bytes.to_vec()))
         };
