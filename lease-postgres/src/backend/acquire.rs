@@ -21,9 +21,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::attempt::Attempt;
-use super::client::{PgError, Retry, Shared};
+use super::client::{PgError, Retry, Shared, Wire};
 use super::listen::{Note, Removal, Subscription};
-use super::release::release;
 
 /// The longest key a notification can carry with room to spare (PostgreSQL's payloads stop
 /// below 8,000 bytes).
@@ -67,11 +66,11 @@ impl Drop for Pending {
         }
         let shared = Arc::clone(&self.shared);
         let (key, holder) = (self.key.clone(), self.holder.clone());
-        let detached = Detached::of(&shared);
+        let detached = Detached::of(&shared.wire);
         let abandoned = (key.clone(), holder.clone());
         self.shared.keepers.spawn_clean_up(
             async move {
-                let _ = release(&shared, &key, &holder).await;
+                let _ = shared.release(&key, &holder).await;
             },
             move || Some(detached.release(abandoned.0, abandoned.1)),
         );
@@ -104,7 +103,7 @@ pub(crate) async fn acquire(
     let holder = new_holder();
     // Subscribed before the first attempt, so no release between an answer and the wait is
     // missed.
-    let mut notes = shared.listener.subscribe(shared, key);
+    let mut notes = shared.subscribe(key);
     let mut pending = Pending {
         shared: Arc::clone(shared),
         key: key.to_owned(),
@@ -136,7 +135,7 @@ pub(crate) async fn acquire(
         // Whether a failed try may have reached the server (and inserted the row).
         let mut maybe_sent = false;
         let answer = loop {
-            match super::attempt::attempt(shared, attempt.clone()).await {
+            match shared.attempt(attempt.clone()).await {
                 Err(error) => {
                     maybe_sent |= error.maybe_sent();
                     if !retry.again(&error).await {
@@ -150,7 +149,8 @@ pub(crate) async fn acquire(
             // Never sent: there is no row to give back (and no server to give it to).
             pending.armed = false;
         }
-        let answer = answer.map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let answer = answer
+            .map_err(|e| e.into_error(&shared.wire.address, format_args!("acquire {key:?}")))?;
         answered = true;
         let sent = answer.sent;
         if semaphore {
@@ -166,7 +166,7 @@ pub(crate) async fn acquire(
                     .and_then(|i| u64::try_from(i).ok())
                     .ok_or_else(|| {
                         PgError::Malformed("an acquisition without an index".into())
-                            .into_error(shared, format_args!("acquire {key:?}"))
+                            .into_error(&shared.wire.address, format_args!("acquire {key:?}"))
                     })?;
                 pending.armed = false;
                 let sequencer_key = if semaphore {
@@ -178,10 +178,7 @@ pub(crate) async fn acquire(
                     Sequencer::new(BackendKind::Postgres, sequencer_key, index, holder.clone());
                 tracing::info!(%sequencer, "lease acquired");
                 let fence = Fence::new(spec.fence_after(), sent);
-                let lost =
-                    shared
-                        .renewer
-                        .register(shared, &holder, spec.session_ttl(), fence.clone());
+                let lost = shared.renew(&holder, spec.session_ttl(), fence.clone());
                 let hold = RowHold {
                     shared: Arc::clone(shared),
                     key: key.to_owned(),
@@ -214,7 +211,7 @@ pub(crate) async fn acquire(
             }
             other => {
                 return Err(PgError::Malformed(format!("the outcome {other:?}"))
-                    .into_error(shared, format_args!("acquire {key:?}")));
+                    .into_error(&shared.wire.address, format_args!("acquire {key:?}")));
             }
         }
         // Busy: nothing was inserted, nothing to give back while waiting.
@@ -298,7 +295,7 @@ impl Hold for RowHold {
                         };
                     }
                     Note::Resync => {
-                        if let Ok(false) = row_exists(&self.shared, &self.key, &self.holder).await {
+                        if let Ok(false) = row_exists(&self.shared.wire, &self.key, &self.holder).await {
                             return LostReason::KeyDeleted;
                         }
                     }
@@ -314,22 +311,22 @@ impl Hold for RowHold {
     }
 
     async fn release(&mut self) -> Result<(), Error> {
-        self.shared.renewer.unregister(&self.holder);
+        self.shared.stop_renewing(&self.holder);
         if let Some(left) = self.to_keep() {
-            return keep_row(&self.shared, &self.key, &self.holder, left).await;
+            return keep_row(&self.shared.wire, &self.key, &self.holder, left).await;
         }
-        release(&self.shared, &self.key, &self.holder).await
+        self.shared.release(&self.key, &self.holder).await
     }
 
     async fn clean_up(&mut self, _reason: &LostReason) {
         // The row is gone, or (self-fenced) it is left to expire: giving it back now would hand
         // the lease on before the database's own deadline, while this holder may be stopping.
-        self.shared.renewer.unregister(&self.holder);
+        self.shared.stop_renewing(&self.holder);
     }
 
     fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.shared.renewer.unregister(&self.holder);
-        let detached = Detached::of(&self.shared);
+        self.shared.stop_renewing(&self.holder);
+        let detached = Detached::of(&self.shared.wire);
         Some(match self.to_keep() {
             Some(left) => detached.keep(self.key, self.holder, left),
             None => detached.release(self.key, self.holder),
@@ -346,16 +343,15 @@ const KEEP_SQL: &str = "UPDATE lease.leases SET ttl = make_interval(secs => $3),
                         WHERE lease_key = $1 AND holder = $2 AND expires_at > now()";
 
 /// Leaves `holder`'s row of `key` held for `left` more ([`Hold::keep_until`]).
-async fn keep_row(shared: &Shared, key: &str, holder: &str, left: Duration) -> Result<(), Error> {
-    let sql = shared.sql(KEEP_SQL);
+async fn keep_row(wire: &Wire, key: &str, holder: &str, left: Duration) -> Result<(), Error> {
+    let sql = wire.sql(KEEP_SQL);
     let seconds = left.as_secs_f64();
-    shared
-        .retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
-            let sql = &sql;
-            async move { client.execute(sql, &[&key, &holder, &seconds]).await }
-        })
-        .await
-        .map_err(|e| e.into_error(shared, format_args!("keep {key:?} for its min_hold")))?;
+    wire.retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
+        let sql = &sql;
+        async move { client.execute(sql, &[&key, &holder, &seconds]).await }
+    })
+    .await
+    .map_err(|e| e.into_error(&wire.address, format_args!("keep {key:?} for its min_hold")))?;
     tracing::debug!(
         key,
         holder,
@@ -366,16 +362,15 @@ async fn keep_row(shared: &Shared, key: &str, holder: &str, left: Duration) -> R
 }
 
 /// Whether `holder`'s row of `key` is there and live.
-async fn row_exists(shared: &Shared, key: &str, holder: &str) -> Result<bool, PgError> {
-    let sql = shared.sql(
+async fn row_exists(wire: &Wire, key: &str, holder: &str) -> Result<bool, PgError> {
+    let sql = wire.sql(
         "SELECT 1 FROM lease.leases WHERE lease_key = $1 AND holder = $2 AND expires_at > now()",
     );
-    shared
-        .request(false, |client| async move {
-            client.query_opt(&sql, &[&key, &holder]).await
-        })
-        .await
-        .map(|row| row.is_some())
+    wire.request(false, |client| async move {
+        client.query_opt(&sql, &[&key, &holder]).await
+    })
+    .await
+    .map(|row| row.is_some())
 }
 
 const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
@@ -390,19 +385,19 @@ struct Detached {
 }
 
 impl Detached {
-    fn of(shared: &Shared) -> Detached {
+    fn of(wire: &Wire) -> Detached {
         Detached {
-            config: shared.config.clone(),
-            session_sql: shared.session_sql.clone(),
-            tls: shared.tls.clone(),
-            schema: shared.schema.clone(),
+            config: wire.config.clone(),
+            session_sql: wire.session_sql.clone(),
+            tls: wire.tls.clone(),
+            schema: wire.schema.clone(),
         }
     }
 
     /// A connection of its own, or `None` if the server cannot be reached (the row then
     /// expires with its TTL).
     async fn connect(&self) -> Option<tokio_postgres::Client> {
-        Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls)
+        Wire::connect(&self.config, self.session_sql.as_deref(), &self.tls)
             .await
             .ok()
     }
@@ -433,7 +428,7 @@ impl Detached {
 }
 
 /// Whether `sequencer` names a current holder: one read of its row, and of the key's holders.
-pub(crate) async fn check_sequencer(shared: &Shared, sequencer: &Sequencer) -> Result<(), Error> {
+pub(crate) async fn check_sequencer(wire: &Wire, sequencer: &Sequencer) -> Result<(), Error> {
     if sequencer.backend() != BackendKind::Postgres {
         return Err(Error::Lost(LostReason::KeyDeleted));
     }
@@ -444,24 +439,24 @@ pub(crate) async fn check_sequencer(shared: &Shared, sequencer: &Sequencer) -> R
         .strip_suffix(holder)
         .and_then(|p| p.strip_suffix('/'))
         .unwrap_or(sequencer.key());
-    let sql = shared.sql(
+    let sql = wire.sql(
         "SELECT holder, lease_index, expires_at > now(), lease_key FROM lease.leases \
          WHERE holder = $2 OR (lease_key = $1 AND expires_at > now()) \
          ORDER BY holder = $2 DESC, lease_index DESC LIMIT 1",
     );
     let key = sequencer.key();
     // Brief trouble (a connection being replaced) is retried for a few seconds.
-    let row = shared
+    let row = wire
         .retrying(Some(Instant::now()), false, |client| {
             let sql = &sql;
             async move { client.query_opt(sql, &[&key, &holder]).await }
         })
         .await
-        .map_err(|e| e.into_error(shared, format_args!("check {sequencer}")))?;
+        .map_err(|e| e.into_error(&wire.address, format_args!("check {sequencer}")))?;
     let Some(row) = row else {
         return Err(Error::Lost(LostReason::KeyDeleted));
     };
-    let read = |e| PgError::Query(e).into_error(shared, format_args!("check {sequencer}"));
+    let read = |e| PgError::Query(e).into_error(&wire.address, format_args!("check {sequencer}"));
     let found: String = row.try_get(0).map_err(read)?;
     let index: i64 = row.try_get(1).map_err(read)?;
     let live: bool = row.try_get(2).map_err(read)?;

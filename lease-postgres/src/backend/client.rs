@@ -8,17 +8,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use lease_core::backend::Fence;
 use lease_core::backend::{Keepers, Reachability, ReachabilityTracker};
 use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
-use lease_core::{BackendKind, Error};
+use lease_core::{BackendKind, Error, LostReason};
 use lease_http::Task;
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::{Mutex, OnceCell, oneshot};
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use super::attempt::Attempts;
-use super::listen::Listener;
+use super::attempt::{Answer, Attempt, Attempts};
+use super::listen::{Listener, Subscription};
 use super::release::Releaser;
 use super::renew::Renewer;
 use super::sqlstate::{Stage, Verdict, judge};
@@ -32,8 +33,9 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// `Wait::Never` still gets one real answer through brief trouble.
 const RETRY_GRACE: Duration = Duration::from_secs(5);
 
-/// The state every clone of one backend shares.
-pub(crate) struct Shared {
+/// The wire side every clone of one backend shares: the connections and what they are made
+/// with, and where requests are sent. It knows nothing of leases.
+pub(crate) struct Wire {
     pub(crate) config: tokio_postgres::Config,
     /// Run on every new connection, best effort: the server's side of the TCP settings.
     pub(crate) session_sql: Option<String>,
@@ -46,21 +48,81 @@ pub(crate) struct Shared {
     slots: Vec<Mutex<Option<Arc<Client>>>>,
     next: AtomicUsize,
     pub(crate) reachability: ReachabilityTracker,
-    /// Probes the server while it is unreachable (see [`Shared::probed_reachability`]).
+    /// Probes the server while it is unreachable (see [`Wire::probed_reachability`]).
     probe: lease_http::Probe,
+}
+
+impl fmt::Debug for Wire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wire")
+            .field("address", &self.address)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The state every clone of one backend shares: the wire side, and the machinery that runs on
+/// it (the holder tasks, the listener, the renewer, the releaser and the attempt batcher). Each
+/// background task is handed what it needs when it starts (the wire, weakly, and its own
+/// state), never this.
+pub(crate) struct Shared {
+    pub(crate) wire: Arc<Wire>,
     pub(crate) keepers: Keepers,
-    pub(crate) listener: Listener,
-    pub(crate) renewer: Renewer,
-    pub(crate) releaser: Releaser,
-    pub(crate) attempts: Attempts,
+    listener: Listener,
+    renewer: Renewer,
+    releaser: Arc<Releaser>,
+    attempts: Attempts,
 }
 
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
-            .field("address", &self.address)
-            .field("schema", &self.schema)
+            .field("address", &self.wire.address)
+            .field("schema", &self.wire.schema)
             .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(wire: Wire) -> Shared {
+        Shared {
+            wire: Arc::new(wire),
+            keepers: Keepers::new(),
+            listener: Listener::default(),
+            renewer: Renewer::default(),
+            releaser: Arc::default(),
+            attempts: Attempts::default(),
+        }
+    }
+
+    /// Sends `attempt` with the attempts queued beside it; one try, no retry.
+    pub(crate) async fn attempt(&self, attempt: Attempt) -> Result<Answer, PgError> {
+        super::attempt::attempt(&self.attempts, &self.wire, &self.releaser, attempt).await
+    }
+
+    /// Gives `holder`'s row of `key` back, with the releases queued beside it.
+    pub(crate) async fn release(&self, key: &str, holder: &str) -> Result<(), Error> {
+        super::release::release(&self.releaser, &self.wire, key, holder).await
+    }
+
+    /// Subscribes to `key`'s notifications, starting the listening task on first use.
+    pub(crate) fn subscribe(&self, key: &str) -> Subscription {
+        self.listener.subscribe(&self.wire, key)
+    }
+
+    /// Renews `holder`'s row from now on; the receiver completes if a renewal finds it gone.
+    pub(crate) fn renew(
+        &self,
+        holder: &str,
+        ttl: Duration,
+        fence: Fence,
+    ) -> oneshot::Receiver<LostReason> {
+        self.renewer.register(&self.wire, holder, ttl, fence)
+    }
+
+    /// Stops renewing `holder` (released, or lost).
+    pub(crate) fn stop_renewing(&self, holder: &str) {
+        self.renewer.unregister(holder);
     }
 }
 
@@ -176,31 +238,31 @@ impl PgError {
     }
 
     /// The error in lease terms, for `operation` (what was attempted, naming the key).
-    pub(crate) fn into_error(self, shared: &Shared, operation: impl fmt::Display) -> Error {
+    pub(crate) fn into_error(self, address: &str, operation: impl fmt::Display) -> Error {
         let operation = operation.to_string();
         match self {
             PgError::Batch(error) => match Arc::try_unwrap(error) {
-                Ok(error) => error.into_error(shared, operation),
-                Err(error) => error.describe(shared, operation),
+                Ok(error) => error.into_error(address, operation),
+                Err(error) => error.describe(address, operation),
             },
             PgError::Connect(e) | PgError::Query(e) if e.code().is_none() => Error::Unreachable {
                 backend: "PostgreSQL",
-                address: shared.address.clone(),
+                address: address.to_owned(),
                 hint: UNREACHABLE_HINT,
                 source: Box::new(e),
             },
-            other => other.describe(shared, operation),
+            other => other.describe(address, operation),
         }
     }
 
     /// [`into_error`](PgError::into_error) without taking the database's error along as the
     /// source (its text is in the message).
-    fn describe(&self, shared: &Shared, operation: String) -> Error {
+    fn describe(&self, address: &str, operation: String) -> Error {
         let code = self.sqlstate();
         let text = self.to_string();
         match (self, code) {
-            (PgError::Batch(error), _) => error.describe(shared, operation),
-            (PgError::Tls(_), _) => tls::tls_failure(&shared.address, &text),
+            (PgError::Batch(error), _) => error.describe(address, operation),
+            (PgError::Tls(_), _) => tls::tls_failure(address, &text),
             (_, Some(code)) if code.starts_with("28") || code == "42501" => {
                 Error::PermissionDenied {
                     operation,
@@ -212,14 +274,14 @@ impl PgError {
             }
             (_, Some(code)) if self.verdict() == Some(Verdict::Unusable) => Error::Unreachable {
                 backend: "PostgreSQL",
-                address: shared.address.clone(),
+                address: address.to_owned(),
                 hint: UNUSABLE_HINT,
                 source: format!("SQLSTATE {code}: {text}").into(),
             },
             (PgError::Connect(_), Some("3D000")) => Error::config(format!(
                 "the database of the PostgreSQL URL does not exist ({}: {text}): create it or \
                  fix the URL",
-                shared.address
+                address
             )),
             (_, Some(code)) => Error::Backend {
                 backend: "PostgreSQL",
@@ -229,7 +291,7 @@ impl PgError {
             },
             (PgError::Connect(_) | PgError::Query(_), None) => Error::Unreachable {
                 backend: "PostgreSQL",
-                address: shared.address.clone(),
+                address: address.to_owned(),
                 hint: UNREACHABLE_HINT,
                 source: text.into(),
             },
@@ -260,7 +322,7 @@ const UNUSABLE_HINT: &str = "the server is up but does not take connections to t
 const UNREACHABLE_HINT: &str = "start PostgreSQL, or fix the host and port of the URL \
                                 (Postgres::from_env reads LEASE_POSTGRES_URL, else DATABASE_URL)";
 
-impl Shared {
+impl Wire {
     pub(crate) fn new(
         config: tokio_postgres::Config,
         session_sql: Option<String>,
@@ -269,8 +331,8 @@ impl Shared {
         schema: String,
         max_connections: usize,
         install: bool,
-    ) -> Shared {
-        Shared {
+    ) -> Wire {
+        Wire {
             config,
             session_sql,
             tls,
@@ -282,11 +344,6 @@ impl Shared {
             next: AtomicUsize::new(0),
             reachability: ReachabilityTracker::default(),
             probe: lease_http::Probe::default(),
-            keepers: Keepers::new(),
-            listener: Listener::default(),
-            renewer: Renewer::default(),
-            releaser: Releaser::default(),
-            attempts: Attempts::default(),
         }
     }
 
@@ -369,7 +426,7 @@ impl Shared {
         result
     }
 
-    /// [`request`](Shared::request), retried through transient trouble until `deadline` (at
+    /// [`request`](Wire::request), retried through transient trouble until `deadline` (at
     /// least [`RETRY_GRACE`] from now).
     pub(crate) async fn retrying<T, F, Fut>(
         &self,
@@ -391,17 +448,17 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl Wire {
     /// Whether the server answered the last request, probing it in the background while it did
     /// not (a connect if need be, and `SELECT 1`, about every second, until one is answered), so
     /// that the answer turns current again without other traffic.
     pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
         self.probe.watch(
             self,
-            |shared| shared.reachability.get(),
-            |shared| async move {
+            |wire| wire.reachability.get(),
+            |wire| async move {
                 // Any answer, an error too, is the server answering.
-                let _ = shared
+                let _ = wire
                     .request(false, |client| async move {
                         client.simple_query("SELECT 1").await
                     })
@@ -454,16 +511,26 @@ pub(crate) async fn set_session(client: &Client, session_sql: Option<&str>) {
 /// Requests of one kind queued to go together, in one statement and one commit, and the task of
 /// a handle that sends them (the `attempt` and `release` modules).
 pub(crate) struct Batched<T, R> {
-    queue: std::sync::Mutex<Vec<(T, tokio::sync::oneshot::Sender<R>)>>,
+    queue: Arc<Queue<T, R>>,
     /// Wakes the task: an item queued, or the handle gone (this dropped with it).
     wake: Arc<tokio::sync::Notify>,
     task: Task,
 }
 
+/// The queued items, each with where its answer goes.
+type Queue<T, R> = std::sync::Mutex<Vec<(T, tokio::sync::oneshot::Sender<R>)>>;
+
+/// What the sending task of a [`Batched`] is handed when it starts: the queue, held weakly so
+/// that the task does not keep it, and the wake-up.
+pub(crate) struct Drain<T, R> {
+    queue: Weak<Queue<T, R>>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
 impl<T, R> Default for Batched<T, R> {
     fn default() -> Self {
         Batched {
-            queue: std::sync::Mutex::default(),
+            queue: Arc::default(),
             wake: Arc::default(),
             task: Task::default(),
         }
@@ -471,7 +538,7 @@ impl<T, R> Default for Batched<T, R> {
 }
 
 impl<T, R> Drop for Batched<T, R> {
-    /// The last clone of the handle is gone: the task, which waits without keeping the handle,
+    /// The last clone of the handle is gone: the task, which waits without keeping the queue,
     /// wakes to find it gone and ends.
     fn drop(&mut self) {
         self.wake.notify_one();
@@ -481,58 +548,64 @@ impl<T, R> Drop for Batched<T, R> {
 impl<T, R> fmt::Debug for Batched<T, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batched")
-            .field("queued", &self.lock().len())
+            .field("queued", &lock(&self.queue).len())
             .finish_non_exhaustive()
     }
 }
 
-impl<T, R> Batched<T, R> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(T, tokio::sync::oneshot::Sender<R>)>> {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
+fn lock<T, R>(
+    queue: &Queue<T, R>,
+) -> std::sync::MutexGuard<'_, Vec<(T, tokio::sync::oneshot::Sender<R>)>> {
+    queue
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
-    /// Queues `item`, starting the sending task (`start()`) unless it runs; the receiver gets
-    /// its answer.
+impl<T, R> Batched<T, R> {
+    /// Queues `item`, starting the sending task (`start(drain)`) unless it runs; the receiver
+    /// gets its answer.
     pub(crate) fn push<F>(
         &self,
         item: T,
-        start: impl FnOnce() -> F,
+        start: impl FnOnce(Drain<T, R>) -> F,
     ) -> tokio::sync::oneshot::Receiver<R>
     where
         F: Future<Output = ()> + Send + 'static,
     {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.lock().push((item, reply));
-        self.task.ensure(start);
+        lock(&self.queue).push((item, reply));
+        self.task.ensure(|| {
+            start(Drain {
+                queue: Arc::downgrade(&self.queue),
+                wake: Arc::clone(&self.wake),
+            })
+        });
         self.wake.notify_one();
         answer
     }
+}
 
-    /// Up to `most` queued items of the queue `of` picks in `shared`, oldest first, and the
-    /// handle to send them with; waits for one without keeping the handle, and is `None` once the
-    /// handle is gone (its drop wakes the wait), so the sending task ends with it.
+impl<T, R> Drain<T, R> {
+    /// Up to `most` queued items, oldest first; waits for one without keeping the queue, and is
+    /// `None` once the handle is gone (its drop wakes the wait), so the sending task ends with
+    /// it.
     pub(crate) async fn next(
-        shared: &Weak<Shared>,
-        of: impl Fn(&Shared) -> &Self,
+        &self,
         most: usize,
-    ) -> Option<(Arc<Shared>, Vec<(T, tokio::sync::oneshot::Sender<R>)>)> {
+    ) -> Option<Vec<(T, tokio::sync::oneshot::Sender<R>)>> {
         loop {
-            let strong = shared.upgrade()?;
-            let batched = of(&strong);
+            let queue = self.queue.upgrade()?;
             let batch = {
-                let mut queue = batched.lock();
+                let mut queue = lock(&queue);
                 let at = queue.len().min(most);
                 let rest = queue.split_off(at);
                 std::mem::replace(&mut *queue, rest)
             };
             if !batch.is_empty() {
-                return Some((strong, batch));
+                return Some(batch);
             }
-            let wake = Arc::clone(&batched.wake);
-            drop(strong);
-            wake.notified().await;
+            drop(queue);
+            self.wake.notified().await;
         }
     }
 }

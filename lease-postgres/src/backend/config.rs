@@ -9,7 +9,7 @@ use lease_core::Error;
 use tokio_postgres::config::Host;
 
 use super::Postgres;
-use super::client::Shared;
+use super::client::{Shared, Wire};
 
 /// The environment variable [`Postgres::from_env`] reads first.
 pub const URL_ENV: &str = "LEASE_POSTGRES_URL";
@@ -258,7 +258,7 @@ impl PostgresBuilder {
             });
         }
         let address = address_of(&config);
-        Ok(Postgres::from_shared(Shared::new(
+        Ok(Postgres::from_shared(Shared::new(Wire::new(
             config,
             session_sql,
             tls,
@@ -266,7 +266,7 @@ impl PostgresBuilder {
             self.schema,
             self.max_connections,
             self.install,
-        )))
+        ))))
     }
 
     /// A builder with the URL from the environment: `LEASE_POSTGRES_URL`, else `DATABASE_URL`.
@@ -448,6 +448,7 @@ mod tests {
             let postgres = builder.build().unwrap();
             postgres
                 .shared
+                .wire
                 .config
                 .get_application_name()
                 .map(str::to_owned)

@@ -82,8 +82,8 @@ pub struct Postgres {
 impl fmt::Debug for Postgres {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Postgres")
-            .field("address", &self.shared.address)
-            .field("schema", &self.shared.schema)
+            .field("address", &self.shared.wire.address)
+            .field("schema", &self.shared.wire.schema)
             .finish_non_exhaustive()
     }
 }
@@ -123,19 +123,19 @@ impl Postgres {
 
     /// `host:port/database` (never the password).
     pub fn address(&self) -> &str {
-        &self.shared.address
+        &self.shared.wire.address
     }
 
     /// The schema of the backend's tables.
     pub fn schema(&self) -> &str {
-        &self.shared.schema
+        &self.shared.wire.schema
     }
 
     /// Whether `sequencer` still names a current holder: one read of the table. `Ok(())` while
     /// its row is live, `Err(Error::Lost(_))` once it was released, deleted, expired or the key
     /// taken by another acquisition.
     pub async fn check_sequencer(&self, sequencer: &Sequencer) -> Result<(), Error> {
-        acquire::check_sequencer(&self.shared, sequencer).await
+        acquire::check_sequencer(&self.shared.wire, sequencer).await
     }
 
     /// Operator action: deletes the rows of `key`, as an administrator's `DELETE` would: every
@@ -145,16 +145,17 @@ impl Postgres {
     /// slot) stays barred for each holder's settle time. Returns how many rows went.
     pub async fn delete_key(&self, key: &str) -> Result<u64, Error> {
         acquire::check_key(key)?;
-        let sql = self.shared.sql(
+        let sql = self.shared.wire.sql(
             "DELETE FROM lease.leases WHERE lease_key = $1 OR lease_key || '/' || holder = $1",
         );
         self.shared
+            .wire
             .request(true, |client| {
                 let sql = &sql;
                 async move { client.execute(sql, &[&key]).await }
             })
             .await
-            .map_err(|e| e.into_error(&self.shared, format_args!("delete {key:?}")))
+            .map_err(|e| e.into_error(&self.shared.wire.address, format_args!("delete {key:?}")))
     }
 
     /// Operator action: deletes the row of the acquisition `holder` names (a
@@ -163,15 +164,22 @@ impl Postgres {
     pub async fn delete_holder(&self, holder: &str) -> Result<bool, Error> {
         let sql = self
             .shared
+            .wire
             .sql("DELETE FROM lease.leases WHERE holder = $1");
         self.shared
+            .wire
             .request(true, |client| {
                 let sql = &sql;
                 async move { client.execute(sql, &[&holder]).await }
             })
             .await
             .map(|deleted| deleted > 0)
-            .map_err(|e| e.into_error(&self.shared, format_args!("delete holder {holder:?}")))
+            .map_err(|e| {
+                e.into_error(
+                    &self.shared.wire.address,
+                    format_args!("delete holder {holder:?}"),
+                )
+            })
     }
 }
 
@@ -193,7 +201,7 @@ impl Backend for Postgres {
     }
 
     fn reachability(&self) -> Reachability {
-        self.shared.probed_reachability()
+        self.shared.wire.probed_reachability()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
