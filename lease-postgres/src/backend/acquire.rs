@@ -11,18 +11,16 @@
 //! holder, told by the same notification, stops before anyone else starts.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
-use lease_core::{
-    Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
-};
-use tokio::sync::oneshot;
+use lease_core::backend::Fence;
+use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 use tokio::time::Instant;
 
 use super::attempt::Attempt;
-use super::client::{PgError, Retry, Shared, Wire};
-use super::listen::{Note, Removal, Subscription};
+use super::client::Shared;
+use super::hold::{Detached, RowHold};
+use super::listen::{Note, Subscription};
+use super::wire::{PgError, Retry, Wire};
 
 /// The longest key a notification can carry with room to spare (PostgreSQL's payloads stop
 /// below 8,000 bytes).
@@ -254,176 +252,6 @@ async fn wait_for_turn(notes: &mut Subscription, expiry: Option<Instant>) {
                 Note::Removed { .. } | Note::Resync => return,
             },
         }
-    }
-}
-
-/// The [`Hold`] of one row.
-struct RowHold {
-    shared: Arc<Shared>,
-    key: String,
-    holder: String,
-    /// Completes when a renewal finds the row gone.
-    lost: oneshot::Receiver<LostReason>,
-    notes: Subscription,
-    /// Set by [`Hold::keep_until`]: a release before it leaves the row to expire then.
-    keep_until: Option<Instant>,
-}
-
-impl RowHold {
-    /// How long the row must still be kept, if a release now must keep it.
-    fn to_keep(&self) -> Option<Duration> {
-        self.keep_until
-            .map(|until| until.saturating_duration_since(Instant::now()))
-            .filter(|left| !left.is_zero())
-    }
-}
-
-impl Hold for RowHold {
-    async fn watch(&mut self) -> LostReason {
-        loop {
-            tokio::select! {
-                biased;
-                reason = &mut self.lost => {
-                    return reason.unwrap_or(LostReason::KeyDeleted);
-                }
-                note = self.notes.next() => match note {
-                    Note::Removed { holder, how } if holder == self.holder => {
-                        return match how {
-                            Removal::Released => LostReason::KeyReleased,
-                            Removal::Expired => LostReason::SessionInvalidated,
-                            Removal::Deleted => LostReason::KeyDeleted,
-                        };
-                    }
-                    Note::Resync => {
-                        if let Ok(false) = row_exists(&self.shared.wire, &self.key, &self.holder).await {
-                            return LostReason::KeyDeleted;
-                        }
-                    }
-                    _ => {}
-                },
-            }
-        }
-    }
-
-    fn keep_until(&mut self, until: Instant) -> bool {
-        self.keep_until = Some(until);
-        true
-    }
-
-    async fn release(&mut self) -> Result<(), Error> {
-        self.shared.stop_renewing(&self.holder);
-        if let Some(left) = self.to_keep() {
-            return keep_row(&self.shared.wire, &self.key, &self.holder, left).await;
-        }
-        self.shared.release(&self.key, &self.holder).await
-    }
-
-    async fn clean_up(&mut self, _reason: &LostReason) {
-        // The row is gone, or (self-fenced) it is left to expire: giving it back now would hand
-        // the lease on before the database's own deadline, while this holder may be stopping.
-        self.shared.stop_renewing(&self.holder);
-    }
-
-    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.shared.stop_renewing(&self.holder);
-        let detached = Detached::of(&self.shared.wire);
-        Some(match self.to_keep() {
-            Some(left) => detached.keep(self.key, self.holder, left),
-            None => detached.release(self.key, self.holder),
-        })
-    }
-}
-
-/// Sets the expiry of `holder`'s row of `key` to `left` from now, by the database's clock,
-/// instead of deleting it: the row then expires as an unrenewed one does, and the next
-/// contender takes the key then. Its TTL becomes `left` too, so a renewal that was already on
-/// its way keeps the same end.
-const KEEP_SQL: &str = "UPDATE lease.leases SET ttl = make_interval(secs => $3), \
-                        expires_at = now() + make_interval(secs => $3) \
-                        WHERE lease_key = $1 AND holder = $2 AND expires_at > now()";
-
-/// Leaves `holder`'s row of `key` held for `left` more ([`Hold::keep_until`]).
-async fn keep_row(wire: &Wire, key: &str, holder: &str, left: Duration) -> Result<(), Error> {
-    let sql = wire.sql(KEEP_SQL);
-    let seconds = left.as_secs_f64();
-    wire.retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
-        let sql = &sql;
-        async move { client.execute(sql, &[&key, &holder, &seconds]).await }
-    })
-    .await
-    .map_err(|e| e.into_error(&wire.address, format_args!("keep {key:?} for its min_hold")))?;
-    tracing::debug!(
-        key,
-        holder,
-        ?left,
-        "lease row left to expire at the end of its min_hold"
-    );
-    Ok(())
-}
-
-/// Whether `holder`'s row of `key` is there and live.
-async fn row_exists(wire: &Wire, key: &str, holder: &str) -> Result<bool, PgError> {
-    let sql = wire.sql(
-        "SELECT 1 FROM lease.leases WHERE lease_key = $1 AND holder = $2 AND expires_at > now()",
-    );
-    wire.request(false, |client| async move {
-        client.query_opt(&sql, &[&key, &holder]).await
-    })
-    .await
-    .map(|row| row.is_some())
-}
-
-const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
-
-/// What a release needs without the handle's connections: for a runtime that is ending (they
-/// belong to it).
-struct Detached {
-    config: tokio_postgres::Config,
-    session_sql: Option<String>,
-    tls: super::tls::Connector,
-    schema: String,
-}
-
-impl Detached {
-    fn of(wire: &Wire) -> Detached {
-        Detached {
-            config: wire.config.clone(),
-            session_sql: wire.session_sql.clone(),
-            tls: wire.tls.clone(),
-            schema: wire.schema.clone(),
-        }
-    }
-
-    /// A connection of its own, or `None` if the server cannot be reached (the row then
-    /// expires with its TTL).
-    async fn connect(&self) -> Option<tokio_postgres::Client> {
-        Wire::connect(&self.config, self.session_sql.as_deref(), &self.tls)
-            .await
-            .ok()
-    }
-
-    /// [`keep_row`] on a connection of its own.
-    fn keep(self, key: String, holder: String, left: Duration) -> BoxFuture<'static, ()> {
-        let end = Instant::now() + left;
-        Box::pin(async move {
-            let Some(client) = self.connect().await else {
-                return;
-            };
-            let sql = super::client::in_schema(KEEP_SQL, &self.schema);
-            let seconds = end.saturating_duration_since(Instant::now()).as_secs_f64();
-            let _ = client.execute(&sql, &[&key, &holder, &seconds]).await;
-        })
-    }
-
-    /// A release on a connection of its own.
-    fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            let Some(client) = self.connect().await else {
-                return;
-            };
-            let sql = super::client::in_schema(RELEASE_SQL, &self.schema);
-            let _ = client.query_one(&sql, &[&key, &holder]).await;
-        })
     }
 }
 

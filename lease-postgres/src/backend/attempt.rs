@@ -13,8 +13,9 @@ use std::sync::{Arc, Weak};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::client::{Batched, Drain, PgError, Wire};
+use super::batch::{Batched, Drain};
 use super::release::Releaser;
+use super::wire::{PgError, Wire};
 
 /// The most attempts one statement carries.
 const BATCH: usize = 1_000;

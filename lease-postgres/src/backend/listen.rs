@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::{Notify, mpsc};
 use tokio_postgres::AsyncMessage;
 
-use super::client::{PgError, Wire, retry_backoff, set_session};
+use super::wire::{PgError, Wire, retry_backoff, set_session};
 use lease_http::Task;
 
 /// What happened to a row of a subscribed key.

@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::acquire::check_key;
-use super::client::{PgError, Shared, Wire};
+use super::client::Shared;
 use super::listen::Subscription;
+use super::wire::{PgError, Wire};
 
 /// Starts observing `key`; the first read happens here, so its errors are reported here.
 pub(crate) async fn observe(shared: &Arc<Shared>, key: &str) -> Result<LeaderObserver, Error> {

@@ -12,7 +12,8 @@ use lease_core::Error;
 use lease_core::backend::RELEASE_BOUND;
 use tokio::time::Instant;
 
-use super::client::{Batched, Drain, PgError, Wire};
+use super::batch::{Batched, Drain};
+use super::wire::{PgError, Wire};
 
 /// The most holders one statement gives back.
 const BATCH: usize = 5_000;

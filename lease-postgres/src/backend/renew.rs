@@ -17,7 +17,7 @@ use lease_core::backend::Fence;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::client::Wire;
+use super::wire::Wire;
 use lease_http::Task;
 
 /// One registered lease.
