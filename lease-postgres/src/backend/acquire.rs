@@ -1,4 +1,5 @@
-//! Acquiring, holding and releasing a lease: one row of the leases table each.
+//! Acquiring, holding and releasing a lease: one row of the leases table each (holding and
+//! releasing the row: the `hold` module).
 //!
 //! An attempt is one call of `lease.try_acquire(..)` (sent with the attempts pending beside it:
 //! the `attempt` module), which takes the key's advisory lock for its transaction, deletes the

@@ -1,3 +1,8 @@
+//! Requests of one kind queued to go together, in one statement and one commit: the attempts
+//! (the `attempt` module) and the releases (the `release` module) of a handle. The handle holds
+//! a [`Batched`] queue; its sending task is handed a [`Drain`] of it when it starts (the queue,
+//! weakly, and its wake-up), takes whatever is queued when it wakes, and ends with the handle.
+
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Weak};

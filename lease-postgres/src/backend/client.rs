@@ -1,3 +1,9 @@
+//! The one owner of a handle's shared machinery ([`Shared`]): the wire, the holder tasks
+//! (lease-core's `Keepers`), the listener, the renewer, the releaser and the attempt batcher.
+//! It starts each background task with what the task needs (the wire, weakly, and the task's
+//! own state), so no task reaches back to it; a lease's hold and an observation keep it while
+//! they live, which keeps the connections open.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,9 @@
+//! Holding a row: the [`Hold`] lease-core's holder task drives for each lease. It watches for
+//! the row's loss (a renewal that finds it gone, the key's notification of its removal, one
+//! read after the listener missed notifications), releases it, or keeps it until its
+//! `min_hold` ends; and when the runtime that holds it ends, a [`Detached`] copy of what the
+//! wire connects with gives the row back on a connection of its own.
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,3 +1,7 @@
+//! The public backend type, [`Postgres`], and its `impl Backend`: it calls down into the
+//! recipes (the `acquire` and `observe` modules) and the owner (`Shared`); nothing below imports
+//! it. [`PostgresBuilder`](crate::PostgresBuilder) builds it (the `config` module).
+
 use std::fmt;
 use std::sync::Arc;
 

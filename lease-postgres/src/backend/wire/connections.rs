@@ -1,3 +1,9 @@
+//! The work connections of a handle: a fixed budget, connected on first use (installing the
+//! tables once) and again after a loss, and the one place requests are sent, tracked for
+//! reachability, counted in the metrics and bounded by a timeout. While the server does not
+//! answer, a probe asks it about every second, so that reachability turns current again
+//! without other traffic.
+
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;

@@ -1,3 +1,7 @@
+//! A failed request ([`PgError`]), before it is judged in lease terms: whether a retry may cure
+//! it, whether it may have reached the server, whether the server answered (for reachability),
+//! its metric, and the lease error it becomes, naming the address and what to do.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

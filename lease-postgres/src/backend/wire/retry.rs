@@ -1,3 +1,7 @@
+//! How a failed request is retried: through transient trouble only, paused by a backoff from
+//! 50 ms to 1 s, until the caller's deadline (and at least five seconds, so that a caller who
+//! does not wait still gets one real answer through brief trouble).
+
 use std::time::Duration;
 
 use lease_core::backoff::Backoff;

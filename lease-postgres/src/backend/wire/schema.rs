@@ -1,4 +1,8 @@
-/// The schema the backend's tables live in unless [`PostgresBuilder::schema`](crate::PostgresBuilder::schema) says otherwise.
+//! The schema of the backend's tables: every statement is written for `lease` and renamed for
+//! another.
+
+/// The schema the backend's tables live in unless
+/// [`PostgresBuilder::schema`](crate::PostgresBuilder::schema) says otherwise.
 pub const DEFAULT_SCHEMA: &str = "lease";
 
 /// `sql`, written for the schema `lease`, for `schema`.
