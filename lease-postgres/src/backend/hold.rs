@@ -54,7 +54,8 @@ impl Hold for RowHold {
                         };
                     }
                     Note::Resync => {
-                        if let Ok(false) = row_exists(&self.shared.wire, &self.key, &self.holder).await {
+                        let exists = row_exists(&self.shared.wire, &self.key, &self.holder).await;
+                        if let Ok(false) = exists {
                             return LostReason::KeyDeleted;
                         }
                     }

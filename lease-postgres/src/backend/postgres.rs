@@ -35,15 +35,19 @@ use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Seque
 ///   `lease.lease_index` for every acquisition (it rises across every key), the holder a random
 ///   ID per acquisition; the key is the leader key, or `<prefix>/<holder>` for a semaphore.
 ///   [`fence::Token`](crate::fence::Token) accepts leader sequencers.
-/// - **Connections**: [`PostgresBuilder::max_connections`](crate::PostgresBuilder::max_connections) (default 2) carry every acquisition,
+/// - **Connections**: [`PostgresBuilder::max_connections`] (default 2) carry every acquisition,
 ///   renewal, release and check of the handle, plus one that listens: 3 connections for 1,000
 ///   leases, and waiters cost none of their own. They close once the last clone of the handle
 ///   and every lease and observer of it are gone: the background tasks do not keep it.
 ///
 /// The tables are installed on first use ([`LEASE_SQL`](crate::LEASE_SQL), idempotent) unless
-/// [`PostgresBuilder::install`](crate::PostgresBuilder::install) says not to. TLS follows the URL's `sslmode` (feature
+/// [`PostgresBuilder::install`] says not to. TLS follows the URL's `sslmode` (feature
 /// `rustls`, on by default): `prefer`, the default, encrypts when the server offers TLS;
-/// `require` also verifies the certificate ([`PostgresBuilder::ca_cert`](crate::PostgresBuilder::ca_cert)).
+/// `require` also verifies the certificate ([`PostgresBuilder::ca_cert`]).
+///
+/// [`PostgresBuilder::max_connections`]: crate::PostgresBuilder::max_connections
+/// [`PostgresBuilder::install`]: crate::PostgresBuilder::install
+/// [`PostgresBuilder::ca_cert`]: crate::PostgresBuilder::ca_cert
 ///
 /// # Examples
 ///

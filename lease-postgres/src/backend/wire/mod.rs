@@ -2,11 +2,12 @@
 //! budget, connected on first use and again after a loss), the installation of the tables, the
 //! one place requests are sent (reachability, metrics, timeouts), and errors in lease terms.
 //!
-//! The bottom of the backend: it imports nothing of the modules above it. [`Wire`] holds the connections ([`connections`]); a failed request
-//! is a [`PgError`] ([`error`]), judged by its SQLSTATE ([`sqlstate`]) and retried through
-//! transient trouble ([`retry`]); connections use TLS as the URL's `sslmode` asks ([`tls`]); and
-//! every statement is written for the schema `lease` and renamed for another ([`schema`]). The
-//! detached clean-up of a runtime that ends copies what [`Wire`] connects with, not the wire.
+//! The bottom of the backend: it imports nothing of the modules above it. [`Wire`] holds the
+//! connections ([`connections`]); a failed request is a [`PgError`] ([`error`]), judged by its
+//! SQLSTATE ([`sqlstate`]) and retried through transient trouble ([`retry`]); connections use TLS
+//! as the URL's `sslmode` asks ([`tls`]); and every statement is written for the schema `lease` and
+//! renamed for another ([`schema`]). The detached clean-up of a runtime that ends copies what
+//! [`Wire`] connects with, not the wire.
 
 mod connections;
 mod error;
