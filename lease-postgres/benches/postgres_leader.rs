@@ -47,7 +47,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_conformance::Operator;
 use lease_core::{Backend, LeaseSpec, Sequencer};
 use lease_postgres::Postgres;
 use lease_tests::overlap::{
@@ -72,11 +71,14 @@ const LOCK_AT_MOST_FOR: Duration = Duration::from_secs(10);
 /// round's time, not a timing that is asserted.
 const STALL: Duration = Duration::from_secs(120);
 
-/// The operator takes the holder's lease by deleting its row (the conformance suite's `revoke`:
-/// `Postgres::delete_holder`, an administrator's `DELETE`), on a handle of its own.
+/// The operator takes the holder's lease by deleting its row (`Postgres::delete_holder`, an
+/// administrator's `DELETE`), on a handle of its own.
 async fn ours_loss_to_cancel(operator: &Postgres, postgres: &Postgres) -> Vec<f64> {
     let spec = |trial| LeaseSpec::leader(format!("bench/loss/ours-{trial}"));
-    let delete_row = async |sequencer: &Sequencer| operator.revoke(sequencer).await.unwrap();
+    let delete_row = async |sequencer: &Sequencer| {
+        let deleted = operator.delete_holder(sequencer.holder()).await.unwrap();
+        assert!(deleted, "the holder's row was there to delete");
+    };
     loss_to_cancel(
         postgres,
         scaled(LOSS_TRIALS, 5),

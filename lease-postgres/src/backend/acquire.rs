@@ -1,4 +1,5 @@
-//! Acquiring, holding and releasing a lease: one row of the leases table each.
+//! Acquiring, holding and releasing a lease: one row of the leases table each (holding and
+//! releasing the row: the `hold` module).
 //!
 //! An attempt is one call of `lease.try_acquire(..)` (sent with the attempts pending beside it:
 //! the `attempt` module), which takes the key's advisory lock for its transaction, deletes the
@@ -11,19 +12,16 @@
 //! holder, told by the same notification, stops before anyone else starts.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
-use lease_core::{
-    Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer, Target,
-};
-use tokio::sync::oneshot;
+use lease_core::backend::Fence;
+use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 use tokio::time::Instant;
 
 use super::attempt::Attempt;
-use super::client::{PgError, Retry, Shared};
-use super::listen::{Note, Removal, Subscription};
-use super::release::release;
+use super::client::Shared;
+use super::hold::{Detached, RowHold};
+use super::listen::{Note, Subscription};
+use super::wire::{PgError, Retry, Wire};
 
 /// The longest key a notification can carry with room to spare (PostgreSQL's payloads stop
 /// below 8,000 bytes).
@@ -67,11 +65,11 @@ impl Drop for Pending {
         }
         let shared = Arc::clone(&self.shared);
         let (key, holder) = (self.key.clone(), self.holder.clone());
-        let detached = Detached::of(&shared);
+        let detached = Detached::of(&shared.wire);
         let abandoned = (key.clone(), holder.clone());
         self.shared.keepers.spawn_clean_up(
             async move {
-                let _ = release(&shared, &key, &holder).await;
+                let _ = shared.release(&key, &holder).await;
             },
             move || Some(detached.release(abandoned.0, abandoned.1)),
         );
@@ -104,7 +102,7 @@ pub(crate) async fn acquire(
     let holder = new_holder();
     // Subscribed before the first attempt, so no release between an answer and the wait is
     // missed.
-    let mut notes = shared.listener.subscribe(shared, key);
+    let mut notes = shared.subscribe(key);
     let mut pending = Pending {
         shared: Arc::clone(shared),
         key: key.to_owned(),
@@ -136,7 +134,7 @@ pub(crate) async fn acquire(
         // Whether a failed try may have reached the server (and inserted the row).
         let mut maybe_sent = false;
         let answer = loop {
-            match super::attempt::attempt(shared, attempt.clone()).await {
+            match shared.attempt(attempt.clone()).await {
                 Err(error) => {
                     maybe_sent |= error.maybe_sent();
                     if !retry.again(&error).await {
@@ -150,7 +148,8 @@ pub(crate) async fn acquire(
             // Never sent: there is no row to give back (and no server to give it to).
             pending.armed = false;
         }
-        let answer = answer.map_err(|e| e.into_error(shared, format_args!("acquire {key:?}")))?;
+        let answer = answer
+            .map_err(|e| e.into_error(&shared.wire.address, format_args!("acquire {key:?}")))?;
         answered = true;
         let sent = answer.sent;
         if semaphore {
@@ -166,7 +165,7 @@ pub(crate) async fn acquire(
                     .and_then(|i| u64::try_from(i).ok())
                     .ok_or_else(|| {
                         PgError::Malformed("an acquisition without an index".into())
-                            .into_error(shared, format_args!("acquire {key:?}"))
+                            .into_error(&shared.wire.address, format_args!("acquire {key:?}"))
                     })?;
                 pending.armed = false;
                 let sequencer_key = if semaphore {
@@ -178,10 +177,7 @@ pub(crate) async fn acquire(
                     Sequencer::new(BackendKind::Postgres, sequencer_key, index, holder.clone());
                 tracing::info!(%sequencer, "lease acquired");
                 let fence = Fence::new(spec.fence_after(), sent);
-                let lost =
-                    shared
-                        .renewer
-                        .register(shared, &holder, spec.session_ttl(), fence.clone());
+                let lost = shared.renew(&holder, spec.session_ttl(), fence.clone());
                 let hold = RowHold {
                     shared: Arc::clone(shared),
                     key: key.to_owned(),
@@ -214,7 +210,7 @@ pub(crate) async fn acquire(
             }
             other => {
                 return Err(PgError::Malformed(format!("the outcome {other:?}"))
-                    .into_error(shared, format_args!("acquire {key:?}")));
+                    .into_error(&shared.wire.address, format_args!("acquire {key:?}")));
             }
         }
         // Busy: nothing was inserted, nothing to give back while waiting.
@@ -260,180 +256,8 @@ async fn wait_for_turn(notes: &mut Subscription, expiry: Option<Instant>) {
     }
 }
 
-/// The [`Hold`] of one row.
-struct RowHold {
-    shared: Arc<Shared>,
-    key: String,
-    holder: String,
-    /// Completes when a renewal finds the row gone.
-    lost: oneshot::Receiver<LostReason>,
-    notes: Subscription,
-    /// Set by [`Hold::keep_until`]: a release before it leaves the row to expire then.
-    keep_until: Option<Instant>,
-}
-
-impl RowHold {
-    /// How long the row must still be kept, if a release now must keep it.
-    fn to_keep(&self) -> Option<Duration> {
-        self.keep_until
-            .map(|until| until.saturating_duration_since(Instant::now()))
-            .filter(|left| !left.is_zero())
-    }
-}
-
-impl Hold for RowHold {
-    async fn watch(&mut self) -> LostReason {
-        loop {
-            tokio::select! {
-                biased;
-                reason = &mut self.lost => {
-                    return reason.unwrap_or(LostReason::KeyDeleted);
-                }
-                note = self.notes.next() => match note {
-                    Note::Removed { holder, how } if holder == self.holder => {
-                        return match how {
-                            Removal::Released => LostReason::KeyReleased,
-                            Removal::Expired => LostReason::SessionInvalidated,
-                            Removal::Deleted => LostReason::KeyDeleted,
-                        };
-                    }
-                    Note::Resync => {
-                        if let Ok(false) = row_exists(&self.shared, &self.key, &self.holder).await {
-                            return LostReason::KeyDeleted;
-                        }
-                    }
-                    _ => {}
-                },
-            }
-        }
-    }
-
-    fn keep_until(&mut self, until: Instant) -> bool {
-        self.keep_until = Some(until);
-        true
-    }
-
-    async fn release(&mut self) -> Result<(), Error> {
-        self.shared.renewer.unregister(&self.holder);
-        if let Some(left) = self.to_keep() {
-            return keep_row(&self.shared, &self.key, &self.holder, left).await;
-        }
-        release(&self.shared, &self.key, &self.holder).await
-    }
-
-    async fn clean_up(&mut self, _reason: &LostReason) {
-        // The row is gone, or (self-fenced) it is left to expire: giving it back now would hand
-        // the lease on before the database's own deadline, while this holder may be stopping.
-        self.shared.renewer.unregister(&self.holder);
-    }
-
-    fn abandon(self) -> Option<BoxFuture<'static, ()>> {
-        self.shared.renewer.unregister(&self.holder);
-        let detached = Detached::of(&self.shared);
-        Some(match self.to_keep() {
-            Some(left) => detached.keep(self.key, self.holder, left),
-            None => detached.release(self.key, self.holder),
-        })
-    }
-}
-
-/// Sets the expiry of `holder`'s row of `key` to `left` from now, by the database's clock,
-/// instead of deleting it: the row then expires as an unrenewed one does, and the next
-/// contender takes the key then. Its TTL becomes `left` too, so a renewal that was already on
-/// its way keeps the same end.
-const KEEP_SQL: &str = "UPDATE lease.leases SET ttl = make_interval(secs => $3), \
-                        expires_at = now() + make_interval(secs => $3) \
-                        WHERE lease_key = $1 AND holder = $2 AND expires_at > now()";
-
-/// Leaves `holder`'s row of `key` held for `left` more ([`Hold::keep_until`]).
-async fn keep_row(shared: &Shared, key: &str, holder: &str, left: Duration) -> Result<(), Error> {
-    let sql = shared.sql(KEEP_SQL);
-    let seconds = left.as_secs_f64();
-    shared
-        .retrying(Some(Instant::now() + RELEASE_BOUND), true, |client| {
-            let sql = &sql;
-            async move { client.execute(sql, &[&key, &holder, &seconds]).await }
-        })
-        .await
-        .map_err(|e| e.into_error(shared, format_args!("keep {key:?} for its min_hold")))?;
-    tracing::debug!(
-        key,
-        holder,
-        ?left,
-        "lease row left to expire at the end of its min_hold"
-    );
-    Ok(())
-}
-
-/// Whether `holder`'s row of `key` is there and live.
-async fn row_exists(shared: &Shared, key: &str, holder: &str) -> Result<bool, PgError> {
-    let sql = shared.sql(
-        "SELECT 1 FROM lease.leases WHERE lease_key = $1 AND holder = $2 AND expires_at > now()",
-    );
-    shared
-        .request(false, |client| async move {
-            client.query_opt(&sql, &[&key, &holder]).await
-        })
-        .await
-        .map(|row| row.is_some())
-}
-
-const RELEASE_SQL: &str = "SELECT lease.release($1, $2)";
-
-/// What a release needs without the handle's connections: for a runtime that is ending (they
-/// belong to it).
-struct Detached {
-    config: tokio_postgres::Config,
-    session_sql: Option<String>,
-    tls: super::tls::Connector,
-    schema: String,
-}
-
-impl Detached {
-    fn of(shared: &Shared) -> Detached {
-        Detached {
-            config: shared.config.clone(),
-            session_sql: shared.session_sql.clone(),
-            tls: shared.tls.clone(),
-            schema: shared.schema.clone(),
-        }
-    }
-
-    /// A connection of its own, or `None` if the server cannot be reached (the row then
-    /// expires with its TTL).
-    async fn connect(&self) -> Option<tokio_postgres::Client> {
-        Shared::connect(&self.config, self.session_sql.as_deref(), &self.tls)
-            .await
-            .ok()
-    }
-
-    /// [`keep_row`] on a connection of its own.
-    fn keep(self, key: String, holder: String, left: Duration) -> BoxFuture<'static, ()> {
-        let end = Instant::now() + left;
-        Box::pin(async move {
-            let Some(client) = self.connect().await else {
-                return;
-            };
-            let sql = super::client::in_schema(KEEP_SQL, &self.schema);
-            let seconds = end.saturating_duration_since(Instant::now()).as_secs_f64();
-            let _ = client.execute(&sql, &[&key, &holder, &seconds]).await;
-        })
-    }
-
-    /// A release on a connection of its own.
-    fn release(self, key: String, holder: String) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            let Some(client) = self.connect().await else {
-                return;
-            };
-            let sql = super::client::in_schema(RELEASE_SQL, &self.schema);
-            let _ = client.query_one(&sql, &[&key, &holder]).await;
-        })
-    }
-}
-
 /// Whether `sequencer` names a current holder: one read of its row, and of the key's holders.
-pub(crate) async fn check_sequencer(shared: &Shared, sequencer: &Sequencer) -> Result<(), Error> {
+pub(crate) async fn check_sequencer(wire: &Wire, sequencer: &Sequencer) -> Result<(), Error> {
     if sequencer.backend() != BackendKind::Postgres {
         return Err(Error::Lost(LostReason::KeyDeleted));
     }
@@ -444,24 +268,24 @@ pub(crate) async fn check_sequencer(shared: &Shared, sequencer: &Sequencer) -> R
         .strip_suffix(holder)
         .and_then(|p| p.strip_suffix('/'))
         .unwrap_or(sequencer.key());
-    let sql = shared.sql(
+    let sql = wire.sql(
         "SELECT holder, lease_index, expires_at > now(), lease_key FROM lease.leases \
          WHERE holder = $2 OR (lease_key = $1 AND expires_at > now()) \
          ORDER BY holder = $2 DESC, lease_index DESC LIMIT 1",
     );
     let key = sequencer.key();
     // Brief trouble (a connection being replaced) is retried for a few seconds.
-    let row = shared
+    let row = wire
         .retrying(Some(Instant::now()), false, |client| {
             let sql = &sql;
             async move { client.query_opt(sql, &[&key, &holder]).await }
         })
         .await
-        .map_err(|e| e.into_error(shared, format_args!("check {sequencer}")))?;
+        .map_err(|e| e.into_error(&wire.address, format_args!("check {sequencer}")))?;
     let Some(row) = row else {
         return Err(Error::Lost(LostReason::KeyDeleted));
     };
-    let read = |e| PgError::Query(e).into_error(shared, format_args!("check {sequencer}"));
+    let read = |e| PgError::Query(e).into_error(&wire.address, format_args!("check {sequencer}"));
     let found: String = row.try_get(0).map_err(read)?;
     let index: i64 = row.try_get(1).map_err(read)?;
     let live: bool = row.try_get(2).map_err(read)?;

@@ -13,7 +13,9 @@ use std::sync::{Arc, Weak};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::client::{Batched, PgError, Shared};
+use super::batch::{Batched, Drain};
+use super::release::Releaser;
+use super::wire::{PgError, Wire};
 
 /// The most attempts one statement carries.
 const BATCH: usize = 1_000;
@@ -45,18 +47,29 @@ type Reply = oneshot::Sender<Result<Answer, PgError>>;
 /// The pending attempts of one backend handle.
 pub(crate) type Attempts = Batched<Attempt, Result<Answer, PgError>>;
 
-/// Sends `attempt` with the attempts queued beside it; one try, no retry.
-pub(crate) async fn attempt(shared: &Arc<Shared>, attempt: Attempt) -> Result<Answer, PgError> {
-    let answer = shared
-        .attempts
-        .push(attempt, || attempt_all(Arc::downgrade(shared)));
+/// Sends `attempt` with the attempts queued beside it; one try, no retry. The task that sends
+/// them is handed the wire (weakly) and `releaser`, to give back a row whose acquire was
+/// dropped.
+pub(crate) async fn attempt(
+    attempts: &Attempts,
+    wire: &Arc<Wire>,
+    releaser: &Arc<Releaser>,
+    attempt: Attempt,
+) -> Result<Answer, PgError> {
+    let answer = attempts.push(attempt, |drain| {
+        attempt_all(drain, Arc::downgrade(wire), Arc::clone(releaser))
+    });
     answer
         .await
         .unwrap_or_else(|_| Err(PgError::Malformed("the backend handle is gone".into())))
 }
 
-async fn attempt_all(shared: Weak<Shared>) {
-    while let Some((strong, batch)) = Attempts::next(&shared, |s| &s.attempts, BATCH).await {
+async fn attempt_all(
+    drain: Drain<Attempt, Result<Answer, PgError>>,
+    wire: Weak<Wire>,
+    releaser: Arc<Releaser>,
+) {
+    while let Some(batch) = drain.next(BATCH).await {
         // An acquire dropped before its attempt was sent needs nothing sent.
         let (batch, replies): (Vec<Attempt>, Vec<Reply>) = batch
             .into_iter()
@@ -65,6 +78,9 @@ async fn attempt_all(shared: Weak<Shared>) {
         if batch.is_empty() {
             continue;
         }
+        let Some(strong) = wire.upgrade() else {
+            return;
+        };
         let keys: Vec<&str> = batch.iter().map(|a| a.key.as_str()).collect();
         let holders: Vec<&str> = batch.iter().map(|a| a.holder.as_str()).collect();
         let semaphores: Vec<bool> = batch.iter().map(|a| a.semaphore).collect();
@@ -139,10 +155,15 @@ async fn attempt_all(shared: Weak<Shared>) {
                 if answer.outcome == "acquired" {
                     // The acquire was dropped while its attempt was under way: give the row
                     // back, after the statement that inserted it.
-                    let shared = Arc::clone(&strong);
+                    let (wire, releaser) = (Arc::clone(&strong), Arc::clone(&releaser));
                     tokio::spawn(async move {
-                        let _ =
-                            super::release::release(&shared, &attempt.key, &attempt.holder).await;
+                        let _ = super::release::release(
+                            &releaser,
+                            &wire,
+                            &attempt.key,
+                            &attempt.holder,
+                        )
+                        .await;
                     });
                 }
             }

@@ -8,16 +8,42 @@ use std::time::Duration;
 use lease_core::Error;
 use tokio_postgres::config::Host;
 
-use super::Postgres;
 use super::client::Shared;
+use super::postgres::Postgres;
+use super::wire::{DEFAULT_SCHEMA, Wire};
 
 /// The environment variable [`Postgres::from_env`] reads first.
 pub const URL_ENV: &str = "LEASE_POSTGRES_URL";
 /// The environment variable [`Postgres::from_env`] reads when [`URL_ENV`] is not set.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
-/// The schema the backend's tables live in unless [`PostgresBuilder::schema`] says otherwise.
-pub const DEFAULT_SCHEMA: &str = "lease";
+impl Postgres {
+    /// A backend for the database at `url` (`postgres://user:password@host:5432/database`, or
+    /// a libpq key-value string), with the defaults of [`PostgresBuilder`]. Nothing is
+    /// connected yet: the first use connects (and installs the tables).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the URL does not parse or names no host.
+    pub fn new(url: &str) -> Result<Postgres, Error> {
+        PostgresBuilder::new().url(url).build()
+    }
+
+    /// A builder, for the schema, the connection budget and the TCP settings.
+    pub fn builder() -> PostgresBuilder {
+        PostgresBuilder::new()
+    }
+
+    /// A backend for the database named by the environment: `LEASE_POSTGRES_URL`, or else
+    /// `DATABASE_URL`, with the defaults of [`PostgresBuilder`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when neither is set, or the URL does not parse.
+    pub fn from_env() -> Result<Postgres, Error> {
+        PostgresBuilder::from_env().build()
+    }
+}
 
 /// How a [`Postgres`] backend connects. Build it with [`Postgres::builder`].
 ///
@@ -217,7 +243,7 @@ impl PostgresBuilder {
             })?),
             None => None,
         };
-        let tls = super::tls::connector(config.get_ssl_mode(), ca_pem.as_deref())?;
+        let tls = super::wire::connector(config.get_ssl_mode(), ca_pem.as_deref())?;
         check_schema(&self.schema)?;
         if self.max_connections == 0 {
             return Err(Error::config(
@@ -258,7 +284,7 @@ impl PostgresBuilder {
             });
         }
         let address = address_of(&config);
-        Ok(Postgres::from_shared(Shared::new(
+        Ok(Postgres::from_shared(Shared::new(Wire::new(
             config,
             session_sql,
             tls,
@@ -266,7 +292,7 @@ impl PostgresBuilder {
             self.schema,
             self.max_connections,
             self.install,
-        )))
+        ))))
     }
 
     /// A builder with the URL from the environment: `LEASE_POSTGRES_URL`, else `DATABASE_URL`.
@@ -448,6 +474,7 @@ mod tests {
             let postgres = builder.build().unwrap();
             postgres
                 .shared
+                .wire
                 .config
                 .get_application_name()
                 .map(str::to_owned)

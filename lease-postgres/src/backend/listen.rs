@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::{Notify, mpsc};
 use tokio_postgres::AsyncMessage;
 
-use super::client::{PgError, Shared, retry_backoff, set_session};
+use super::wire::{PgError, Wire, retry_backoff, set_session};
 use lease_http::Task;
 
 /// What happened to a row of a subscribed key.
@@ -118,8 +118,9 @@ impl Drop for Subscription {
 }
 
 impl Listener {
-    /// Subscribes to `key`'s notifications, starting the listening task on first use.
-    pub(crate) fn subscribe(&self, shared: &Arc<Shared>, key: &str) -> Subscription {
+    /// Subscribes to `key`'s notifications, starting the listening task on first use: the task
+    /// is handed the wire and the subscriptions, weakly, and the handle's going.
+    pub(crate) fn subscribe(&self, wire: &Arc<Wire>, key: &str) -> Subscription {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.subscribers
@@ -128,7 +129,13 @@ impl Listener {
             .entry(key.to_owned())
             .or_default()
             .push((id, tx));
-        self.task.ensure(|| listen(Arc::downgrade(shared)));
+        self.task.ensure(|| {
+            listen(
+                Arc::downgrade(wire),
+                Arc::downgrade(&self.subscribers),
+                Arc::clone(&self.gone),
+            )
+        });
         Subscription {
             rx,
             key: key.to_owned(),
@@ -136,47 +143,46 @@ impl Listener {
             subscribers: Arc::downgrade(&self.subscribers),
         }
     }
+}
 
-    fn dispatch(&self, payload: &str) {
-        let Some((key, note)) = Note::parse(payload) else {
-            tracing::debug!(
-                payload,
-                "a notification that is not the lease table's; ignored"
-            );
-            return;
-        };
-        let subscribers = self
-            .subscribers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        for (_, tx) in subscribers.get(key).into_iter().flatten() {
-            let _ = tx.send(note.clone());
-        }
-    }
-
-    fn resync(&self) {
-        let subscribers = self
-            .subscribers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        for (_, tx) in subscribers.values().flatten() {
-            let _ = tx.send(Note::Resync);
-        }
+/// Hands the notification `payload` to the subscriptions of its key.
+fn dispatch(subscribers: &Mutex<Subscribers>, payload: &str) {
+    let Some((key, note)) = Note::parse(payload) else {
+        tracing::debug!(
+            payload,
+            "a notification that is not the lease table's; ignored"
+        );
+        return;
+    };
+    let subscribers = subscribers.lock().unwrap_or_else(PoisonError::into_inner);
+    for (_, tx) in subscribers.get(key).into_iter().flatten() {
+        let _ = tx.send(note.clone());
     }
 }
 
-/// Keeps a connection listening on the table's channel for as long as the handle lives.
-async fn listen(shared: Weak<Shared>) {
+/// Tells every subscription that notifications may have been missed.
+fn resync(subscribers: &Mutex<Subscribers>) {
+    let subscribers = subscribers.lock().unwrap_or_else(PoisonError::into_inner);
+    for (_, tx) in subscribers.values().flatten() {
+        let _ = tx.send(Note::Resync);
+    }
+}
+
+/// Keeps a connection listening on the table's channel for as long as the handle lives (its
+/// subscriptions, which only the [`Listener`] keeps).
+async fn listen(wire: Weak<Wire>, subscribers: Weak<Mutex<Subscribers>>, gone: Arc<Notify>) {
     let mut pause = retry_backoff();
     loop {
-        let Some(strong) = shared.upgrade() else {
+        if subscribers.strong_count() == 0 {
+            return;
+        }
+        let Some(strong) = wire.upgrade() else {
             return;
         };
         let config = strong.config.clone();
         let session_sql = strong.session_sql.clone();
         let tls = strong.tls.clone();
         let listen = format!("LISTEN {}", strong.channel());
-        let gone = Arc::clone(&strong.listener.gone);
         drop(strong);
         let connected = config.connect(tls).await;
         let (client, mut connection) = match connected {
@@ -184,7 +190,7 @@ async fn listen(shared: Weak<Shared>) {
             Err(error) => {
                 let error = PgError::connecting(error);
                 // News for readiness too: a waiter or an observer sends nothing else meanwhile.
-                if let Some(strong) = shared.upgrade() {
+                if let Some(strong) = wire.upgrade() {
                     strong.reachability.answered(error.answered());
                 }
                 tracing::debug!(%error, "cannot connect to listen for lease notifications; retrying");
@@ -217,12 +223,12 @@ async fn listen(shared: Weak<Shared>) {
             continue;
         }
         pause.reset();
-        match shared.upgrade() {
-            Some(strong) => {
+        match (wire.upgrade(), subscribers.upgrade()) {
+            (Some(strong), Some(subscribers)) => {
                 strong.reachability.answered(true);
-                strong.listener.resync();
+                resync(&subscribers);
             }
-            None => return,
+            _ => return,
         }
         // Until the connection ends, or the handle goes.
         loop {
@@ -234,8 +240,8 @@ async fn listen(shared: Weak<Shared>) {
                 }
             };
             let Some(payload) = payload else { break };
-            match shared.upgrade() {
-                Some(strong) => strong.listener.dispatch(&payload),
+            match subscribers.upgrade() {
+                Some(subscribers) => dispatch(&subscribers, &payload),
                 None => {
                     driver.abort();
                     return;

@@ -15,16 +15,20 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::acquire::check_key;
-use super::client::{PgError, Shared};
+use super::client::Shared;
 use super::listen::Subscription;
+use super::wire::{PgError, Wire};
 
 /// Starts observing `key`; the first read happens here, so its errors are reported here.
 pub(crate) async fn observe(shared: &Arc<Shared>, key: &str) -> Result<LeaderObserver, Error> {
     check_key(key)?;
-    let notes = shared.listener.subscribe(shared, key);
-    let (leader, expiry) = leader_of(shared, key)
-        .await
-        .map_err(|e| e.into_error(shared, format_args!("read the leader of {key:?}")))?;
+    let notes = shared.subscribe(key);
+    let (leader, expiry) = leader_of(&shared.wire, key).await.map_err(|e| {
+        e.into_error(
+            &shared.wire.address,
+            format_args!("read the leader of {key:?}"),
+        )
+    })?;
     let (tx, rx) = watch::channel(leader);
     tokio::spawn(follow(
         Arc::clone(shared),
@@ -43,16 +47,13 @@ fn time_left(seconds: f64) -> Duration {
 }
 
 /// The live leader row of `key`, and when it expires.
-async fn leader_of(
-    shared: &Shared,
-    key: &str,
-) -> Result<(Option<Leader>, Option<Instant>), PgError> {
-    let sql = shared.sql(
+async fn leader_of(wire: &Wire, key: &str) -> Result<(Option<Leader>, Option<Instant>), PgError> {
+    let sql = wire.sql(
         "SELECT holder, lease_index, value, extract(epoch FROM expires_at - clock_timestamp())::float8 \
          FROM lease.leases WHERE lease_key = $1 AND NOT semaphore AND expires_at > now() \
          ORDER BY lease_index DESC LIMIT 1",
     );
-    let row = shared
+    let row = wire
         .request(false, |client| {
             let sql = &sql;
             async move { client.query_opt(sql, &[&key]).await }
@@ -91,7 +92,7 @@ async fn follow(
             _ = notes.next() => {}
             () = expired => {}
         }
-        match leader_of(&shared, &key).await {
+        match leader_of(&shared.wire, &key).await {
             Ok((leader, until)) => {
                 expiry = until;
                 tx.send_if_modified(|current| {

@@ -12,7 +12,8 @@ use lease_core::Error;
 use lease_core::backend::RELEASE_BOUND;
 use tokio::time::Instant;
 
-use super::client::{Batched, PgError, Shared};
+use super::batch::{Batched, Drain};
+use super::wire::{PgError, Wire};
 
 /// The most holders one statement gives back.
 const BATCH: usize = 5_000;
@@ -21,21 +22,30 @@ const BATCH: usize = 5_000;
 pub(crate) type Releaser = Batched<String, Result<(), PgError>>;
 
 /// Gives `holder`'s row of `key` back (announced as a release), with the releases queued beside
-/// it; retried through brief trouble within [`RELEASE_BOUND`].
-pub(crate) async fn release(shared: &Arc<Shared>, key: &str, holder: &str) -> Result<(), Error> {
-    let answer = shared
-        .releaser
-        .push(holder.to_owned(), || release_all(Arc::downgrade(shared)));
+/// it; retried through brief trouble within [`RELEASE_BOUND`]. The task that sends them is
+/// handed the wire, weakly.
+pub(crate) async fn release(
+    releaser: &Releaser,
+    wire: &Arc<Wire>,
+    key: &str,
+    holder: &str,
+) -> Result<(), Error> {
+    let answer = releaser.push(holder.to_owned(), |drain| {
+        release_all(drain, Arc::downgrade(wire))
+    });
     answer
         .await
         .unwrap_or_else(|_| Err(PgError::Malformed("the backend handle is gone".into())))
-        .map_err(|e| e.into_error(shared, format_args!("release {key:?}")))?;
+        .map_err(|e| e.into_error(&wire.address, format_args!("release {key:?}")))?;
     tracing::debug!(key, holder, "lease row released");
     Ok(())
 }
 
-async fn release_all(shared: Weak<Shared>) {
-    while let Some((strong, batch)) = Releaser::next(&shared, |s| &s.releaser, BATCH).await {
+async fn release_all(drain: Drain<String, Result<(), PgError>>, wire: Weak<Wire>) {
+    while let Some(batch) = drain.next(BATCH).await {
+        let Some(strong) = wire.upgrade() else {
+            return;
+        };
         let holders: Vec<&str> = batch.iter().map(|(h, _)| h.as_str()).collect();
         let sql = strong.sql("SELECT lease.release_many($1)");
         let answer = strong

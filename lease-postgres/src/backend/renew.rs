@@ -17,7 +17,7 @@ use lease_core::backend::Fence;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::client::Shared;
+use super::wire::Wire;
 use lease_http::Task;
 
 /// One registered lease.
@@ -38,35 +38,37 @@ struct State {
 /// The renewals of one backend handle.
 #[derive(Debug, Default)]
 pub(crate) struct Renewer {
-    state: Mutex<State>,
+    renewals: Arc<Renewals>,
     /// Wakes the task: a registration, or the handle gone (this dropped with it).
     wake: Arc<Notify>,
     task: Task,
 }
 
+/// The registered leases, which the renewal task is handed (weakly) when it starts.
+#[derive(Debug, Default)]
+struct Renewals {
+    state: Mutex<State>,
+}
+
 impl Drop for Renewer {
-    /// The last clone of the handle is gone: the task, which waits without keeping the handle,
-    /// wakes to find it gone and ends.
+    /// The last clone of the handle is gone: the task, which waits without keeping the
+    /// renewals, wakes to find them gone and ends.
     fn drop(&mut self) {
         self.wake.notify_one();
     }
 }
 
 impl Renewer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Renews `holder`'s row from now on; the receiver completes if a renewal finds it gone.
     pub(crate) fn register(
         &self,
-        shared: &Arc<Shared>,
+        wire: &Arc<Wire>,
         holder: &str,
         ttl: Duration,
         fence: Fence,
     ) -> oneshot::Receiver<LostReason> {
         let (lost, rx) = oneshot::channel();
-        let mut state = self.lock();
+        let mut state = self.renewals.lock();
         let confirmed = fence.confirmed_at().unwrap_or_else(Instant::now);
         state
             .holders
@@ -76,14 +78,26 @@ impl Renewer {
         // A group renewed long ago waits for no newcomer's sake.
         *entry = (*entry).min(due);
         drop(state);
-        self.task.ensure(|| renew_all(Arc::downgrade(shared)));
+        self.task.ensure(|| {
+            renew_all(
+                Arc::downgrade(&self.renewals),
+                Arc::clone(&self.wake),
+                Arc::downgrade(wire),
+            )
+        });
         self.wake.notify_one();
         rx
     }
 
     /// Stops renewing `holder` (released, or lost).
     pub(crate) fn unregister(&self, holder: &str) {
-        self.lock().holders.remove(holder);
+        self.renewals.lock().holders.remove(holder);
+    }
+}
+
+impl Renewals {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The group due first, and when; `None` when nothing is registered.
@@ -131,22 +145,20 @@ impl Renewer {
     }
 }
 
-/// The renewal task of a handle. It keeps the handle (and so its connections) only while it
-/// sends a renewal: it waits for the next one with a weak reference, so the handle's last clone
-/// going ends it at once ([`Renewer`]'s drop wakes it).
-async fn renew_all(shared: Weak<Shared>) {
+/// The renewal task of a handle. It keeps the renewals and the wire (and so its connections)
+/// only while it sends a renewal: it waits for the next one with weak references, so the
+/// handle's last clone going ends it at once ([`Renewer`]'s drop wakes it).
+async fn renew_all(renewals: Weak<Renewals>, wake: Arc<Notify>, wire: Weak<Wire>) {
     loop {
-        let Some(strong) = shared.upgrade() else {
+        let Some(renewer) = renewals.upgrade() else {
             return;
         };
-        let renewer = &strong.renewer;
         let next = renewer.next_due();
         let ttl = match next {
             Some((ttl, at)) if at <= Instant::now() => ttl,
             // Nothing due yet (or nothing registered): wait for it, or for a registration.
             _ => {
-                let wake = Arc::clone(&renewer.wake);
-                drop(strong);
+                drop(renewer);
                 match next {
                     Some((_, at)) => tokio::select! {
                         () = wake.notified() => {}
@@ -161,6 +173,9 @@ async fn renew_all(shared: Weak<Shared>) {
         if asked.is_empty() {
             continue;
         }
+        let Some(strong) = wire.upgrade() else {
+            return;
+        };
         let sql = strong.sql(
             "UPDATE lease.leases SET expires_at = now() + ttl \
              WHERE holder = ANY($1) AND expires_at > now() RETURNING holder",

@@ -7,7 +7,7 @@
 //!   certificate is not verified, as libpq's `prefer` does not verify it (an attacker in the
 //!   middle can refuse TLS anyway, so verifying would protect nothing more).
 //! - `sslmode=require`: TLS or no connection, and the certificate is verified: the platform's
-//!   roots and any [`ca_cert`](super::PostgresBuilder::ca_cert), with the URL's host checked
+//!   roots and any [`ca_cert`](crate::PostgresBuilder::ca_cert), with the URL's host checked
 //!   against the certificate's names. That is libpq's `verify-full`, stricter than libpq's
 //!   `require`; the URL's `sslmode=verify-ca` and `verify-full` (which tokio-postgres does not
 //!   parse) are read as `require`, and `sslrootcert=PATH` as `ca_cert(PATH)`.
