@@ -113,8 +113,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::{Connection, ConnectionProperties};
-
 pub use admin::Admin;
 pub use error::AmqpError;
 
@@ -249,7 +247,10 @@ impl Amqp {
     /// A channel of one of our connections for `use_`, spoken for until the reservation is
     /// dropped; see [`ConnectionPool::reserve`].
     pub(crate) async fn reserve_channel(&self, use_: Use) -> Result<Reservation, Error> {
-        self.inner.connections.reserve(self, use_).await
+        self.inner
+            .connections
+            .reserve(&self.inner.config, use_)
+            .await
     }
 
     /// Stops reserving channels on `pooled` (a lease on it self-fenced) and closes it, so its
@@ -261,36 +262,6 @@ impl Amqp {
             let close = connection.close(320, lapin::types::ShortString::from("lease self-fenced"));
             let _ = tokio::time::timeout(self.inner.config.operation_timeout, close).await;
         }
-    }
-
-    /// Opens a new connection to the broker (the pool decides when).
-    pub(crate) async fn connect(&self) -> Result<Connection, Error> {
-        let config = &self.inner.config;
-        let mut properties = ConnectionProperties::default();
-        if let Some(name) = &config.connection_name {
-            properties = properties.with_connection_name(name.as_str().into());
-        }
-        let connect = Connection::connect_uri(config.uri.clone(), properties);
-        let failure = match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(Ok(connection)) => {
-                tracing::debug!(url = %config.redacted_url(), "connected to RabbitMQ");
-                return Ok(connection);
-            }
-            Ok(Err(error)) => wire::classify(error, ""),
-            Err(_) => Failure::TimedOut,
-        };
-        Err(match failure {
-            Failure::Other(Error::PermissionDenied { message, .. }) => Error::PermissionDenied {
-                operation: format!("connect to {}", config.described_url()),
-                message,
-                hint: if config.uri.vhost.is_empty() {
-                    wire::EMPTY_VHOST_HINT
-                } else {
-                    wire::LOGIN_HINT
-                },
-            },
-            other => other.into_error("connect", config),
-        })
     }
 
     /// The claim registry. A panic while it was locked cannot leave it inconsistent (each
@@ -446,8 +417,7 @@ impl Backend for Amqp {
             &self.inner,
             |inner| inner.connections.reachability(),
             |inner| async move {
-                let amqp = Amqp { inner };
-                amqp.inner.connections.probe(&amqp).await;
+                inner.connections.probe(&inner.config).await;
             },
         )
     }

@@ -34,13 +34,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lapin::Connection;
 use lapin::protocol::constants::REPLY_SUCCESS;
 use lapin::types::ShortString;
+use lapin::{Connection, ConnectionProperties};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::Amqp;
+use super::config::AmqpConfig;
+use super::wire::{self, Failure};
 use lease_core::Error;
 use lease_core::backend::{Reachability, ReachabilityTracker};
 
@@ -96,19 +97,19 @@ impl ConnectionPool {
     /// Connects once, for a probe of a broker found unreachable: the connections that closed are
     /// dropped first (their leases are already lost), so that the answer, not them, is what
     /// [`reachability`](Self::reachability) reports; the new connection is closed at once.
-    pub(crate) async fn probe(&self, amqp: &Amqp) {
+    pub(crate) async fn probe(&self, config: &AmqpConfig) {
         self.connections
             .lock()
             .await
             .retain(|pooled| pooled.connection.status().connected());
-        let connection = amqp.connect().await;
+        let connection = connect(config).await;
         self.reachability.answered(matches!(
             &connection,
             Ok(_) | Err(Error::PermissionDenied { .. })
         ));
         if let Ok(connection) = connection {
             let close = connection.close(REPLY_SUCCESS, ShortString::from("reachability probe"));
-            let _ = tokio::time::timeout(amqp.config().operation_timeout, close).await;
+            let _ = tokio::time::timeout(config.operation_timeout, close).await;
         }
     }
 
@@ -116,12 +117,16 @@ impl ConnectionPool {
     ///
     /// A lease reservation never waits: an acquire already holding one cannot wait for room it
     /// would have to give back itself.
-    pub(crate) async fn reserve(&self, amqp: &Amqp, use_: Use) -> Result<Reservation, Error> {
-        let deadline = Instant::now() + amqp.config().operation_timeout;
+    pub(crate) async fn reserve(
+        &self,
+        config: &AmqpConfig,
+        use_: Use,
+    ) -> Result<Reservation, Error> {
+        let deadline = Instant::now() + config.operation_timeout;
         loop {
             // Registered before looking, so a give-back between the look and the wait is seen.
             let given_back = self.given_back.notified();
-            let full = match self.try_reserve(amqp, use_).await? {
+            let full = match self.try_reserve(config, use_).await? {
                 Ok(reservation) => return Ok(reservation),
                 Err(full) => full,
             };
@@ -135,7 +140,7 @@ impl ConnectionPool {
     /// connection allowed is full.
     async fn try_reserve(
         &self,
-        amqp: &Amqp,
+        config: &AmqpConfig,
         use_: Use,
     ) -> Result<Result<Reservation, Error>, Error> {
         let mut connections = self.connections.lock().await;
@@ -151,7 +156,7 @@ impl ConnectionPool {
             connected
         });
         for pooled in worn_out {
-            tokio::spawn(pooled.close_worn(amqp.config().operation_timeout));
+            tokio::spawn(pooled.close_worn(config.operation_timeout));
         }
         if let Some(reservation) = connections
             .iter()
@@ -160,7 +165,7 @@ impl ConnectionPool {
         {
             return Ok(Ok(reservation));
         }
-        let max_connections = amqp.config().max_connections;
+        let max_connections = config.max_connections;
         if connections.len() >= max_connections as usize {
             if let Some(reservation) = connections
                 .iter()
@@ -176,7 +181,7 @@ impl ConnectionPool {
             }
             .into()));
         }
-        let connection = amqp.connect().await;
+        let connection = connect(config).await;
         self.reachability.answered(matches!(
             &connection,
             Ok(_) | Err(Error::PermissionDenied { .. })
@@ -194,7 +199,7 @@ impl ConnectionPool {
                      lease after the {HEADROOM} this client keeps for acquiring and releasing; \
                      raise channel_max in rabbitmq.conf, or the URL's ?channel_max=, above \
                      {HEADROOM}",
-                    amqp.redacted_url(),
+                    config.redacted_url(),
                     pooled.channel_max()
                 )));
             }
@@ -213,6 +218,35 @@ impl ConnectionPool {
         let mut connections = self.connections.lock().await;
         connections.retain(|other| !Arc::ptr_eq(other, pooled));
     }
+}
+
+/// Opens a new connection to the broker (the pool decides when).
+pub(crate) async fn connect(config: &AmqpConfig) -> Result<Connection, Error> {
+    let mut properties = ConnectionProperties::default();
+    if let Some(name) = &config.connection_name {
+        properties = properties.with_connection_name(name.as_str().into());
+    }
+    let connect = Connection::connect_uri(config.uri.clone(), properties);
+    let failure = match tokio::time::timeout(config.connect_timeout, connect).await {
+        Ok(Ok(connection)) => {
+            tracing::debug!(url = %config.redacted_url(), "connected to RabbitMQ");
+            return Ok(connection);
+        }
+        Ok(Err(error)) => wire::classify(error, ""),
+        Err(_) => Failure::TimedOut,
+    };
+    Err(match failure {
+        Failure::Other(Error::PermissionDenied { message, .. }) => Error::PermissionDenied {
+            operation: format!("connect to {}", config.described_url()),
+            message,
+            hint: if config.uri.vhost.is_empty() {
+                wire::EMPTY_VHOST_HINT
+            } else {
+                wire::LOGIN_HINT
+            },
+        },
+        other => other.into_error("connect", config),
+    })
 }
 
 /// One connection of the pool.
@@ -346,7 +380,7 @@ mod tests {
     use lease_tests::amqp::{require_broker, url_with_channel_max};
 
     use super::*;
-    use crate::wire::{self, Failure};
+    use crate::Amqp;
 
     const T: Duration = Duration::from_secs(10);
 
