@@ -34,9 +34,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use lapin::options::ConfirmSelectOptions;
 use lapin::protocol::constants::REPLY_SUCCESS;
 use lapin::types::ShortString;
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties, ErrorKind};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -44,6 +45,7 @@ use super::config::AmqpConfig;
 use super::wire::{self, Failure};
 use lease_core::Error;
 use lease_core::backend::{Reachability, ReachabilityTracker};
+use lease_core::backoff::Backoff;
 
 /// Channels of every connection that leases never take; see the module docs.
 pub(crate) const HEADROOM: u32 = 8;
@@ -341,6 +343,58 @@ impl PooledConnection {
     }
 }
 
+/// Opens a channel in confirm mode (needed by [`probe`](wire::probe)).
+///
+/// lapin forgets a closed channel a moment after its close-ok (in its own background task), so
+/// right after many channels closed it may count more open than the pool's reservations do and
+/// refuse one (`ChannelsLimitReached`). That refusal harms nothing, so it is retried until
+/// `timeout`. So is a channel id lapin will not open again (see the loop), which is retired.
+pub(crate) async fn open_channel(
+    pooled: &PooledConnection,
+    timeout: Duration,
+) -> Result<Channel, Failure> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+    let channel = loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, pooled.connection().create_channel()).await {
+            Ok(Ok(channel)) => break channel,
+            Ok(Err(error)) if matches!(error.kind(), ErrorKind::ChannelsLimitReached) => {
+                let pause = backoff.next_pause();
+                if Instant::now() + pause >= deadline {
+                    return Err(wire::classify(error, ""));
+                }
+                tracing::debug!(?pause, "lapin still counts closed channels; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            // `channel.open` has no soft error of its own: this one is the error the broker
+            // closed an earlier channel with (a lost race: RESOURCE_LOCKED, NOT_FOUND), which
+            // lapin keeps against that channel's id for as long as the connection lives and
+            // hands to the next channel given the id, before the broker hears of it. The refused
+            // channel keeps the id, so the next attempt gets another; the id is lost to this
+            // connection, and the pool counts it.
+            Ok(Err(error)) if wire::is_soft(&error) => {
+                let retired = pooled.retire_channel_id();
+                tracing::debug!(
+                    %error,
+                    retired,
+                    "lapin refused a channel id that a channel closed by the broker left behind; \
+                     opening another"
+                );
+            }
+            Ok(Err(error)) => return Err(wire::classify(error, "")),
+            Err(_) => return Err(Failure::TimedOut),
+        }
+    };
+    wire::bounded(
+        timeout,
+        "",
+        channel.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
+    Ok(channel)
+}
+
 /// One channel of a pooled connection, spoken for until dropped.
 pub(crate) struct Reservation {
     pooled: Arc<PooledConnection>,
@@ -387,7 +441,7 @@ mod tests {
     /// Makes the broker close a fresh channel of `pooled` (a consume of a queue that does not
     /// exist: NOT_FOUND), as a lost race does.
     async fn channel_closed_by_the_broker(pooled: &PooledConnection) {
-        let channel = wire::open_channel(pooled, T).await.unwrap();
+        let channel = open_channel(pooled, T).await.unwrap();
         let consume = channel.basic_consume(
             ShortString::from("lease-test-no-such-queue"),
             ShortString::from(""),
@@ -416,7 +470,7 @@ mod tests {
         // Round the 20 ids twice: each of those ten is refused once, retired, and never given
         // again; every open succeeds.
         for _ in 0..40 {
-            let channel = wire::open_channel(&pooled, T).await.unwrap();
+            let channel = open_channel(&pooled, T).await.unwrap();
             wire::close_channel(&channel, T).await;
         }
         assert_eq!(pooled.retired.load(Ordering::Acquire), 10);
