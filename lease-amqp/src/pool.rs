@@ -1,4 +1,5 @@
-//! The connections one [`Amqp`] spreads its leases over, and how many channels each has given out.
+//! The connections one [`Amqp`](crate::Amqp) spreads its leases over, and how many channels each
+//! has given out.
 //!
 //! A held lease keeps one channel open (its `A[L]` consumer and its probes run on it), and a
 //! connection carries at most the `channel_max` negotiated with the broker: the lower of the
@@ -23,7 +24,7 @@
 //! A connection also loses channel ids for good. When the broker closes a channel (a lost race
 //! for a holder queue or a settle queue, an administration mutex taken elsewhere), lapin keeps
 //! that error against the channel's id for the rest of the connection's life, and refuses the
-//! next channel it gives that id (`wire::open_channel` then opens another). The refused channel
+//! next channel it gives that id ([`open_channel`] then opens another). The refused channel
 //! keeps the id, so each such id is *retired*: it comes off the connection's room. A connection
 //! that has retired half its ids is *worn*: it takes new channels only when no other connection
 //! has room and no new one may be opened, and it is closed when nothing is reserved on it, so a long-lived, contended process does
@@ -59,7 +60,7 @@ pub(crate) enum Use {
     Brief,
 }
 
-/// The connections of one [`Amqp`], in the order they were opened.
+/// The connections of one [`Amqp`](crate::Amqp), in the order they were opened.
 pub(crate) struct ConnectionPool {
     /// Locked across a connect, so concurrent reservations that find every connection full open
     /// one new connection between them, not one each.
