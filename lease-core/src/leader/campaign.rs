@@ -579,7 +579,7 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "memory"))]
 mod tests {
     use std::process::Command;
     use std::sync::atomic::{AtomicUsize, Ordering};
