@@ -13,11 +13,11 @@ use tokio::time::Instant;
 
 use lapin::Channel;
 
-use super::client::delete_queue;
+use super::handle::{AdminLock, Amqp};
+use super::holder::delete_queue;
 use super::naming::SemaphoreNames;
-use super::pool::{Reservation, Use};
+use super::pool::{self, Reservation, Use};
 use super::wire::{self, Failure};
-use super::{AdminLock, Amqp};
 use lease_core::Error;
 use lease_core::backoff::Backoff;
 
@@ -212,7 +212,7 @@ async fn lock<'a>(amqp: &'a Amqp, names: &'a SemaphoreNames) -> Result<Session<'
     let started = Instant::now();
     let mut backoff = admin_backoff();
     let open = || async {
-        wire::open_channel(reservation.pooled(), timeout)
+        pool::open_channel(reservation.pooled(), timeout)
             .await
             .map_err(|f| amqp.unreachable("open a channel", f))
     };

@@ -28,11 +28,14 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 
+use super::admin;
+use super::config::LossDetection;
+use super::handle::Amqp;
 use super::hold::into_lease;
+use super::holder::HolderQueue;
 use super::naming::SemaphoreNames;
-use super::pool::{PooledConnection, Use};
+use super::pool::{self, PooledConnection, Use};
 use super::wire::{self, Failure};
-use super::{Amqp, Claim, LossDetection, admin};
 use lease_core::backoff::{Backoff, jitter};
 use lease_core::{Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
@@ -389,7 +392,7 @@ async fn settle_in(
                     attempts,
                     "the settle queue expired before its consume"
                 );
-                *channel = wire::open_channel(&holder.pooled, timeout).await?;
+                *channel = pool::open_channel(&holder.pooled, timeout).await?;
             }
             Err(failure) => return Err(failure),
         }
@@ -397,7 +400,7 @@ async fn settle_in(
 }
 
 async fn open(amqp: &Amqp, pooled: &PooledConnection) -> Result<Channel, Error> {
-    wire::open_channel(pooled, amqp.config().operation_timeout)
+    pool::open_channel(pooled, amqp.config().operation_timeout)
         .await
         .map_err(|failure| amqp.unreachable("open a channel", failure))
 }
@@ -439,100 +442,6 @@ async fn consume(channel: &Channel, queue: &str, timeout: Duration) -> Result<Co
         FieldTable::default(),
     );
     wire::bounded(timeout, queue, consume).await
-}
-
-/// `B[L]` (and `C[L]`) while we own it: deleted by [`give_back`](HolderQueue::give_back), or in
-/// the background if dropped first (a cancelled acquire), so no slot is left taken.
-pub(super) struct HolderQueue {
-    amqp: Amqp,
-    pooled: Arc<PooledConnection>,
-    queue: String,
-    /// `C[L]`, once we declare it.
-    settle_queue: Option<String>,
-    armed: bool,
-    pub(super) claim: Claim,
-}
-
-impl HolderQueue {
-    /// A clean release: deletes `C[L]`, then `B[L]` (on `channel` if it still works, else on a
-    /// fresh one), each confirmed, so the next holder need not settle. If the connection is
-    /// closed, `B[L]` went with it and `C[L]` expires on its own.
-    pub(super) async fn give_back(mut self, channel: Option<&Channel>) -> Result<(), Error> {
-        self.armed = false;
-        if let Some(settle_queue) = self.settle_queue.take() {
-            delete_queue(&self.amqp, &self.pooled, channel, &settle_queue).await?;
-        }
-        delete_queue(&self.amqp, &self.pooled, channel, &self.queue).await
-    }
-
-    /// After a loss: deletes `B[L]` only. `C[L]` is left to expire one settle time after the
-    /// channel that consumes it closes, so nobody takes the slot before this holder's work has
-    /// had that long to stop.
-    pub(super) async fn give_back_after_loss(
-        mut self,
-        channel: Option<&Channel>,
-    ) -> Result<(), Error> {
-        self.armed = false;
-        delete_queue(&self.amqp, &self.pooled, channel, &self.queue).await
-    }
-}
-
-impl Drop for HolderQueue {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        // A cancelled acquire never ran work: nothing to settle.
-        let (amqp, pooled) = (self.amqp.clone(), Arc::clone(&self.pooled));
-        let queues: Vec<String> = (self.settle_queue.take().into_iter())
-            .chain([self.queue.clone()])
-            .collect();
-        runtime.spawn(async move {
-            for queue in queues {
-                if let Err(error) = delete_queue(&amqp, &pooled, None, &queue).await {
-                    tracing::warn!(%error, queue, "could not delete an abandoned holder queue");
-                    return;
-                }
-            }
-        });
-    }
-}
-
-/// Deletes a queue on `pooled`'s connection, confirmed. If that connection is closed there is
-/// nothing to do: its exclusive queues went with it, and a settle queue it consumed expires on
-/// its own.
-pub(crate) async fn delete_queue(
-    amqp: &Amqp,
-    pooled: &PooledConnection,
-    channel: Option<&Channel>,
-    queue: &str,
-) -> Result<(), Error> {
-    let timeout = amqp.config().operation_timeout;
-    if let Some(channel) = channel.filter(|c| c.status().connected()) {
-        if wire::delete(channel, queue, timeout).await.is_ok() {
-            return Ok(());
-        }
-    }
-    let connection = pooled.connection();
-    if !connection.status().connected() {
-        return Ok(());
-    }
-    let result = match wire::open_channel(pooled, timeout).await {
-        Ok(channel) => {
-            let deleted = wire::delete(&channel, queue, timeout).await;
-            wire::close_channel(&channel, timeout).await;
-            deleted
-        }
-        Err(failure) => Err(failure),
-    };
-    match result {
-        Ok(()) => Ok(()),
-        Err(_) if !connection.status().connected() => Ok(()),
-        Err(failure) => Err(amqp.unreachable(&format!("delete the queue {queue:?}"), failure)),
-    }
 }
 
 /// [`Backend::check_sequencer`](lease_core::Backend::check_sequencer) on AMQP; see there.

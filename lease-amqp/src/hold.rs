@@ -10,11 +10,12 @@ use std::time::Duration;
 use lapin::{Channel, Connection, Consumer};
 use tokio::time::Instant;
 
-use super::client::HolderQueue;
+use super::config::LossDetection;
+use super::handle::Amqp;
+use super::holder::HolderQueue;
 use super::naming::SemaphoreNames;
 use super::pool::Reservation;
 use super::wire::{self, Failure};
-use super::{Amqp, LossDetection};
 use lease_core::backend::{Fence, Hold};
 use lease_core::backoff::random_below;
 use lease_core::{BackendKind, Error, Lease, LostReason, Sequencer};

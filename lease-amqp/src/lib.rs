@@ -64,7 +64,7 @@
 //! `C[L]`. Its semaphore's durable slot queues exist whether they are held or not. A
 //! holder sends one confirmed probe every quarter heartbeat (2,000 leases at the default 10 s
 //! heartbeat: 800 a second). An acquire that creates its semaphore uses a second channel for the
-//! administration meanwhile, and [`check_sequencer`](Backend::check_sequencer) one for its two
+//! administration meanwhile, and [`check_sequencer`](lease_core::Backend::check_sequencer) one for its two
 //! probes.
 //!
 //! **`channel_max`:** a connection carries at most the `channel_max` negotiated with the broker,
@@ -98,25 +98,31 @@
 //! [`LostReason::ConnectionClosed`]: lease_core::LostReason::ConnectionClosed
 //! [`LostReason::SlotRemoved`]: lease_core::LostReason::SlotRemoved
 //! [`LostReason::SelfFenced`]: lease_core::LostReason::SelfFenced
+//! [`Backend`]: lease_core::Backend
+//! [`Error::LimitMismatch`]: lease_core::Error::LimitMismatch
+//! [`Error::FlagsConflict`]: lease_core::Error::FlagsConflict
+//! [`LeaseSpec::settle`]: lease_core::LeaseSpec::settle
 
 mod admin;
+mod backend;
+mod builder;
 mod client;
 mod config;
 mod error;
+mod handle;
 mod hold;
+mod holder;
 mod naming;
 mod pool;
 mod wire;
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use lapin::{Connection, ConnectionProperties};
-
 pub use admin::Admin;
+pub use builder::{
+    AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
+};
+pub use config::LossDetection;
 pub use error::AmqpError;
+pub use handle::Amqp;
 
 /// The tracing filter directive that mutes lapin's WARN for every returned message, which each
 /// acquire's probes of missing queues cause (see [the module docs](self#lapins-no_route-warnings)).
@@ -128,334 +134,6 @@ pub use error::AmqpError;
 /// let filter = EnvFilter::new(format!("info,{}", lease_amqp::QUIET_PROBE_RETURNS));
 /// ```
 pub const QUIET_PROBE_RETURNS: &str = "lapin::returned_messages=off";
-pub use config::{
-    AMQP_URL_ENV, AmqpBuilder, DEFAULT_AMQP_URL, DEFAULT_HEARTBEAT, DEFAULT_MAX_CONNECTIONS,
-};
-
-use config::AmqpConfig;
-use lease_core::backend::{Keepers, Reachability};
-use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
-use naming::SemaphoreNames;
-use pool::{ConnectionPool, PooledConnection, Reservation, Use};
-use wire::Failure;
-
-/// How a holder learns that an administrator removed its slot `A[L]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossDetection {
-    /// Consume from `A[L]`; RabbitMQ cancels the consumer when the queue is deleted. No polling.
-    #[default]
-    ConsumerCancel,
-    /// Probe `A[L]` every `period` (a confirmed publish each time).
-    Verify {
-        /// Time between probes.
-        period: Duration,
-    },
-}
-
-/// The RabbitMQ backend: persistent semaphores and one-slot leader leases.
-///
-/// Cheap to clone; clones share the connections. See the [module docs](self) for the semantics
-/// and for what each lease costs the broker.
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn example() -> Result<(), lease_core::Error> {
-/// use lease_core::{Backend, LeaseSpec};
-/// use lease_amqp::Amqp;
-///
-/// let amqp = Amqp::from_env()?;
-/// let lease = amqp.acquire(&LeaseSpec::semaphore("reports", 3)).await?;
-/// let result = lease.run(async { /* at most 3 of these run at once */ }).await;
-/// lease.release().await?;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct Amqp {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    config: AmqpConfig,
-    connections: ConnectionPool,
-    /// Slots held (`Some(holder)`, the holder part of the lease's sequencer) or being taken
-    /// (`None`) by leases on any of our connections.
-    claims: Mutex<HashMap<(String, u32), Option<String>>>,
-    /// The holder tasks of this handle's leases.
-    keepers: Keepers,
-    /// Per semaphore, serialises this process's administration of it: the broker's mutex is an
-    /// exclusive queue, which every channel of one of our connections could declare at once.
-    /// Different semaphores are administered in parallel (a process taking thousands of new
-    /// leader keys creates them concurrently).
-    admin_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Connects to the broker while it is unreachable (see [`Amqp::reachability`]).
-    probe: lease_http::Probe,
-}
-
-impl fmt::Debug for Amqp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Amqp")
-            .field("config", &self.inner.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Amqp {
-    /// A builder for the broker at `url` (`amqp://user:password@host:port/vhost`, or `amqps://`
-    /// for TLS; the vhost percent-encoded, `%2f` for `/`).
-    pub fn builder(url: impl Into<String>) -> AmqpBuilder {
-        AmqpBuilder::new(url)
-    }
-
-    /// The backend for `url` with the default settings.
-    pub fn new(url: impl Into<String>) -> Result<Amqp, Error> {
-        Self::builder(url).build()
-    }
-
-    /// The backend for the URL in `AMQP_URL`, or [`DEFAULT_AMQP_URL`] when it is not set.
-    pub fn from_env() -> Result<Amqp, Error> {
-        AmqpBuilder::from_env().build()
-    }
-
-    /// The administration of this broker's semaphores (create, destroy, add and remove slots).
-    pub fn admin(&self) -> Admin {
-        Admin::new(self.clone())
-    }
-
-    /// The broker's URL without the password.
-    pub fn redacted_url(&self) -> String {
-        self.inner.config.redacted_url()
-    }
-
-    pub(crate) fn with_config(config: AmqpConfig) -> Amqp {
-        Amqp {
-            inner: Arc::new(Inner {
-                config,
-                connections: ConnectionPool::new(),
-                claims: Mutex::new(HashMap::new()),
-                keepers: Keepers::new(),
-                probe: lease_http::Probe::default(),
-                admin_locks: Mutex::new(HashMap::new()),
-            }),
-        }
-    }
-
-    pub(crate) fn config(&self) -> &AmqpConfig {
-        &self.inner.config
-    }
-
-    /// A channel of one of our connections for `use_`, spoken for until the reservation is
-    /// dropped; see [`ConnectionPool::reserve`].
-    pub(crate) async fn reserve_channel(&self, use_: Use) -> Result<Reservation, Error> {
-        self.inner.connections.reserve(self, use_).await
-    }
-
-    /// Stops reserving channels on `pooled` (a lease on it self-fenced) and closes it, so its
-    /// exclusive queues go. Only the leases on that connection are lost.
-    pub(crate) async fn discard_connection(&self, pooled: &Arc<PooledConnection>) {
-        self.inner.connections.remove(pooled).await;
-        let connection = pooled.connection();
-        if connection.status().connected() {
-            let close = connection.close(320, lapin::types::ShortString::from("lease self-fenced"));
-            let _ = tokio::time::timeout(self.inner.config.operation_timeout, close).await;
-        }
-    }
-
-    /// Opens a new connection to the broker (the pool decides when).
-    pub(crate) async fn connect(&self) -> Result<Connection, Error> {
-        let config = &self.inner.config;
-        let mut properties = ConnectionProperties::default();
-        if let Some(name) = &config.connection_name {
-            properties = properties.with_connection_name(name.as_str().into());
-        }
-        let connect = Connection::connect_uri(config.uri.clone(), properties);
-        let failure = match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(Ok(connection)) => {
-                tracing::debug!(url = %config.redacted_url(), "connected to RabbitMQ");
-                return Ok(connection);
-            }
-            Ok(Err(error)) => wire::classify(error, ""),
-            Err(_) => Failure::TimedOut,
-        };
-        Err(match failure {
-            Failure::Other(Error::PermissionDenied { message, .. }) => Error::PermissionDenied {
-                operation: format!("connect to {}", config.described_url()),
-                message,
-                hint: if config.uri.vhost.is_empty() {
-                    wire::EMPTY_VHOST_HINT
-                } else {
-                    wire::LOGIN_HINT
-                },
-            },
-            other => other.into_error("connect", config),
-        })
-    }
-
-    /// The claim registry. A panic while it was locked cannot leave it inconsistent (each
-    /// update is one map operation), so a poisoned lock is used as it is.
-    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), Option<String>>> {
-        self.inner.claims.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Marks `slot` of `names` as taken by a lease of ours; `None` if one already has it.
-    pub(crate) fn claim(&self, names: &SemaphoreNames, slot: u32) -> Option<Claim> {
-        let key = (names.name().to_owned(), slot);
-        let mut claims = self.claims();
-        if claims.contains_key(&key) {
-            return None;
-        }
-        claims.insert(key.clone(), None);
-        Some(Claim {
-            amqp: self.clone(),
-            key,
-        })
-    }
-
-    /// Whether one of this process's leases holds slot `slot` (`Some(true)`), is taking it right
-    /// now (`Some(false)`), or neither (`None`).
-    pub(crate) fn claim_state(&self, names: &SemaphoreNames, slot: u32) -> Option<bool> {
-        self.claims()
-            .get(&(names.name().to_owned(), slot))
-            .map(Option::is_some)
-    }
-
-    /// The holder (sequencer part) of the lease of ours that holds `slot` of `name`, if any.
-    pub(crate) fn local_holder(&self, name: &str, slot: u32) -> Option<String> {
-        self.claims()
-            .get(&(name.to_owned(), slot))
-            .cloned()
-            .flatten()
-    }
-
-    pub(crate) fn keepers(&self) -> &Keepers {
-        &self.inner.keepers
-    }
-
-    /// Waits for this process's administration lock of semaphore `name`.
-    pub(crate) async fn admin_lock(&self, name: &str) -> AdminLock {
-        let mutex = Arc::clone(self.admin_locks().entry(name.to_owned()).or_default());
-        AdminLock {
-            amqp: self.clone(),
-            name: name.to_owned(),
-            guard: Some(mutex.lock_owned().await),
-        }
-    }
-
-    /// The administration locks. Each update is one map operation, so a poisoned lock is used
-    /// as it is.
-    fn admin_locks(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
-        self.inner
-            .admin_locks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn unreachable(&self, operation: &str, failure: Failure) -> Error {
-        failure.into_error(operation, &self.inner.config)
-    }
-}
-
-/// This process's administration lock of one semaphore, held; released on drop, and forgotten
-/// once nobody holds or waits for it.
-pub(crate) struct AdminLock {
-    amqp: Amqp,
-    name: String,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl fmt::Debug for AdminLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("AdminLock").field(&self.name).finish()
-    }
-}
-
-impl Drop for AdminLock {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut locks = self.amqp.admin_locks();
-        // Waiters clone the mutex under the map's lock, so one count means nobody else has it.
-        if locks
-            .get(&self.name)
-            .is_some_and(|mutex| Arc::strong_count(mutex) == 1)
-        {
-            locks.remove(&self.name);
-        }
-    }
-}
-
-/// A slot this process's leases hold or are taking; released on drop.
-pub(crate) struct Claim {
-    amqp: Amqp,
-    key: (String, u32),
-}
-
-impl fmt::Debug for Claim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Claim").field(&self.key).finish()
-    }
-}
-
-impl Claim {
-    /// The slot is now held by the lease whose sequencer's holder part is `holder`, no longer
-    /// being taken.
-    pub(crate) fn mark_held(&self, holder: &str) {
-        let mut claims = self.amqp.claims();
-        if let Some(held) = claims.get_mut(&self.key) {
-            *held = Some(holder.to_owned());
-        }
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        let mut claims = self.amqp.claims();
-        claims.remove(&self.key);
-    }
-}
-
-impl Backend for Amqp {
-    fn acquire<'a>(&'a self, spec: &'a LeaseSpec) -> BoxFuture<'a, Result<Lease, Error>> {
-        lease_core::backend::instrument_acquire(
-            BackendKind::Amqp,
-            spec,
-            client::acquire(self, spec),
-        )
-    }
-
-    /// Verifies a sequencer this handle issued: its lease still holds the slot, and the slot
-    /// queue `A[L]` still exists (one confirmed probe).
-    ///
-    /// RabbitMQ records no acquisition number: another process's holder queue shows that the
-    /// slot is held, not by which acquisition. So a sequencer issued by another process, whose
-    /// slot is held, is answered with [`Error::Unsupported`]; verify such work in the process
-    /// that holds the lease, or use a backend whose sequencers can be checked anywhere (Consul).
-    fn check_sequencer<'a>(&'a self, sequencer: &'a Sequencer) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(client::check_sequencer(self, sequencer))
-    }
-
-    /// Reachable while one of this handle's connections to the broker is up; with none, what
-    /// the last attempt to connect found; unknown before the first. While unreachable, the
-    /// handle connects again about every second in the background (and closes that connection
-    /// at once), until the broker answers.
-    fn reachability(&self) -> Reachability {
-        self.inner.probe.watch(
-            &self.inner,
-            |inner| inner.connections.reachability(),
-            |inner| async move {
-                let amqp = Amqp { inner };
-                amqp.inner.connections.probe(&amqp).await;
-            },
-        )
-    }
-
-    fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.inner.keepers.shutdown())
-    }
-}
 
 /// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
 /// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the

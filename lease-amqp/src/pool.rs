@@ -1,4 +1,5 @@
-//! The connections one [`Amqp`] spreads its leases over, and how many channels each has given out.
+//! The connections one [`Amqp`](crate::Amqp) spreads its leases over, and how many channels each
+//! has given out.
 //!
 //! A held lease keeps one channel open (its `A[L]` consumer and its probes run on it), and a
 //! connection carries at most the `channel_max` negotiated with the broker: the lower of the
@@ -23,7 +24,7 @@
 //! A connection also loses channel ids for good. When the broker closes a channel (a lost race
 //! for a holder queue or a settle queue, an administration mutex taken elsewhere), lapin keeps
 //! that error against the channel's id for the rest of the connection's life, and refuses the
-//! next channel it gives that id (`wire::open_channel` then opens another). The refused channel
+//! next channel it gives that id ([`open_channel`] then opens another). The refused channel
 //! keeps the id, so each such id is *retired*: it comes off the connection's room. A connection
 //! that has retired half its ids is *worn*: it takes new channels only when no other connection
 //! has room and no new one may be opened, and it is closed when nothing is reserved on it, so a long-lived, contended process does
@@ -34,15 +35,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lapin::Connection;
+use lapin::options::ConfirmSelectOptions;
 use lapin::protocol::constants::REPLY_SUCCESS;
 use lapin::types::ShortString;
+use lapin::{Channel, Connection, ConnectionProperties, ErrorKind};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::Amqp;
+use super::config::AmqpConfig;
+use super::wire::{self, Failure};
 use lease_core::Error;
 use lease_core::backend::{Reachability, ReachabilityTracker};
+use lease_core::backoff::Backoff;
 
 /// Channels of every connection that leases never take; see the module docs.
 pub(crate) const HEADROOM: u32 = 8;
@@ -56,7 +60,7 @@ pub(crate) enum Use {
     Brief,
 }
 
-/// The connections of one [`Amqp`], in the order they were opened.
+/// The connections of one [`Amqp`](crate::Amqp), in the order they were opened.
 pub(crate) struct ConnectionPool {
     /// Locked across a connect, so concurrent reservations that find every connection full open
     /// one new connection between them, not one each.
@@ -96,19 +100,19 @@ impl ConnectionPool {
     /// Connects once, for a probe of a broker found unreachable: the connections that closed are
     /// dropped first (their leases are already lost), so that the answer, not them, is what
     /// [`reachability`](Self::reachability) reports; the new connection is closed at once.
-    pub(crate) async fn probe(&self, amqp: &Amqp) {
+    pub(crate) async fn probe(&self, config: &AmqpConfig) {
         self.connections
             .lock()
             .await
             .retain(|pooled| pooled.connection.status().connected());
-        let connection = amqp.connect().await;
+        let connection = connect(config).await;
         self.reachability.answered(matches!(
             &connection,
             Ok(_) | Err(Error::PermissionDenied { .. })
         ));
         if let Ok(connection) = connection {
             let close = connection.close(REPLY_SUCCESS, ShortString::from("reachability probe"));
-            let _ = tokio::time::timeout(amqp.config().operation_timeout, close).await;
+            let _ = tokio::time::timeout(config.operation_timeout, close).await;
         }
     }
 
@@ -116,12 +120,16 @@ impl ConnectionPool {
     ///
     /// A lease reservation never waits: an acquire already holding one cannot wait for room it
     /// would have to give back itself.
-    pub(crate) async fn reserve(&self, amqp: &Amqp, use_: Use) -> Result<Reservation, Error> {
-        let deadline = Instant::now() + amqp.config().operation_timeout;
+    pub(crate) async fn reserve(
+        &self,
+        config: &AmqpConfig,
+        use_: Use,
+    ) -> Result<Reservation, Error> {
+        let deadline = Instant::now() + config.operation_timeout;
         loop {
             // Registered before looking, so a give-back between the look and the wait is seen.
             let given_back = self.given_back.notified();
-            let full = match self.try_reserve(amqp, use_).await? {
+            let full = match self.try_reserve(config, use_).await? {
                 Ok(reservation) => return Ok(reservation),
                 Err(full) => full,
             };
@@ -135,7 +143,7 @@ impl ConnectionPool {
     /// connection allowed is full.
     async fn try_reserve(
         &self,
-        amqp: &Amqp,
+        config: &AmqpConfig,
         use_: Use,
     ) -> Result<Result<Reservation, Error>, Error> {
         let mut connections = self.connections.lock().await;
@@ -151,7 +159,7 @@ impl ConnectionPool {
             connected
         });
         for pooled in worn_out {
-            tokio::spawn(pooled.close_worn(amqp.config().operation_timeout));
+            tokio::spawn(pooled.close_worn(config.operation_timeout));
         }
         if let Some(reservation) = connections
             .iter()
@@ -160,7 +168,7 @@ impl ConnectionPool {
         {
             return Ok(Ok(reservation));
         }
-        let max_connections = amqp.config().max_connections;
+        let max_connections = config.max_connections;
         if connections.len() >= max_connections as usize {
             if let Some(reservation) = connections
                 .iter()
@@ -176,7 +184,7 @@ impl ConnectionPool {
             }
             .into()));
         }
-        let connection = amqp.connect().await;
+        let connection = connect(config).await;
         self.reachability.answered(matches!(
             &connection,
             Ok(_) | Err(Error::PermissionDenied { .. })
@@ -194,7 +202,7 @@ impl ConnectionPool {
                      lease after the {HEADROOM} this client keeps for acquiring and releasing; \
                      raise channel_max in rabbitmq.conf, or the URL's ?channel_max=, above \
                      {HEADROOM}",
-                    amqp.redacted_url(),
+                    config.redacted_url(),
                     pooled.channel_max()
                 )));
             }
@@ -213,6 +221,35 @@ impl ConnectionPool {
         let mut connections = self.connections.lock().await;
         connections.retain(|other| !Arc::ptr_eq(other, pooled));
     }
+}
+
+/// Opens a new connection to the broker (the pool decides when).
+pub(crate) async fn connect(config: &AmqpConfig) -> Result<Connection, Error> {
+    let mut properties = ConnectionProperties::default();
+    if let Some(name) = &config.connection_name {
+        properties = properties.with_connection_name(name.as_str().into());
+    }
+    let connect = Connection::connect_uri(config.uri.clone(), properties);
+    let failure = match tokio::time::timeout(config.connect_timeout, connect).await {
+        Ok(Ok(connection)) => {
+            tracing::debug!(url = %config.redacted_url(), "connected to RabbitMQ");
+            return Ok(connection);
+        }
+        Ok(Err(error)) => wire::classify(error, ""),
+        Err(_) => Failure::TimedOut,
+    };
+    Err(match failure {
+        Failure::Other(Error::PermissionDenied { message, .. }) => Error::PermissionDenied {
+            operation: format!("connect to {}", config.described_url()),
+            message,
+            hint: if config.uri.vhost.is_empty() {
+                wire::EMPTY_VHOST_HINT
+            } else {
+                wire::LOGIN_HINT
+            },
+        },
+        other => other.into_error("connect", config),
+    })
 }
 
 /// One connection of the pool.
@@ -307,6 +344,58 @@ impl PooledConnection {
     }
 }
 
+/// Opens a channel in confirm mode (needed by [`probe`](wire::probe)).
+///
+/// lapin forgets a closed channel a moment after its close-ok (in its own background task), so
+/// right after many channels closed it may count more open than the pool's reservations do and
+/// refuse one (`ChannelsLimitReached`). That refusal harms nothing, so it is retried until
+/// `timeout`. So is a channel id lapin will not open again (see the loop), which is retired.
+pub(crate) async fn open_channel(
+    pooled: &PooledConnection,
+    timeout: Duration,
+) -> Result<Channel, Failure> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+    let channel = loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, pooled.connection().create_channel()).await {
+            Ok(Ok(channel)) => break channel,
+            Ok(Err(error)) if matches!(error.kind(), ErrorKind::ChannelsLimitReached) => {
+                let pause = backoff.next_pause();
+                if Instant::now() + pause >= deadline {
+                    return Err(wire::classify(error, ""));
+                }
+                tracing::debug!(?pause, "lapin still counts closed channels; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            // `channel.open` has no soft error of its own: this one is the error the broker
+            // closed an earlier channel with (a lost race: RESOURCE_LOCKED, NOT_FOUND), which
+            // lapin keeps against that channel's id for as long as the connection lives and
+            // hands to the next channel given the id, before the broker hears of it. The refused
+            // channel keeps the id, so the next attempt gets another; the id is lost to this
+            // connection, and the pool counts it.
+            Ok(Err(error)) if wire::is_soft(&error) => {
+                let retired = pooled.retire_channel_id();
+                tracing::debug!(
+                    %error,
+                    retired,
+                    "lapin refused a channel id that a channel closed by the broker left behind; \
+                     opening another"
+                );
+            }
+            Ok(Err(error)) => return Err(wire::classify(error, "")),
+            Err(_) => return Err(Failure::TimedOut),
+        }
+    };
+    wire::bounded(
+        timeout,
+        "",
+        channel.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
+    Ok(channel)
+}
+
 /// One channel of a pooled connection, spoken for until dropped.
 pub(crate) struct Reservation {
     pooled: Arc<PooledConnection>,
@@ -346,14 +435,14 @@ mod tests {
     use lease_tests::amqp::{require_broker, url_with_channel_max};
 
     use super::*;
-    use crate::wire::{self, Failure};
+    use crate::Amqp;
 
     const T: Duration = Duration::from_secs(10);
 
     /// Makes the broker close a fresh channel of `pooled` (a consume of a queue that does not
     /// exist: NOT_FOUND), as a lost race does.
     async fn channel_closed_by_the_broker(pooled: &PooledConnection) {
-        let channel = wire::open_channel(pooled, T).await.unwrap();
+        let channel = open_channel(pooled, T).await.unwrap();
         let consume = channel.basic_consume(
             ShortString::from("lease-test-no-such-queue"),
             ShortString::from(""),
@@ -382,7 +471,7 @@ mod tests {
         // Round the 20 ids twice: each of those ten is refused once, retired, and never given
         // again; every open succeeds.
         for _ in 0..40 {
-            let channel = wire::open_channel(&pooled, T).await.unwrap();
+            let channel = open_channel(&pooled, T).await.unwrap();
             wire::close_channel(&channel, T).await;
         }
         assert_eq!(pooled.retired.load(Ordering::Acquire), 10);

@@ -8,19 +8,13 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, ErrorKind};
 
 use super::config::AmqpConfig;
 use super::naming::MAX_QUEUE_NAME;
-use super::pool::PooledConnection;
-use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
 use lease_core::{BackendKind, Error, LostReason};
 
@@ -178,60 +172,8 @@ fn queue_arguments() -> FieldTable {
     arguments
 }
 
-/// Opens a channel in confirm mode (needed by [`probe`]).
-///
-/// lapin forgets a closed channel a moment after its close-ok (in its own background task), so
-/// right after many channels closed it may count more open than the pool's reservations do and
-/// refuse one (`ChannelsLimitReached`). That refusal harms nothing, so it is retried until
-/// `timeout`. So is a channel id lapin will not open again (see the loop), which is retired.
-pub(crate) async fn open_channel(
-    pooled: &PooledConnection,
-    timeout: Duration,
-) -> Result<Channel, Failure> {
-    let deadline = Instant::now() + timeout;
-    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
-    let channel = loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, pooled.connection().create_channel()).await {
-            Ok(Ok(channel)) => break channel,
-            Ok(Err(error)) if matches!(error.kind(), ErrorKind::ChannelsLimitReached) => {
-                let pause = backoff.next_pause();
-                if Instant::now() + pause >= deadline {
-                    return Err(classify(error, ""));
-                }
-                tracing::debug!(?pause, "lapin still counts closed channels; retrying");
-                tokio::time::sleep(pause).await;
-            }
-            // `channel.open` has no soft error of its own: this one is the error the broker
-            // closed an earlier channel with (a lost race: RESOURCE_LOCKED, NOT_FOUND), which
-            // lapin keeps against that channel's id for as long as the connection lives and
-            // hands to the next channel given the id, before the broker hears of it. The refused
-            // channel keeps the id, so the next attempt gets another; the id is lost to this
-            // connection, and the pool counts it.
-            Ok(Err(error)) if is_soft(&error) => {
-                let retired = pooled.retire_channel_id();
-                tracing::debug!(
-                    %error,
-                    retired,
-                    "lapin refused a channel id that a channel closed by the broker left behind; \
-                     opening another"
-                );
-            }
-            Ok(Err(error)) => return Err(classify(error, "")),
-            Err(_) => return Err(Failure::TimedOut),
-        }
-    };
-    bounded(
-        timeout,
-        "",
-        channel.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await?;
-    Ok(channel)
-}
-
 /// Whether `error` is an AMQP soft (channel-level) error.
-fn is_soft(error: &lapin::Error) -> bool {
+pub(crate) fn is_soft(error: &lapin::Error) -> bool {
     matches!(
         error.kind(),
         ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_))

@@ -92,15 +92,19 @@
 //! [`Backend`]: lease_core::Backend
 #![cfg_attr(docsrs, feature(doc_cfg))] // On docs.rs, each feature-gated item names its feature.
 
+mod capability;
 mod harness;
 mod operator;
+mod outcome;
 mod scenario;
 pub mod scenarios;
 pub mod support;
 
-pub use harness::{Capability, Harness};
+pub use capability::Capability;
+pub use harness::Harness;
 pub use operator::{Operator, OperatorError};
-pub use scenario::{Outcome, SCENARIOS, Scenario};
+pub use outcome::Outcome;
+pub use scenario::{SCENARIOS, Scenario};
 // Where `__for_each_scenario!` calls it back, as `$crate::__scenario_table!`.
 use scenario::__scenario_table;
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use lease_core::BoxFuture;
 
-use crate::{Capability, Harness, scenarios};
+use crate::{Harness, Outcome, scenarios};
 
 /// One scenario of the suite, by name.
 #[derive(Clone, Copy)]
@@ -17,18 +17,6 @@ impl fmt::Debug for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Scenario").field(&self.name).finish()
     }
-}
-
-/// How a scenario ended, when it did not panic.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The scenario ran and every assertion held.
-    Passed,
-    /// The harness declares that the backend lacks these capabilities, which the scenario needs,
-    /// so it did not run; the refusal of each was checked instead, where the contract defines
-    /// one (see [`Capability`]).
-    NotApplicable(Vec<Capability>),
 }
 
 impl Scenario {

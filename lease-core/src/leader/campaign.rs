@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::event::{AfterWorker, CampaignEnd, EventSink, LeaderEvent, emit};
-use super::handle::{CampaignHandle, CampaignState, Shared, Term, announce_leaders, lock};
+use super::event::{AfterWorker, CampaignEnd, EventSink, LeaderEvent};
+use super::handle::{CampaignHandle, CampaignState, Shared, Term, announce_leaders, emit, lock};
 use super::observe::LeaderWatch;
 use crate::backoff::Backoff;
 use crate::{Backend, BoxError, Error, Lease, LeaseSpec, LeaseWatcher, LostReason, Target};
@@ -579,7 +579,7 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "memory"))]
 mod tests {
     use std::process::Command;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::handle::Shared;
 use crate::observer::Leader;
 use crate::{Error, LostReason, Sequencer};
 
@@ -99,13 +98,3 @@ pub enum CampaignEnd {
 
 /// Where [`Campaign::on_event`](super::Campaign::on_event)(super::Campaign::on_event) sends events.
 pub(super) type EventSink = Arc<dyn Fn(LeaderEvent) + Send + Sync>;
-
-/// Sends `event` to the campaign's sink and to its handles' receivers.
-pub(super) fn emit(shared: &Shared, sink: Option<&EventSink>, event: LeaderEvent) {
-    if shared.events.receiver_count() > 0 {
-        let _ = shared.events.send(event.clone());
-    }
-    if let Some(sink) = sink {
-        sink(event);
-    }
-}

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::Instant;
 
-use super::event::{CampaignEnd, EventSink, LeaderEvent, emit};
+use super::event::{CampaignEnd, EventSink, LeaderEvent};
 use super::observe::LeaderWatch;
 use crate::observer::Leader;
 use crate::{Error, LeaseWatcher, LostReason, Sequencer};
@@ -370,6 +370,16 @@ pub(super) struct Shared {
     pub(super) events: broadcast::Sender<LeaderEvent>,
     /// Serializes the computation and announcement of who leads.
     refresh: Mutex<()>,
+}
+
+/// Sends `event` to the campaign's sink and to its handles' receivers.
+pub(super) fn emit(shared: &Shared, sink: Option<&EventSink>, event: LeaderEvent) {
+    if shared.events.receiver_count() > 0 {
+        let _ = shared.events.send(event.clone());
+    }
+    if let Some(sink) = sink {
+        sink(event);
+    }
 }
 
 /// How many events a slow [`CampaignHandle::events`] receiver may fall behind.

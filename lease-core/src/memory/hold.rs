@@ -10,34 +10,13 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until};
 
+use super::held::HeldLock;
 use super::store::{Inner, State, Value};
 use crate::backend::{Fence, Hold};
 use crate::semaphore::{SEMAPHORE_FLAGS, lock_key, prefix_of};
 use crate::{BoxFuture, Error, LostReason, Sequencer};
 
-/// What one lease holds, enough to verify it against the store.
-#[derive(Clone)]
-pub(super) enum HeldLock {
-    Leader {
-        key: String,
-        session: String,
-        lock_index: u64,
-    },
-    Slot {
-        lock_key: String,
-        contender_key: String,
-        session: String,
-        lock_index: u64,
-    },
-}
-
 impl HeldLock {
-    pub(super) fn session(&self) -> &str {
-        match self {
-            HeldLock::Leader { session, .. } | HeldLock::Slot { session, .. } => session,
-        }
-    }
-
     /// What a sequencer issued by this store claims to hold: a slot if its key is a semaphore's
     /// contender key, else a leader key.
     pub(super) fn from_sequencer(state: &State, sequencer: &Sequencer) -> HeldLock {

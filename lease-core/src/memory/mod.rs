@@ -20,6 +20,7 @@
 //! ([`Memory::invalidate_session`], [`Memory::delete_key`], [`Memory::release_key`]) are what
 //! `PUT /v1/session/destroy` and `DELETE`/`?release=` on `/v1/kv` do on Consul.
 
+mod held;
 mod hold;
 mod slots;
 mod store;
@@ -32,7 +33,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use self::hold::{HeldLock, MemoryHold};
+use self::held::HeldLock;
+use self::hold::MemoryHold;
 use self::store::{Attempt, Inner, SessionGuard};
 use crate::backend::{Fence, Reachability};
 use crate::observer::LeaderObserver;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::hold::HeldLock;
+use super::held::HeldLock;
 use super::store::{Attempt, Entry, LEADER_FLAGS, State, Value};
 use crate::semaphore::{
     Give, LockValue, Next, Planner, Queue, SEMAPHORE_FLAGS, Snapshot, Take, Taken, Unreadable,

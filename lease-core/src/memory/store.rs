@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use super::hold::HeldLock;
+use super::held::HeldLock;
 use crate::backend::Keepers;
 use crate::observer::Leader;
 use crate::semaphore::{LockValue, Planner, SEMAPHORE_FLAGS, lock_key};

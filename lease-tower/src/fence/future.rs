@@ -11,7 +11,7 @@ use lease_core::{BoxFuture, Sequencer};
 use pin_project::pin_project;
 use tower::Service;
 
-use super::layer::Config;
+use super::config::Config;
 use crate::body::{LeaseBody, rejection, unavailable};
 
 /// The response future of [`SequencerCheck`](super::SequencerCheck).

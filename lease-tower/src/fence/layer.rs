@@ -1,15 +1,17 @@
-//! [`SequencerCheckLayer`]: the layer and its builder options.
+//! [`SequencerCheckLayer`]: the layer, its builder options (and the service's
+//! constructors that go through the layer, so the service never names it).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderName;
 use lease_core::Backend;
 use lease_core::leader::LeaderWatch;
 use tower::Layer;
 
 use super::cache::LeaderCache;
+use super::config::Config;
 use super::service::SequencerCheck;
 use super::{MissingSequencer, SEQUENCER_HEADER};
 use crate::body::retry_after_value;
@@ -58,26 +60,6 @@ use crate::body::retry_after_value;
 #[must_use]
 pub struct SequencerCheckLayer {
     pub(super) config: Arc<Config>,
-}
-
-#[derive(Clone, Debug)]
-pub(super) struct Config {
-    pub(super) header: HeaderName,
-    pub(super) missing: MissingSequencer,
-    pub(super) retry_after: HeaderValue,
-    pub(super) max_staleness: Duration,
-    pub(super) read_timeout: Duration,
-    pub(super) cache: Arc<LeaderCache>,
-}
-
-impl Config {
-    pub(super) fn key(&self) -> &str {
-        self.cache.watch().key()
-    }
-
-    pub(super) fn backend(&self) -> &Arc<dyn Backend> {
-        self.cache.watch().backend()
-    }
 }
 
 impl fmt::Debug for SequencerCheckLayer {
@@ -161,6 +143,18 @@ impl SequencerCheckLayer {
     /// The leader key whose holder is accepted.
     pub fn key(&self) -> &str {
         self.config.key()
+    }
+}
+
+impl<S> SequencerCheck<S> {
+    /// Wraps `inner`; shorthand for `SequencerCheckLayer::new(backend, key).layer(inner)`.
+    pub fn new(inner: S, backend: impl Backend, key: impl Into<String>) -> Self {
+        tower::Layer::layer(&SequencerCheckLayer::new(backend, key), inner)
+    }
+
+    /// A layer that wraps services in `SequencerCheck`; the same as [`SequencerCheckLayer::new`].
+    pub fn layer(backend: impl Backend, key: impl Into<String>) -> SequencerCheckLayer {
+        SequencerCheckLayer::new(backend, key)
     }
 }
 

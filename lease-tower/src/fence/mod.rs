@@ -33,6 +33,7 @@
 //! ([`LeaseSequencer`](crate::extract::LeaseSequencer)).
 
 mod cache;
+mod config;
 mod future;
 mod layer;
 mod service;

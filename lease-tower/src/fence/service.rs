@@ -12,12 +12,12 @@ use tower::Service;
 
 use super::MissingSequencer;
 use super::cache::Verdict;
+use super::config::Config;
 use super::future::{Refusal, ResponseFuture};
-use super::layer::{Config, SequencerCheckLayer};
 use crate::body::LeaseBody;
 
 /// Passes only requests stamped with the current holder's sequencer. Built by
-/// [`SequencerCheckLayer`]; see there and the [module docs](crate::fence).
+/// [`SequencerCheckLayer`](super::SequencerCheckLayer); see there and the [module docs](crate::fence).
 #[derive(Clone, Debug)]
 pub struct SequencerCheck<S> {
     pub(super) inner: S,
@@ -25,16 +25,6 @@ pub struct SequencerCheck<S> {
 }
 
 impl<S> SequencerCheck<S> {
-    /// Wraps `inner`; shorthand for `SequencerCheckLayer::new(backend, key).layer(inner)`.
-    pub fn new(inner: S, backend: impl Backend, key: impl Into<String>) -> Self {
-        tower::Layer::layer(&SequencerCheckLayer::new(backend, key), inner)
-    }
-
-    /// A layer that wraps services in `SequencerCheck`; the same as [`SequencerCheckLayer::new`].
-    pub fn layer(backend: impl Backend, key: impl Into<String>) -> SequencerCheckLayer {
-        SequencerCheckLayer::new(backend, key)
-    }
-
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner

@@ -1,15 +1,15 @@
-//! [`LeaderOnlyLayer`]: the layer and its builder options.
+//! [`LeaderOnlyLayer`]: the layer, its builder options (and the service's
+//! constructors that go through the layer, so the service never names it).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::HeaderValue;
 use lease_core::leader::CampaignHandle;
 use tower::Layer;
 
 use super::Refusal;
+use super::config::Config;
 use super::service::LeaderOnly;
 use crate::body::retry_after_value;
 
@@ -61,43 +61,6 @@ use crate::body::retry_after_value;
 #[must_use]
 pub struct LeaderOnlyLayer {
     pub(super) config: Arc<Config>,
-}
-
-/// The campaign, and how followers are answered: one `Arc`, so a service clone (axum clones a
-/// route's service per request) is one reference-count increment.
-#[derive(Clone)]
-pub(super) struct Config {
-    pub(super) campaign: CampaignHandle,
-    pub(super) retry_after: HeaderValue,
-    pub(super) redirect: bool,
-    /// The body of each refusal; `None`: [`Refusal::text`].
-    pub(super) refusal_body: Option<Arc<RefusalBody>>,
-}
-
-type RefusalBody = dyn Fn(Refusal) -> String + Send + Sync;
-
-impl Config {
-    /// The body a refusal answers with.
-    pub(super) fn body(&self, refusal: Refusal) -> Bytes {
-        match &self.refusal_body {
-            Some(body) => Bytes::from(body(refusal)),
-            None => Bytes::from_static(refusal.text().as_bytes()),
-        }
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("campaign", &self.campaign)
-            .field("retry_after", &self.retry_after)
-            .field("redirect", &self.redirect)
-            .field(
-                "refusal_body",
-                &self.refusal_body.as_ref().map(|_| "custom"),
-            )
-            .finish()
-    }
 }
 
 impl fmt::Debug for LeaderOnlyLayer {
@@ -169,6 +132,18 @@ impl LeaderOnlyLayer {
     /// The campaign the layer serves under: whether this node leads, who does, its state.
     pub fn campaign(&self) -> &CampaignHandle {
         &self.config.campaign
+    }
+}
+
+impl<S> LeaderOnly<S> {
+    /// Wraps `inner`; shorthand for `LeaderOnlyLayer::new(campaign).layer(inner)`.
+    pub fn new(inner: S, campaign: CampaignHandle) -> Self {
+        tower::Layer::layer(&LeaderOnlyLayer::new(campaign), inner)
+    }
+
+    /// A layer that wraps services in `LeaderOnly`; the same as [`LeaderOnlyLayer::new`].
+    pub fn layer(campaign: CampaignHandle) -> LeaderOnlyLayer {
+        LeaderOnlyLayer::new(campaign)
     }
 }
 

@@ -73,6 +73,7 @@
 //! # }
 //! ```
 
+mod config;
 mod future;
 mod layer;
 mod refusal;

@@ -7,13 +7,13 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use lease_core::leader::{CampaignHandle, CampaignState, Leader, Term};
 use tower::Service;
 
+use super::config::Config;
 use super::future::ResponseFuture;
-use super::layer::{Config, LeaderOnlyLayer};
 use super::{LEADER_HEADER, Refusal};
 use crate::body::{LeaseBody, rejection, unavailable};
 
 /// Passes requests to `S` only while this node's campaign holds its lease. Built by
-/// [`LeaderOnlyLayer`]; see there and the [module docs](crate::leader).
+/// [`LeaderOnlyLayer`](super::LeaderOnlyLayer); see there and the [module docs](crate::leader).
 #[derive(Clone, Debug)]
 pub struct LeaderOnly<S> {
     pub(super) inner: S,
@@ -21,16 +21,6 @@ pub struct LeaderOnly<S> {
 }
 
 impl<S> LeaderOnly<S> {
-    /// Wraps `inner`; shorthand for `LeaderOnlyLayer::new(campaign).layer(inner)`.
-    pub fn new(inner: S, campaign: CampaignHandle) -> Self {
-        tower::Layer::layer(&LeaderOnlyLayer::new(campaign), inner)
-    }
-
-    /// A layer that wraps services in `LeaderOnly`; the same as [`LeaderOnlyLayer::new`].
-    pub fn layer(campaign: CampaignHandle) -> LeaderOnlyLayer {
-        LeaderOnlyLayer::new(campaign)
-    }
-
     /// The campaign the service serves under.
     pub fn campaign(&self) -> &CampaignHandle {
         &self.config.campaign

@@ -12,7 +12,7 @@ use pin_project::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 use tower::Service;
 
-use super::layer::Config;
+use super::config::Config;
 use crate::body::{LeaseBody, LossGuard, unavailable};
 
 /// The response future of [`Semaphore`](super::Semaphore).

@@ -1,13 +1,14 @@
-//! [`SemaphoreLayer`]: the layer and its builder options.
+//! [`SemaphoreLayer`]: the layer, its builder options (and the service's
+//! constructors that go through the layer, so the service never names it).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
 use lease_core::{Backend, LeaseSpec, Target, Wait};
 use tower::Layer;
 
+use super::config::Config;
 use super::service::Semaphore;
 use crate::body::retry_after_value;
 
@@ -44,28 +45,6 @@ use crate::body::retry_after_value;
 #[must_use]
 pub struct SemaphoreLayer {
     pub(super) config: Arc<Config>,
-}
-
-/// What every request of one layer shares.
-#[derive(Clone)]
-pub(super) struct Config {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) spec: Arc<LeaseSpec>,
-    pub(super) retry_after: HeaderValue,
-    /// Admission in this process before the distributed acquire: a process can never hold more
-    /// than `limit` slots, so more concurrent contenders would only add failed CAS writes.
-    pub(super) local: Arc<tokio::sync::Semaphore>,
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("backend", &self.backend)
-            .field("spec", &self.spec)
-            .field("retry_after", &self.retry_after)
-            .field("local_permits", &self.local.available_permits())
-            .finish()
-    }
 }
 
 impl fmt::Debug for SemaphoreLayer {
@@ -139,6 +118,18 @@ impl SemaphoreLayer {
 
     fn config_mut(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
+    }
+}
+
+impl<S> Semaphore<S> {
+    /// Wraps `inner`; shorthand for `SemaphoreLayer::new(backend, spec).layer(inner)`.
+    pub fn new(inner: S, backend: impl Backend, spec: LeaseSpec) -> Self {
+        tower::Layer::layer(&SemaphoreLayer::new(backend, spec), inner)
+    }
+
+    /// A layer that wraps services in `Semaphore`; the same as [`SemaphoreLayer::new`].
+    pub fn layer(backend: impl Backend, spec: LeaseSpec) -> SemaphoreLayer {
+        SemaphoreLayer::new(backend, spec)
     }
 }
 

@@ -17,6 +17,7 @@
 //! the backend's business (on Consul, a session/contender pool makes it one CAS to take and one to
 //! give back).
 
+mod config;
 mod future;
 mod layer;
 mod service;

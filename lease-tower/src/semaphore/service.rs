@@ -8,16 +8,16 @@ use std::task::{Context, Poll};
 use std::borrow::Cow;
 
 use http::{Request, Response};
-use lease_core::{Backend, Error, Lease, LeaseSpec, Wait};
+use lease_core::{Backend, Error, Lease, Wait};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tower::Service;
 
+use super::config::Config;
 use super::future::ResponseFuture;
-use super::layer::{Config, SemaphoreLayer};
 use crate::body::LeaseBody;
 
-/// Holds one slot of a distributed semaphore per request. Built by [`SemaphoreLayer`]; see there
+/// Holds one slot of a distributed semaphore per request. Built by [`SemaphoreLayer`](super::SemaphoreLayer); see there
 /// and the [module docs](crate::semaphore).
 #[derive(Clone, Debug)]
 pub struct Semaphore<S> {
@@ -26,16 +26,6 @@ pub struct Semaphore<S> {
 }
 
 impl<S> Semaphore<S> {
-    /// Wraps `inner`; shorthand for `SemaphoreLayer::new(backend, spec).layer(inner)`.
-    pub fn new(inner: S, backend: impl Backend, spec: LeaseSpec) -> Self {
-        tower::Layer::layer(&SemaphoreLayer::new(backend, spec), inner)
-    }
-
-    /// A layer that wraps services in `Semaphore`; the same as [`SemaphoreLayer::new`].
-    pub fn layer(backend: impl Backend, spec: LeaseSpec) -> SemaphoreLayer {
-        SemaphoreLayer::new(backend, spec)
-    }
-
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
