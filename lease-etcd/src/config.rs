@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::Etcd;
-use super::grpc::{Credentials, Endpoint, EtcdClient};
+use super::wire::{Credentials, Endpoint, EtcdClient};
 use lease_core::Error;
 use lease_http::ClientConfig;
 

@@ -39,24 +39,22 @@
 //! process on it.
 
 mod config;
-mod connect;
-mod grpc;
 mod observe;
 mod pool;
-mod proto;
 mod queue;
 mod session;
 mod watch;
+mod wire;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use config::EtcdBuilder;
 
-use grpc::EtcdClient;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
+use wire::EtcdClient;
 
 /// Leases on etcd. Cloning is cheap, and clones share the connections (two per endpoint).
 ///

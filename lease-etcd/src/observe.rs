@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::grpc::{ApiError, EtcdClient};
-use super::proto::RangeRequest;
 use super::session::holder_in;
+use super::wire::proto::RangeRequest;
+use super::wire::{ApiError, EtcdClient};
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 

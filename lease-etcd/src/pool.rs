@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::client::Grpc;
 use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
-use super::proto::{LeaseId, LeaseKeepAliveResponse, path};
+use super::wire::proto::{LeaseId, LeaseKeepAliveResponse, path};
+use super::wire::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
 use lease_core::backend::{Fence, RELEASE_BOUND};
 use lease_core::{LeaseSpec, LostReason};
 use lease_http::{retry_transient, within};

@@ -64,11 +64,13 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::grpc::{ApiError, EtcdClient, is_not_found};
 use super::pool::LeaseEnd;
-use super::proto::{Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::session::{self, Session, Won, holder_in, lease_of, retrying};
 use super::watch::WatchStream;
+use super::wire::proto::{
+    Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest,
+};
+use super::wire::{ApiError, EtcdClient, is_not_found};
 use lease_core::backoff::Backoff;
 use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 

@@ -20,9 +20,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::grpc::{ApiError, EtcdClient};
 use super::pool::{self, LeaseEnd, Pool, Slot};
-use super::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::wire::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::wire::{ApiError, EtcdClient};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 use lease_http::{backoff, retry_transient, within};

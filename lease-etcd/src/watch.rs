@@ -38,11 +38,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::client::Grpc;
 use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
-use super::proto::{
+use super::wire::proto::{
     Event, RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchRequestUnion,
     WatchResponse, path,
 };
+use super::wire::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
 use lease_http::grpc;
 
 type Delivery = Result<WatchResponse, ApiError>;
@@ -568,7 +568,7 @@ impl Drop for WatchStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::KeyValue;
+    use crate::wire::proto::KeyValue;
 
     fn event(revision: i64) -> Event {
         Event {

@@ -15,6 +15,9 @@
 //! cause lease-http reads from the I/O error underneath. So the one retry loop and the error
 //! hints stay shared with Consul.
 
+mod connect;
+pub(crate) mod proto;
+
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -27,20 +30,20 @@ use tonic::client::Grpc;
 use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
 
-use super::connect::Connector;
 use super::pool::Pool;
-use super::proto::{
-    self, AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse,
-    Empty, LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseTimeToLiveResponse, RangeRequest,
-    RangeResponse, TxnRequest, TxnResponse, path,
-};
 use super::watch::{WatchStream, Watches};
+use connect::Connector;
 use lease_core::backend::ReachabilityTracker;
 use lease_core::backend::{Keepers, Reachability};
 use lease_core::{BackendKind, Error};
 pub(crate) use lease_http::ApiError;
 use lease_http::tls::Tls;
 use lease_http::{Cause, ClientConfig, ErrorContext, grpc};
+use proto::{
+    AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse, Empty,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseTimeToLiveResponse, RangeRequest,
+    RangeResponse, TxnRequest, TxnResponse, path,
+};
 
 /// Timeout of every unary call.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
