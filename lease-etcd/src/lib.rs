@@ -38,6 +38,7 @@
 //! revoked (`etcdctl lease revoke`, [`Etcd::revoke_lease`]) or expired loses every lease of this
 //! process on it.
 
+mod client;
 mod config;
 mod observe;
 mod pool;
@@ -51,10 +52,10 @@ use std::sync::Arc;
 
 pub use config::EtcdBuilder;
 
+use client::EtcdClient;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
-use wire::EtcdClient;
 
 /// Leases on etcd. Cloning is cheap, and clones share the connections (two per endpoint).
 ///
@@ -83,7 +84,7 @@ pub struct Etcd {
 impl fmt::Debug for Etcd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Etcd")
-            .field("endpoints", &self.http.address())
+            .field("endpoints", &self.http.wire().address())
             .finish_non_exhaustive()
     }
 }
@@ -105,13 +106,13 @@ impl Etcd {
 
     /// The endpoints, comma-separated.
     pub fn endpoints(&self) -> String {
-        self.http.address()
+        self.http.wire().address()
     }
 
     /// How many requests this client (and its clones) has sent to etcd, for measuring: calls,
     /// and the messages on its watch and keep-alive streams.
     pub fn requests_sent(&self) -> u64 {
-        self.http.requests_sent()
+        self.http.wire().requests_sent()
     }
 
     /// Whether `sequencer` still names a current holder: of its election, or of a slot of its
@@ -130,10 +131,10 @@ impl Etcd {
     pub async fn revoke_lease(&self, holder: &str) -> Result<bool, Error> {
         let id = session::lease_of(holder)
             .ok_or_else(|| Error::config(format!("{holder:?} is not an etcd lease ID (hex)")))?;
-        self.http
-            .lease_revoke(id)
+        let wire = self.http.wire();
+        wire.lease_revoke(id)
             .await
-            .map_err(|e| e.into_error(&self.http, format_args!("revoke lease {holder}")))
+            .map_err(|e| e.into_error(wire, format_args!("revoke lease {holder}")))
     }
 
     /// Operator action: deletes `key` and every key under `key/` (an election's or a
@@ -141,11 +142,11 @@ impl Etcd {
     /// [`LostReason::KeyDeleted`](lease_core::LostReason::KeyDeleted). Returns how many keys went.
     pub async fn delete_key(&self, key: &str) -> Result<u64, Error> {
         lease_core::validate_key(key)?;
-        let deleted = self
-            .http
+        let wire = self.http.wire();
+        let deleted = wire
             .delete(key, true)
             .await
-            .map_err(|e| e.into_error(&self.http, format_args!("delete {key:?}")))?;
+            .map_err(|e| e.into_error(wire, format_args!("delete {key:?}")))?;
         Ok(u64::try_from(deleted).unwrap_or_default())
     }
 }
@@ -172,14 +173,7 @@ impl Backend for Etcd {
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.http.keepers().shutdown().await;
-            // Every lease is given back, and with it every pooled etcd lease; any left (an
-            // acquire still running) goes too.
-            for id in self.http.pool().drain() {
-                let _ = pool::revoke(&self.http, id).await;
-            }
-        })
+        Box::pin(self.http.shutdown())
     }
 }
 

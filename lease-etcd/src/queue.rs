@@ -64,13 +64,14 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::client::EtcdClient;
 use super::pool::LeaseEnd;
 use super::session::{self, Session, Won, holder_in, lease_of, retrying};
 use super::watch::WatchStream;
 use super::wire::proto::{
     Compare, Event, KeyValue, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
-use super::wire::{ApiError, EtcdClient, is_not_found};
+use super::wire::{ApiError, Wire, is_not_found};
 use lease_core::backoff::Backoff;
 use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 
@@ -316,11 +317,11 @@ async fn contend(
             // etcd no longer has the pooled lease (revoked, expired) the key was to go on.
             return Error::Lost(LostReason::SessionInvalidated);
         }
-        e.into_error(http, format_args!("contend for {key:?}"))
+        e.into_error(http.wire(), format_args!("contend for {key:?}"))
     };
     let (own, lease) = (session.own(), session.id());
     let value = rule.value(spec);
-    let mut created = join(http, own, &value, lease, deadline)
+    let mut created = join(http.wire(), own, &value, lease, deadline)
         .await
         .map_err(failed)?;
     let mut pause = lease_http::backoff();
@@ -348,12 +349,12 @@ async fn contend(
             success: ops,
             ..TxnRequest::default()
         };
-        let read = retrying(deadline, || http.txn(&read))
+        let read = retrying(deadline, || http.wire().txn(&read))
             .await
             .map_err(failed)?;
         if read.range(0).kvs.first().map(|kv| kv.create_revision) != Some(created) {
             // Our key was deleted while we waited (an operator): join again, at the back.
-            created = join(http, own, &value, lease, deadline)
+            created = join(http.wire(), own, &value, lease, deadline)
                 .await
                 .map_err(failed)?;
             counted = None;
@@ -450,7 +451,7 @@ async fn settled(
 /// Writes the own key if it does not exist yet; returns its create revision. Idempotent: a retry
 /// after a lost answer finds the key it wrote.
 async fn join(
-    http: &EtcdClient,
+    http: &Wire,
     own: &str,
     value: &[u8],
     lease: i64,
@@ -816,12 +817,13 @@ pub(crate) async fn check_sequencer(http: &EtcdClient, sequencer: &Sequencer) ->
         ));
     }
     let read = http
+        .wire()
         .txn(&TxnRequest {
             success: ops,
             ..TxnRequest::default()
         })
         .await
-        .map_err(|e| e.into_error(http, format_args!("check {sequencer}")))?;
+        .map_err(|e| e.into_error(http.wire(), format_args!("check {sequencer}")))?;
     let lost = |reason| Err(Error::Lost(reason));
     let taken = |kv: &KeyValue| {
         lost(LostReason::KeyTaken {
@@ -982,9 +984,9 @@ mod tests {
             })],
             ..TxnRequest::default()
         };
-        let created = http.txn(&put(false)).await.unwrap().revision();
+        let created = http.wire().txn(&put(false)).await.unwrap().revision();
         if touched {
-            http.txn(&put(true)).await.unwrap();
+            http.wire().txn(&put(true)).await.unwrap();
         }
         created
     }
@@ -992,7 +994,7 @@ mod tests {
     /// The keys ahead at the join, as the first read's history range reads them.
     async fn ahead_at(http: &EtcdClient, rule: Rule, created: i64) -> Vec<KeyValue> {
         let range = rule.ahead("q", created).at_revision(created);
-        http.range(&range).await.unwrap().kvs
+        http.wire().range(&range).await.unwrap().kvs
     }
 
     /// A holder ahead of a waiter when it joined, removed before the waiter's first read: gone
@@ -1013,7 +1015,7 @@ mod tests {
             let joined = put(http, "q/waiter", false).await;
             let then = ahead_at(http, rule, joined).await;
             assert_eq!(then.len(), 1, "{rule:?}: the holder was ahead at the join");
-            http.delete(holder, false).await.unwrap();
+            http.wire().delete(holder, false).await.unwrap();
             let mut pause = lease_http::backoff();
             let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
             assert_eq!(
@@ -1024,7 +1026,7 @@ mod tests {
             // Nothing gone since the join: nothing to settle for.
             let still = removed_since_join(http, joined, &[], &[], &mut pause).await;
             assert_eq!(still, Removal::Released);
-            http.delete("q", true).await.unwrap();
+            http.wire().delete("q", true).await.unwrap();
         }
     }
 
@@ -1145,6 +1147,7 @@ mod tests {
             loop {
                 let keys = etcd
                     .http
+                    .wire()
                     .range(&RangeRequest::under("shared"))
                     .await
                     .unwrap();
@@ -1192,11 +1195,13 @@ mod tests {
             put(http, "q/b", second_released).await;
             let created = put(http, "q/own", false).await;
             let read_at = http
+                .wire()
                 .range(&RangeRequest::key("q/own"))
                 .await
                 .unwrap()
                 .revision();
             let ahead = http
+                .wire()
                 .range(&Rule::Semaphore { limit: 2 }.ahead("q", created))
                 .await
                 .unwrap()
@@ -1209,9 +1214,10 @@ mod tests {
                 range: RangeRequest::under("q"),
                 stream: stream.unwrap(),
             });
-            http.delete("q/a", false).await.unwrap();
-            http.delete("q/b", false).await.unwrap();
+            http.wire().delete("q/a", false).await.unwrap();
+            http.wire().delete("q/b", false).await.unwrap();
             let read = http
+                .wire()
                 .range(&RangeRequest::key("q/own"))
                 .await
                 .unwrap()
@@ -1223,7 +1229,7 @@ mod tests {
                 !second_released,
                 "second released: {second_released}"
             );
-            http.delete("q", true).await.unwrap();
+            http.wire().delete("q", true).await.unwrap();
         }
     }
 }

@@ -4,8 +4,8 @@
 //! Every call goes to one endpoint at a time; a transport failure moves the client on to the next
 //! of its endpoints, so the retry that follows ([`lease_http::retry_transient`]) reaches another
 //! member. An endpoint's channels are HTTP/2 connections (tonic's, over [`Connector`]'s TCP or
-//! TLS): one shared by every call, one by the watch stream ([`Watches`]) and the keep-alive
-//! stream ([`Pool`]); a process's leases cost no connection of their own. With a user and password the
+//! TLS): one shared by every call, one by the watch stream (the `watch` module) and the
+//! keep-alive stream (the `pool` module); a process's leases cost no connection of their own. With a user and password the
 //! client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
 //! longer knows (they expire after five idle minutes by default) is replaced once, transparently.
 //!
@@ -20,21 +20,18 @@ pub(crate) mod proto;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tonic::client::Grpc;
 use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
 
-use super::pool::Pool;
-use super::watch::{WatchStream, Watches};
 use connect::Connector;
+use lease_core::backend::Reachability;
 use lease_core::backend::ReachabilityTracker;
-use lease_core::backend::{Keepers, Reachability};
 use lease_core::{BackendKind, Error};
 pub(crate) use lease_http::ApiError;
 use lease_http::tls::Tls;
@@ -118,7 +115,7 @@ fn cause_of(error: &(dyn std::error::Error + 'static)) -> Cause {
     Cause::of(error)
 }
 
-impl ErrorContext for EtcdClient {
+impl ErrorContext for Wire {
     fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
         let transient = error.is_transient();
         let permission = is_permission(&error);
@@ -162,6 +159,15 @@ pub(crate) fn status_error(status: tonic::Status) -> ApiError {
         status: http::StatusCode::OK,
         grpc_code: Some(status.code() as i32),
         message: status.message().to_owned(),
+    }
+}
+
+/// Why a stream left an endpoint that calls had moved away from.
+pub(crate) fn moved() -> ApiError {
+    ApiError::Status {
+        status: http::StatusCode::OK,
+        grpc_code: Some(grpc::UNAVAILABLE),
+        message: "calls moved on to another etcd endpoint; following them".into(),
     }
 }
 
@@ -225,8 +231,9 @@ struct Conn {
     alive: mpsc::Sender<()>,
 }
 
-/// etcd's gRPC API, as this crate uses it.
-pub(crate) struct EtcdClient {
+/// etcd's gRPC API, as this crate uses it: the wire client, which every call, stream and
+/// clean-up goes through.
+pub(crate) struct Wire {
     endpoints: Vec<Endpoint>,
     tls_config: ClientConfig,
     tls: Option<Tls>,
@@ -238,53 +245,34 @@ pub(crate) struct EtcdClient {
     /// etcd's token; `Some("")` when the cluster has authentication off.
     token: Mutex<Option<String>>,
     authenticating: tokio::sync::Mutex<()>,
-    /// The holder tasks of every lease this client (and its clones) acquired.
-    keepers: Keepers,
     requests: AtomicU64,
-    /// This client on connections of the clean-up runtime, built by the first clean-up that
-    /// needs it (see [`EtcdClient::detached`]).
-    detached: OnceLock<Option<Arc<EtcdClient>>>,
     reachability: ReachabilityTracker,
-    /// Probes etcd while it is unreachable (see [`EtcdClient::probe`]).
-    probe: lease_http::Probe,
-    watches: Watches,
-    pool: Pool,
-    /// Cancelled when the client is dropped: ends the stream tasks.
-    closed: CancellationToken,
-    /// This client, for the stream tasks (which must not keep it alive).
-    me: Weak<EtcdClient>,
     /// Bumped when calls move on to another endpoint, so the streams follow them there.
     moved: tokio::sync::watch::Sender<u64>,
 }
 
-impl fmt::Debug for EtcdClient {
+impl fmt::Debug for Wire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdClient")
+        f.debug_struct("Wire")
             .field("endpoints", &self.address())
             .field("credentials", &self.credentials)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for EtcdClient {
-    fn drop(&mut self) {
-        self.closed.cancel();
-    }
-}
-
-impl EtcdClient {
+impl Wire {
     pub(crate) fn new(
         tls_config: ClientConfig,
         endpoints: Vec<Endpoint>,
         credentials: Option<Credentials>,
-    ) -> Result<Arc<Self>, lease_core::BoxError> {
+    ) -> Result<Wire, lease_core::BoxError> {
         let tls = if endpoints.iter().any(|e| e.https) {
             Tls::new(&tls_config, "h2")?
         } else {
             None
         };
         let conns = endpoints.iter().map(|_| [None, None]).collect();
-        Ok(Arc::new_cyclic(|me| EtcdClient {
+        Ok(Wire {
             endpoints,
             tls_config,
             tls,
@@ -293,53 +281,20 @@ impl EtcdClient {
             credentials,
             token: Mutex::new(None),
             authenticating: tokio::sync::Mutex::new(()),
-            keepers: Keepers::new(),
             requests: AtomicU64::new(0),
-            detached: OnceLock::new(),
             reachability: ReachabilityTracker::default(),
-            probe: lease_http::Probe::default(),
-            watches: Watches::default(),
-            pool: Pool::default(),
-            closed: CancellationToken::new(),
-            me: me.clone(),
             moved: tokio::sync::watch::Sender::new(0),
-        }))
+        })
     }
 
-    /// The same client on its own connections, for the clean-ups that run on the detached
-    /// runtime. Built once and shared by every clean-up of this client.
-    pub(crate) fn detached(&self) -> Option<Arc<EtcdClient>> {
-        self.detached
-            .get_or_init(|| {
-                EtcdClient::new(
-                    self.tls_config.clone(),
-                    self.endpoints.clone(),
-                    self.credentials.clone(),
-                )
-                .ok()
-            })
-            .clone()
-    }
-
-    pub(crate) fn keepers(&self) -> &Keepers {
-        &self.keepers
-    }
-
-    pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    pub(crate) fn watches(&self) -> &Watches {
-        &self.watches
-    }
-
-    /// This client, shared (`None` only while it is being dropped).
-    pub(crate) fn me(&self) -> Option<Arc<EtcdClient>> {
-        self.me.upgrade()
-    }
-
-    pub(crate) fn closed(&self) -> &CancellationToken {
-        &self.closed
+    /// The same wire client on connections of its own (for the clean-ups that run on the
+    /// detached runtime).
+    pub(crate) fn twin(&self) -> Result<Wire, lease_core::BoxError> {
+        Wire::new(
+            self.tls_config.clone(),
+            self.endpoints.clone(),
+            self.credentials.clone(),
+        )
     }
 
     /// The endpoints, comma-separated, for messages (URLs never carry credentials here).
@@ -353,17 +308,6 @@ impl EtcdClient {
         self.reachability.get()
     }
 
-    /// Whether an endpoint answered this client's last request, probing etcd in the background
-    /// while none did (a one-key read about every second, until one is answered), so that the
-    /// answer turns current again without other traffic.
-    pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
-        self.probe
-            .watch(self, EtcdClient::reachability, |client| async move {
-                // Any answer, an error status too, is etcd answering.
-                let _ = client.range(&RangeRequest::probe()).await;
-            })
-    }
-
     pub(crate) fn reachability_tracker(&self) -> &ReachabilityTracker {
         &self.reachability
     }
@@ -372,7 +316,7 @@ impl EtcdClient {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Counts a request (a call, or a message on a stream) for [`EtcdClient::requests_sent`] and the
+    /// Counts a request (a call, or a message on a stream) for [`Wire::requests_sent`] and the
     /// metrics.
     pub(crate) fn count_request(&self, write: bool) {
         self.requests.fetch_add(1, Ordering::Relaxed);
@@ -676,32 +620,6 @@ impl EtcdClient {
             .await?;
         Ok(answer.ttl)
     }
-
-    /// A watch of `range` from `start_revision` on, each event with the key as it was before
-    /// (`prev_kv`), on the client's one watch stream. Etcd has created it when this returns.
-    pub(crate) async fn watch(
-        &self,
-        range: &RangeRequest,
-        start_revision: i64,
-    ) -> Result<WatchStream, ApiError> {
-        Watches::watch(&self.for_watches()?, range, start_revision).await
-    }
-
-    /// As [`watch`](EtcdClient::watch), on one etcd watch shared by every watcher of `range` in
-    /// this process (see the `watch` module).
-    pub(crate) async fn watch_shared(
-        &self,
-        range: &RangeRequest,
-        start_revision: i64,
-    ) -> Result<WatchStream, ApiError> {
-        Watches::watch_shared(&self.for_watches()?, range, start_revision).await
-    }
-
-    /// This client, shared, for a watch to hold (weakly) and its stream task to start with.
-    fn for_watches(&self) -> Result<Arc<EtcdClient>, ApiError> {
-        self.me()
-            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))
-    }
 }
 
 #[cfg(test)]
@@ -821,6 +739,7 @@ mod tests {
             let what = format!("{:?} {}", status.code(), status.message());
             let public = etcd
                 .http
+                .wire()
                 .public_error(status_error(status), "acquire \"k\"");
             assert_eq!(
                 (public.kind(), public.is_transient()),
