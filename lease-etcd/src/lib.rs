@@ -55,7 +55,8 @@ pub use config::EtcdBuilder;
 use client::EtcdClient;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
-use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer};
+use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
+use queue::{Leader, Semaphore};
 
 /// Leases on etcd. Cloning is cheap, and clones share the connections (two per endpoint).
 ///
@@ -156,7 +157,14 @@ impl Backend for Etcd {
         lease_core::backend::instrument_acquire(BackendKind::Etcd, spec, async move {
             spec.validate()?;
             let backend: Arc<dyn Backend> = Arc::new(self.clone());
-            queue::acquire(&self.http, spec, backend).await
+            match spec.target() {
+                Target::Leader { .. } => queue::acquire(&self.http, spec, Leader, backend).await,
+                Target::Semaphore { limit, .. } => {
+                    let semaphore = Semaphore { limit: *limit };
+                    queue::acquire(&self.http, spec, semaphore, backend).await
+                }
+                other => Err(other.unsupported("Etcd")),
+            }
         })
     }
 

@@ -56,6 +56,8 @@
 //! lock-delay (etcd has none): a holder that lost its lease but is still finishing its work is
 //! fenced by the higher revision of the next holder.
 
+use std::convert::Infallible;
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -73,10 +75,10 @@ use super::wire::proto::{
 };
 use super::wire::{ApiError, Wire, is_not_found};
 use lease_core::backoff::Backoff;
-use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
+use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer};
 
 /// How long the replay of a deletion from etcd's history may take before it counts as missed.
-const HISTORY_REPLAY: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const HISTORY_REPLAY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many of the keys ahead of a semaphore waiter its read counts (more if the limit is
 /// higher); further back, it counts down from this many and reads again when that is done.
@@ -92,106 +94,210 @@ fn counted_ahead(limit: u32) -> usize {
     )
 }
 
-/// Who holds, among the keys under `<key>/`.
-#[derive(Clone, Copy, Debug)]
-enum Rule {
-    /// The oldest key.
-    Leader,
-    /// The `limit` oldest keys.
-    Semaphore { limit: u32 },
-}
-
 /// What a contender found when it judged the queue.
-enum Turn {
+pub(crate) enum Turn {
     Mine,
     /// Not yet: wait for a deletion in this range, then judge again.
     WaitFor(RangeRequest),
 }
 
-impl Rule {
-    fn of(spec: &LeaseSpec) -> Result<Rule, Error> {
-        match spec.target() {
-            Target::Leader { .. } => Ok(Rule::Leader),
-            Target::Semaphore { limit, .. } => Ok(Rule::Semaphore { limit: *limit }),
-            other => Err(other.unsupported("Etcd")),
-        }
-    }
+/// Who holds, among the keys under `<key>/`: what a recipe (the leader's, the semaphore's)
+/// decides in the shared queue.
+pub(crate) trait Recipe: Copy + Send + Sync + fmt::Debug {
+    /// How a waiter counts the deletions ahead of it between two reads; a leader's waiters do
+    /// not count ([`Infallible`]).
+    type Count: Count;
 
     /// What the own key holds.
-    fn value(self, spec: &LeaseSpec) -> Vec<u8> {
-        match self {
-            Rule::Leader => spec.advertised_value().to_vec(),
-            Rule::Semaphore { limit } => SemaphoreValue::encode(limit, spec.advertised_value()),
-        }
-    }
+    fn value(self, spec: &LeaseSpec) -> Vec<u8>;
 
     /// The keys ahead of ours that decide our turn.
-    fn ahead(self, key: &str, created: i64) -> RangeRequest {
-        match self {
-            // The newest key older than ours: the one to wait for.
-            Rule::Leader => RangeRequest::under(key)
-                .by_creation(false)
-                .limit(1)
-                .created_by(created - 1),
-            Rule::Semaphore { limit } => RangeRequest::under(key)
-                .by_creation(true)
-                .limit(i64::from(limit)),
-        }
-    }
+    fn ahead(self, key: &str, created: i64) -> RangeRequest;
 
-    /// For a semaphore, the keys older than ours (at most [`counted_ahead`]): how many
-    /// deletions a waiter waits for, and whether they are all of its kind and limit (see
-    /// [`CountDown`]).
-    fn older(self, key: &str, created: i64) -> Option<RangeRequest> {
-        match self {
-            Rule::Leader => None,
-            Rule::Semaphore { limit } => Some(
-                RangeRequest::under(key)
-                    .created_by(created - 1)
-                    .limit(i64::try_from(counted_ahead(limit)).unwrap_or(i64::MAX)),
-            ),
-        }
-    }
+    /// The keys older than ours that a waiter counts, read with each judgment; `None` if its
+    /// waiters do not count.
+    fn older(self, key: &str, created: i64) -> Option<RangeRequest>;
 
-    /// Whose turn it is, given the keys [`ahead`](Rule::ahead) of ours; refuses a name used by
+    /// Whose turn it is, given the keys [`ahead`](Recipe::ahead) of ours; refuses a name used by
     /// the other kind of lock (see the module docs).
+    fn judge(self, key: &str, own: &str, ahead: &[KeyValue]) -> Result<Turn, Error>;
+
+    /// The count of the waiter with the own key `own` (created at `created`), given the keys
+    /// that hold (`ahead`) and the keys [`older`](Recipe::older) than ours at the read at
+    /// revision `read_at`; `None` if its waiters do not count.
+    fn count(
+        self,
+        own: &str,
+        created: i64,
+        ahead_older: (&[KeyValue], &[KeyValue]),
+        read_at: i64,
+    ) -> Option<Self::Count>;
+
+    /// The key a holder's sequencer names, of the name contended for (`key`) and the holder's
+    /// own key (`own`).
+    fn sequencer_key(self, key: &str, own: &str) -> String;
+}
+
+/// A waiter's count of the keys ahead of it, kept up to date from the deletions it watches
+/// between two reads, so that it reads again only when its turn may have come.
+pub(crate) trait Count: Send + Sized {
+    /// Takes in one deletion (after the read); true once the waiter should read again (or may
+    /// be in: see [`turn_at`](Count::turn_at)).
+    fn deleted(&mut self, event: &Event) -> bool;
+
+    /// The revision at which the waiter holds, if the count alone tells.
+    fn turn_at(&self) -> Option<i64>;
+
+    /// The latest holder gone without a release since the last call (or the read).
+    fn take_worst(&mut self) -> Removal;
+
+    /// After a read at `revision` found `older` keys ahead of us: the deletions it saw that the
+    /// watch had not delivered yet, taken from the watch; how they went.
+    fn catch_up(
+        self,
+        kept: &mut Option<KeptWatch>,
+        revision: i64,
+        older: usize,
+    ) -> impl Future<Output = Removal> + Send;
+}
+
+/// The leader recipe: the oldest key holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Leader;
+
+impl Recipe for Leader {
+    type Count = Infallible;
+
+    fn value(self, spec: &LeaseSpec) -> Vec<u8> {
+        spec.advertised_value().to_vec()
+    }
+
+    fn ahead(self, key: &str, created: i64) -> RangeRequest {
+        // The newest key older than ours: the one to wait for.
+        RangeRequest::under(key)
+            .by_creation(false)
+            .limit(1)
+            .created_by(created - 1)
+    }
+
+    fn older(self, _: &str, _: i64) -> Option<RangeRequest> {
+        None
+    }
+
+    fn judge(self, key: &str, _: &str, ahead: &[KeyValue]) -> Result<Turn, Error> {
+        match ahead.first() {
+            None => Ok(Turn::Mine),
+            Some(previous) if SemaphoreValue::parse(previous).is_some() => {
+                Err(Error::semaphore_in_the_way(key))
+            }
+            Some(previous) => Ok(Turn::WaitFor(RangeRequest::key(&previous.key_str()))),
+        }
+    }
+
+    fn count(self, _: &str, _: i64, _: (&[KeyValue], &[KeyValue]), _: i64) -> Option<Infallible> {
+        None
+    }
+
+    fn sequencer_key(self, key: &str, _: &str) -> String {
+        key.to_owned()
+    }
+}
+
+/// A leader's waiter counts nothing: it waits for the deletion of the one key just ahead of it.
+impl Count for Infallible {
+    fn deleted(&mut self, _: &Event) -> bool {
+        match *self {}
+    }
+
+    fn turn_at(&self) -> Option<i64> {
+        match *self {}
+    }
+
+    fn take_worst(&mut self) -> Removal {
+        match *self {}
+    }
+
+    async fn catch_up(self, _: &mut Option<KeptWatch>, _: i64, _: usize) -> Removal {
+        match self {}
+    }
+}
+
+/// The semaphore recipe of limit `limit`: the `limit` oldest keys hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Semaphore {
+    pub(crate) limit: u32,
+}
+
+impl Recipe for Semaphore {
+    type Count = CountDown;
+
+    fn value(self, spec: &LeaseSpec) -> Vec<u8> {
+        SemaphoreValue::encode(self.limit, spec.advertised_value())
+    }
+
+    fn ahead(self, key: &str, _: i64) -> RangeRequest {
+        RangeRequest::under(key)
+            .by_creation(true)
+            .limit(i64::from(self.limit))
+    }
+
+    /// The keys older than ours (at most [`counted_ahead`]): how many deletions a waiter waits
+    /// for, and whether they are all of its kind and limit (see [`CountDown`]).
+    fn older(self, key: &str, created: i64) -> Option<RangeRequest> {
+        Some(
+            RangeRequest::under(key)
+                .created_by(created - 1)
+                .limit(i64::try_from(counted_ahead(self.limit)).unwrap_or(i64::MAX)),
+        )
+    }
+
     fn judge(self, key: &str, own: &str, ahead: &[KeyValue]) -> Result<Turn, Error> {
-        match self {
-            Rule::Leader => match ahead.first() {
-                None => Ok(Turn::Mine),
-                Some(previous) if SemaphoreValue::parse(previous).is_some() => {
-                    Err(Error::semaphore_in_the_way(key))
-                }
-                Some(previous) => Ok(Turn::WaitFor(RangeRequest::key(&previous.key_str()))),
-            },
-            Rule::Semaphore { limit } => {
-                if let Some(oldest) = ahead.first() {
-                    let Some(stored) = SemaphoreValue::parse(oldest) else {
-                        return Err(Error::leader_lock_in_the_way(key));
-                    };
-                    if stored.limit != limit {
-                        return Err(Error::LimitMismatch {
-                            key: key.to_owned(),
-                            stored: u64::from(stored.limit),
-                            requested: u64::from(limit),
-                        });
-                    }
-                }
-                let Some(at) = ahead.iter().position(|kv| kv.key == own.as_bytes()) else {
-                    return Ok(Turn::WaitFor(RangeRequest::under(key)));
-                };
-                // A leader contender that joined behind a semaphore holder is refused by its
-                // own judgment and goes; until it has, it is not let in beside us.
-                if ahead[..at]
-                    .iter()
-                    .all(|kv| SemaphoreValue::parse(kv).is_some())
-                {
-                    Ok(Turn::Mine)
-                } else {
-                    Ok(Turn::WaitFor(RangeRequest::under(key)))
-                }
+        let limit = self.limit;
+        if let Some(oldest) = ahead.first() {
+            let Some(stored) = SemaphoreValue::parse(oldest) else {
+                return Err(Error::leader_lock_in_the_way(key));
+            };
+            if stored.limit != limit {
+                return Err(Error::LimitMismatch {
+                    key: key.to_owned(),
+                    stored: u64::from(stored.limit),
+                    requested: u64::from(limit),
+                });
             }
         }
+        let Some(at) = ahead.iter().position(|kv| kv.key == own.as_bytes()) else {
+            return Ok(Turn::WaitFor(RangeRequest::under(key)));
+        };
+        // A leader contender that joined behind a semaphore holder is refused by its
+        // own judgment and goes; until it has, it is not let in beside us.
+        if ahead[..at]
+            .iter()
+            .all(|kv| SemaphoreValue::parse(kv).is_some())
+        {
+            Ok(Turn::Mine)
+        } else {
+            Ok(Turn::WaitFor(RangeRequest::under(key)))
+        }
+    }
+
+    fn count(
+        self,
+        own: &str,
+        created: i64,
+        ahead_older: (&[KeyValue], &[KeyValue]),
+        read_at: i64,
+    ) -> Option<CountDown> {
+        Some(CountDown::of(
+            own,
+            created,
+            self.limit,
+            ahead_older,
+            read_at,
+        ))
+    }
+
+    fn sequencer_key(self, _: &str, own: &str) -> String {
+        own.to_owned()
     }
 }
 
@@ -240,11 +346,11 @@ impl SemaphoreValue {
 pub(crate) async fn acquire(
     http: &Arc<EtcdClient>,
     spec: &LeaseSpec,
+    recipe: impl Recipe,
     backend: Arc<dyn Backend>,
 ) -> Result<Lease, Error> {
     let started = Instant::now();
     let deadline = spec.wait_policy().deadline(started);
-    let rule = Rule::of(spec)?;
     // Set once our waiting key went with its etcd lease: the contenders of this process on that
     // lease went with it, unannounced, a holder of this name among them perhaps.
     let mut lost_with_a_lease = false;
@@ -254,14 +360,11 @@ pub(crate) async fn acquire(
         let outcome = tokio::select! {
             biased;
             end = &mut keep_alive => Err(end),
-            result = contend(http, rule, spec, &session, lost_with_a_lease, started, deadline) => Ok(result),
+            result = contend(http, recipe, spec, &session, lost_with_a_lease, started, deadline) => Ok(result),
         };
         match outcome {
             Ok(Ok(won)) => {
-                let key = match rule {
-                    Rule::Leader => spec.key().to_owned(),
-                    Rule::Semaphore { .. } => own.clone(),
-                };
+                let key = recipe.sequencer_key(spec.key(), &own);
                 let index = u64::try_from(won.created).unwrap_or_default();
                 let sequencer = Sequencer::new(BackendKind::Etcd, key, index, session.holder());
                 return Ok(session::start_lease(
@@ -298,9 +401,9 @@ pub(crate) async fn acquire(
 /// `rejoined`: our previous key went with its etcd lease, and a holder of this process ahead of
 /// it may have gone with it (contenders of one name share pooled leases): settle once before the
 /// first judgment, as for any holder that went without a release.
-async fn contend(
+async fn contend<R: Recipe>(
     http: &EtcdClient,
-    rule: Rule,
+    recipe: R,
     spec: &LeaseSpec,
     session: &Session,
     rejoined: bool,
@@ -320,28 +423,28 @@ async fn contend(
         e.into_error(http.wire(), format_args!("contend for {key:?}"))
     };
     let (own, lease) = (session.own(), session.id());
-    let value = rule.value(spec);
+    let value = recipe.value(spec);
     let mut created = join(http.wire(), own, &value, lease, deadline)
         .await
         .map_err(failed)?;
     let mut pause = lease_http::backoff();
     let mut kept = None;
     // A semaphore waiter's count of the keys ahead, from its last wait.
-    let mut counted: Option<CountDown> = None;
+    let mut counted: Option<R::Count> = None;
     let mut first_judgment = true;
     loop {
         let mut ops = vec![
             RequestOp::range(RangeRequest::key(own)),
-            RequestOp::range(rule.ahead(key, created)),
+            RequestOp::range(recipe.ahead(key, created)),
         ];
-        let older = rule.older(key, created).map(|older| {
+        let older = recipe.older(key, created).map(|older| {
             ops.push(RequestOp::range(older));
             ops.len() - 1
         });
         if first_judgment {
             // Who was ahead when we joined, from etcd's history.
             ops.push(RequestOp::range(
-                rule.ahead(key, created).at_revision(created),
+                recipe.ahead(key, created).at_revision(created),
             ));
         }
         let ops_len = ops.len();
@@ -389,7 +492,7 @@ async fn contend(
                 continue;
             }
         }
-        let range = match rule.judge(key, own, ahead)? {
+        let range = match recipe.judge(key, own, ahead)? {
             Turn::Mine => {
                 return Ok(Won {
                     created,
@@ -401,12 +504,12 @@ async fn contend(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(busy());
         }
-        let mut waiting = match (rule, &older) {
-            (Rule::Semaphore { limit }, Some(older)) => {
-                let read_at = read.revision();
-                Waiting::CountDown(CountDown::of(own, created, limit, (ahead, older), read_at))
-            }
-            _ => Waiting::Any { holding: ahead },
+        let counting = older
+            .as_ref()
+            .and_then(|older| recipe.count(own, created, (ahead, older), read.revision()));
+        let mut waiting = match counting {
+            Some(count) => Waiting::CountDown(count),
+            None => Waiting::Any { holding: ahead },
         };
         let removal = wait_for_removal(
             http,
@@ -482,7 +585,7 @@ async fn join(
 /// How a key a waiter was waiting on went; of several removals, the greatest (the latest
 /// unannounced one) decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Removal {
+pub(crate) enum Removal {
     /// Released: touched by its holder, then deleted; or not one of the keys that held.
     Released,
     /// A holding key deleted without a release (or a watch that broke, which may have missed
@@ -503,27 +606,27 @@ impl Removal {
         }
     }
 
-    fn unannounced() -> Removal {
+    pub(crate) fn unannounced() -> Removal {
         Removal::Unannounced(Instant::now())
     }
 
-    fn is_unannounced(self) -> bool {
+    pub(crate) fn is_unannounced(self) -> bool {
         matches!(self, Removal::Unannounced(_))
     }
 }
 
 /// Whether a deletion's key had been touched by its holder first: a release.
-fn released(event: &Event) -> bool {
+pub(crate) fn released(event: &Event) -> bool {
     event.prev_kv.as_ref().is_some_and(|prev| prev.version >= 2)
 }
 
 /// What a waiter waits for between two reads.
-enum Waiting<'a> {
+enum Waiting<'a, C> {
     /// The first deletion in the watched range after the read (a leader waiter's: of the key
     /// just ahead of it); `holding`: the keys that held at the read.
     Any { holding: &'a [KeyValue] },
     /// A semaphore waiter: the deletions of keys ahead of it, until it may be in.
-    CountDown(CountDown),
+    CountDown(C),
 }
 
 /// A semaphore waiter's place in the queue, kept up to date from the deletions under the prefix
@@ -538,7 +641,7 @@ enum Waiting<'a> {
 /// at that revision would judge its turn (the watch delivers every event after the read, in
 /// order, and the own key's deletion would have been among them). Otherwise it reads and judges
 /// then.
-struct CountDown {
+pub(crate) struct CountDown {
     own: Vec<u8>,
     created: i64,
     limit: usize,
@@ -592,7 +695,9 @@ impl CountDown {
             worst: Removal::Released,
         }
     }
+}
 
+impl Count for CountDown {
     /// Takes in one deletion (after the read); true once the waiter should read again (or may
     /// be in: see [`turn_at`](CountDown::turn_at)).
     fn deleted(&mut self, event: &Event) -> bool {
@@ -704,7 +809,7 @@ async fn removed_since_join(
         let range = RangeRequest::key(&gone.key_str());
         // Deleted already, so the watch replays the deletion at once; bounded all the same.
         let mut watch = None;
-        let mut waiting = Waiting::Any { holding: then };
+        let mut waiting: Waiting<'_, Infallible> = Waiting::Any { holding: then };
         let replayed = wait_for_removal(http, &range, &mut waiting, created, pause, &mut watch);
         let removal = tokio::time::timeout(HISTORY_REPLAY, replayed)
             .await
@@ -718,10 +823,10 @@ async fn removed_since_join(
 /// whether one of them removed a holding key without a release; or when the watch breaks (the
 /// caller judges again either way; a broken watch first waits `pause`). A range of many keys (a
 /// semaphore's prefix) is watched on the process's shared watch of it.
-async fn wait_for_removal(
+async fn wait_for_removal<C: Count>(
     http: &EtcdClient,
     range: &RangeRequest,
-    waiting: &mut Waiting<'_>,
+    waiting: &mut Waiting<'_, C>,
     revision: i64,
     pause: &mut Backoff,
     kept: &mut Option<KeptWatch>,
@@ -788,9 +893,9 @@ async fn wait_for_removal(
 }
 
 /// A waiter's watch, kept from one judgment to the next while it watches the same range.
-struct KeptWatch {
+pub(crate) struct KeptWatch {
     range: RangeRequest,
-    stream: WatchStream,
+    pub(crate) stream: WatchStream,
 }
 
 /// Whether `sequencer` (of this backend) still names a holder: one linearizable transaction reads
@@ -805,7 +910,7 @@ pub(crate) async fn check_sequencer(http: &EtcdClient, sequencer: &Sequencer) ->
     let leader_own = format!("{key}/{}", sequencer.holder());
     let mut ops = vec![
         RequestOp::range(RangeRequest::key(&leader_own)),
-        RequestOp::range(Rule::Leader.ahead(key, index)),
+        RequestOp::range(Leader.ahead(key, index)),
         RequestOp::range(RangeRequest::key(key)),
     ];
     let prefix = key.rsplit_once('/').map(|(prefix, _)| prefix);
@@ -904,7 +1009,7 @@ mod tests {
     #[test]
     fn each_kind_refuses_a_name_the_other_kind_holds() {
         let (leader_flags, semaphore_flags) = (Error::LEADER_FLAGS, Error::SEMAPHORE_FLAGS);
-        let semaphore = Rule::Semaphore { limit: 2 };
+        let semaphore = Semaphore { limit: 2 };
         // A leader (ours, `etcdctl elect`'s, `etcdctl lock`'s) holds: a semaphore is refused,
         // whether or not it is among the `limit` oldest.
         for value in [&b"node-1"[..], b""] {
@@ -916,14 +1021,11 @@ mod tests {
         }
         // A semaphore holds: a leader behind it is refused; behind a leader, it waits.
         let holder = semaphore_contender("holder", 2);
-        let turn = Rule::Leader.judge("q", "q/own", std::slice::from_ref(&holder));
+        let turn = Leader.judge("q", "q/own", std::slice::from_ref(&holder));
         assert!(refused(turn, semaphore_flags, leader_flags));
-        let turn = Rule::Leader.judge("q", "q/own", &[contender("leader", b"")]);
+        let turn = Leader.judge("q", "q/own", &[contender("leader", b"")]);
         assert!(matches!(turn, Ok(Turn::WaitFor(_))));
-        assert!(matches!(
-            Rule::Leader.judge("q", "q/own", &[]),
-            Ok(Turn::Mine)
-        ));
+        assert!(matches!(Leader.judge("q", "q/own", &[]), Ok(Turn::Mine)));
         // Semaphore contenders only: the limit decides.
         let ahead = [holder.clone(), semaphore_contender("own", 2)];
         assert!(matches!(
@@ -932,7 +1034,7 @@ mod tests {
         ));
         let turn = semaphore.judge("q", "q/own", &[holder.clone(), semaphore_contender("b", 2)]);
         assert!(matches!(turn, Ok(Turn::WaitFor(_))));
-        let turn = Rule::Semaphore { limit: 3 }.judge("q", "q/own", &ahead);
+        let turn = Semaphore { limit: 3 }.judge("q", "q/own", &ahead);
         assert!(matches!(
             turn,
             Err(Error::LimitMismatch {
@@ -947,7 +1049,7 @@ mod tests {
     /// is never let in beside a semaphore contender behind it: that one waits for it to go.
     #[test]
     fn a_semaphore_contender_waits_for_a_leader_contender_ahead_of_it_to_go() {
-        let semaphore = Rule::Semaphore { limit: 3 };
+        let semaphore = Semaphore { limit: 3 };
         let ahead = [
             semaphore_contender("holder", 3),
             contender("leader", b"node-1"),
@@ -992,7 +1094,7 @@ mod tests {
     }
 
     /// The keys ahead at the join, as the first read's history range reads them.
-    async fn ahead_at(http: &EtcdClient, rule: Rule, created: i64) -> Vec<KeyValue> {
+    async fn ahead_at(http: &EtcdClient, rule: impl Recipe, created: i64) -> Vec<KeyValue> {
         let range = rule.ahead("q", created).at_revision(created);
         http.wire().range(&range).await.unwrap().kvs
     }
@@ -1004,30 +1106,32 @@ mod tests {
     async fn a_holder_removed_between_a_join_and_the_first_read_is_judged_from_history() {
         let (_server, etcd) = started().await;
         let http = &etcd.http;
-        for (rule, released) in [
-            (Rule::Leader, false),
-            (Rule::Leader, true),
-            (Rule::Semaphore { limit: 1 }, false),
-            (Rule::Semaphore { limit: 1 }, true),
-        ] {
-            let holder = "q/holder";
-            put(http, holder, released).await;
-            let joined = put(http, "q/waiter", false).await;
-            let then = ahead_at(http, rule, joined).await;
-            assert_eq!(then.len(), 1, "{rule:?}: the holder was ahead at the join");
-            http.wire().delete(holder, false).await.unwrap();
-            let mut pause = lease_http::backoff();
-            let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
-            assert_eq!(
-                removal.is_unannounced(),
-                !released,
-                "{rule:?}, released: {released}"
-            );
-            // Nothing gone since the join: nothing to settle for.
-            let still = removed_since_join(http, joined, &[], &[], &mut pause).await;
-            assert_eq!(still, Removal::Released);
-            http.wire().delete("q", true).await.unwrap();
+        for released in [false, true] {
+            judged_from_history(http, Leader, released).await;
         }
+        for released in [false, true] {
+            judged_from_history(http, Semaphore { limit: 1 }, released).await;
+        }
+    }
+
+    async fn judged_from_history(http: &EtcdClient, rule: impl Recipe, released: bool) {
+        let holder = "q/holder";
+        put(http, holder, released).await;
+        let joined = put(http, "q/waiter", false).await;
+        let then = ahead_at(http, rule, joined).await;
+        assert_eq!(then.len(), 1, "{rule:?}: the holder was ahead at the join");
+        http.wire().delete(holder, false).await.unwrap();
+        let mut pause = lease_http::backoff();
+        let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
+        assert_eq!(
+            removal.is_unannounced(),
+            !released,
+            "{rule:?}, released: {released}"
+        );
+        // Nothing gone since the join: nothing to settle for.
+        let still = removed_since_join(http, joined, &[], &[], &mut pause).await;
+        assert_eq!(still, Removal::Released);
+        http.wire().delete("q", true).await.unwrap();
     }
 
     /// The deletion of `q/<key>` (created at `created`, at `version`), at revision 1000 +
@@ -1202,7 +1306,7 @@ mod tests {
                 .revision();
             let ahead = http
                 .wire()
-                .range(&Rule::Semaphore { limit: 2 }.ahead("q", created))
+                .range(&Semaphore { limit: 2 }.ahead("q", created))
                 .await
                 .unwrap()
                 .kvs;
