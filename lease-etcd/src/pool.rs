@@ -511,7 +511,7 @@ async fn serve(
         Ok(token) => token,
         Err(error) => return error,
     };
-    let (i, channel) = match wire.channel(Use::Streams) {
+    let (i, channel) = match wire.channels().channel(Use::Streams) {
         Ok(channel) => channel,
         Err(error) => return error,
     };
@@ -554,7 +554,7 @@ async fn serve(
                     break ApiError::TimedOut;
                 }
             }
-            () = wire.moved_from(i) => break wire::moved(),
+            () = wire.channels().moved_from(i) => break wire::moved(),
             () = pool.joined.notified() => {
                 if let Some(due) = pool.lock().joined_due.take() {
                     next_tick = next_tick.min(due);
@@ -563,7 +563,7 @@ async fn serve(
         }
     };
     if matches!(error, ApiError::Transport(_) | ApiError::TimedOut) {
-        wire.move_on(i, Use::Streams);
+        wire.channels().move_on(i, Use::Streams);
         wire.reachability_tracker().answered(false);
     }
     error

@@ -405,7 +405,7 @@ async fn serve(
         Ok(token) => token,
         Err(error) => return error,
     };
-    let (i, channel) = match wire.channel(Use::Streams) {
+    let (i, channel) = match wire.channels().channel(Use::Streams) {
         Ok(channel) => channel,
         Err(error) => return error,
     };
@@ -430,7 +430,7 @@ async fn serve(
     loop {
         let message = tokio::select! {
             message = responses.message() => message,
-            () = wire.moved_from(i) => return wire::moved(),
+            () = wire.channels().moved_from(i) => return wire::moved(),
         };
         match message {
             Ok(Some(message)) => {
@@ -455,7 +455,7 @@ async fn serve(
 
 fn broken(wire: &Wire, endpoint: usize, error: ApiError) -> ApiError {
     if matches!(error, ApiError::Transport(_)) {
-        wire.move_on(endpoint, Use::Streams);
+        wire.channels().move_on(endpoint, Use::Streams);
         wire.reachability_tracker().answered(false);
     }
     if matches!(

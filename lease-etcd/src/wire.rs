@@ -3,10 +3,10 @@
 //!
 //! Every call goes to one endpoint at a time; a transport failure moves the client on to the next
 //! of its endpoints, so the retry that follows ([`lease_http::retry_transient`]) reaches another
-//! member. An endpoint's channels are HTTP/2 connections (tonic's, over [`Connector`]'s TCP or
-//! TLS): one shared by every call, one by the watch stream (the `watch` module) and the
-//! keep-alive stream (the `pool` module); a process's leases cost no connection of their own. With a user and password the
-//! client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
+//! member. An endpoint's channels are HTTP/2 connections (tonic's, over our TCP or TLS: the
+//! `channels` and `connect` modules): one shared by every call, one by the watch stream (the
+//! `watch` module) and the keep-alive stream (the `pool` module); a process's leases cost no
+//! connection of their own. With a user and password the client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
 //! longer knows (they expire after five idle minutes by default) is replaced once, transparently.
 //!
 //! Errors are lease-http's [`ApiError`], which fits gRPC as it fits etcd's JSON gateway: an
@@ -15,22 +15,21 @@
 //! cause lease-http reads from the I/O error underneath. So the one retry loop and the error
 //! hints stay shared with Consul.
 
+mod channels;
 mod connect;
 mod error;
 pub(crate) mod proto;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use tokio::sync::mpsc;
 use tonic::client::Grpc;
-use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
 
-use connect::Connector;
+pub(crate) use channels::{Channels, Endpoint, REQUEST_TIMEOUT, Use};
 use error::{hint, is_permission};
 pub(crate) use error::{is_not_found, moved, status_error};
 use lease_core::backend::Reachability;
@@ -44,17 +43,6 @@ use proto::{
     LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseTimeToLiveResponse, RangeRequest,
     RangeResponse, TxnRequest, TxnResponse, path,
 };
-
-/// Timeout of every unary call.
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often the connection is pinged while idle, to find a dead one before a request does.
-/// etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`).
-const PING_EVERY: Duration = Duration::from_secs(10);
-
-/// The most unary calls in flight on an endpoint's connection; etcd batches its writes, so more
-/// would not make them faster.
-const MAX_CALLS_IN_FLIGHT: usize = 128;
 
 impl ErrorContext for Wire {
     fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
@@ -106,51 +94,18 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// One of the cluster's client URLs.
-#[derive(Clone, Debug)]
-pub(crate) struct Endpoint {
-    /// `http://host:port` or `https://host:port`, for messages.
-    pub(crate) url: String,
-    pub(crate) host: String,
-    pub(crate) port: u16,
-    pub(crate) https: bool,
-}
-
-/// What a connection carries.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Use {
-    /// The unary calls.
-    Calls = 0,
-    /// The watch stream and the keep-alive stream.
-    Streams = 1,
-}
-
-/// An endpoint's channel, and a sentinel that tells whether the runtime its connection task runs
-/// on is still there: a channel made on a runtime that ended (a test's, a CLI's first one) is
-/// made again on the current one.
-struct Conn {
-    channel: Channel,
-    alive: mpsc::Sender<()>,
-}
-
 /// etcd's gRPC API, as this crate uses it: the wire client, which every call, stream and
 /// clean-up goes through.
 pub(crate) struct Wire {
-    endpoints: Vec<Endpoint>,
+    /// The endpoints and their connections.
+    channels: Channels,
     tls_config: ClientConfig,
-    tls: Option<Tls>,
-    /// The endpoint calls go to; moved on by a transport failure.
-    current: AtomicUsize,
-    /// Per endpoint, the connection of the calls and that of the two streams.
-    conns: Mutex<Vec<[Option<Conn>; 2]>>,
     credentials: Option<Credentials>,
     /// etcd's token; `Some("")` when the cluster has authentication off.
     token: Mutex<Option<String>>,
     authenticating: tokio::sync::Mutex<()>,
     requests: AtomicU64,
     reachability: ReachabilityTracker,
-    /// Bumped when calls move on to another endpoint, so the streams follow them there.
-    moved: tokio::sync::watch::Sender<u64>,
 }
 
 impl fmt::Debug for Wire {
@@ -173,19 +128,14 @@ impl Wire {
         } else {
             None
         };
-        let conns = endpoints.iter().map(|_| [None, None]).collect();
         Ok(Wire {
-            endpoints,
+            channels: Channels::new(endpoints, tls),
             tls_config,
-            tls,
-            current: AtomicUsize::new(0),
-            conns: Mutex::new(conns),
             credentials,
             token: Mutex::new(None),
             authenticating: tokio::sync::Mutex::new(()),
             requests: AtomicU64::new(0),
             reachability: ReachabilityTracker::default(),
-            moved: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -194,15 +144,25 @@ impl Wire {
     pub(crate) fn twin(&self) -> Result<Wire, lease_core::BoxError> {
         Wire::new(
             self.tls_config.clone(),
-            self.endpoints.clone(),
+            self.channels.endpoints().to_vec(),
             self.credentials.clone(),
         )
     }
 
     /// The endpoints, comma-separated, for messages (URLs never carry credentials here).
     pub(crate) fn address(&self) -> String {
-        let urls: Vec<&str> = self.endpoints.iter().map(|e| e.url.as_str()).collect();
+        let urls: Vec<&str> = self
+            .channels
+            .endpoints()
+            .iter()
+            .map(|e| e.url.as_str())
+            .collect();
         urls.join(",")
+    }
+
+    /// The endpoints' connections, for the streams.
+    pub(crate) fn channels(&self) -> &Channels {
+        &self.channels
     }
 
     /// Whether an endpoint answered this client's last request.
@@ -223,91 +183,6 @@ impl Wire {
     pub(crate) fn count_request(&self, write: bool) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         lease_core::metrics::backend_request(BackendKind::Etcd, write);
-    }
-
-    /// The current endpoint's index and the channel for `use_` there (made if there is none, or
-    /// if the runtime of the one there ended).
-    ///
-    /// Calls and streams have a connection each, so a burst of calls (thousands of acquisitions
-    /// at once) never queues the keep-alives and watch events behind it: at most two connections
-    /// per endpoint.
-    pub(crate) fn channel(&self, use_: Use) -> Result<(usize, Channel), ApiError> {
-        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
-        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        let conn = &mut conns[i][use_ as usize];
-        if let Some(conn) = conn {
-            if !conn.alive.is_closed() {
-                return Ok((i, conn.channel.clone()));
-            }
-        }
-        let endpoint = &self.endpoints[i];
-        let scheme_less = format!("http://{}:{}", endpoint.host, endpoint.port);
-        let channel = tonic::transport::Endpoint::from_shared(scheme_less)
-            .map_err(|e| ApiError::Malformed(format!("endpoint {}: {e}", endpoint.url)))?
-            .connect_timeout(lease_http::DEFAULT_CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(PING_EVERY)
-            .keep_alive_timeout(REQUEST_TIMEOUT)
-            .keep_alive_while_idle(true);
-        // Calls beyond the limit wait (parked) for one in flight to end: thousands of
-        // acquisitions at once then queue here rather than in the runtime's run queue, which
-        // would delay the stream tasks (keep-alives, loss) behind them by seconds.
-        let channel = match use_ {
-            Use::Calls => channel.concurrency_limit(MAX_CALLS_IN_FLIGHT),
-            Use::Streams => channel,
-        }
-        .connect_with_connector_lazy(Connector {
-            host: endpoint.host.clone(),
-            port: endpoint.port,
-            tls: if endpoint.https {
-                self.tls.clone()
-            } else {
-                None
-            },
-        });
-        let (alive, mut sentinel) = mpsc::channel(1);
-        // Ends with the runtime (closing `alive`), or when the channel is replaced.
-        tokio::spawn(async move { sentinel.recv().await });
-        *conn = Some(Conn {
-            channel: channel.clone(),
-            alive,
-        });
-        Ok((i, channel))
-    }
-
-    /// After a transport failure at endpoint `i` on the connection for `use_`: calls and
-    /// streams go to the next endpoint (on fresh connections), or, with one endpoint, that
-    /// connection is made again (the failed one may be half-dead).
-    pub(crate) fn move_on(&self, i: usize, use_: Use) {
-        let next = (i + 1) % self.endpoints.len();
-        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        if next == i {
-            conns[i][use_ as usize] = None;
-            return;
-        }
-        if self
-            .current
-            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            conns[i] = [None, None];
-            drop(conns);
-            self.moved.send_modify(|generation| *generation += 1);
-        }
-    }
-
-    /// Completes when calls have moved on from endpoint `i` to another one: a stream on `i`
-    /// then opens again where the calls go. (With one endpoint it never completes.)
-    pub(crate) async fn moved_from(&self, i: usize) {
-        let mut moved = self.moved.subscribe();
-        loop {
-            if self.current.load(Ordering::Relaxed) % self.endpoints.len() != i {
-                return;
-            }
-            if moved.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
     }
 
     fn set_token(&self, token: Option<String>) {
@@ -385,7 +260,7 @@ impl Wire {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let (i, channel) = self.channel(Use::Calls)?;
+        let (i, channel) = self.channels.channel(Use::Calls)?;
         self.count_request(write);
         let mut grpc = Grpc::new(channel);
         let mut request = self.request(message, token);
@@ -416,7 +291,7 @@ impl Wire {
         };
         let unanswered = matches!(error, ApiError::Transport(_) | ApiError::TimedOut);
         if unanswered {
-            self.move_on(i, Use::Calls);
+            self.channels.move_on(i, Use::Calls);
         }
         self.reachability.answered(!unanswered);
         lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
