@@ -9,6 +9,18 @@ use super::wire::{Credentials, Endpoint, Wire};
 use lease_core::Error;
 use lease_http::ClientConfig;
 
+impl Etcd {
+    /// A builder with etcd's defaults (`http://127.0.0.1:2379`), ignoring the environment.
+    pub fn builder() -> EtcdBuilder {
+        EtcdBuilder::new()
+    }
+
+    /// A backend configured from the environment (see [`EtcdBuilder::from_env`]).
+    pub fn from_env() -> Result<Etcd, Error> {
+        EtcdBuilder::from_env().build()
+    }
+}
+
 /// Builds an [`Etcd`] backend.
 ///
 /// # Examples
