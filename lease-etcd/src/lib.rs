@@ -15,7 +15,7 @@
 //!   arrival order (FIFO), each time a key ahead of them is deleted.
 //! - **One kind per name**: a key's value says whether it is a semaphore contender (our format)
 //!   or a leader contender, and a contender that finds the other kind ahead of it is refused at
-//!   once with [`Error::FlagsConflict`], at no extra request.
+//!   once with [`Error::FlagsConflict`](lease_core::Error::FlagsConflict), at no extra request.
 //! - **Sequencer**: `etcd:<create revision>:<holder>:<key>`, the holder being the own key's part
 //!   after `<key>/` (`<lease ID hex>` or `<lease ID hex>_<n>`) and the key the election name for a
 //!   leader, the holder's own key for a semaphore. The create revision rises with every write anywhere
@@ -23,13 +23,13 @@
 //!   seen, even across keys: a property Consul's per-key LockIndex lacks.
 //! - **Loss**: the own key deleted or its lease revoked (a watch on the own key), the keep-alive
 //!   ending (etcd says the lease is gone), or the self-fence: no keep-alive answered for
-//!   [`LeaseSpec::fence_after`] (the TTL less a tenth, at least a second), which is before etcd
+//!   [`LeaseSpec::fence_after`](lease_core::LeaseSpec::fence_after) (the TTL less a tenth, at least a second), which is before etcd
 //!   could expire the lease.
 //! - **No lock-delay; waiters settle instead**: etcd has none, and the spec's lock-delay is
 //!   ignored. A holder releases by touching its key, then deleting it, so waiters can tell
 //!   a release (taken at once) from a key that went under a holder still running (deleted by an
 //!   operator, its lease revoked or expired): after that, they wait
-//!   [`LeaseSpec::settle_time`] while the old holder notices and stops. A holder that is slower
+//!   [`LeaseSpec::settle_time`](lease_core::LeaseSpec::settle_time) while the old holder notices and stops. A holder that is slower
 //!   than that is fenced by the next holder's higher revision: downstream systems that check the
 //!   sequencer refuse it.
 //!
