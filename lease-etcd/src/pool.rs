@@ -162,6 +162,7 @@ impl Pool {
     ///
     /// Cancel safe: a contender cancelled while it waits for a grant holds no place yet, and a
     /// cancelled granter lets the waiting contenders look again.
+    ///
     /// The keep-alive task, if it is not running, starts with `wire` and ends when `closed` is
     /// cancelled.
     pub(crate) async fn attach(
@@ -404,15 +405,14 @@ async fn grant(
     let fence = Fence::new(class.1, sent);
     let (end_tx, _) = watch::channel(None);
     let due = sent + class.0 / 3;
-    let keep_alives = KeepAlives {
-        wire: Arc::clone(wire),
-        pool: Arc::clone(pool),
+    let start = || {
+        let keep_alives = KeepAlives {
+            wire: Arc::clone(wire),
+            pool: Arc::clone(pool),
+        };
+        lease_http::reopen(keep_alives, "etcd keep-alive", closed.clone())
     };
-    let closed = closed.clone();
-    if state
-        .task
-        .ensure(|| lease_http::reopen(keep_alives, "etcd keep-alive", closed))
-    {
+    if state.task.ensure(start) {
         state.stream = None;
     }
     if let Some(since) = state.suspended {
@@ -482,7 +482,8 @@ async fn next_answer(
 }
 
 /// The keep-alive stream's task: the wire client and the pool whose leases it keeps alive, handed
-/// to it when it starts; [`lease_http::reopen`] opens the stream again when it breaks.
+/// to it when it starts; [`lease_http::reopen`] opens the stream again when it breaks, until the
+/// client is gone.
 struct KeepAlives {
     wire: Arc<Wire>,
     pool: Arc<Pool>,

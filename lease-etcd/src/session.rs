@@ -347,7 +347,7 @@ pub(crate) struct Won {
     /// The create revision of the own key.
     pub(crate) created: i64,
     /// A revision at which it held: of the read that found it holding, or of the deletion a
-    /// semaphore waiter counted down to its turn with (see the `queue` module).
+    /// semaphore waiter counted down to its turn with (see the `semaphore` module).
     pub(crate) judged_at: i64,
 }
 

@@ -208,15 +208,14 @@ impl Watches {
         let (deliver, delivered) = mpsc::unbounded_channel();
         let id = {
             let mut state = watches.lock();
-            let task = StreamTask {
-                wire: Arc::clone(wire),
-                watches: Arc::clone(watches),
+            let start = || {
+                let task = StreamTask {
+                    wire: Arc::clone(wire),
+                    watches: Arc::clone(watches),
+                };
+                lease_http::reopen(task, "etcd watch", closed.clone())
             };
-            let closed = closed.clone();
-            if state
-                .task
-                .ensure(|| lease_http::reopen(task, "etcd watch", closed))
-            {
+            if state.task.ensure(start) {
                 state.stream = None;
             }
             state.last_id += 1;
@@ -354,7 +353,7 @@ impl State {
 }
 
 /// The stream's task: the wire client and the watches it carries, handed to it when it starts;
-/// [`lease_http::reopen`] opens the stream again when it breaks.
+/// [`lease_http::reopen`] opens the stream again when it breaks, until the client is gone.
 struct StreamTask {
     wire: Arc<Wire>,
     watches: Arc<Watches>,
