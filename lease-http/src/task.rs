@@ -178,9 +178,52 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use lease_core::CancellationToken;
     use lease_core::backend::{Reachability, ReachabilityTracker};
+    use lease_core::backoff::Backoff;
 
-    use super::{PROBE_EVERY, Probe};
+    use super::{PROBE_EVERY, Probe, Reopen, reopen};
+
+    /// A stream that breaks at once, and on its third opening closes its client.
+    struct Breaking {
+        closed: CancellationToken,
+        opened: Vec<bool>,
+        broke: usize,
+    }
+
+    impl Reopen for &mut Breaking {
+        type Error = &'static str;
+
+        async fn serve(&mut self, first: bool, _: &mut Backoff) -> &'static str {
+            self.opened.push(first);
+            if self.opened.len() == 3 {
+                self.closed.cancel();
+            }
+            "reset"
+        }
+
+        fn broke(&mut self, _: &&'static str) {
+            self.broke += 1;
+        }
+    }
+
+    /// A broken stream is opened again (not as the first) after each break, until the client's
+    /// token is cancelled.
+    #[tokio::test]
+    async fn a_stream_is_opened_again_until_its_client_closes() {
+        let closed = CancellationToken::new();
+        let mut stream = Breaking {
+            closed: closed.clone(),
+            opened: Vec::new(),
+            broke: 0,
+        };
+        reopen(&mut stream, "test", closed).await;
+        assert_eq!(stream.opened, [true, false, false]);
+        assert_eq!(
+            stream.broke, 3,
+            "the third break too, before the pause sees the token"
+        );
+    }
 
     #[derive(Default)]
     struct Client {
