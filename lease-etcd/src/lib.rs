@@ -48,6 +48,7 @@ mod pool;
 mod queue;
 mod semaphore;
 mod session;
+mod slot;
 mod watch;
 mod wire;
 

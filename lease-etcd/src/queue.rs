@@ -2,7 +2,7 @@
 //! revision of their keys.
 //!
 //! Every contender writes its own key `<key>/<lease ID in hex>` (`<key>/<lease ID in hex>_<n>` if
-//! another contender of this process on that name has that pooled lease: see `pool::Slot`),
+//! another contender of this process on that name has that pooled lease: see `slot::Slot`),
 //! attached to its etcd lease, if it does not exist yet (one transaction). etcd gives each write
 //! the next revision of the whole cluster, so the keys under `<key>/` are a queue in arrival
 //! order:

@@ -21,7 +21,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::client::EtcdClient;
-use super::pool::{self, LeaseEnd, Slot};
+use super::pool::{self, LeaseEnd};
+use super::slot::Slot;
 use super::wire::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::wire::{ApiError, Wire};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
