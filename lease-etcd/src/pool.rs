@@ -22,16 +22,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::uri::PathAndQuery;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::client::Grpc;
-use tonic_prost::ProstCodec;
 
 use super::slot::Slot;
-use super::wire::proto::{LeaseId, LeaseKeepAliveResponse, path};
+use super::wire::proto::{LeaseId, LeaseKeepAliveResponse};
 use super::wire::{self, ApiError, REQUEST_TIMEOUT, Use, Wire, status_error};
 use lease_core::backend::{Fence, RELEASE_BOUND};
 use lease_core::{LeaseSpec, LostReason};
@@ -468,35 +464,18 @@ async fn serve(
     first: bool,
     pause: &mut lease_core::backoff::Backoff,
 ) -> ApiError {
-    let token = match wire.token().await {
-        Ok(token) => token,
-        Err(error) => return error,
-    };
-    let (i, channel) = match wire.channels().channel(Use::Streams) {
-        Ok(channel) => channel,
-        Err(error) => return error,
-    };
     let (requests, outgoing) = mpsc::unbounded_channel();
+    let (i, mut opening) = match wire.lease_keep_alive(outgoing).await {
+        Ok(opening) => opening,
+        Err(error) => return error,
+    };
     pool.reopened(requests.clone(), first);
-    let mut grpc = Grpc::new(channel);
-    let request = wire.request(UnboundedReceiverStream::new(outgoing), token.as_deref());
-    let mut opening = Box::pin(async move {
-        grpc.ready()
-            .await
-            .map_err(|e| tonic::Status::from_error(e.into()))?;
-        grpc.streaming(
-            request,
-            PathAndQuery::from_static(path::LEASE_KEEP_ALIVE),
-            ProstCodec::<LeaseId, LeaseKeepAliveResponse>::default(),
-        )
-        .await
-    });
     let mut responses = None;
     let (mut next_tick, _) = pool.tick(wire, &requests);
     let error = loop {
         tokio::select! {
             opened = &mut opening, if responses.is_none() => match opened {
-                Ok(response) => responses = Some(response.into_inner()),
+                Ok(opened) => responses = Some(opened),
                 Err(status) => break status_error(status),
             },
             answer = next_answer(&mut responses) => match answer {

@@ -30,18 +30,14 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::client::Grpc;
-use tonic_prost::ProstCodec;
 
 use super::pool::Pool;
 use super::wire::proto::{
     Event, RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchRequestUnion,
-    WatchResponse, path,
+    WatchResponse,
 };
 use super::wire::{self, ApiError, REQUEST_TIMEOUT, Use, Wire, status_error};
 use lease_http::{Reopen, grpc};
@@ -400,29 +396,12 @@ async fn serve(
     outgoing: mpsc::UnboundedReceiver<WatchRequest>,
     pause: &mut lease_core::backoff::Backoff,
 ) -> ApiError {
-    let token = match wire.token().await {
-        Ok(token) => token,
+    let (i, opening) = match wire.watch(outgoing).await {
+        Ok(opening) => opening,
         Err(error) => return error,
     };
-    let (i, channel) = match wire.channels().channel(Use::Streams) {
-        Ok(channel) => channel,
-        Err(error) => return error,
-    };
-    let mut grpc = Grpc::new(channel);
-    let request = wire.request(UnboundedReceiverStream::new(outgoing), token.as_deref());
-    let opened = async {
-        grpc.ready()
-            .await
-            .map_err(|e| tonic::Status::from_error(e.into()))?;
-        grpc.streaming(
-            request,
-            PathAndQuery::from_static(path::WATCH),
-            ProstCodec::<WatchRequest, WatchResponse>::default(),
-        )
-        .await
-    };
-    let mut responses = match opened.await {
-        Ok(response) => response.into_inner(),
+    let mut responses = match opening.await {
+        Ok(opened) => opened,
         Err(status) => return broken(wire, i, status_error(status)),
     };
     wire.reachability_tracker().answered(true);

@@ -1,5 +1,5 @@
 //! etcd's v3 gRPC API over two HTTP/2 connections per endpoint: the unary calls this crate
-//! makes, and what their errors mean.
+//! makes, the opening of its two streams (watch, keep-alive), and what their errors mean.
 //!
 //! Every call goes to one endpoint at a time; a transport failure moves the client on to the next
 //! of its endpoints, so the retry that follows ([`lease_http::retry_transient`]) reaches another
@@ -21,11 +21,15 @@ mod error;
 pub(crate) mod proto;
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::client::Grpc;
 use tonic_prost::ProstCodec;
 
@@ -40,8 +44,9 @@ use lease_http::tls::Tls;
 use lease_http::{ClientConfig, ErrorContext, grpc};
 use proto::{
     AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse, Empty,
-    LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseTimeToLiveResponse, RangeRequest,
-    RangeResponse, TxnRequest, TxnResponse, path,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseKeepAliveResponse,
+    LeaseTimeToLiveResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchRequest,
+    WatchResponse, path,
 };
 
 impl ErrorContext for Wire {
@@ -93,6 +98,10 @@ impl fmt::Debug for Credentials {
             .finish()
     }
 }
+
+/// The opening of a stream: etcd's answer, then the stream of its messages.
+pub(crate) type Opening<Resp> =
+    Pin<Box<dyn Future<Output = Result<tonic::Streaming<Resp>, tonic::Status>> + Send>>;
 
 /// etcd's gRPC API, as this crate uses it: the wire client, which every call, stream and
 /// clean-up goes through.
@@ -238,7 +247,7 @@ impl Wire {
     }
 
     /// A request with the token as metadata.
-    pub(crate) fn request<T>(&self, message: T, token: Option<&str>) -> tonic::Request<T> {
+    fn request<T>(&self, message: T, token: Option<&str>) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(token) = token {
             if let Ok(value) = token.parse() {
@@ -246,6 +255,54 @@ impl Wire {
             }
         }
         request
+    }
+
+    /// `Lease/LeaseKeepAlive`, the keep-alive stream carrying `outgoing` (see [`Wire::streaming`]).
+    pub(crate) async fn lease_keep_alive(
+        &self,
+        outgoing: mpsc::UnboundedReceiver<LeaseId>,
+    ) -> Result<(usize, Opening<LeaseKeepAliveResponse>), ApiError> {
+        self.streaming(path::LEASE_KEEP_ALIVE, outgoing).await
+    }
+
+    /// `Watch/Watch`, the watch stream carrying `outgoing` (see [`Wire::streaming`]).
+    pub(crate) async fn watch(
+        &self,
+        outgoing: mpsc::UnboundedReceiver<WatchRequest>,
+    ) -> Result<(usize, Opening<WatchResponse>), ApiError> {
+        self.streaming(path::WATCH, outgoing).await
+    }
+
+    /// A bidirectional stream of `path` carrying `outgoing`, on the current endpoint's stream
+    /// connection, with the token: the endpoint's index, and its opening (etcd's answer, then the
+    /// stream of its messages) to await.
+    async fn streaming<Req, Resp>(
+        &self,
+        path: &'static str,
+        outgoing: mpsc::UnboundedReceiver<Req>,
+    ) -> Result<(usize, Opening<Resp>), ApiError>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let token = self.token().await?;
+        let (i, channel) = self.channels.channel(Use::Streams)?;
+        let mut grpc = Grpc::new(channel);
+        let request = self.request(UnboundedReceiverStream::new(outgoing), token.as_deref());
+        let opening = Box::pin(async move {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::from_error(e.into()))?;
+            let response = grpc
+                .streaming(
+                    request,
+                    PathAndQuery::from_static(path),
+                    ProstCodec::<Req, Resp>::default(),
+                )
+                .await?;
+            Ok(response.into_inner())
+        });
+        Ok((i, opening))
     }
 
     /// One unary call to the current endpoint, with `token`.
