@@ -4,9 +4,22 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::Etcd;
-use super::grpc::{Credentials, Endpoint, EtcdClient};
+use super::client::EtcdClient;
+use super::wire::{Credentials, Endpoint, Wire};
 use lease_core::Error;
 use lease_http::ClientConfig;
+
+impl Etcd {
+    /// A builder with etcd's defaults (`http://127.0.0.1:2379`), ignoring the environment.
+    pub fn builder() -> EtcdBuilder {
+        EtcdBuilder::new()
+    }
+
+    /// A backend configured from the environment (see [`EtcdBuilder::from_env`]).
+    pub fn from_env() -> Result<Etcd, Error> {
+        EtcdBuilder::from_env().build()
+    }
+}
 
 /// Builds an [`Etcd`] backend.
 ///
@@ -154,14 +167,14 @@ impl EtcdBuilder {
         if credentials.as_ref().is_some_and(|c| c.user.is_empty()) {
             return Err(Error::config("the etcd user name is empty (ETCD_USER)"));
         }
-        let client = EtcdClient::new(tls, endpoints, credentials).map_err(|e| {
+        let wire = Wire::new(tls, endpoints, credentials).map_err(|e| {
             let message = format!(
                 "cannot set up TLS for etcd: {}",
                 lease_http::DisplayChain(&*e)
             );
             Error::config(message)
         })?;
-        Ok(Etcd::from_client(client))
+        Ok(Etcd::from_client(EtcdClient::new(wire)))
     }
 }
 

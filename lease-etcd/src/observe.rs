@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::grpc::{ApiError, EtcdClient};
-use super::proto::RangeRequest;
+use super::client::EtcdClient;
 use super::session::holder_in;
+use super::wire::proto::RangeRequest;
+use super::wire::{ApiError, Wire};
 use lease_core::leader::{Leader, LeaderObserver};
 use lease_core::{BackendKind, Error, Sequencer};
 
@@ -21,16 +22,16 @@ use lease_core::{BackendKind, Error, Sequencer};
 /// credentials, an unreachable cluster) are reported here rather than swallowed by the task.
 pub(crate) async fn observe(http: &Arc<EtcdClient>, key: &str) -> Result<LeaderObserver, Error> {
     lease_core::validate_key(key)?;
-    let (leader, revision) = leader_of(http, key)
+    let (leader, revision) = leader_of(http.wire(), key)
         .await
-        .map_err(|e| e.into_error(http, format_args!("read the election {key:?}")))?;
+        .map_err(|e| e.into_error(http.wire(), format_args!("read the election {key:?}")))?;
     let (tx, rx) = watch::channel(leader);
     tokio::spawn(follow(Arc::clone(http), key.to_owned(), revision, tx));
     Ok(LeaderObserver::new(key, rx))
 }
 
 /// The leader of the election `key` (its oldest key) and the revision it was read at.
-async fn leader_of(http: &EtcdClient, key: &str) -> Result<(Option<Leader>, i64), ApiError> {
+async fn leader_of(http: &Wire, key: &str) -> Result<(Option<Leader>, i64), ApiError> {
     let read = http
         .range(&RangeRequest::under(key).by_creation(true).limit(1))
         .await?;
@@ -70,7 +71,7 @@ async fn follow(
         };
         // Any change under the prefix may change who is oldest: read it again.
         let leader = match changed {
-            Ok(_) => leader_of(&http, &key).await.map(|(leader, _)| leader),
+            Ok(_) => leader_of(http.wire(), &key).await.map(|(leader, _)| leader),
             Err(error) => Err(error),
         };
         match leader {

@@ -19,23 +19,19 @@
 //! once on the new one; the fences cover the gap.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::uri::PathAndQuery;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::client::Grpc;
-use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
-use super::proto::{LeaseId, LeaseKeepAliveResponse, path};
+use super::slot::Slot;
+use super::wire::proto::{LeaseId, LeaseKeepAliveResponse};
+use super::wire::{self, ApiError, REQUEST_TIMEOUT, Use, Wire, status_error};
 use lease_core::backend::{Fence, RELEASE_BOUND};
 use lease_core::{LeaseSpec, LostReason};
-use lease_http::{retry_transient, within};
+use lease_http::{Reopen, retry_transient, within};
 
 /// Why a pooled etcd lease ended, for every acquisition on it.
 #[derive(Clone, Debug)]
@@ -102,46 +98,6 @@ struct Pooled {
     end: watch::Sender<Option<LeaseEnd>>,
 }
 
-/// A contender's place among the contenders of one name on one pooled lease: the holder part of
-/// its key. Slot 0 is the etcd lease ID in lowercase hex, exactly as etcd's election recipe
-/// (`etcdctl elect`, `etcdctl lock`) names its keys; slot n > 0 is `<lease hex>_<n>` (n in
-/// decimal). An underscore is no hex digit, so no slot of one lease is ever a key of another, and
-/// the lease a key belongs to is read back from the part before it ([`Slot::parse`]). etcd's
-/// recipe never parses the key's suffix: it orders a name's keys by create revision only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Slot {
-    pub(crate) lease: i64,
-    pub(crate) n: u64,
-}
-
-impl Slot {
-    /// The slot a holder string names, if it names one: `<hex>` or `<hex>_<n>` with n ≥ 1 in
-    /// decimal without leading zeros, the lease positive.
-    pub(crate) fn parse(holder: &str) -> Option<Slot> {
-        let (hex, n) = match holder.split_once('_') {
-            Some((_, n)) if n.starts_with('0') || !n.bytes().all(|b| b.is_ascii_digit()) => {
-                return None;
-            }
-            Some((hex, n)) => (hex, n.parse().ok()?),
-            None => (holder, 0),
-        };
-        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        let lease = i64::from_str_radix(hex, 16).ok().filter(|id| *id > 0)?;
-        Some(Slot { lease, n })
-    }
-}
-
-impl fmt::Display for Slot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.n {
-            0 => write!(f, "{:x}", self.lease),
-            n => write!(f, "{:x}_{n}", self.lease),
-        }
-    }
-}
-
 /// An acquisition's place on a pooled etcd lease.
 #[derive(Debug)]
 pub(crate) struct Attached {
@@ -162,11 +118,15 @@ impl Pool {
     ///
     /// Cancel safe: a contender cancelled while it waits for a grant holds no place yet, and a
     /// cancelled granter lets the waiting contenders look again.
+    ///
+    /// The keep-alive task, if it is not running, starts with `wire` and ends when `closed` is
+    /// cancelled.
     pub(crate) async fn attach(
-        client: &Arc<EtcdClient>,
+        pool: &Arc<Pool>,
+        wire: &Arc<Wire>,
+        closed: &CancellationToken,
         spec: &LeaseSpec,
     ) -> Result<Attached, ApiError> {
-        let pool = client.pool();
         let class = (spec.session_ttl(), spec.fence_after());
         let name = spec.key();
         loop {
@@ -196,7 +156,7 @@ impl Pool {
                         Ok(Some(Err(error))) => return Err(error),
                     }
                 }
-                Err(guard) => return grant(client, class, name, guard).await,
+                Err(guard) => return grant(pool, wire, closed, class, name, guard).await,
             }
         }
     }
@@ -251,11 +211,7 @@ impl Pool {
     /// Sends the keep-alives due, retires the leases whose fence passed; returns when to look
     /// again, and whether a keep-alive went unanswered for [`REQUEST_TIMEOUT`] (the connection
     /// is likely dead: the stream should move on).
-    fn tick(
-        &self,
-        client: &EtcdClient,
-        stream: &mpsc::UnboundedSender<LeaseId>,
-    ) -> (Instant, bool) {
+    fn tick(&self, wire: &Arc<Wire>, stream: &mpsc::UnboundedSender<LeaseId>) -> (Instant, bool) {
         let now = Instant::now();
         let mut next = now + Duration::from_secs(3600);
         let mut stalled = false;
@@ -294,11 +250,11 @@ impl Pool {
             }
         }
         for _ in 0..sent {
-            client.count_request(true);
+            wire.count_request(true);
         }
         for (id, _) in fenced {
             tracing::debug!(lease = %format_args!("{id:x}"), "no keep-alive answered in time; the etcd lease is retired");
-            spawn_revoke(client, id);
+            spawn_revoke(wire, id);
         }
         (next, stalled)
     }
@@ -379,14 +335,15 @@ impl Pooled {
 /// Grants the lease of the grant in flight `guard` names, pools it with a place for `name` on
 /// it, and lets the contenders waiting on the grant look again.
 async fn grant(
-    client: &Arc<EtcdClient>,
+    pool: &Arc<Pool>,
+    wire: &Arc<Wire>,
+    closed: &CancellationToken,
     class: Class,
     name: &str,
     guard: GrantGuard<'_>,
 ) -> Result<Attached, ApiError> {
-    let pool = client.pool();
     let sent = Instant::now();
-    let granted = client.lease_grant(class.0).await;
+    let granted = wire.lease_grant(class.0).await;
     let mut state = pool.lock();
     let Some(grant) = state.granting.remove(&guard.token) else {
         return Err(ApiError::Malformed("a grant in flight went missing".into()));
@@ -404,8 +361,14 @@ async fn grant(
     let fence = Fence::new(class.1, sent);
     let (end_tx, _) = watch::channel(None);
     let due = sent + class.0 / 3;
-    let (weak, closed) = (Arc::downgrade(client), client.closed().clone());
-    if state.task.ensure(|| run(weak, closed)) {
+    let start = || {
+        let keep_alives = KeepAlives {
+            wire: Arc::clone(wire),
+            pool: Arc::clone(pool),
+        };
+        lease_http::reopen(keep_alives, "etcd keep-alive", closed.clone())
+    };
+    if state.task.ensure(start) {
         state.stream = None;
     }
     if let Some(since) = state.suspended {
@@ -449,18 +412,16 @@ impl Drop for GrantGuard<'_> {
 }
 
 /// Revokes `id` in the background (a retired lease: its acquisitions are already lost).
-fn spawn_revoke(client: &EtcdClient, id: i64) {
-    let Some(me) = client.me() else {
-        return;
-    };
+fn spawn_revoke(wire: &Arc<Wire>, id: i64) {
+    let wire = Arc::clone(wire);
     tokio::spawn(async move {
-        let _ = revoke(&me, id).await;
+        let _ = revoke(&wire, id).await;
     });
 }
 
 /// Revokes the pooled lease `id`, retrying brief trouble within [`RELEASE_BOUND`].
-pub(crate) async fn revoke(client: &EtcdClient, id: i64) -> Result<bool, ApiError> {
-    let revoked = retry_transient(within(RELEASE_BOUND), || client.lease_revoke(id)).await;
+pub(crate) async fn revoke(wire: &Wire, id: i64) -> Result<bool, ApiError> {
+    let revoked = retry_transient(within(RELEASE_BOUND), || wire.lease_revoke(id)).await;
     if revoked.is_ok() {
         tracing::debug!(lease = %format_args!("{id:x}"), "pooled etcd lease revoked");
     }
@@ -476,84 +437,64 @@ async fn next_answer(
     }
 }
 
-/// Runs the keep-alive stream until the client is gone, opening it again when it breaks.
-async fn run(client: Weak<EtcdClient>, closed: CancellationToken) {
-    let mut pause = lease_http::backoff();
-    let mut first = true;
-    loop {
-        let Some(strong) = client.upgrade() else {
-            return;
-        };
-        let broke = tokio::select! {
-            () = closed.cancelled() => return,
-            broke = serve(&strong, first, &mut pause) => broke,
-        };
-        first = false;
-        strong.pool().lock().stream = None;
-        tracing::debug!(error = %broke, "the etcd keep-alive stream broke; opening it again");
-        drop(strong);
-        tokio::select! {
-            () = closed.cancelled() => return,
-            () = pause.wait() => {}
-        }
+/// The keep-alive stream's task: the wire client and the pool whose leases it keeps alive, handed
+/// to it when it starts; [`lease_http::reopen`] opens the stream again when it breaks, until the
+/// client is gone.
+struct KeepAlives {
+    wire: Arc<Wire>,
+    pool: Arc<Pool>,
+}
+
+impl Reopen for KeepAlives {
+    type Error = ApiError;
+
+    async fn serve(&mut self, first: bool, pause: &mut lease_core::backoff::Backoff) -> ApiError {
+        serve(&self.wire, &self.pool, first, pause).await
+    }
+
+    fn broke(&mut self, _: &ApiError) {
+        self.pool.lock().stream = None;
     }
 }
 
 /// One keep-alive stream, from its opening to its end; returns why it ended.
 async fn serve(
-    client: &Arc<EtcdClient>,
+    wire: &Arc<Wire>,
+    pool: &Pool,
     first: bool,
     pause: &mut lease_core::backoff::Backoff,
 ) -> ApiError {
-    let pool = client.pool();
-    let token = match client.token().await {
-        Ok(token) => token,
-        Err(error) => return error,
-    };
-    let (i, channel) = match client.channel(Use::Streams) {
-        Ok(channel) => channel,
-        Err(error) => return error,
-    };
     let (requests, outgoing) = mpsc::unbounded_channel();
+    let (i, mut opening) = match wire.lease_keep_alive(outgoing).await {
+        Ok(opening) => opening,
+        Err(error) => return error,
+    };
     pool.reopened(requests.clone(), first);
-    let mut grpc = Grpc::new(channel);
-    let request = client.request(UnboundedReceiverStream::new(outgoing), token.as_deref());
-    let mut opening = Box::pin(async move {
-        grpc.ready()
-            .await
-            .map_err(|e| tonic::Status::from_error(e.into()))?;
-        grpc.streaming(
-            request,
-            PathAndQuery::from_static(path::LEASE_KEEP_ALIVE),
-            ProstCodec::<LeaseId, LeaseKeepAliveResponse>::default(),
-        )
-        .await
-    });
     let mut responses = None;
-    let (mut next_tick, _) = pool.tick(client, &requests);
+    let (mut next_tick, _) = pool.tick(wire, &requests);
     let error = loop {
         tokio::select! {
             opened = &mut opening, if responses.is_none() => match opened {
-                Ok(response) => responses = Some(response.into_inner()),
+                Ok(opened) => responses = Some(opened),
                 Err(status) => break status_error(status),
             },
             answer = next_answer(&mut responses) => match answer {
                 Ok(Some(answer)) => {
                     pause.reset();
-                    client.reachability_tracker().answered(true);
+                    wire.reachability_tracker().answered(true);
                     pool.answered(&answer);
                 }
                 Ok(None) => break ApiError::Malformed("the keep-alive stream ended".into()),
                 Err(status) => break status_error(status),
             },
             () = tokio::time::sleep_until(next_tick) => {
-                let (next, stalled) = pool.tick(client, &requests);
+                let (next, stalled) = pool.tick(wire, &requests);
                 next_tick = next;
                 if stalled {
                     break ApiError::TimedOut;
                 }
             }
-            () = client.moved_from(i) => break super::watch::moved(),
+            () = wire.channels().moved_from(i) => break wire::moved(),
             () = pool.joined.notified() => {
                 if let Some(due) = pool.lock().joined_due.take() {
                     next_tick = next_tick.min(due);
@@ -562,36 +503,8 @@ async fn serve(
         }
     };
     if matches!(error, ApiError::Transport(_) | ApiError::TimedOut) {
-        client.move_on(i, Use::Streams);
-        client.reachability_tracker().answered(false);
+        wire.channels().move_on(i, Use::Streams);
+        wire.reachability_tracker().answered(false);
     }
     error
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Slot;
-
-    #[test]
-    fn a_slot_is_written_and_read_back() {
-        for (holder, lease, n) in [
-            ("1a2b", 0x1a2b, 0),
-            ("1a2b_1", 0x1a2b, 1),
-            ("7f_12", 0x7f, 12),
-        ] {
-            let slot = Slot::parse(holder).unwrap();
-            assert_eq!(slot, Slot { lease, n });
-            assert_eq!(slot.to_string(), holder);
-        }
-    }
-
-    #[test]
-    fn only_a_lease_in_hex_with_an_optional_decimal_slot_is_a_slot() {
-        for holder in [
-            "", "_1", "1a2b_", "1a2b_0", "1a2b_01", "1a2b_x", "1a2b_1_2", "0", "-1", "+1a", "xyz",
-            "1a2b/1",
-        ] {
-            assert_eq!(Slot::parse(holder), None, "{holder:?}");
-        }
-    }
 }

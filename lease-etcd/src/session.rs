@@ -20,9 +20,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::grpc::{ApiError, EtcdClient};
-use super::pool::{self, LeaseEnd, Pool, Slot};
-use super::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::client::EtcdClient;
+use super::pool::{self, LeaseEnd};
+use super::slot::Slot;
+use super::wire::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::wire::{ApiError, Wire};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
 use lease_core::{Backend, BoxFuture, Error, Lease, LeaseSpec, LostReason, Sequencer};
 use lease_http::{backoff, retry_transient, within};
@@ -81,8 +83,11 @@ impl Session {
         client: &Arc<EtcdClient>,
         spec: &LeaseSpec,
     ) -> Result<(Session, KeepAlive), Error> {
-        let attached = Pool::attach(client, spec).await.map_err(|e| {
-            e.into_error(client, format_args!("grant a lease for {:?}", spec.key()))
+        let attached = client.attach(spec).await.map_err(|e| {
+            e.into_error(
+                client.wire(),
+                format_args!("grant a lease for {:?}", spec.key()),
+            )
         })?;
         let keep_alive = Box::pin(ended(attached.end, attached.fence.clone()));
         let session = Session {
@@ -143,12 +148,12 @@ impl Session {
     /// stays held until then, whatever happens to this process, and etcd deletes it when that
     /// lease expires. A key that is no longer ours is given back as usual.
     pub(crate) async fn keep(&mut self, created: i64, left: Duration) -> Result<(), Error> {
-        match keep_key(&self.client, &self.own, created, left).await {
+        match keep_key(self.client.wire(), &self.own, created, left).await {
             Ok(true) => self.leave().await,
             Ok(false) => self.give_back(Some(created)).await,
             Err(error) => {
                 let _ = self.give_back(Some(created)).await;
-                Err(error.into_error(&self.client, format_args!("keep {:?}", self.own)))
+                Err(error.into_error(self.client.wire(), format_args!("keep {:?}", self.own)))
             }
         }
     }
@@ -183,7 +188,7 @@ impl Session {
 /// a release and do not settle: the work under it has ended. `Ok(false)` if the key is no
 /// longer ours (the new lease is revoked again).
 async fn keep_key(
-    client: &EtcdClient,
+    client: &Wire,
     own: &str,
     created: i64,
     left: Duration,
@@ -252,14 +257,15 @@ async fn give_back(
     created: Option<i64>,
 ) -> Result<(), Error> {
     let delete = delete_own(own, created);
-    match retry_transient(within(RELEASE_BOUND), || client.txn(&delete)).await {
+    let wire = client.wire();
+    match retry_transient(within(RELEASE_BOUND), || wire.txn(&delete)).await {
         Ok(_) => leave(client, slot, name).await,
         Err(error) => {
             // Revoking deletes the key with the lease (one attempt: if etcd cannot be reached,
             // the lease, no longer kept alive, expires with its TTL).
             client.pool().retire(slot.lease);
-            let _ = client.lease_revoke(slot.lease).await;
-            Err(error.into_error(client, format_args!("delete {own:?}")))
+            let _ = wire.lease_revoke(slot.lease).await;
+            Err(error.into_error(wire, format_args!("delete {own:?}")))
         }
     }
 }
@@ -268,9 +274,9 @@ async fn give_back(
 /// left on it.
 async fn leave(client: &EtcdClient, slot: Slot, name: &str) -> Result<(), Error> {
     if client.pool().detach(slot, name) {
-        pool::revoke(client, slot.lease).await.map_err(|e| {
+        pool::revoke(client.wire(), slot.lease).await.map_err(|e| {
             e.into_error(
-                client,
+                client.wire(),
                 format_args!("revoke lease {}", holder_of(slot.lease)),
             )
         })?;
@@ -342,7 +348,7 @@ pub(crate) struct Won {
     /// The create revision of the own key.
     pub(crate) created: i64,
     /// A revision at which it held: of the read that found it holding, or of the deletion a
-    /// semaphore waiter counted down to its turn with (see the `queue` module).
+    /// semaphore waiter counted down to its turn with (see the `semaphore` module).
     pub(crate) judged_at: i64,
 }
 
@@ -387,6 +393,7 @@ impl Hold for KeyHold {
         match self
             .session
             .client()
+            .wire()
             .lease_time_to_live(self.session.id())
             .await
         {
@@ -414,7 +421,7 @@ impl Hold for KeyHold {
         // The touch and the delete go out together, one round trip instead of two: the delete
         // takes only a touched key, so it cannot overtake the touch; if etcd took it first
         // after all, the key is deleted again after the touch's answer.
-        let client = self.session.client();
+        let client = self.session.client().wire();
         let mut delete = delete_own(&self.key, Some(self.created));
         delete.compare.push(Compare::touched(&self.key));
         let announced = announce_release(client, &self.key, self.created);
@@ -444,7 +451,7 @@ impl Hold for KeyHold {
 /// that waiters, which see the deletion with the key's version, know it
 /// was released and need not settle (see the `queue` module). One attempt: if it fails, waiters
 /// settle, which is slower but as safe.
-async fn announce_release(http: &EtcdClient, key: &str, created: i64) {
+async fn announce_release(http: &Wire, key: &str, created: i64) {
     let touch = TxnRequest {
         compare: vec![Compare::created(key, created)],
         success: vec![RequestOp::put(PutRequest::touch(key))],
@@ -466,7 +473,7 @@ async fn watch_own_key(http: &EtcdClient, key: &str, created: i64, from: i64) ->
             Some(reason) => return reason,
             None => {
                 // The watch broke; whatever happened meanwhile, one read tells.
-                if let Ok(read) = http.range(&RangeRequest::key(key)).await {
+                if let Ok(read) = http.wire().range(&RangeRequest::key(key)).await {
                     match read.kvs.first() {
                         Some(kv) if kv.create_revision == created => {
                             seen = seen.max(read.revision());

@@ -30,27 +30,25 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::client::Grpc;
-use tonic_prost::ProstCodec;
 
-use super::grpc::{ApiError, EtcdClient, REQUEST_TIMEOUT, Use, status_error};
-use super::proto::{
+use super::pool::Pool;
+use super::wire::proto::{
     Event, RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchRequestUnion,
-    WatchResponse, path,
+    WatchResponse,
 };
-use lease_http::grpc;
+use super::wire::{self, ApiError, REQUEST_TIMEOUT, Use, Wire, status_error};
+use lease_http::{Reopen, grpc};
 
 type Delivery = Result<WatchResponse, ApiError>;
 
 /// The client's watches and the stream that carries them.
-#[derive(Default)]
 pub(crate) struct Watches {
     state: Mutex<State>,
+    /// The pooled etcd leases, whose fences are suspended while the watches are down.
+    pool: Arc<Pool>,
 }
 
 impl std::fmt::Debug for Watches {
@@ -123,20 +121,29 @@ fn create_request(create: &WatchCreateRequest) -> WatchRequest {
 }
 
 impl Watches {
+    /// No watches yet; `pool`: the leases whose fences the stream's breaks suspend.
+    pub(crate) fn new(pool: Arc<Pool>) -> Watches {
+        Watches {
+            state: Mutex::default(),
+            pool,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Watches `range` from `start_revision` on, with the previous key-value of each event;
-    /// returns once etcd has created the watch.
+    /// returns once etcd has created the watch. The stream task, if it is not running, starts
+    /// with `wire` and ends when `closed` is cancelled.
     pub(crate) async fn watch(
-        client: &Arc<EtcdClient>,
+        watches: &Arc<Watches>,
+        wire: &Arc<Wire>,
+        closed: &CancellationToken,
         range: &RangeRequest,
         start_revision: i64,
     ) -> Result<WatchStream, ApiError> {
-        let stream = client
-            .watches()
-            .create(client, range, start_revision, false);
+        let stream = Watches::create(watches, wire, closed, range, start_revision, false);
         stream.created().await
     }
 
@@ -144,11 +151,12 @@ impl Watches {
     /// every event after `start_revision - 1` (see the module docs); else on a new one, shared
     /// with whoever watches the range next.
     pub(crate) async fn watch_shared(
-        client: &Arc<EtcdClient>,
+        watches: &Arc<Watches>,
+        wire: &Arc<Wire>,
+        closed: &CancellationToken,
         range: &RangeRequest,
         start_revision: i64,
     ) -> Result<WatchStream, ApiError> {
-        let watches = client.watches();
         let joined = {
             let mut state = watches.lock();
             let state = &mut *state;
@@ -169,7 +177,7 @@ impl Watches {
                     id,
                     sub,
                     delivered,
-                    client: Arc::downgrade(client),
+                    watches: Arc::downgrade(watches),
                     queued,
                 })
             })
@@ -177,7 +185,7 @@ impl Watches {
         match joined {
             Some(stream) => Ok(stream),
             None => {
-                let stream = watches.create(client, range, start_revision, true);
+                let stream = Watches::create(watches, wire, closed, range, start_revision, true);
                 stream.created().await
             }
         }
@@ -186,17 +194,24 @@ impl Watches {
     /// Creates a watch (sending its creation if the stream is open); `shared`: the range's
     /// shared watch from now on.
     fn create(
-        &self,
-        client: &Arc<EtcdClient>,
+        watches: &Arc<Watches>,
+        wire: &Arc<Wire>,
+        closed: &CancellationToken,
         range: &RangeRequest,
         start_revision: i64,
         shared: bool,
     ) -> WatchStream {
         let (deliver, delivered) = mpsc::unbounded_channel();
         let id = {
-            let mut state = self.lock();
-            let (weak, closed) = (Arc::downgrade(client), client.closed().clone());
-            if state.task.ensure(|| run(weak, closed)) {
+            let mut state = watches.lock();
+            let start = || {
+                let task = StreamTask {
+                    wire: Arc::clone(wire),
+                    watches: Arc::clone(watches),
+                };
+                lease_http::reopen(task, "etcd watch", closed.clone())
+            };
+            if state.task.ensure(start) {
                 state.stream = None;
             }
             state.last_id += 1;
@@ -229,12 +244,12 @@ impl Watches {
             state.watchers.insert(id, watcher);
             id
         };
-        client.count_request(false);
+        wire.count_request(false);
         WatchStream {
             id,
             sub: id.unsigned_abs(),
             delivered,
-            client: Arc::downgrade(client),
+            watches: Arc::downgrade(watches),
             queued: None,
         }
     }
@@ -248,7 +263,7 @@ impl Watches {
     }
 
     /// Ends subscriber `sub` of watch `id`; the etcd watch with its last subscriber.
-    fn cancel(&self, client: &EtcdClient, id: i64, sub: u64) {
+    fn cancel(&self, id: i64, sub: u64) {
         let mut state = self.lock();
         let Some(watcher) = state.watchers.get_mut(&id) else {
             return;
@@ -256,18 +271,18 @@ impl Watches {
         watcher.deliver.retain(|(s, _)| *s != sub);
         if watcher.deliver.is_empty() && state.remove(id, true) {
             // Under the lock, as the stream's break suspends them.
-            client.pool().resume();
+            self.pool.resume();
         }
     }
 
     /// Routes one answer of the stream to its watch.
-    fn dispatch(&self, client: &EtcdClient, message: WatchResponse) {
+    fn dispatch(&self, message: WatchResponse) {
         let mut state = self.lock();
         let id = message.watch_id;
         let back = (message.created || message.canceled) && state.back(id);
         let Some(watcher) = state.watchers.get_mut(&id) else {
             if back {
-                client.pool().resume();
+                self.pool.resume();
             }
             return;
         };
@@ -295,7 +310,7 @@ impl Watches {
             watcher.deliver.is_empty() && state.remove(id, true)
         };
         if back || resume {
-            client.pool().resume();
+            self.pool.resume();
         }
     }
 }
@@ -333,18 +348,21 @@ impl State {
     }
 }
 
-/// Runs the stream: opens it, creates every watch on it, routes its answers, and opens it again
-/// when it breaks. Ends with the client.
-async fn run(client: Weak<EtcdClient>, closed: CancellationToken) {
-    let mut pause = lease_http::backoff();
-    let mut first = true;
-    loop {
-        let Some(strong) = client.upgrade() else {
-            return;
-        };
+/// The stream's task: the wire client and the watches it carries, handed to it when it starts;
+/// [`lease_http::reopen`] opens the stream again when it breaks, until the client is gone.
+struct StreamTask {
+    wire: Arc<Wire>,
+    watches: Arc<Watches>,
+}
+
+impl Reopen for StreamTask {
+    type Error = ApiError;
+
+    /// Opens the stream, creates every watch on it, and routes its answers until it breaks.
+    async fn serve(&mut self, first: bool, pause: &mut lease_core::backoff::Backoff) -> ApiError {
         let (requests, outgoing) = mpsc::unbounded_channel();
         {
-            let mut state = strong.watches().lock();
+            let mut state = self.watches.lock();
             let state = &mut *state;
             state.recreating = if first {
                 HashSet::new()
@@ -355,67 +373,42 @@ async fn run(client: Weak<EtcdClient>, closed: CancellationToken) {
                 let _ = requests.send(create_request(&watcher.create));
             }
             if !first && state.recreating.is_empty() {
-                strong.pool().resume();
+                self.watches.pool.resume();
             }
             state.stream = Some(requests);
         }
-        first = false;
-        let broke = tokio::select! {
-            () = closed.cancelled() => return,
-            broke = serve(&strong, outgoing, &mut pause) => broke,
-        };
-        {
-            // Until every watch is back, nothing sees the leases. Under the lock, so a watch
-            // cancelled meanwhile cannot count as the last one back (see `State::back`).
-            let mut state = strong.watches().lock();
-            state.broke();
-            strong.pool().suspend(Instant::now());
-        }
-        tracing::debug!(error = %broke, "the etcd watch stream broke; opening it again");
-        drop(strong);
-        tokio::select! {
-            () = closed.cancelled() => return,
-            () = pause.wait() => {}
-        }
+        serve(&self.wire, &self.watches, outgoing, pause).await
+    }
+
+    fn broke(&mut self, _: &ApiError) {
+        // Until every watch is back, nothing sees the leases. Under the lock, so a watch
+        // cancelled meanwhile cannot count as the last one back (see `State::back`).
+        let mut state = self.watches.lock();
+        state.broke();
+        self.watches.pool.suspend(Instant::now());
     }
 }
 
 /// One stream, from its opening to its end; returns why it ended.
 async fn serve(
-    client: &Arc<EtcdClient>,
+    wire: &Wire,
+    watches: &Watches,
     outgoing: mpsc::UnboundedReceiver<WatchRequest>,
     pause: &mut lease_core::backoff::Backoff,
 ) -> ApiError {
-    let token = match client.token().await {
-        Ok(token) => token,
+    let (i, opening) = match wire.watch(outgoing).await {
+        Ok(opening) => opening,
         Err(error) => return error,
     };
-    let (i, channel) = match client.channel(Use::Streams) {
-        Ok(channel) => channel,
-        Err(error) => return error,
+    let mut responses = match opening.await {
+        Ok(opened) => opened,
+        Err(status) => return broken(wire, i, status_error(status)),
     };
-    let mut grpc = Grpc::new(channel);
-    let request = client.request(UnboundedReceiverStream::new(outgoing), token.as_deref());
-    let opened = async {
-        grpc.ready()
-            .await
-            .map_err(|e| tonic::Status::from_error(e.into()))?;
-        grpc.streaming(
-            request,
-            PathAndQuery::from_static(path::WATCH),
-            ProstCodec::<WatchRequest, WatchResponse>::default(),
-        )
-        .await
-    };
-    let mut responses = match opened.await {
-        Ok(response) => response.into_inner(),
-        Err(status) => return broken(client, i, status_error(status)),
-    };
-    client.reachability_tracker().answered(true);
+    wire.reachability_tracker().answered(true);
     loop {
         let message = tokio::select! {
             message = responses.message() => message,
-            () = client.moved_from(i) => return moved(),
+            () = wire.channels().moved_from(i) => return wire::moved(),
         };
         match message {
             Ok(Some(message)) => {
@@ -423,25 +416,25 @@ async fn serve(
                 if message.canceled && is_token_refusal(&message.cancel_reason) {
                     // The stream's token expired: authenticate again and open another stream,
                     // which creates this watch again.
-                    client.token_refused();
+                    wire.token_refused();
                     return ApiError::Status {
                         status: http::StatusCode::OK,
                         grpc_code: Some(grpc::UNAUTHENTICATED),
                         message: message.cancel_reason,
                     };
                 }
-                client.watches().dispatch(client, message);
+                watches.dispatch(message);
             }
             Ok(None) => return stream_ended(),
-            Err(status) => return broken(client, i, status_error(status)),
+            Err(status) => return broken(wire, i, status_error(status)),
         }
     }
 }
 
-fn broken(client: &EtcdClient, endpoint: usize, error: ApiError) -> ApiError {
+fn broken(wire: &Wire, endpoint: usize, error: ApiError) -> ApiError {
     if matches!(error, ApiError::Transport(_)) {
-        client.move_on(endpoint, Use::Streams);
-        client.reachability_tracker().answered(false);
+        wire.channels().move_on(endpoint, Use::Streams);
+        wire.reachability_tracker().answered(false);
     }
     if matches!(
         error,
@@ -450,18 +443,9 @@ fn broken(client: &EtcdClient, endpoint: usize, error: ApiError) -> ApiError {
             ..
         }
     ) {
-        client.token_refused();
+        wire.token_refused();
     }
     error
-}
-
-/// Why a stream left an endpoint that calls had moved away from.
-pub(crate) fn moved() -> ApiError {
-    ApiError::Status {
-        status: http::StatusCode::OK,
-        grpc_code: Some(grpc::UNAVAILABLE),
-        message: "calls moved on to another etcd endpoint; following them".into(),
-    }
 }
 
 fn is_token_refusal(reason: &str) -> bool {
@@ -506,7 +490,7 @@ pub(crate) struct WatchStream {
     /// This stream among the watch's subscribers.
     sub: u64,
     delivered: mpsc::UnboundedReceiver<Delivery>,
-    client: Weak<EtcdClient>,
+    watches: Weak<Watches>,
     /// Events to return first: those that came with the watch's creation, a shared watch's replay,
     /// or those given back (`put_back`).
     queued: Option<WatchResponse>,
@@ -559,8 +543,8 @@ impl WatchStream {
 
 impl Drop for WatchStream {
     fn drop(&mut self) {
-        if let Some(client) = self.client.upgrade() {
-            client.watches().cancel(&client, self.id, self.sub);
+        if let Some(watches) = self.watches.upgrade() {
+            watches.cancel(self.id, self.sub);
         }
     }
 }
@@ -568,7 +552,7 @@ impl Drop for WatchStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::KeyValue;
+    use crate::wire::proto::KeyValue;
 
     fn event(revision: i64) -> Event {
         Event {

@@ -4,7 +4,8 @@
 //! retry loop for brief trouble ([`retry_transient`]), why a call failed ([`ApiError`], which
 //! each backend turns into the public error through its [`ErrorContext`]), why a request got no
 //! answer ([`Cause`]), an error's chain as text ([`DisplayChain`]), TLS over a connection the
-//! backend made ([`tls`]), a client's background task ([`Task`]), and its probe of a server found unreachable
+//! backend made ([`tls`]), a client's background task ([`Task`]) and the loop of one that keeps a
+//! stream open ([`reopen`]), and its probe of a server found unreachable
 //! ([`Probe`]).
 //!
 //! It is a support crate: an application uses the backend crates, which re-export what it needs.
@@ -28,7 +29,7 @@ mod task;
 pub mod tls;
 
 pub use error::{ApiError, ErrorContext, grpc};
-pub use task::{PROBE_EVERY, Probe, Task};
+pub use task::{PROBE_EVERY, Probe, Reopen, Task, reopen};
 
 /// A backend call's error, as far as the retry loop needs to know it.
 pub trait Retryable: fmt::Display {

@@ -1,10 +1,13 @@
-//! A client's background task, kept running while the client is used, and the one that probes
-//! its server while the server is unreachable.
+//! A client's background task, kept running while the client is used; the loop of a task that
+//! keeps a stream open, opening it again when it breaks; and the task that probes a server while
+//! it is unreachable.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use lease_core::CancellationToken;
 use lease_core::backend::Reachability;
 use lease_core::backoff::Backoff;
 use tokio::task::JoinHandle;
@@ -13,7 +16,8 @@ use tokio::task::JoinHandle;
 /// use, and again if the one before has ended, as it does with the runtime it ran on (a client
 /// kept across runtimes, as tests and `#[tokio::main]` functions called twice do).
 ///
-/// The task should hold its client only weakly, so that it ends with it.
+/// The task should hold its client only weakly, so that it ends with it, or end when the client's
+/// token is cancelled as it is dropped (as [`reopen`] does).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -38,6 +42,47 @@ impl Task {
         }
         *task = Some(tokio::spawn(start()));
         true
+    }
+}
+
+/// A stream a client keeps open (a watch stream, a keep-alive stream), served by [`reopen`] in
+/// its [`Task`]: given what it needs (the wire client, its channels) when the task starts.
+pub trait Reopen: Send {
+    /// Why a stream ended.
+    type Error: fmt::Display + Send;
+
+    /// Opens the stream and serves it until it breaks; returns why. `first`: the task's first
+    /// stream (else one opened again after a break). `pause` is the wait before the next
+    /// opening: the stream resets it when the server answers.
+    fn serve(
+        &mut self,
+        first: bool,
+        pause: &mut Backoff,
+    ) -> impl Future<Output = Self::Error> + Send;
+
+    /// The stream broke with `error`, before the pause.
+    fn broke(&mut self, error: &Self::Error);
+}
+
+/// Serves `stream` until `closed` is cancelled (the client is gone), opening it again whenever it
+/// breaks, after a pause of [`backoff`](crate::backoff) that grows while the openings fail.
+/// `what` names the stream in the log (`"the {what} stream broke; opening it again"`).
+pub async fn reopen<S: Reopen>(mut stream: S, what: &str, closed: CancellationToken) {
+    let mut pause = crate::backoff();
+    let mut first = true;
+    loop {
+        let Some(broke) = closed
+            .run_until_cancelled(stream.serve(first, &mut pause))
+            .await
+        else {
+            return;
+        };
+        first = false;
+        stream.broke(&broke);
+        tracing::debug!(error = %broke, "the {what} stream broke; opening it again");
+        if closed.run_until_cancelled(pause.wait()).await.is_none() {
+            return;
+        }
     }
 }
 
@@ -133,9 +178,52 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use lease_core::CancellationToken;
     use lease_core::backend::{Reachability, ReachabilityTracker};
+    use lease_core::backoff::Backoff;
 
-    use super::{PROBE_EVERY, Probe};
+    use super::{PROBE_EVERY, Probe, Reopen, reopen};
+
+    /// A stream that breaks at once, and on its third opening closes its client.
+    struct Breaking {
+        closed: CancellationToken,
+        opened: Vec<bool>,
+        broke: usize,
+    }
+
+    impl Reopen for &mut Breaking {
+        type Error = &'static str;
+
+        async fn serve(&mut self, first: bool, _: &mut Backoff) -> &'static str {
+            self.opened.push(first);
+            if self.opened.len() == 3 {
+                self.closed.cancel();
+            }
+            "reset"
+        }
+
+        fn broke(&mut self, _: &&'static str) {
+            self.broke += 1;
+        }
+    }
+
+    /// A broken stream is opened again (not as the first) after each break, until the client's
+    /// token is cancelled.
+    #[tokio::test]
+    async fn a_stream_is_opened_again_until_its_client_closes() {
+        let closed = CancellationToken::new();
+        let mut stream = Breaking {
+            closed: closed.clone(),
+            opened: Vec::new(),
+            broke: 0,
+        };
+        reopen(&mut stream, "test", closed).await;
+        assert_eq!(stream.opened, [true, false, false]);
+        assert_eq!(
+            stream.broke, 3,
+            "the third break too, before the pause sees the token"
+        );
+    }
 
     #[derive(Default)]
     struct Client {

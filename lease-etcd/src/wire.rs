@@ -1,12 +1,12 @@
 //! etcd's v3 gRPC API over two HTTP/2 connections per endpoint: the unary calls this crate
-//! makes, and what their errors mean.
+//! makes, the opening of its two streams (watch, keep-alive), and what their errors mean.
 //!
 //! Every call goes to one endpoint at a time; a transport failure moves the client on to the next
 //! of its endpoints, so the retry that follows ([`lease_http::retry_transient`]) reaches another
-//! member. An endpoint's channels are HTTP/2 connections (tonic's, over [`Connector`]'s TCP or
-//! TLS): one shared by every call, one by the watch stream ([`Watches`]) and the keep-alive
-//! stream ([`Pool`]); a process's leases cost no connection of their own. With a user and password the
-//! client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
+//! member. An endpoint's channels are HTTP/2 connections (tonic's, over our TCP or TLS: the
+//! `channels` and `connect` modules): one shared by every call, one by the watch stream (the
+//! `watch` module) and the keep-alive stream (the `pool` module); a process's leases cost no
+//! connection of their own. With a user and password the client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
 //! longer knows (they expire after five idle minutes by default) is replaced once, transparently.
 //!
 //! Errors are lease-http's [`ApiError`], which fits gRPC as it fits etcd's JSON gateway: an
@@ -15,107 +15,41 @@
 //! cause lease-http reads from the I/O error underneath. So the one retry loop and the error
 //! hints stay shared with Consul.
 
+mod channels;
+mod connect;
+mod error;
+pub(crate) mod proto;
+
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::client::Grpc;
-use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
 
-use super::connect::Connector;
-use super::pool::Pool;
-use super::proto::{
-    self, AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse,
-    Empty, LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseTimeToLiveResponse, RangeRequest,
-    RangeResponse, TxnRequest, TxnResponse, path,
-};
-use super::watch::{WatchStream, Watches};
+pub(crate) use channels::{Channels, Endpoint, REQUEST_TIMEOUT, Use};
+use error::{hint, is_permission};
+pub(crate) use error::{is_not_found, moved, status_error};
+use lease_core::backend::Reachability;
 use lease_core::backend::ReachabilityTracker;
-use lease_core::backend::{Keepers, Reachability};
 use lease_core::{BackendKind, Error};
 pub(crate) use lease_http::ApiError;
 use lease_http::tls::Tls;
-use lease_http::{Cause, ClientConfig, ErrorContext, grpc};
+use lease_http::{ClientConfig, ErrorContext, grpc};
+use proto::{
+    AuthenticateRequest, AuthenticateResponse, DeleteRangeRequest, DeleteRangeResponse, Empty,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseKeepAliveResponse,
+    LeaseTimeToLiveResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchRequest,
+    WatchResponse, path,
+};
 
-/// Timeout of every unary call.
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often the connection is pinged while idle, to find a dead one before a request does.
-/// etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`).
-const PING_EVERY: Duration = Duration::from_secs(10);
-
-/// The most unary calls in flight on an endpoint's connection; etcd batches its writes, so more
-/// would not make them faster.
-const MAX_CALLS_IN_FLIGHT: usize = 128;
-
-/// Whether etcd says the lease (or the thing asked about) does not exist.
-pub(crate) fn is_not_found(error: &ApiError) -> bool {
-    matches!(
-        error,
-        ApiError::Status {
-            grpc_code: Some(grpc::NOT_FOUND),
-            ..
-        }
-    )
-}
-
-/// Whether etcd refused the call's permission or credentials.
-fn is_permission(error: &ApiError) -> bool {
-    match error {
-        ApiError::Status {
-            grpc_code: Some(grpc::PERMISSION_DENIED | grpc::UNAUTHENTICATED),
-            ..
-        } => true,
-        // A wrong user or password is InvalidArgument, and only its message says so.
-        ApiError::Status { message, .. } => message.contains("authentication failed"),
-        _ => false,
-    }
-}
-
-/// What the user should do about `error`, for errors and warnings.
-fn hint(error: &ApiError) -> &'static str {
-    match error {
-        ApiError::Transport(source) => match cause_of(&**source) {
-            Cause::Refused => "is it running? Start etcd, or point ETCD_ENDPOINTS at it",
-            Cause::Dns => {
-                "the host name did not resolve (DNS): check ETCD_ENDPOINTS and the resolver"
-            }
-            Cause::Dropped => {
-                "etcd closed the connection: is it an etcd client URL (not a peer URL), with \
-                 https:// if it serves TLS?"
-            }
-            Cause::TimedOut => "no answer in time: etcd or the network is overloaded",
-            Cause::Tls => {
-                "the TLS handshake failed: trust the CA that signed etcd's certificate \
-                 (ETCD_CACERT), connect by a name the certificate carries, and give a client \
-                 certificate if etcd verifies clients (ETCD_CERT and ETCD_KEY)"
-            }
-            Cause::Other => "is it running? Check ETCD_ENDPOINTS",
-        },
-        ApiError::TimedOut => "no answer in time: etcd or the network is overloaded",
-        ApiError::Status { .. } | ApiError::Malformed(_) => "",
-    }
-}
-
-/// What went wrong under a call that got no answer: lease-http's [`Cause`], and tonic's own
-/// timeout (its connect timeout expiring, which carries no I/O error kind), a timeout too.
-fn cause_of(error: &(dyn std::error::Error + 'static)) -> Cause {
-    let mut source = Some(error);
-    while let Some(e) = source {
-        if e.is::<tonic::TimeoutExpired>() {
-            return Cause::TimedOut;
-        }
-        source = e.source();
-    }
-    Cause::of(error)
-}
-
-impl ErrorContext for EtcdClient {
+impl ErrorContext for Wire {
     fn public_error(&self, error: ApiError, operation: impl fmt::Display) -> Error {
         let transient = error.is_transient();
         let permission = is_permission(&error);
@@ -149,36 +83,6 @@ impl ErrorContext for EtcdClient {
     }
 }
 
-/// The error of a call that ended with `status`: `Transport` if no answer came (tonic gives such
-/// a status the local error as its source), else etcd's own status.
-pub(crate) fn status_error(status: tonic::Status) -> ApiError {
-    if std::error::Error::source(&status).is_some() {
-        return ApiError::pool(Box::new(NoAnswer(status)));
-    }
-    ApiError::Status {
-        status: http::StatusCode::OK,
-        grpc_code: Some(status.code() as i32),
-        message: status.message().to_owned(),
-    }
-}
-
-/// A call that got no answer: its message is the chain of the local error under the status
-/// (what lease-http's `Cause` reads), not the status's own rendering of it.
-#[derive(Debug)]
-struct NoAnswer(tonic::Status);
-
-impl fmt::Display for NoAnswer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("no answer from etcd")
-    }
-}
-
-impl std::error::Error for NoAnswer {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.0)
-    }
-}
-
 /// A user and password for etcd's authentication.
 #[derive(Clone)]
 pub(crate) struct Credentials {
@@ -195,170 +99,84 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// One of the cluster's client URLs.
-#[derive(Clone, Debug)]
-pub(crate) struct Endpoint {
-    /// `http://host:port` or `https://host:port`, for messages.
-    pub(crate) url: String,
-    pub(crate) host: String,
-    pub(crate) port: u16,
-    pub(crate) https: bool,
-}
+/// The opening of a stream: etcd's answer, then the stream of its messages.
+pub(crate) type Opening<Resp> =
+    Pin<Box<dyn Future<Output = Result<tonic::Streaming<Resp>, tonic::Status>> + Send>>;
 
-/// What a connection carries.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Use {
-    /// The unary calls.
-    Calls = 0,
-    /// The watch stream and the keep-alive stream.
-    Streams = 1,
-}
-
-/// An endpoint's channel, and a sentinel that tells whether the runtime its connection task runs
-/// on is still there: a channel made on a runtime that ended (a test's, a CLI's first one) is
-/// made again on the current one.
-struct Conn {
-    channel: Channel,
-    alive: mpsc::Sender<()>,
-}
-
-/// etcd's gRPC API, as this crate uses it.
-pub(crate) struct EtcdClient {
-    endpoints: Vec<Endpoint>,
+/// etcd's gRPC API, as this crate uses it: the wire client, which every call, stream and
+/// clean-up goes through.
+pub(crate) struct Wire {
+    /// The endpoints and their connections.
+    channels: Channels,
     tls_config: ClientConfig,
-    tls: Option<Tls>,
-    /// The endpoint calls go to; moved on by a transport failure.
-    current: AtomicUsize,
-    /// Per endpoint, the connection of the calls and that of the two streams.
-    conns: Mutex<Vec<[Option<Conn>; 2]>>,
     credentials: Option<Credentials>,
     /// etcd's token; `Some("")` when the cluster has authentication off.
     token: Mutex<Option<String>>,
     authenticating: tokio::sync::Mutex<()>,
-    /// The holder tasks of every lease this client (and its clones) acquired.
-    keepers: Keepers,
     requests: AtomicU64,
-    /// This client on connections of the clean-up runtime, built by the first clean-up that
-    /// needs it (see [`EtcdClient::detached`]).
-    detached: OnceLock<Option<Arc<EtcdClient>>>,
     reachability: ReachabilityTracker,
-    /// Probes etcd while it is unreachable (see [`EtcdClient::probe`]).
-    probe: lease_http::Probe,
-    watches: Watches,
-    pool: Pool,
-    /// Cancelled when the client is dropped: ends the stream tasks.
-    closed: CancellationToken,
-    /// This client, for the stream tasks (which must not keep it alive).
-    me: Weak<EtcdClient>,
-    /// Bumped when calls move on to another endpoint, so the streams follow them there.
-    moved: tokio::sync::watch::Sender<u64>,
 }
 
-impl fmt::Debug for EtcdClient {
+impl fmt::Debug for Wire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdClient")
+        f.debug_struct("Wire")
             .field("endpoints", &self.address())
             .field("credentials", &self.credentials)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for EtcdClient {
-    fn drop(&mut self) {
-        self.closed.cancel();
-    }
-}
-
-impl EtcdClient {
+impl Wire {
     pub(crate) fn new(
         tls_config: ClientConfig,
         endpoints: Vec<Endpoint>,
         credentials: Option<Credentials>,
-    ) -> Result<Arc<Self>, lease_core::BoxError> {
+    ) -> Result<Wire, lease_core::BoxError> {
         let tls = if endpoints.iter().any(|e| e.https) {
             Tls::new(&tls_config, "h2")?
         } else {
             None
         };
-        let conns = endpoints.iter().map(|_| [None, None]).collect();
-        Ok(Arc::new_cyclic(|me| EtcdClient {
-            endpoints,
+        Ok(Wire {
+            channels: Channels::new(endpoints, tls),
             tls_config,
-            tls,
-            current: AtomicUsize::new(0),
-            conns: Mutex::new(conns),
             credentials,
             token: Mutex::new(None),
             authenticating: tokio::sync::Mutex::new(()),
-            keepers: Keepers::new(),
             requests: AtomicU64::new(0),
-            detached: OnceLock::new(),
             reachability: ReachabilityTracker::default(),
-            probe: lease_http::Probe::default(),
-            watches: Watches::default(),
-            pool: Pool::default(),
-            closed: CancellationToken::new(),
-            me: me.clone(),
-            moved: tokio::sync::watch::Sender::new(0),
-        }))
+        })
     }
 
-    /// The same client on its own connections, for the clean-ups that run on the detached
-    /// runtime. Built once and shared by every clean-up of this client.
-    pub(crate) fn detached(&self) -> Option<Arc<EtcdClient>> {
-        self.detached
-            .get_or_init(|| {
-                EtcdClient::new(
-                    self.tls_config.clone(),
-                    self.endpoints.clone(),
-                    self.credentials.clone(),
-                )
-                .ok()
-            })
-            .clone()
-    }
-
-    pub(crate) fn keepers(&self) -> &Keepers {
-        &self.keepers
-    }
-
-    pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    pub(crate) fn watches(&self) -> &Watches {
-        &self.watches
-    }
-
-    /// This client, shared (`None` only while it is being dropped).
-    pub(crate) fn me(&self) -> Option<Arc<EtcdClient>> {
-        self.me.upgrade()
-    }
-
-    pub(crate) fn closed(&self) -> &CancellationToken {
-        &self.closed
+    /// The same wire client on connections of its own (for the clean-ups that run on the
+    /// detached runtime).
+    pub(crate) fn twin(&self) -> Result<Wire, lease_core::BoxError> {
+        Wire::new(
+            self.tls_config.clone(),
+            self.channels.endpoints().to_vec(),
+            self.credentials.clone(),
+        )
     }
 
     /// The endpoints, comma-separated, for messages (URLs never carry credentials here).
     pub(crate) fn address(&self) -> String {
-        let urls: Vec<&str> = self.endpoints.iter().map(|e| e.url.as_str()).collect();
+        let urls: Vec<&str> = self
+            .channels
+            .endpoints()
+            .iter()
+            .map(|e| e.url.as_str())
+            .collect();
         urls.join(",")
+    }
+
+    /// The endpoints' connections, for the streams.
+    pub(crate) fn channels(&self) -> &Channels {
+        &self.channels
     }
 
     /// Whether an endpoint answered this client's last request.
     pub(crate) fn reachability(&self) -> Reachability {
         self.reachability.get()
-    }
-
-    /// Whether an endpoint answered this client's last request, probing etcd in the background
-    /// while none did (a one-key read about every second, until one is answered), so that the
-    /// answer turns current again without other traffic.
-    pub(crate) fn probed_reachability(self: &Arc<Self>) -> Reachability {
-        self.probe
-            .watch(self, EtcdClient::reachability, |client| async move {
-                // Any answer, an error status too, is etcd answering.
-                let _ = client.range(&RangeRequest::probe()).await;
-            })
     }
 
     pub(crate) fn reachability_tracker(&self) -> &ReachabilityTracker {
@@ -369,96 +187,11 @@ impl EtcdClient {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Counts a request (a call, or a message on a stream) for [`EtcdClient::requests_sent`] and the
+    /// Counts a request (a call, or a message on a stream) for [`Wire::requests_sent`] and the
     /// metrics.
     pub(crate) fn count_request(&self, write: bool) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         lease_core::metrics::backend_request(BackendKind::Etcd, write);
-    }
-
-    /// The current endpoint's index and the channel for `use_` there (made if there is none, or
-    /// if the runtime of the one there ended).
-    ///
-    /// Calls and streams have a connection each, so a burst of calls (thousands of acquisitions
-    /// at once) never queues the keep-alives and watch events behind it: at most two connections
-    /// per endpoint.
-    pub(crate) fn channel(&self, use_: Use) -> Result<(usize, Channel), ApiError> {
-        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
-        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        let conn = &mut conns[i][use_ as usize];
-        if let Some(conn) = conn {
-            if !conn.alive.is_closed() {
-                return Ok((i, conn.channel.clone()));
-            }
-        }
-        let endpoint = &self.endpoints[i];
-        let scheme_less = format!("http://{}:{}", endpoint.host, endpoint.port);
-        let channel = tonic::transport::Endpoint::from_shared(scheme_less)
-            .map_err(|e| ApiError::Malformed(format!("endpoint {}: {e}", endpoint.url)))?
-            .connect_timeout(lease_http::DEFAULT_CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(PING_EVERY)
-            .keep_alive_timeout(REQUEST_TIMEOUT)
-            .keep_alive_while_idle(true);
-        // Calls beyond the limit wait (parked) for one in flight to end: thousands of
-        // acquisitions at once then queue here rather than in the runtime's run queue, which
-        // would delay the stream tasks (keep-alives, loss) behind them by seconds.
-        let channel = match use_ {
-            Use::Calls => channel.concurrency_limit(MAX_CALLS_IN_FLIGHT),
-            Use::Streams => channel,
-        }
-        .connect_with_connector_lazy(Connector {
-            host: endpoint.host.clone(),
-            port: endpoint.port,
-            tls: if endpoint.https {
-                self.tls.clone()
-            } else {
-                None
-            },
-        });
-        let (alive, mut sentinel) = mpsc::channel(1);
-        // Ends with the runtime (closing `alive`), or when the channel is replaced.
-        tokio::spawn(async move { sentinel.recv().await });
-        *conn = Some(Conn {
-            channel: channel.clone(),
-            alive,
-        });
-        Ok((i, channel))
-    }
-
-    /// After a transport failure at endpoint `i` on the connection for `use_`: calls and
-    /// streams go to the next endpoint (on fresh connections), or, with one endpoint, that
-    /// connection is made again (the failed one may be half-dead).
-    pub(crate) fn move_on(&self, i: usize, use_: Use) {
-        let next = (i + 1) % self.endpoints.len();
-        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        if next == i {
-            conns[i][use_ as usize] = None;
-            return;
-        }
-        if self
-            .current
-            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            conns[i] = [None, None];
-            drop(conns);
-            self.moved.send_modify(|generation| *generation += 1);
-        }
-    }
-
-    /// Completes when calls have moved on from endpoint `i` to another one: a stream on `i`
-    /// then opens again where the calls go. (With one endpoint it never completes.)
-    pub(crate) async fn moved_from(&self, i: usize) {
-        let mut moved = self.moved.subscribe();
-        loop {
-            if self.current.load(Ordering::Relaxed) % self.endpoints.len() != i {
-                return;
-            }
-            if moved.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
     }
 
     fn set_token(&self, token: Option<String>) {
@@ -514,7 +247,7 @@ impl EtcdClient {
     }
 
     /// A request with the token as metadata.
-    pub(crate) fn request<T>(&self, message: T, token: Option<&str>) -> tonic::Request<T> {
+    fn request<T>(&self, message: T, token: Option<&str>) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(token) = token {
             if let Ok(value) = token.parse() {
@@ -522,6 +255,54 @@ impl EtcdClient {
             }
         }
         request
+    }
+
+    /// `Lease/LeaseKeepAlive`, the keep-alive stream carrying `outgoing` (see [`Wire::streaming`]).
+    pub(crate) async fn lease_keep_alive(
+        &self,
+        outgoing: mpsc::UnboundedReceiver<LeaseId>,
+    ) -> Result<(usize, Opening<LeaseKeepAliveResponse>), ApiError> {
+        self.streaming(path::LEASE_KEEP_ALIVE, outgoing).await
+    }
+
+    /// `Watch/Watch`, the watch stream carrying `outgoing` (see [`Wire::streaming`]).
+    pub(crate) async fn watch(
+        &self,
+        outgoing: mpsc::UnboundedReceiver<WatchRequest>,
+    ) -> Result<(usize, Opening<WatchResponse>), ApiError> {
+        self.streaming(path::WATCH, outgoing).await
+    }
+
+    /// A bidirectional stream of `path` carrying `outgoing`, on the current endpoint's stream
+    /// connection, with the token: the endpoint's index, and its opening (etcd's answer, then the
+    /// stream of its messages) to await.
+    async fn streaming<Req, Resp>(
+        &self,
+        path: &'static str,
+        outgoing: mpsc::UnboundedReceiver<Req>,
+    ) -> Result<(usize, Opening<Resp>), ApiError>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let token = self.token().await?;
+        let (i, channel) = self.channels.channel(Use::Streams)?;
+        let mut grpc = Grpc::new(channel);
+        let request = self.request(UnboundedReceiverStream::new(outgoing), token.as_deref());
+        let opening = Box::pin(async move {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::from_error(e.into()))?;
+            let response = grpc
+                .streaming(
+                    request,
+                    PathAndQuery::from_static(path),
+                    ProstCodec::<Req, Resp>::default(),
+                )
+                .await?;
+            Ok(response.into_inner())
+        });
+        Ok((i, opening))
     }
 
     /// One unary call to the current endpoint, with `token`.
@@ -536,7 +317,7 @@ impl EtcdClient {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let (i, channel) = self.channel(Use::Calls)?;
+        let (i, channel) = self.channels.channel(Use::Calls)?;
         self.count_request(write);
         let mut grpc = Grpc::new(channel);
         let mut request = self.request(message, token);
@@ -567,7 +348,7 @@ impl EtcdClient {
         };
         let unanswered = matches!(error, ApiError::Transport(_) | ApiError::TimedOut);
         if unanswered {
-            self.move_on(i, Use::Calls);
+            self.channels.move_on(i, Use::Calls);
         }
         self.reachability.answered(!unanswered);
         lease_core::metrics::backend_error(BackendKind::Etcd, error.metric_kind());
@@ -672,32 +453,6 @@ impl EtcdClient {
             .unary(path::LEASE_TIME_TO_LIVE, LeaseId { id }, false)
             .await?;
         Ok(answer.ttl)
-    }
-
-    /// A watch of `range` from `start_revision` on, each event with the key as it was before
-    /// (`prev_kv`), on the client's one watch stream. Etcd has created it when this returns.
-    pub(crate) async fn watch(
-        &self,
-        range: &RangeRequest,
-        start_revision: i64,
-    ) -> Result<WatchStream, ApiError> {
-        Watches::watch(&self.for_watches()?, range, start_revision).await
-    }
-
-    /// As [`watch`](EtcdClient::watch), on one etcd watch shared by every watcher of `range` in
-    /// this process (see the `watch` module).
-    pub(crate) async fn watch_shared(
-        &self,
-        range: &RangeRequest,
-        start_revision: i64,
-    ) -> Result<WatchStream, ApiError> {
-        Watches::watch_shared(&self.for_watches()?, range, start_revision).await
-    }
-
-    /// This client, shared, for a watch to hold (weakly) and its stream task to start with.
-    fn for_watches(&self) -> Result<Arc<EtcdClient>, ApiError> {
-        self.me()
-            .ok_or_else(|| ApiError::Malformed("the client is gone".into()))
     }
 }
 
@@ -818,6 +573,7 @@ mod tests {
             let what = format!("{:?} {}", status.code(), status.message());
             let public = etcd
                 .http
+                .wire()
                 .public_error(status_error(status), "acquire \"k\"");
             assert_eq!(
                 (public.kind(), public.is_transient()),

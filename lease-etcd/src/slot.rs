@@ -1,0 +1,72 @@
+//! The holder part of a contender's key, `<lease hex>` or `<lease hex>_<n>`: its place among the
+//! contenders of one name on one pooled etcd lease (see the `pool` module).
+
+use std::fmt;
+
+/// A contender's place among the contenders of one name on one pooled lease: the holder part of
+/// its key. Slot 0 is the etcd lease ID in lowercase hex, exactly as etcd's election recipe
+/// (`etcdctl elect`, `etcdctl lock`) names its keys; slot n > 0 is `<lease hex>_<n>` (n in
+/// decimal). An underscore is no hex digit, so no slot of one lease is ever a key of another, and
+/// the lease a key belongs to is read back from the part before it ([`Slot::parse`]). etcd's
+/// recipe never parses the key's suffix: it orders a name's keys by create revision only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub(crate) lease: i64,
+    pub(crate) n: u64,
+}
+
+impl Slot {
+    /// The slot a holder string names, if it names one: `<hex>` or `<hex>_<n>` with n ≥ 1 in
+    /// decimal without leading zeros, the lease positive.
+    pub(crate) fn parse(holder: &str) -> Option<Slot> {
+        let (hex, n) = match holder.split_once('_') {
+            Some((_, n)) if n.starts_with('0') || !n.bytes().all(|b| b.is_ascii_digit()) => {
+                return None;
+            }
+            Some((hex, n)) => (hex, n.parse().ok()?),
+            None => (holder, 0),
+        };
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let lease = i64::from_str_radix(hex, 16).ok().filter(|id| *id > 0)?;
+        Some(Slot { lease, n })
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.n {
+            0 => write!(f, "{:x}", self.lease),
+            n => write!(f, "{:x}_{n}", self.lease),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slot;
+
+    #[test]
+    fn a_slot_is_written_and_read_back() {
+        for (holder, lease, n) in [
+            ("1a2b", 0x1a2b, 0),
+            ("1a2b_1", 0x1a2b, 1),
+            ("7f_12", 0x7f, 12),
+        ] {
+            let slot = Slot::parse(holder).unwrap();
+            assert_eq!(slot, Slot { lease, n });
+            assert_eq!(slot.to_string(), holder);
+        }
+    }
+
+    #[test]
+    fn only_a_lease_in_hex_with_an_optional_decimal_slot_is_a_slot() {
+        for holder in [
+            "", "_1", "1a2b_", "1a2b_0", "1a2b_01", "1a2b_x", "1a2b_1_2", "0", "-1", "+1a", "xyz",
+            "1a2b/1",
+        ] {
+            assert_eq!(Slot::parse(holder), None, "{holder:?}");
+        }
+    }
+}
