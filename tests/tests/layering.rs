@@ -569,7 +569,7 @@ fn no_file_of_any_crate_imports_in_a_circle() {
     let found: Vec<String> = crates.iter().flat_map(describe_circles).collect();
     assert!(
         found.is_empty(),
-        "{} import circles among the files of a crate (move what both sides need below both):\n{}",
+        "import circles among the files of a crate: {} (move what both sides need below both):\n{}",
         found.len(),
         found.join("\n")
     );
