@@ -15,9 +15,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::LostReason;
 use crate::limits::far_future;
 use crate::metrics::Tally;
+use crate::{Error, LostReason};
 
 /// The self-fencing deadline of a lease: the instant past which this process must treat the
 /// lease as lost because the backend may already have given it to someone else.
@@ -287,6 +287,34 @@ impl Fence {
         } else {
             LostReason::SelfFenced { unconfirmed_for }
         })
+    }
+
+    /// `error`, met by a backend call while waiting or holding under this fence, or the loss
+    /// that explains it: once the fence has passed because this process was paused
+    /// ([`LostReason::ProcessPaused`]), a call whose timer ran out in the pause fails beside the
+    /// fence's own timer, in either order, and the pause, not the server, is the cause to report.
+    /// Any other error, and any error before the fence passed, is returned as it is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease_core::backend::Fence;
+    /// use lease_core::Error;
+    ///
+    /// let fence = Fence::new(Duration::from_secs(9), tokio::time::Instant::now());
+    /// let timed_out = || Error::Backend {
+    ///     backend: "etcd",
+    ///     operation: "read the queue".into(),
+    ///     message: "no answer in time".into(),
+    ///     transient: true,
+    /// };
+    /// // The fence has not passed: the call's error is the one to report.
+    /// assert!(matches!(fence.explain(timed_out()), Error::Backend { .. }));
+    /// ```
+    pub fn explain(&self, error: Error) -> Error {
+        match self.expired() {
+            Some(reason @ LostReason::ProcessPaused { .. }) => Error::Lost(reason),
+            _ => error,
+        }
     }
 
     /// Completes when the deadline passes, following every later confirmation and suspension.

@@ -154,3 +154,24 @@ async fn a_deadline_set_in_the_past_is_due_when_it_is_set() {
         Some(LostReason::ProcessPaused { .. })
     ));
 }
+
+/// A call's error met after a pause explains itself by the pause; one met while the fence holds,
+/// or just after it passed on time, stays the call's.
+#[tokio::test(start_paused = true)]
+async fn an_error_met_after_a_pause_is_explained_by_the_pause() {
+    let timed_out = || Error::Backend {
+        backend: "etcd",
+        operation: "read".into(),
+        message: "no answer in time".into(),
+        transient: true,
+    };
+    let fence = Fence::new(Duration::from_secs(9), Instant::now());
+    assert!(matches!(fence.explain(timed_out()), Error::Backend { .. }));
+    tokio::time::advance(Duration::from_millis(9_500)).await;
+    assert!(matches!(fence.explain(timed_out()), Error::Backend { .. }));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(matches!(
+        fence.explain(timed_out()),
+        Error::Lost(LostReason::ProcessPaused { .. })
+    ));
+}
