@@ -76,6 +76,9 @@ pub(crate) async fn acquire(
                 let _ = session.destroy().await;
             }
             Ok(Err(error)) => {
+                // A call that timed out in a pause of this process fails beside the fence: the
+                // pause is what to report.
+                let error = session.fence().explain(error);
                 // Give the session back now, so a caller that asked not to wait leaves nothing behind.
                 let _ = session.give_back().await;
                 return Err(error);

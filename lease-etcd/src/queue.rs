@@ -174,6 +174,9 @@ pub(crate) async fn acquire(
                 lost_with_a_lease = true;
             }
             Ok(Err(error)) => {
+                // A call that timed out in a pause of this process fails beside the fence: the
+                // pause is what to report.
+                let error = session.fence().explain(error);
                 // Give the lease back now, so a caller that asked not to wait leaves nothing
                 // behind.
                 let _ = session.give_back(None).await;

@@ -116,6 +116,11 @@ impl Session {
         &self.own
     }
 
+    /// The fence of the pooled lease under this place, as the keep-alives confirm it.
+    pub(crate) fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
     pub(crate) fn client(&self) -> &Arc<EtcdClient> {
         &self.client
     }

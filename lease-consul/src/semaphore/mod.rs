@@ -137,6 +137,8 @@ pub(crate) async fn acquire(
                 return Err(busy());
             }
             Ok(Some(Err(error))) => {
+                // A call that timed out in a pause of this process fails beside the fence.
+                let error = session.fence().explain(error);
                 let _ = session.destroy().await;
                 return Err(error);
             }
