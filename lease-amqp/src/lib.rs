@@ -84,14 +84,15 @@
 //! Measured on RabbitMQ 3.10.8 with lapin 4.12 on a 2-core machine (debug build): before the
 //! connections were pooled, one connection took 2,044 leases and lapin refused the next channel
 //! itself (`ChannelsLimitReached`), leaving the connection and its 2,044 leases intact; RabbitMQ
-//! closes a whole connection that opens more channels than negotiated, so the client-side limit
-//! is what keeps a refusal from costing every lease on the connection. 2,000 leader leases,
-//! their semaphores created on the way, are acquired 32 at a time in 10 to 16 s
-//! (`tests/tests/amqp_scale.rs`) and released in about 2 s; holding them costs the client about a third of a core and the broker roughly
-//! 150 KB each (its channel, its holder queue and its slot queue). lapin does work for every
-//! frame it sends in proportion to the connection's open channels, so fewer channels per
-//! connection are faster: with `?channel_max=256` and `max_connections(9)` (248 leases on each
-//! connection) the same 2,000 leases were acquired in 10 s instead of 15 s.
+//! closes a whole connection that opens more channels than negotiated, so the client-side limit is
+//! what keeps a refusal from costing every lease on the connection. 2,000 leader leases, their
+//! semaphores created on the way, are acquired 32 at a time in 10 to 16 s
+//! (`tests/tests/amqp_scale.rs`) and released in about 2 s; holding them costs the client about a
+//! third of a core and the broker roughly 150 KB each (its channel, its holder queue and its slot
+//! queue). lapin does work for every frame it sends in proportion to the connection's open
+//! channels, so fewer channels per connection are faster: with `?channel_max=256` and
+//! `max_connections(9)` (248 leases on each connection) the same 2,000 leases were acquired in 10 s
+//! instead of 15 s.
 //!
 //! **Leases and connections:** exclusive queues belong to a connection, so the backend remembers
 //! which slots its own leases hold, across all its connections, and never takes one twice. A
