@@ -37,8 +37,11 @@
 //!   queue `N-L-C` (`C[L]`), declared with `x-expires` = its [`LeaseSpec::settle`] (100 ms by
 //!   default) and consumed while it holds the slot. A clean release deletes it first; after any
 //!   other end the broker deletes it one settle time after the holder's channel went, and until
-//!   then acquirers count the slot as taken (a waiting acquirer finds it at a later scan). Measured on a 2-core machine under
-//!   11× load, the old holder noticed a dropped connection 42 ms after the broker dropped it.
+//!   then acquirers count the slot as taken (a waiting acquirer finds it at a later scan). The
+//!   old holder noticed a dropped connection 2.7 ms (p99) after the broker dropped it; once, on
+//!   a 2-core machine under 11× load, 42 ms. The settle queue is our own addition to
+//!   amqp-locks' protocol: a client that does not know it takes the slot at once, and fencing
+//!   (checking the sequencer downstream) covers that, as it covers any lease.
 //! - **Probes leave nothing behind**: existence checks are mandatory publishes with confirms, and
 //!   every queue is declared with `x-max-length = 0`, so a probe that reaches a queue is dropped.
 //!
@@ -48,7 +51,9 @@
 //! makes such probes as a matter of course (a free slot's holder queue, its settle queue, the
 //! queue past the last slot). lapin logs every returned message at WARN from its own I/O thread,
 //! with no setting to expect them, so a library cannot mute them for its own channels. Add
-//! [`QUIET_PROBE_RETURNS`] to your filter (`lapin::returned_messages=off`).
+//! [`QUIET_PROBE_RETURNS`] to your filter (`lapin::returned_messages=off`, e.g.
+//! `RUST_LOG=info,lapin::returned_messages=off`); it mutes lapin's returned-message warnings
+//! for the whole process (`tests/tests/amqp_logs.rs` holds the directive to it).
 //!
 //! The alternatives keep amqp-locks' queues but are worse: a passive declare of a missing (or
 //! another connection's exclusive) queue closes the channel, which lapin logs at ERROR and which
@@ -79,14 +84,15 @@
 //! Measured on RabbitMQ 3.10.8 with lapin 4.12 on a 2-core machine (debug build): before the
 //! connections were pooled, one connection took 2,044 leases and lapin refused the next channel
 //! itself (`ChannelsLimitReached`), leaving the connection and its 2,044 leases intact; RabbitMQ
-//! closes a whole connection that opens more channels than negotiated, so the client-side limit
-//! is what keeps a refusal from costing every lease on the connection. 2,000 leader leases,
-//! their semaphores created on the way, are acquired 32 at a time in 10 to 16 s and released in
-//! about 2 s; holding them costs the client about a third of a core and the broker roughly
-//! 150 KB each (its channel, its holder queue and its slot queue). lapin does work for every
-//! frame it sends in proportion to the connection's open channels, so fewer channels per
-//! connection are faster: with `?channel_max=256` and `max_connections(9)` (248 leases on each
-//! connection) the same 2,000 leases were acquired in 10 s instead of 15 s.
+//! closes a whole connection that opens more channels than negotiated, so the client-side limit is
+//! what keeps a refusal from costing every lease on the connection. 2,000 leader leases, their
+//! semaphores created on the way, are acquired 32 at a time in 10 to 16 s
+//! (`tests/tests/amqp_scale.rs`) and released in about 2 s; holding them costs the client about a
+//! third of a core and the broker roughly 150 KB each (its channel, its holder queue and its slot
+//! queue). lapin does work for every frame it sends in proportion to the connection's open
+//! channels, so fewer channels per connection are faster: with `?channel_max=256` and
+//! `max_connections(9)` (248 leases on each connection) the same 2,000 leases were acquired in 10 s
+//! instead of 15 s.
 //!
 //! **Leases and connections:** exclusive queues belong to a connection, so the backend remembers
 //! which slots its own leases hold, across all its connections, and never takes one twice. A

@@ -13,7 +13,8 @@
 //! watch of the prefix. Who is admitted, kept or pruned is decided by the planner shared
 //! with the memory backend (`lease_core::semaphore`); the coordinator only executes its plans.
 //!
-//! A holder whose session is gone keeps its slot for the settle time before it is pruned, so a
+//! A holder whose session is gone keeps its slot for the settle time
+//! (`LeaseSpec::settle_after_removal`: max(lock-delay, settle)) before it is pruned, so a
 //! holder invalidated behind its back has that long to notice and stop its work before anyone
 //! else is admitted; lock-delay and settle 0 prune at once.
 //!

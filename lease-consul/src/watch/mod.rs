@@ -27,14 +27,14 @@
 //! covered went unwatched.) So the agent may count up to one connection more than the budget
 //! per group started that way, for at most 30 s; our side never has more open than the budget.
 //!
-//! So a key, prefix or directory someone is interested in is always covered by a blocking read
-//! in flight, except while its group reads a plain listing: when the group starts (or widens),
-//! and after a read failed. That takes one listing: milliseconds, tens of them for a directory of
+//! So a key, prefix or directory someone is interested in is always covered by a blocking read in
+//! flight, except while its group reads a plain listing: when the group starts (or widens), and
+//! after a read failed. That takes one listing: milliseconds, tens of them for a directory of
 //! 10,000 keys, and never more than the request timeout. During such a gap, and for as long as a
 //! group's reads fail, the [`Fence`]s of the leases it watches are suspended from the moment the
-//! gap began: a lease whose key nobody reads self-fences one fence interval later at the latest,
-//! however well its session is kept, and a listing that succeeds lifts the suspension. Idle, a
-//! group costs one request per [`WATCH_WAIT`], whatever the number of leases.
+//! gap began: a lease whose key nobody reads self-fences one fence interval
+//! (TTL − max(TTL/10, 1 s)) later at the latest, however well its session is kept, and a listing
+//! that succeeds lifts the suspension. Idle, a group costs one request per [`WATCH_WAIT`], whatever the number of leases.
 //!
 //! One more gap, bounded and deliberate: a directory that changes faster than it can be listed
 //! (thousands of leases acquired at once: each answer brings 16 keys changed or more, at once)

@@ -22,10 +22,10 @@
 //! request waits for one to come free).
 //!
 //! The **outage gate** keeps a refusing agent from being answered with a retry storm. From the
-//! first refused, dropped or unreachable request on, the whole client sends one request at a
-//! time, each after a jittered pause that doubles from 100 ms up to 2 s; so a process sends at
-//! most 20 requests per second during an outage, however many leases it holds or waits for.
-//! The first answer of any kind (the agent is talking again) opens the gate.
+//! first refused, dropped or unreachable request (or a 429 answer) on, the whole client sends one
+//! request at a time, each after a jittered pause that doubles from 100 ms up to 2 s; so a process
+//! sends at most 20 requests per second during an outage, however many leases it holds or waits
+//! for. The first answer of any kind (the agent is talking again) opens the gate.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};

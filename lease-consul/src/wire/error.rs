@@ -1,6 +1,12 @@
 //! What a failed Consul call ([`ApiError`]) means to the user: the hints that name Consul's
 //! settings, and the public error, saying what the caller was doing (built by the wire client's
 //! `ErrorContext`, beside [`ConsulHttp`](super::ConsulHttp), from these hints).
+//!
+//! A refused or dropped connection and a 429 answer name the agent's connection limit
+//! (`limits.http_max_conns_per_client`) and `ConsulBuilder::max_connections`, in the error and
+//! in the outage gate's warning; a refused TCP connection still asks whether the agent is
+//! running, a name that does not resolve says DNS, and a failed TLS handshake names the TLS
+//! settings, each naming the setting the address came from (`CONSUL_HTTP_ADDR` or the builder).
 
 use reqwest::StatusCode;
 

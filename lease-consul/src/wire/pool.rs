@@ -6,9 +6,15 @@
 //! and parked. A few such races at once and a process holds more connections than requests
 //! (seen: nine against a budget of eight). Here the connector itself holds one permit of `max`
 //! per connection, taken before it connects and given back when the connection closes, so a
-//! race waits for a permit instead of opening a connection past the budget.
+//! race waits for a permit instead of opening a connection past the budget
+//! (`never_more_connections_than_the_budget`: fifty requests at once through three
+//! connections).
 //!
-//! TLS runs over a counted connection (the `tls` module).
+//! Idle connections stay open: closing one and opening another a moment later made the agent
+//! count both at once.
+//!
+//! TLS (rustls or native-tls, lease-http's `tls` module) runs over a counted connection, so it
+//! stays within the budget too.
 
 use std::io;
 use std::pin::Pin;

@@ -18,7 +18,8 @@
 //! holders sleep on it (the blocking query of this backend) and never poll. Time comes from
 //! `tokio::time`, so tests can run it with paused time. The operator actions
 //! ([`Memory::invalidate_session`], [`Memory::delete_key`], [`Memory::release_key`]) are what
-//! `PUT /v1/session/destroy` and `DELETE`/`?release=` on `/v1/kv` do on Consul.
+//! `PUT /v1/session/destroy` and `DELETE`/`?release=` on `/v1/kv` do on Consul: this is how the
+//! demo, the conformance suite and the unit tests inject faults without a server.
 
 mod held;
 mod hold;

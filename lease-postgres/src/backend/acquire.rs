@@ -1,15 +1,33 @@
 //! Acquiring, holding and releasing a lease: one row of the leases table each (holding and
 //! releasing the row: the `hold` module).
 //!
-//! An attempt is one call of `lease.try_acquire(..)` (sent with the attempts pending beside it:
-//! the `attempt` module), which takes the key's advisory lock for its transaction, deletes the
-//! key's expired rows and ended bars, and inserts the contender's row if the key has a free slot
-//! (a leader key one, a semaphore `limit`). A busy key answers how
+//! `lease.leases` holds one row per held lease (key, holder, index, kind, limit, TTL,
+//! `expires_at`, settle, value); a row is live while `expires_at > now()`, and an expired row is
+//! free. An attempt is one call of `lease.try_acquire(..)` (sent with the attempts pending beside
+//! it: the `attempt` module), which takes the key's advisory lock for its transaction
+//! (`pg_advisory_xact_lock(class, hashtext(key))`), deletes the key's expired rows and ended
+//! bars, refuses the other kind of lock (`FlagsConflict`) or another limit (`LimitMismatch`), and
+//! inserts the contender's row if fewer than 1 (a leader key) or `limit` (a semaphore) rows and
+//! bars hold the key, drawing the index from the sequence `lease.lease_index`. A retry after a
+//! lost answer finds its own row (and counts its expiry from the retry, as the fence does). A
+//! busy key answers how
 //! long until its first holder's row expires: the waiter sleeps until then, or until the key's
 //! notification of a removal wakes it (a release hands over at once), never polling. A row
 //! deleted under its holder bars its key (or slot) for the holder's
 //! [`settle_after_removal`](LeaseSpec::settle_after_removal) in the same transaction, so the old
 //! holder, told by the same notification, stops before anyone else starts.
+//!
+//! **Settle.** The deleted row (op `d` of the notification: an operator's `DELETE`) is written to
+//! `lease.bars` by the table's trigger, for the holder's `settle_after_removal` (its settle time,
+//! or its lock-delay if longer), and counts as a taken slot for every contender, waiting or new,
+//! until then; the holder learns of the deletion from the same notification and stops
+//! (`postgres_lease::a_holder_whose_row_is_deleted_loses_at_once`). A release bars nothing, and
+//! neither does an expiry: the holder fenced itself a tenth of the TTL before. A bar counts from
+//! the `DELETE`, so an operator's transaction kept open past the holder's settle time bars
+//! nothing once it commits.
+//!
+//! A cancelled acquisition whose attempt was sent gives its row back in the background
+//! (`postgres_lease::cancelled_acquisitions_leave_nothing_in_another_schema`).
 
 use std::sync::Arc;
 

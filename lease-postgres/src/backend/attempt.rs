@@ -5,7 +5,9 @@
 //! attempt per statement bounds a connection to a few hundred acquisitions a second. One task
 //! per handle takes whatever attempts are queued when it wakes (a process acquiring 1,000 leases
 //! at start-up, waiters woken by one release), sends them together and answers each; an attempt
-//! alone goes at once, as alone.
+//! alone goes at once, as alone. `lease.try_acquire_many(..)` locks its keys in one order, so two
+//! batches never wait for each other in a cycle. An acquire dropped before its attempt was sent
+//! sends nothing; one dropped while it was under way has its row given back after the statement.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -2,7 +2,13 @@
 //! the row's loss (a renewal that finds it gone, the key's notification of its removal, one
 //! read after the listener missed notifications), releases it, or keeps it until its
 //! `min_hold` ends; and when the runtime that holds it ends, a [`Detached`] copy of what the
-//! wire connects with gives the row back on a connection of its own.
+//! wire connects with gives the row back on a connection of its own, from lease-core's
+//! detached runtime (`postgres_lease::a_runtime_that_ends_holding_a_lease_gives_it_back`); a
+//! handle used on a new runtime starts its tasks and connections again.
+//!
+//! PostgreSQL has no session an operator destroys: a connection ended by `pg_terminate_backend`
+//! or a network fault is replaced, and the leases live on if a renewal gets through before their
+//! fences run out (`postgres_lease::terminated_connections_are_replaced_and_the_lease_lives_on`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,12 +1,17 @@
 //! The one LISTEN connection of a backend handle: the table's notifications, handed to the
 //! holders, waiters and observers of each key.
 //!
-//! The trigger on the leases table notifies `<schema>_leases` with `<op>:<holder>:<key>` on
-//! every insert and delete. One task per handle keeps a connection that listens on it and
-//! hands each notification to the subscriptions of its key only, so a hand-over wakes the
-//! waiters of that key and a deleted row its holder, at no request of theirs. When the
-//! connection ends, notifications may have been missed: every subscription gets
-//! [`Note::Resync`] once the task listens again, and judges afresh with one read.
+//! The trigger on the leases table notifies `<schema>_leases` with `<op>:<holder>:<key>` on every
+//! insert and delete: `a` acquired, `r` released by its holder, `x` expired (removed by a
+//! contender), `d` deleted by anyone else. One task per handle keeps a connection that listens on
+//! it and hands each notification to the subscriptions of its key only, so a hand-over wakes the
+//! waiters of that key and a deleted row its holder, at no request of theirs. When the connection
+//! ends, notifications may have been missed: every subscription gets [`Note::Resync`] once the task
+//! listens again, and judges afresh with one read (a holder: is my row there; a waiter: one
+//! attempt). A holder whose row is deleted thus loses its lease at once (`KeyDeleted`, not at the
+//! next renewal). A release on a key wakes all its waiters and one wins; semaphores are not FIFO.
+//! The listening connection's connection attempts count for reachability too, so a follower that
+//! only waits reports an outage as well.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

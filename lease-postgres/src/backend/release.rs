@@ -4,7 +4,9 @@
 //! A commit waits for its WAL flush, which bounds a connection to a few hundred commits a second
 //! on an ordinary disk: a process giving back 1,000 leases at once (`Backend::shutdown`) would
 //! take seconds, one release after another. One task per handle takes whatever releases are
-//! queued when it wakes, sends them together, and answers each.
+//! queued when it wakes, sends them together, and answers each. A single release is
+//! `lease.release(key, holder)`, which deletes the row and announces it as a release (op `r`),
+//! so it bars nothing.
 
 use std::sync::{Arc, Weak};
 

@@ -3,6 +3,11 @@
 //! reachability, counted in the metrics and bounded by a timeout. While the server does not
 //! answer, a probe asks it about every second, so that reachability turns current again
 //! without other traffic.
+//!
+//! The connections are pipelined (tokio-postgres sends a statement without waiting for the one
+//! before), so `max_connections` of them (default 2) carry every acquisition, renewal, release,
+//! check and observation read of a handle and its clones
+//! (`postgres_lease::a_thousand_leases_on_three_connections`, with the listening connection).
 
 use std::fmt;
 use std::future::Future;

@@ -4,13 +4,21 @@
 //! permanent here ends every campaign that meets it. Only what no retry can cure belongs there:
 //! a permission, SQL the server does not understand, a state only an operator's change ends.
 //! What a restart, a failover, an operator's `pg_terminate_backend` or
-//! `ALTER DATABASE … ALLOW_CONNECTIONS false`, or a full server answers is transient.
+//! `ALTER DATABASE … ALLOW_CONNECTIONS false`, or a full server answers is transient: the
+//! SQLSTATE classes 08 (connection), 40 (rollbacks), 53 (too many connections, disk full), 57
+//! (`pg_terminate_backend`, shutdown, "starting up", "in recovery"), and 55P03, 25006 (a
+//! standby, as in a failover), 58000/58030 (I/O); and 55000 when connecting
+//! (`ALLOW_CONNECTIONS false`). Everything else (permissions, a missing database or schema) is
+//! permanent and ends a campaign. The unit test is the table.
 //!
 //! Answered while connecting, a transient code means the database cannot be used now (starting
 //! up, shutting down, closed to connections, out of connection slots): that answer counts as
 //! unreachable, as a refused TCP connection does, so `reachability()` and readiness say that
 //! this node cannot lead. (The database once refused connections for minutes while every node
-//! reported itself reachable and ready, and every campaign had ended on SQLSTATE 55000.)
+//! reported itself reachable and ready, and every campaign had ended on SQLSTATE 55000.) So
+//! readiness turns 503 while the campaign keeps retrying
+//! (`postgres_lease::a_campaign_rides_out_a_database_that_refuses_connections`; with processes,
+//! `process_edges::a_database_that_refused_connections_has_a_leader_again_…`).
 
 /// When the server answered with a code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,8 +12,14 @@
 //!   `require`; the URL's `sslmode=verify-ca` and `verify-full` (which tokio-postgres does not
 //!   parse) are read as `require`, and `sslrootcert=PATH` as `ca_cert(PATH)`.
 //!
-//! The TLS session does not offer channel binding (`SCRAM-SHA-256-PLUS`); SCRAM-SHA-256 and
-//! the other password methods work over it as usual.
+//! A refused or failed handshake (TLS off on the server, an untrusted certificate, a name not on
+//! it) is a `Config` error naming TLS and what to do, not retried; a connection cut during a
+//! handshake is retried as any cut. A build without `rustls` refuses `sslmode=require` at
+//! `build()` and connects in plain under `prefer` (`postgres_tls::tls_follows_the_urls_sslmode`:
+//! each mode against the test server, which sessions are encrypted read from `pg_stat_ssl`).
+//!
+//! The TLS session does not offer channel binding (`SCRAM-SHA-256-PLUS`), nor client
+//! certificates yet; SCRAM-SHA-256 and the other password methods work over it as usual.
 
 use lease_core::Error;
 use tokio_postgres::config::SslMode;
