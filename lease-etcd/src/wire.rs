@@ -14,6 +14,10 @@
 //! with), and a call that got no answer (no connection, a reset, a GOAWAY) is `Transport`, whose
 //! cause lease-http reads from the I/O error underneath. So the one retry loop and the error
 //! hints stay shared with Consul.
+//!
+//! The calls and both streams report to one tracker whether they were answered: what
+//! `Backend::reachability` reports for `Etcd` (probing etcd in the background while no endpoint
+//! answers: `EtcdClient::probed_reachability`).
 
 mod channels;
 mod connect;
