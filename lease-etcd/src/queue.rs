@@ -38,9 +38,9 @@
 //! the read saw gone that the watch has not shown yet; the waiter takes them from the watch
 //! before it judges). Waiters wait [`LeaseSpec::settle_time`] (100 ms by default, above the
 //! loss-to-cancel p99 under load) from the removal before they judge again, so the two never
-//! run at once. A watch that breaks counts as such a
-//! removal, since a deletion may have been missed. `etcdctl lock` and `etcdctl elect` contenders
-//! do not settle; the touch changes nothing they read. Tested by
+//! run at once. A watch that breaks counts as such a removal, since a deletion may have been
+//! missed. `etcdctl lock` and `etcdctl elect` contenders do not settle; the touch changes nothing
+//! they read. Tested by
 //! `etcd::waiters_settle_after_an_unannounced_removal_and_not_after_a_release`,
 //! `queue::tests::a_holder_removed_between_a_join_and_the_first_read_is_judged_from_history` (the
 //! judgment from history passed 50 times in a row with both cores loaded) and
