@@ -2,7 +2,9 @@
 //! keeps them.
 //!
 //! An acquisition does not grant an etcd lease of its own: it attaches its key to a pooled etcd
-//! lease of its TTL (granting one only when none fits), as many Consul locks share one session.
+//! lease of its TTL (granting one only when none fits), as many Consul locks share one session:
+//! the process keeps one live etcd lease per TTL (and fence), and contenders that arrive while
+//! one is being granted wait for that grant rather than grant their own.
 //! So keep-alive traffic grows with the number of pooled etcd leases, not with the number of
 //! leases held: one process holding 10,000 leader keys, or waiting with 10,000 contenders on one
 //! name, keeps one etcd lease alive. A contender's key is `<name>/<holder>`: the holder is the
@@ -14,9 +16,13 @@
 //! Its [`Fence`] is shared by every acquisition on it: an answered keep-alive confirms them all
 //! with its send time, and a lease that goes unanswered for the fence's time is retired (every
 //! acquisition on it self-fences, before etcd could expire it). An etcd lease that etcd says is
-//! gone (revoked, expired) ends, and with it exactly the acquisitions on it. A broken stream is
-//! opened again (on the next endpoint after a transport failure) and every lease is kept alive at
-//! once on the new one; the fences cover the gap.
+//! gone (revoked, expired) ends, and with it exactly the acquisitions on it: `Etcd::revoke_lease`
+//! or `etcdctl lease revoke` of a holder's lease takes every lease of this process on it, its
+//! waiters on the same name included (those join again at the back of the queue and settle once:
+//! see the `queue` module). A broken stream is opened again (on the next endpoint after a
+//! transport failure; a keep-alive unanswered for 5 s, `REQUEST_TIMEOUT`, counts as a dead
+//! connection) and every lease is kept alive at once on the new one; the fences cover the gap.
+//! A shutdown (`Backend::shutdown`) ends every lease, then revokes the pooled leases left.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -4,8 +4,10 @@
 //! A waiter's read also counts the keys ahead of it, and it counts their deletions down on the
 //! process's one watch of the prefix (shared by all its waiters there: see the `watch`
 //! module), so a release makes only the waiter whose turn may have come read, not every
-//! waiter. The value is `{"limit": N, "value": <base64>}`: every contender must ask for the
-//! limit of the oldest, or gets [`Error::LimitMismatch`].
+//! waiter. Before, each waiter had a watch of its own and read on every release: 28 answers and
+//! 28 reads per release at 32 jobs of limit 4, the stream's many small answers parked by etcd as a
+//! "slow watcher" for 10 ms or more. The value is `{"limit": N, "value": <base64>}`: every
+//! contender must ask for the limit of the oldest, or gets [`Error::LimitMismatch`].
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;

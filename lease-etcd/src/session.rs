@@ -3,14 +3,17 @@
 //! An acquisition attaches its contender key to a pooled etcd lease of its TTL (see `pool`),
 //! which the client keeps alive for all the keys on it; each answered keep-alive confirms the
 //! shared [`Fence`] with its send time, so the holder self-fences when no keep-alive has been
-//! answered for TTL − margin ([`LeaseSpec::fence_after`]), before etcd could expire the lease and
-//! let another contender in.
+//! answered for TTL − max(TTL/10, 1 s) ([`LeaseSpec::fence_after`]), before etcd could expire the
+//! lease and let another contender in: while etcd still holds the lease, as
+//! `etcd::partition_self_fences_while_etcd_still_keeps_the_lease` checks against its
+//! `timetolive`.
 //!
 //! The holder watches its own key (on the client's one watch stream): its deletion (an
 //! operator's `etcdctl del`, the lease revoked) is loss. Giving the place back deletes the own
 //! key (a release touches it first) and leaves the pooled lease, which is revoked once nothing
 //! is left on it. A broken watch is opened again by the stream; only the fence decides that
-//! trouble has lasted too long: brief server trouble is not loss.
+//! trouble has lasted too long: brief server trouble is not loss. A watch whose revision etcd
+//! compacted meanwhile is replaced by one read of the key: a vanished key is loss.
 
 use std::future::Future;
 use std::pin::Pin;

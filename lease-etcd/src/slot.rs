@@ -1,5 +1,18 @@
 //! The holder part of a contender's key, `<lease hex>` or `<lease hex>_<n>`: its place among the
 //! contenders of one name on one pooled etcd lease (see the `pool` module).
+//!
+//! The first contender of a pooled lease under a name holds `<lease hex>`, exactly as etcd's
+//! election recipe (`etcdctl elect`, `etcdctl lock`) names its keys; more contenders of that
+//! lease under that name hold `<lease hex>_<n>` (n = 1, 2, … in decimal, never given twice on one
+//! lease), so 10,000 waiters of one process on one name are 10,000 keys on one etcd lease. The
+//! recipe orders a name's keys by create revision only and never parses their suffix (clientv3
+//! `concurrency`: `Campaign` and `Mutex.Lock` write `<prefix><own lease %x>` and wait for the
+//! deletion of the newest older key), so those keys interoperate with ours; an underscore is not
+//! a hex digit, so no slot of one lease names another lease's key.
+//!
+//! The sequencer's holder is this suffix; what reads a lease back from a holder
+//! (`Etcd::check_sequencer`, `Etcd::revoke_lease`, the observer, the test support's `revoke`)
+//! takes the hex before `_`.
 
 use std::fmt;
 

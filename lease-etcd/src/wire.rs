@@ -6,14 +6,19 @@
 //! member. An endpoint's channels are HTTP/2 connections (tonic's, over our TCP or TLS: the
 //! `channels` and `connect` modules): one shared by every call, one by the watch stream (the
 //! `watch` module) and the keep-alive stream (the `pool` module); a process's leases cost no
-//! connection of their own. With a user and password the client authenticates first and sends etcd's token as the `token` metadata; a token etcd no
-//! longer knows (they expire after five idle minutes by default) is replaced once, transparently.
+//! connection of their own. With a user and password the client authenticates first and sends
+//! etcd's token as the `token` metadata; a token etcd no longer knows (they expire after five
+//! idle minutes by default) is replaced once, transparently.
 //!
 //! Errors are lease-http's [`ApiError`], which fits gRPC as it fits etcd's JSON gateway: an
 //! answer with a gRPC status is `Status` with that code (and HTTP 200, which is what gRPC answers
 //! with), and a call that got no answer (no connection, a reset, a GOAWAY) is `Transport`, whose
 //! cause lease-http reads from the I/O error underneath. So the one retry loop and the error
 //! hints stay shared with Consul.
+//!
+//! The calls and both streams report to one tracker whether they were answered: what
+//! `Backend::reachability` reports for `Etcd` (probing etcd in the background while no endpoint
+//! answers: `EtcdClient::probed_reachability`).
 
 mod channels;
 mod connect;

@@ -1,6 +1,11 @@
 //! The connections of the wire client: per endpoint, one HTTP/2 channel for the calls and one for
 //! the two streams (tonic's, over [`Connector`]'s TCP or TLS); the endpoint calls go to, and the
 //! move to the next one after a transport failure, which the streams follow.
+//!
+//! The calls' connection carries at most 128 calls in flight (a burst of thousands of
+//! acquisitions waits parked); the other carries the one `Watch` stream and the one
+//! `LeaseKeepAlive` stream, so keep-alives and loss never queue behind calls. A lease or a waiter
+//! costs no connection and no stream of its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};

@@ -1,6 +1,8 @@
 //! The connections of the gRPC channel: TCP, and TLS over it for `https://` endpoints
 //! (lease-http's [`tls`](lease_http::tls), the same as Consul's, configured from the builder's CA
-//! and client certificate; ALPN offers `h2`, as etcd's gRPC server requires).
+//! and client certificate; ALPN offers `h2`, as etcd's gRPC server requires): rustls with the
+//! platform's verifier (feature `rustls`, the default) or native-tls, tested by
+//! `etcd::tls_with_a_ca_and_a_client_certificate`.
 //!
 //! tonic is handed these connections ready-made, so its own TLS stack (and a second copy of the
 //! roots) stays out of the build, and both TLS features keep their meaning.

@@ -1,5 +1,5 @@
-//! etcd's v3 gRPC messages, written by hand for the calls this crate makes, so a build needs no
-//! protobuf compiler.
+//! etcd's v3 gRPC messages, written by hand as prost structs for the calls this crate makes, so a
+//! build needs no protobuf compiler and no build script.
 //!
 //! Field numbers and types are those of etcd's `etcdserverpb/rpc.proto` and `mvccpb/kv.proto`
 //! (etcd 3.4 and later); a message carries only the fields this crate reads or writes, which
