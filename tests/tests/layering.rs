@@ -1,5 +1,5 @@
-//! The files of every crate import each other without a circle (issues 26 and 34), and no library
-//! file is over 500 lines of code.
+//! The files of every crate import each other without a circle (issues 26 and 34), each backend's
+//! wire client imports nothing above it, and no library file is over 500 lines of code.
 //!
 //! Read from the sources. A file *imports* another when its code (outside comments and
 //! `#[cfg(test)]` items) names an item the other defines, by any path: `crate::…`, `super::…`,
@@ -585,6 +585,44 @@ fn no_file_of_any_crate_imports_in_a_circle() {
             .is_some_and(|to| to.keys().any(|m| m.first().is_some_and(|m| m == "lease"))),
         "the reading found no import of lease/ by backend/keeper.rs: it reads nothing"
     );
+}
+
+#[test]
+fn each_wire_client_imports_nothing_above_it() {
+    // The wire client is the bottom of its crate: it imports its own files, and the crate root's
+    // constants (lease-postgres's LEASE_SQL), nothing else of the crate.
+    let crates = workspace_crates();
+    let wires = [
+        ("lease-consul", vec!["wire"]),
+        ("lease-etcd", vec!["wire"]),
+        ("lease-postgres", vec!["backend", "wire"]),
+    ];
+    for (name, wire) in wires {
+        let krate = crates.iter().find(|c| c.name == name).expect("the crate");
+        let wire: Module = wire.into_iter().map(str::to_owned).collect();
+        let imports = krate.imports();
+        let in_wire = |m: &Module| m.starts_with(&wire);
+        assert!(
+            krate.files.keys().any(in_wire),
+            "{name} has no {wire:?} module"
+        );
+        let mut above = Vec::new();
+        for (from, to) in imports.iter().filter(|(from, _)| in_wire(from)) {
+            for (to, names) in to.iter().filter(|(to, _)| !in_wire(to) && !to.is_empty()) {
+                above.push(format!(
+                    "{} -> {} through {names:?}",
+                    krate.file(from),
+                    krate.file(to)
+                ));
+            }
+        }
+        assert!(
+            above.is_empty(),
+            "{name}'s wire client imports the crate above it (hand it the value instead, or move \
+             the item down into the wire):\n{}",
+            above.join("\n")
+        );
+    }
 }
 
 #[test]
