@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::limits::far_future;
 use crate::metrics::Tally;
-use crate::{Error, LostReason};
+use crate::{Error, ErrorKind, LostReason};
 
 /// The self-fencing deadline of a lease: the instant past which this process must treat the
 /// lease as lost because the backend may already have given it to someone else.
@@ -291,9 +291,11 @@ impl Fence {
 
     /// `error`, met by a backend call while waiting or holding under this fence, or the loss
     /// that explains it: once the fence has passed because this process was paused
-    /// ([`LostReason::ProcessPaused`]), a call whose timer ran out in the pause fails beside the
-    /// fence's own timer, in either order, and the pause, not the server, is the cause to report.
-    /// Any other error, and any error before the fence passed, is returned as it is.
+    /// ([`LostReason::ProcessPaused`]), a call whose timer ran out in the pause (an error of kind
+    /// [`TimedOut`](ErrorKind::TimedOut) or [`Unreachable`](ErrorKind::Unreachable)) fails
+    /// beside the fence's own timer, in either order, and the pause, not the server, is the
+    /// cause to report. Any other error (a permission denied, a conflicting key: what a retry
+    /// cannot cure), and any error before the fence passed, is returned as it is.
     ///
     /// ```
     /// use std::time::Duration;
@@ -301,16 +303,19 @@ impl Fence {
     /// use lease_core::Error;
     ///
     /// let fence = Fence::new(Duration::from_secs(9), tokio::time::Instant::now());
-    /// let timed_out = || Error::Backend {
+    /// let timed_out = || Error::Unreachable {
     ///     backend: "etcd",
-    ///     operation: "read the queue".into(),
-    ///     message: "no answer in time".into(),
-    ///     transient: true,
+    ///     address: "http://127.0.0.1:2379".into(),
+    ///     hint: "etcd or the network is overloaded",
+    ///     source: "Timeout expired".into(),
     /// };
     /// // The fence has not passed: the call's error is the one to report.
-    /// assert!(matches!(fence.explain(timed_out()), Error::Backend { .. }));
+    /// assert!(matches!(fence.explain(timed_out()), Error::Unreachable { .. }));
     /// ```
     pub fn explain(&self, error: Error) -> Error {
+        if !matches!(error.kind(), ErrorKind::TimedOut | ErrorKind::Unreachable) {
+            return error;
+        }
         match self.expired() {
             Some(reason @ LostReason::ProcessPaused { .. }) => Error::Lost(reason),
             _ => error,

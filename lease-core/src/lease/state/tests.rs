@@ -159,19 +159,35 @@ async fn a_deadline_set_in_the_past_is_due_when_it_is_set() {
 /// or just after it passed on time, stays the call's.
 #[tokio::test(start_paused = true)]
 async fn an_error_met_after_a_pause_is_explained_by_the_pause() {
-    let timed_out = || Error::Backend {
+    let timed_out = || Error::Unreachable {
         backend: "etcd",
+        address: "http://127.0.0.1:2379".into(),
+        hint: "etcd or the network is overloaded",
+        source: "Timeout expired".into(),
+    };
+    let denied = || Error::PermissionDenied {
         operation: "read".into(),
-        message: "no answer in time".into(),
-        transient: true,
+        message: "permission denied".into(),
+        hint: "check the etcd user's role",
     };
     let fence = Fence::new(Duration::from_secs(9), Instant::now());
-    assert!(matches!(fence.explain(timed_out()), Error::Backend { .. }));
+    assert!(matches!(
+        fence.explain(timed_out()),
+        Error::Unreachable { .. }
+    ));
     tokio::time::advance(Duration::from_millis(9_500)).await;
-    assert!(matches!(fence.explain(timed_out()), Error::Backend { .. }));
+    assert!(matches!(
+        fence.explain(timed_out()),
+        Error::Unreachable { .. }
+    ));
     tokio::time::advance(Duration::from_secs(10)).await;
     assert!(matches!(
         fence.explain(timed_out()),
         Error::Lost(LostReason::ProcessPaused { .. })
+    ));
+    // What a retry cannot cure stays what it is, pause or not.
+    assert!(matches!(
+        fence.explain(denied()),
+        Error::PermissionDenied { .. }
     ));
 }
