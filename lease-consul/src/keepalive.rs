@@ -105,7 +105,9 @@ struct Beat {
 /// One registered TTL check, passed every TTL/2 while any session is tied to it.
 #[derive(Debug)]
 pub(crate) struct Heartbeat {
-    http: Weak<ConsulHttp>,
+    /// The wire client, to deregister the check when the last session goes (the wire owns
+    /// nothing above it, so holding it closes no cycle).
+    http: Arc<ConsulHttp>,
     keepers: Keepers,
     check: String,
     /// Confirmed by the passes: past its deadline, the check may have turned critical.
@@ -204,7 +206,7 @@ impl Heartbeat {
             tx,
         ));
         Ok(Heartbeat {
-            http: Arc::downgrade(http),
+            http: Arc::clone(http),
             keepers: keepers.clone(),
             check,
             fence,
@@ -265,9 +267,7 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.task.abort();
         // The last session is gone: deregister the check, so the agent keeps nothing behind.
-        let Some(http) = self.http.upgrade() else {
-            return;
-        };
+        let http = Arc::clone(&self.http);
         let check = std::mem::take(&mut self.check);
         let abandoned = (Arc::clone(&http), check.clone());
         self.keepers.clone().spawn_clean_up(
