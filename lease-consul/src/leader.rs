@@ -20,12 +20,12 @@ use tokio::time::Instant;
 
 use super::client::Client;
 use super::kind::{LEADER_FLAGS, OtherKind, Verdict};
-use super::retry::retry_transient;
 use super::session::{self, ReleasedSessions, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watched};
 use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
 use lease_core::{Backend, Error, Lease, LeaseSpec, LostReason, Sequencer};
+use lease_http::retry_transient;
 
 /// A leader key nobody holds, as [`Consul::unheld_leader_keys`](crate::Consul::unheld_leader_keys) found it.
 #[derive(Clone, Debug, PartialEq, Eq)]

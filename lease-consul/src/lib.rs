@@ -1,8 +1,9 @@
 //! The Consul backend: leases on Consul sessions and KV.
 //!
-//! [`Consul`] is a cheap, cloneable handle (an HTTP client and its configuration). Each acquired
-//! lease has its own session, and is watched with blocking queries, so loss is noticed as soon as
-//! Consul knows it.
+//! [`Consul`] is a cheap, cloneable handle: its clones share one client (the HTTP wire client,
+//! the prefix watches, the heartbeats, the holder tasks) and the semaphore coordinators. Each
+//! acquired lease has its own session, and is watched with blocking queries, so loss is noticed
+//! as soon as Consul knows it.
 //!
 //! # Many leases per process
 //!
@@ -45,7 +46,6 @@ mod keepalive;
 mod kind;
 mod leader;
 mod observe;
-mod retry;
 mod semaphore;
 mod session;
 mod watch;

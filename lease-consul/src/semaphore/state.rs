@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use super::value::{directory, read_snapshot};
-use crate::retry::{retry_transient, within};
 use crate::wire::{ApiError, ConsulHttp};
 use lease_core::semaphore::{contender_key, lock_key};
 use lease_core::{Error, Sequencer};
+use lease_http::{retry_transient, within};
 
 /// A Consul semaphore as one read found it ([`Consul::semaphore_state`](crate::Consul::semaphore_state)).
 #[derive(Clone, Debug, PartialEq, Eq)]

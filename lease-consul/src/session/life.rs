@@ -12,10 +12,10 @@ use super::released::ReleasedSessions;
 use crate::client::Client;
 use crate::keepalive::Heartbeat;
 use crate::kind::LEADER_FLAGS;
-use crate::retry::{retry_transient, within};
 use crate::wire::{ApiError, Behavior, ConsulHttp, SessionLife, TxnOp};
 use lease_core::backend::{Fence, RELEASE_BOUND};
 use lease_core::{BoxFuture, Error, LeaseSpec, LostReason};
+use lease_http::{retry_transient, within};
 
 /// A session this process created. Dropping it gives it back in the background (releasing the
 /// leader key it may hold first, so the next holder does not wait out the lock-delay).

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::group::{Interest, Listing, Shared, lock};
-use crate::retry::backoff;
 use crate::wire::{Blocking, ConsulHttp, WatchSlot};
+use lease_http::backoff;
 
 /// How long one blocking query waits before Consul answers unchanged.
 ///

@@ -13,7 +13,6 @@ use tokio::time::Instant;
 
 use super::request::{GiveReply, Request, TakeReply};
 use crate::kind::{LEADER_FLAGS, OtherKind, Verdict};
-use crate::retry::backoff;
 use crate::semaphore::value::{directory, encode_lock, read_snapshot};
 use crate::watch::{Interest, Watched, Watches};
 use crate::wire::{ApiError, ConsulHttp, KvEntry, TxnOp};
@@ -23,6 +22,7 @@ use lease_core::semaphore::{
     Give, Next, Planner, Queue, SEMAPHORE_FLAGS, Snapshot, Take, Taken, Write, contender_key,
     lock_key,
 };
+use lease_http::backoff;
 
 /// A coordinator with nothing to do for this long stops; the next request starts another.
 const IDLE_STOP: Duration = Duration::from_secs(30);
