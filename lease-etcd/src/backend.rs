@@ -11,7 +11,7 @@ use super::leader::Leader;
 use super::observe;
 use super::queue;
 use super::semaphore::Semaphore;
-use super::session;
+use super::slot;
 use lease_core::backend::Reachability;
 use lease_core::leader::LeaderObserver;
 use lease_core::{Backend, BackendKind, BoxFuture, Error, Lease, LeaseSpec, Sequencer, Target};
@@ -78,7 +78,7 @@ impl Etcd {
     /// their holders (every lease of that process on the same pooled etcd lease), whose work is
     /// cancelled when they notice. `Ok(false)` if it no longer existed.
     pub async fn revoke_lease(&self, holder: &str) -> Result<bool, Error> {
-        let id = session::lease_of(holder)
+        let id = slot::lease_of(holder)
             .ok_or_else(|| Error::config(format!("{holder:?} is not an etcd lease ID (hex)")))?;
         let wire = self.http.wire();
         wire.lease_revoke(id)

@@ -5,7 +5,7 @@ use super::client::EtcdClient;
 use super::leader::Leader;
 use super::queue::Recipe;
 use super::semaphore::SemaphoreValue;
-use super::session::{holder_in, lease_of};
+use super::slot::{holder_in, lease_of};
 use super::wire::proto::{KeyValue, RangeRequest, RequestOp, TxnRequest};
 use lease_core::{Error, LostReason, Sequencer};
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::client::EtcdClient;
-use super::session::holder_in;
+use super::slot::holder_in;
 use super::wire::proto::RangeRequest;
 use super::wire::{ApiError, Wire};
 use lease_core::leader::{Leader, LeaderObserver};

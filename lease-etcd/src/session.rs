@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::client::EtcdClient;
 use super::pool::{self, LeaseEnd};
-use super::slot::Slot;
+use super::slot::{Slot, holder_of};
 use super::wire::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::wire::{ApiError, Wire};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
@@ -58,25 +58,6 @@ pub(crate) struct Session {
     own: String,
     fence: Fence,
     given_back: bool,
-}
-
-/// The lease ID as `etcdctl` writes it in key names: lowercase hex.
-pub(crate) fn holder_of(id: i64) -> String {
-    format!("{id:x}")
-}
-
-/// The lease ID a sequencer's holder names (`<lease hex>` or `<lease hex>_<n>`), if it is one.
-pub(crate) fn lease_of(holder: &str) -> Option<i64> {
-    Slot::parse(holder).map(|slot| slot.lease)
-}
-
-/// The holder a contender key of `name` names: the part after `<name>/` if it is a slot of the
-/// key's own lease `lease` (ours, or etcd's election recipe's), else that lease in hex.
-pub(crate) fn holder_in(name: &str, key: &str, lease: i64) -> String {
-    key.strip_prefix(name)
-        .and_then(|rest| rest.strip_prefix('/'))
-        .filter(|holder| Slot::parse(holder).is_some_and(|slot| slot.lease == lease))
-        .map_or_else(|| holder_of(lease), str::to_owned)
 }
 
 impl Session {
@@ -545,18 +526,3 @@ where
 
 /// The least time a read gets, whatever the acquire's deadline.
 const READ_GRACE: Duration = Duration::from_secs(5);
-
-#[cfg(test)]
-mod tests {
-    use super::holder_in;
-
-    #[test]
-    fn the_holder_of_a_key_is_its_slot_of_its_own_lease() {
-        assert_eq!(holder_in("q", "q/1a2b", 0x1a2b), "1a2b");
-        assert_eq!(holder_in("q", "q/1a2b_3", 0x1a2b), "1a2b_3");
-        // A key that does not name its own lease is named by its lease.
-        assert_eq!(holder_in("q", "q/ff_3", 0x1a2b), "1a2b");
-        assert_eq!(holder_in("q", "q/other", 0x1a2b), "1a2b");
-        assert_eq!(holder_in("q", "qq/1a2b", 0x1a2b), "1a2b");
-    }
-}

@@ -56,9 +56,28 @@ impl fmt::Display for Slot {
     }
 }
 
+/// The lease ID as `etcdctl` writes it in key names: lowercase hex.
+pub(crate) fn holder_of(id: i64) -> String {
+    format!("{id:x}")
+}
+
+/// The lease ID a sequencer's holder names (`<lease hex>` or `<lease hex>_<n>`), if it is one.
+pub(crate) fn lease_of(holder: &str) -> Option<i64> {
+    Slot::parse(holder).map(|slot| slot.lease)
+}
+
+/// The holder a contender key of `name` names: the part after `<name>/` if it is a slot of the
+/// key's own lease `lease` (ours, or etcd's election recipe's), else that lease in hex.
+pub(crate) fn holder_in(name: &str, key: &str, lease: i64) -> String {
+    key.strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .filter(|holder| Slot::parse(holder).is_some_and(|slot| slot.lease == lease))
+        .map_or_else(|| holder_of(lease), str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Slot;
+    use super::{Slot, holder_in};
 
     #[test]
     fn a_slot_is_written_and_read_back() {
@@ -81,5 +100,15 @@ mod tests {
         ] {
             assert_eq!(Slot::parse(holder), None, "{holder:?}");
         }
+    }
+
+    #[test]
+    fn the_holder_of_a_key_is_its_slot_of_its_own_lease() {
+        assert_eq!(holder_in("q", "q/1a2b", 0x1a2b), "1a2b");
+        assert_eq!(holder_in("q", "q/1a2b_3", 0x1a2b), "1a2b_3");
+        // A key that does not name its own lease is named by its lease.
+        assert_eq!(holder_in("q", "q/ff_3", 0x1a2b), "1a2b");
+        assert_eq!(holder_in("q", "q/other", 0x1a2b), "1a2b");
+        assert_eq!(holder_in("q", "qq/1a2b", 0x1a2b), "1a2b");
     }
 }
