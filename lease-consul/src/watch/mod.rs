@@ -8,7 +8,7 @@
 //! (`GET /v1/kv/<group>?recurse&index=`); when it answers, the group compares the listing with
 //! the previous one and wakes only the watchers whose keys changed.
 //!
-//! There are at most [`Budget::max_watches`](crate::wire::budget::Budget::max_watches) groups (all the
+//! There are at most `Budget::max_watches` (in `wire::budget`) groups (all the
 //! connections but two, or three with a client of your own), and no group's prefix is a prefix of
 //! another's, so every key is covered by at most one group. A watcher whose key no group covers
 //! gets a new group (of that key alone, so a process with a few leases watches each key on its own)

@@ -1,4 +1,5 @@
-//! The Consul HTTP API calls this crate makes, one method each, and what their answers mean.
+//! The wire client: the Consul HTTP API calls this crate makes (one method each, in `calls`),
+//! what their answers mean, and the connections they go over.
 //!
 //! Everything that comes back over the network is parsed without panicking: an answer we cannot
 //! read becomes an [`ApiError`], which knows whether retrying could help (transport errors and 5xx

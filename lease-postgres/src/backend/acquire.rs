@@ -1,5 +1,5 @@
-//! Acquiring, holding and releasing a lease: one row of the leases table each (holding and
-//! releasing the row: the `hold` module).
+//! Acquiring a lease: one row of the leases table each (holding the row and giving it back: the
+//! `hold` module).
 //!
 //! `lease.leases` holds one row per held lease (key, holder, index, kind, limit, TTL,
 //! `expires_at`, settle, value); a row is live while `expires_at > now()`, and an expired row is

@@ -1,6 +1,8 @@
-//! What every clone of a [`Postgres`](crate::Postgres) shares: the work connections (a fixed
-//! budget, connected on first use and again after a loss), the installation of the tables, the
-//! one place requests are sent (reachability, metrics, timeouts), and errors in lease terms.
+//! The wire side of the backend: the work connections (a fixed budget, connected on first use
+//! and again after a loss), the installation of the tables, the one place requests are sent
+//! (reachability, metrics, timeouts), and errors in lease terms. What the clones of a
+//! [`Postgres`](crate::Postgres) share above it (the holder tasks, the listener, the batchers)
+//! is the owner's, in the `client` module.
 //!
 //! The bottom of the backend: it imports nothing of the modules above it. [`Wire`] holds the
 //! connections ([`connections`]); a failed request is a [`PgError`] ([`error`]), judged by its
