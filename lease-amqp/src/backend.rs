@@ -66,7 +66,12 @@ impl Backend for Amqp {
         )
     }
 
+    /// Gives every lease back (lease-core's holder tasks), then closes the connections.
     fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.inner.keepers.shutdown())
+        Box::pin(async move {
+            self.inner.keepers.shutdown().await;
+            let timeout = self.inner.config.operation_timeout;
+            self.inner.connections.close_all(timeout).await;
+        })
     }
 }

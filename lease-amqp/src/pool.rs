@@ -217,6 +217,18 @@ impl ConnectionPool {
         Ok(Ok(reservation))
     }
 
+    /// Closes every connection (after a shutdown gave the leases back), each within `timeout`:
+    /// dropping a connection does not close it, and one left open at the process's exit has
+    /// lapin's I/O thread waiting on tasks the ending runtime cancels. A reservation that
+    /// comes later opens a new connection.
+    pub(crate) async fn close_all(&self, timeout: Duration) {
+        let closing = std::mem::take(&mut *self.connections.lock().await);
+        for pooled in closing {
+            let close = (pooled.connection).close(REPLY_SUCCESS, ShortString::from("shutdown"));
+            let _ = tokio::time::timeout(timeout, close).await;
+        }
+    }
+
     /// Stops reserving channels on `pooled` (its leases are being given up).
     pub(crate) async fn remove(&self, pooled: &Arc<PooledConnection>) {
         let mut connections = self.connections.lock().await;
