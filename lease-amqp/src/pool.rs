@@ -112,8 +112,7 @@ impl ConnectionPool {
             Ok(_) | Err(Error::PermissionDenied { .. })
         ));
         if let Ok(connection) = connection {
-            let close = connection.close(REPLY_SUCCESS, ShortString::from("reachability probe"));
-            let _ = tokio::time::timeout(config.operation_timeout, close).await;
+            close(&connection, "reachability probe", config.operation_timeout).await;
         }
     }
 
@@ -224,8 +223,7 @@ impl ConnectionPool {
     pub(crate) async fn close_all(&self, timeout: Duration) {
         let closing = std::mem::take(&mut *self.connections.lock().await);
         for pooled in closing {
-            let close = (pooled.connection).close(REPLY_SUCCESS, ShortString::from("shutdown"));
-            let _ = tokio::time::timeout(timeout, close).await;
+            close(&pooled.connection, "shutdown", timeout).await;
         }
     }
 
@@ -234,6 +232,13 @@ impl ConnectionPool {
         let mut connections = self.connections.lock().await;
         connections.retain(|other| !Arc::ptr_eq(other, pooled));
     }
+}
+
+/// Closes `connection` with `reason`, waiting for the broker's close-ok at most `timeout` (a
+/// connection that is already closed, or a broker that does not answer, leaves nothing to do).
+async fn close(connection: &Connection, reason: &str, timeout: Duration) {
+    let close = connection.close(REPLY_SUCCESS, ShortString::from(reason));
+    let _ = tokio::time::timeout(timeout, close).await;
 }
 
 /// Opens a new connection to the broker (the pool decides when).
@@ -325,11 +330,12 @@ impl PooledConnection {
             channel_max = self.channel_max,
             "closing a connection that lapin will open few channels on any more"
         );
-        let close = self.connection.close(
-            REPLY_SUCCESS,
-            ShortString::from("worn: too many channel ids retired"),
-        );
-        let _ = tokio::time::timeout(timeout, close).await;
+        close(
+            &self.connection,
+            "worn: too many channel ids retired",
+            timeout,
+        )
+        .await;
     }
 
     /// Whether no channel is reserved on this connection.
