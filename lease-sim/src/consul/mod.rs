@@ -1,0 +1,1 @@
+//! A model of the Consul agent and servers, as far as lease-consul uses them.
