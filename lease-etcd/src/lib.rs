@@ -54,6 +54,8 @@ mod wire;
 
 pub use backend::Etcd;
 pub use config::EtcdBuilder;
+/// How the client opens its connections ([`EtcdBuilder::dial`]): lease-http's, re-exported.
+pub use lease_http::dial;
 
 /// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
 /// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the
