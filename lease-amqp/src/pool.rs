@@ -159,7 +159,7 @@ impl ConnectionPool {
             connected
         });
         for pooled in worn_out {
-            tokio::spawn(pooled.close_worn(config.operation_timeout));
+            lease_core::runtime::spawn(pooled.close_worn(config.operation_timeout));
         }
         if let Some(reservation) = connections
             .iter()
