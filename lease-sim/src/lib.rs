@@ -4,3 +4,6 @@
 
 pub mod consul;
 pub mod etcd;
+pub mod net;
+pub mod rng;
+pub mod world;
