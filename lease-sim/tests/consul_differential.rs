@@ -1681,7 +1681,9 @@ async fn the_model_answers_as_consul_1_8_does() {
     let mut rng = Rng(seed);
     let slow = std::env::var_os("LEASE_SIM_DIFF_SLOW").is_some();
     let scripted_count = scripts("").len() - usize::from(!slow);
+    let mut ran = 0;
     for sequence in 0..sequences + scripted_count {
+        ran += 1;
         // A client configured with a datacenter (its own), or a namespace (which an
         // open-source agent refuses), in some sequences.
         run.names.client_query = match rng.below(10) {
@@ -1768,7 +1770,7 @@ async fn the_model_answers_as_consul_1_8_does() {
     eprintln!(
         "consul differential: seed {seed:#x}, {} sequences, {} operations, {:?} (answers: \
          Consul {:?}, the model {:?}), {} disagreement(s)",
-        sequences + scripted_count,
+        ran,
         run.steps,
         started.elapsed(),
         run.took.0,

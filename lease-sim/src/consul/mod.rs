@@ -12,11 +12,53 @@
 //! blocking queries, time from `tokio::time` only, so under a paused clock a seed and a sequence
 //! of requests give the same answers at the same instants. The state is one [`Mutex`] (never
 //! held across an await); the timers (session TTLs, check TTLs, reaps) run in one task, started
-//! through [`spawn`] by the first connection or request served.
+//! through `spawn` (the module's one) by the first connection or request served.
 //!
 //! Beside the protocol, the fault injector and the checker get operator actions (destroy a
 //! session, delete or release a key, deregister a check), leader changes ([`Model::restart`])
 //! and inspection ([`Model::sessions`], [`Model::keys`], [`Model::checks`]).
+//!
+//! # What is modelled
+//!
+//! Every call lease-consul makes (`lease-consul/src/wire/calls.rs`), and what an operator does
+//! beside them:
+//!
+//! - `GET /v1/status/leader` (the leader's address, `""` without one);
+//! - `PUT /v1/session/create` (`Name`, `LockDelay` as Consul reads it, `Behavior`, `TTL` within
+//!   10 s–24 h, `NodeChecks`/`Checks` (default `serfHealth`), `ServiceChecks`, each check
+//!   required to exist and not be critical), `renew/<id>`, `info/<id>`, `destroy/<id>`, `list`;
+//! - `PUT /v1/agent/service/register` with one TTL check, `agent/check/pass/<id>`,
+//!   `agent/service/deregister/<id>`: the check turns critical one TTL after its registration or
+//!   last pass, invalidating the sessions tied to it; a critical check is reaped at the agent's
+//!   first 30 s tick past its `DeregisterCriticalServiceAfter` (at least a minute);
+//! - `GET /v1/kv/<key>` (one key, `?recurse`, `?keys` with `separator`, `?raw`), blocking on
+//!   `?index=&wait=` (answered when the query's index passes the one given, or after the wait
+//!   plus a seeded jitter below wait/16); `PUT` (plain, `?cas=`, `?acquire=`, `?release=`,
+//!   `?flags=`); `DELETE` (`?cas=`, `?recurse`), with Consul's `CreateIndex`, `ModifyIndex`,
+//!   `LockIndex`, tombstones and `X-Consul-Index` rules;
+//! - `PUT /v1/txn` with every KV verb, Consul's pre-checks (lock-delay), rollback, 409 answers
+//!   and its read-only path;
+//! - session invalidation (destroy, TTL × multiplier after the last renewal, a critical or
+//!   removed check) releasing or deleting the session's keys, which then refuse locks for the
+//!   session's lock-delay (at most 60 s);
+//! - `?dc=` (another one: "No path to datacenter"), `?ns=` (refused, as an open-source agent
+//!   does), and "No cluster leader" while [`Model::lose_leader`] holds.
+//!
+//! # What is simplified, and why
+//!
+//! - ACLs: tokens are ignored (everything is allowed, as on a dev agent).
+//! - A blocking query re-evaluates on every write, where Consul wakes on a change in its radix
+//!   tree near the prefix; the answers are the same (both answer when the index passes), except
+//!   for a prefix that never held a key, whose index is the whole table's: the model answers it
+//!   on any write, Consul only on one its radix watch sees. The client treats either as a
+//!   spurious wake-up.
+//! - Tombstones are never reaped (Consul reaps them after 15 minutes), so a listing's index
+//!   never falls back to the table's.
+//! - The agent's checks are TTL checks only, one per service; their sync to the catalog is
+//!   immediate (Consul's anti-entropy takes milliseconds).
+//! - Lock-delays survive a leader change ([`Model::restart`]): every server applied the
+//!   invalidation and set its own, at about the same time.
+//! - One node (`serfHealth` always passing), one datacenter; no other endpoints.
 
 mod api;
 mod rng;

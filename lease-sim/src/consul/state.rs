@@ -787,7 +787,7 @@ impl State {
                     service: service.to_owned(),
                     ttl: check.ttl,
                     status: check.status,
-                    expires: Some(now + check.ttl),
+                    expires: now.checked_add(check.ttl),
                     critical_since: critical.then_some(now),
                     reap_after: check.reap_after.map(|after| after.max(REAP_MIN)),
                 },
@@ -805,7 +805,7 @@ impl State {
             ));
         };
         check.status = CheckStatus::Passing;
-        check.expires = Some(now + check.ttl);
+        check.expires = now.checked_add(check.ttl);
         check.critical_since = None;
         self.sync(now);
         Ok(())
@@ -867,10 +867,11 @@ impl State {
     fn reap_at(&self, check: &AgentCheck) -> Option<Instant> {
         let since = check.critical_since?;
         let after = check.reap_after?;
-        let base = since + after;
+        let base = since.checked_add(after)?;
         let elapsed = base.saturating_duration_since(self.started);
         let ticks = u32::try_from(elapsed.as_nanos() / REAP_INTERVAL.as_nanos()).ok()?;
-        Some(self.started + REAP_INTERVAL * (ticks + 1))
+        let tick = REAP_INTERVAL.checked_mul(ticks.checked_add(1)?)?;
+        self.started.checked_add(tick)
     }
 
     /// The next instant a timer fires: a session's TTL (while a leader runs the timers), an agent
