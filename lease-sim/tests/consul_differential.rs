@@ -43,9 +43,9 @@ const DEFAULT_SEQUENCES: usize = 160;
 /// An ID no session has (the same on both sides).
 const UNKNOWN_SESSION: &str = "00000000-0000-4000-8000-000000000035";
 /// Slack for a blocking query's answer time on a loaded machine.
-const SLACK: Duration = Duration::from_millis(150);
+const SLACK: Duration = Duration::from_millis(250);
 /// The wait of a blocking query a write is to answer (sent 30 ms into it).
-const WATCH_WRITE_WAIT: Duration = Duration::from_millis(600);
+const WATCH_WRITE_WAIT: Duration = Duration::from_millis(800);
 
 // ---- A seeded generator ----
 
