@@ -125,6 +125,13 @@ fn over_limit(spans: &[Span], limit: usize) -> Vec<(u128, Vec<Span>)> {
                 found.push((t, open.iter().map(|&j| spans[j].clone()).collect()));
                 over = true;
             }
+            // A single write opens and closes at its instant (its end sorted before it).
+            if spans[i].first == spans[i].last {
+                open.retain(|&j| j != i);
+                over = open.len() > limit;
+            }
+        } else if spans[i].first == spans[i].last {
+            continue;
         } else {
             open.retain(|&j| j != i);
             over = open.len() > limit;

@@ -15,3 +15,11 @@ pub mod sweep;
 pub mod trace;
 pub mod workload;
 pub mod world;
+
+/// The model of the backend named `name` (`consul`, `etcd`), as sweeps and replays name it.
+pub fn model_for(name: &str) -> Option<sweep::ModelFor> {
+    match name {
+        "consul" => Some(consul::for_schedule),
+        _ => None,
+    }
+}

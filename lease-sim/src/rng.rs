@@ -33,10 +33,29 @@ impl Rng {
 
     /// A number in `0..bound` (0 for a bound of 0).
     pub fn below(&mut self, bound: u64) -> u64 {
-        if bound == 0 {
-            return 0;
-        }
-        self.next_u64() % bound
+        // Lemire's multiply-and-shift: the bias is at most bound / 2^64, far below what a run
+        // could see.
+        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
+    }
+
+    /// A duration uniform in `[0, bound)`, as Consul's `lib.RandomStagger` draws it.
+    pub fn stagger(&mut self, bound: Duration) -> Duration {
+        let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(self.below(nanos))
+    }
+
+    /// An ID as Consul's `uuid.GenerateUUID` makes one: 16 random bytes as 8-4-4-4-12 lowercase
+    /// hex digits (no version or variant bits).
+    pub fn uuid(&mut self) -> String {
+        let (a, b) = (self.next_u64(), self.next_u64());
+        format!(
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xffff,
+            b >> 48,
+            b & 0xffff_ffff_ffff
+        )
     }
 
     /// A number in `low..=high`.
@@ -67,6 +86,22 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seed_gives_the_same_ids_and_another_seed_others() {
+        let ids = |seed| {
+            let mut rng = Rng::new(seed);
+            (0..3).map(|_| rng.uuid()).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(7), ids(7));
+        assert_ne!(ids(7), ids(8));
+        let id = &ids(7)[0];
+        assert_eq!(id.len(), 36);
+        assert_eq!(id.matches('-').count(), 4);
+        assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+        assert_eq!(Rng::new(1).below(0), 0);
+        assert!(Rng::new(1).stagger(Duration::from_millis(5)) < Duration::from_millis(5));
+    }
 
     #[test]
     fn a_seed_is_a_stream_and_forks_differ() {

@@ -28,7 +28,7 @@ use crate::net::{Net, NetConfig};
 use crate::panics;
 use crate::rng::Rng;
 use crate::schedule::{Fault, LEADER, SEMAPHORE, Schedule, Way};
-use crate::server::Model;
+use crate::server::Server;
 use crate::trace::Trace;
 use crate::workload::{self, Registry, Running, Settings};
 use crate::world::{self, Process};
@@ -59,6 +59,8 @@ pub struct Outcome {
     pub simulated: Duration,
     /// Lines in the history.
     pub lines: usize,
+    /// The whole history, as text (one line per event).
+    pub history: String,
 }
 
 /// The bound on recovery after the last heal: a session or lease the server may keep up to
@@ -70,10 +72,10 @@ pub fn recovery_bound(schedule: &Schedule) -> Duration {
 }
 
 /// Runs `schedule` against the model `model` builds.
-pub fn run(schedule: &Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Model>) -> Outcome {
+pub fn run(schedule: &Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server>) -> Outcome {
     panics::install();
     panics::take();
-    let runtime = match world::runtime() {
+    let runtime = match world::runtime(schedule.seed) {
         Ok(runtime) => runtime,
         Err(error) => {
             return Outcome {
@@ -84,6 +86,7 @@ pub fn run(schedule: &Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Model>) -> O
                 recovered_after: None,
                 simulated: Duration::ZERO,
                 lines: 0,
+                history: String::new(),
             };
         }
     };
@@ -111,7 +114,7 @@ struct Slot {
 struct Sim {
     schedule: Schedule,
     net: Net,
-    model: Rc<dyn Model>,
+    model: Rc<dyn Server>,
     trace: Trace,
     registry: Registry,
     settings: Settings,
@@ -126,7 +129,7 @@ struct Sim {
     seeds: RefCell<Rng>,
 }
 
-async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Model>) -> Outcome {
+async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server>) -> Outcome {
     let rng = Rng::new(schedule.seed);
     let net = Net::new(rng.fork("net"), NetConfig::default());
     let model = model(&schedule);
@@ -191,6 +194,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Model>
         recovered_after,
         simulated: sim.start.elapsed(),
         lines: history.lines().len(),
+        history: history.lines().iter().map(|l| format!("{l}\n")).collect(),
     }
 }
 
@@ -459,17 +463,30 @@ impl Sim {
                 .trace
                 .last_write(LEADER)
                 .is_some_and(|t| t >= healed_ns);
-            let (reachable, campaigning) = {
+            // Read inside each process: a backend that finds its server unreachable starts its
+            // probe from `reachability()`, and that task is the process's own.
+            let reads: Vec<_> = {
                 let slots = self.slots.borrow();
-                let live = slots.iter().filter_map(|s| s.running.as_ref());
-                let mut reachable = true;
-                let mut campaigning = true;
-                for running in live {
-                    reachable &= running.backend.reachability() == Reachability::Reachable;
-                    campaigning &= running.campaign.state() == CampaignState::Running;
-                }
-                (reachable, campaigning)
+                (slots.iter())
+                    .filter_map(|s| {
+                        let running = s.running.as_ref()?;
+                        let backend = Arc::clone(&running.backend);
+                        let campaign = running.campaign.clone();
+                        Some(
+                            s.process
+                                .spawn(async move { (backend.reachability(), campaign.state()) }),
+                        )
+                    })
+                    .collect()
             };
+            let (mut reachable, mut campaigning) = (true, true);
+            for read in reads {
+                let (reachability, state) = read
+                    .await
+                    .unwrap_or((Reachability::Unknown, CampaignState::Abandoned));
+                reachable &= reachability == Reachability::Reachable;
+                campaigning &= state == CampaignState::Running;
+            }
             if leads && reachable && campaigning {
                 let after = healed.elapsed();
                 self.trace.note("recovered", format!("after {after:?}"));

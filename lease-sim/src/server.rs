@@ -9,7 +9,7 @@ use crate::net::Listener;
 use crate::world::Process;
 
 /// A server model (Consul's, etcd's) as the simulation drives it.
-pub trait Model: 'static {
+pub trait Server: 'static {
     /// The backend's name, in reports and replay commands: `consul`, `etcd`.
     fn name(&self) -> &'static str;
 

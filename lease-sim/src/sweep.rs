@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use crate::run::{self, Outcome};
 use crate::schedule::Schedule;
-use crate::server::Model;
+use crate::server::Server;
 
 /// Builds a backend's model for a schedule.
-pub type ModelFor = fn(&Schedule) -> Rc<dyn Model>;
+pub type ModelFor = fn(&Schedule) -> Rc<dyn Server>;
 
 /// What a sweep found.
 #[derive(Debug, Default)]

@@ -23,12 +23,26 @@ use crate::net::Net;
 use crate::rng::Rng;
 
 /// Builds the runtime a world runs on: one thread, the clock paused (it advances only when every
-/// task waits, straight to the next timer), no I/O driver (the network is simulated).
-pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
+/// task waits, straight to the next timer), no I/O driver (the network is simulated), and tokio's
+/// own random numbers (which `select!` and `sync::watch` draw from) seeded with `seed`.
+///
+/// The seed needs tokio's unstable API, which the workspace's `.cargo/config.toml` turns on
+/// (`--cfg tokio_unstable`); a build without it cannot replay a schedule, and says so.
+pub fn runtime(seed: u64) -> io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    #[cfg(not(tokio_unstable))]
+    {
+        let _ = seed;
+        return Err(io::Error::other(
+            "lease-sim needs tokio's seeded runtimes: build it with RUSTFLAGS=\"--cfg tokio_unstable\" \
+             (the workspace's .cargo/config.toml sets it; a RUSTFLAGS of your own replaces it)",
+        ));
+    }
+    #[cfg(tokio_unstable)]
+    builder.build()
 }
 
 /// A simulated process: its tasks, and whether it runs.

@@ -19,7 +19,7 @@ where
     F: FnOnce(Net) -> Fut,
     Fut: std::future::Future,
 {
-    let runtime = world::runtime().expect("runtime");
+    let runtime = world::runtime(seed).expect("runtime");
     let root = LocalSet::new();
     let net = Net::new(Rng::new(seed), NetConfig::default());
     root.block_on(&runtime, f(net))

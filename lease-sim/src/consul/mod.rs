@@ -61,7 +61,7 @@
 //! - One node (`serfHealth` always passing), one datacenter; no other endpoints.
 
 mod api;
-mod rng;
+mod sim;
 mod state;
 mod txn;
 mod wire;
@@ -84,16 +84,17 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+pub use sim::for_schedule;
 pub use state::{Behavior, CheckStatus, CheckView, Entry, SessionView};
 use state::{KvWrite, State};
 
-/// The one place the model starts a task. (To become `lease_core::runtime::spawn`, so that the
-/// simulation runs it in the server's own task set.)
+/// The one place the model starts a task: lease-core's, so that in the simulation it runs among
+/// the server's own tasks.
 fn spawn<F>(future: F)
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    drop(tokio::spawn(future));
+    drop(lease_core::runtime::spawn(future));
 }
 
 /// How a [`Model`] is set up: its seed, and the knobs the simulation draws.

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::rng::Rng;
 use super::wire::{go_quote, parse_go_duration, parse_uuid, session_lookup_error};
+use crate::rng::Rng;
 
 /// The node check every session is tied to by default; always passing in the model.
 pub(crate) const SERF_HEALTH: &str = "serfHealth";
