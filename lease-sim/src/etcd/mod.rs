@@ -74,6 +74,10 @@ pub struct Config {
     /// How many revisions of history are kept (the model compacts as it writes); `None`, as
     /// etcd's default (no auto-compaction): all of it.
     pub history: Option<i64>,
+    /// The period of the watch sync loop, which sends a watch from a past revision its history
+    /// (etcd's `syncWatchersLoop`: 100 ms). The differential test shortens it, so that the
+    /// model's watches are never the ones still waiting for theirs.
+    pub sync_interval: Duration,
     /// The interval of progress notifications (`--experimental-watch-progress-notify-interval`,
     /// 10 minutes by default); each stream's is up to a tenth longer.
     pub progress_interval: Duration,
@@ -102,6 +106,7 @@ impl Config {
             min_lease_ttl: 2,
             election_timeout: Duration::from_secs(1),
             history: None,
+            sync_interval: Duration::from_millis(100),
             progress_interval: Duration::from_secs(600),
             auth: None,
             token_ttl: Duration::from_secs(300),
@@ -134,6 +139,13 @@ impl Config {
     #[must_use]
     pub fn history(mut self, revisions: i64) -> Config {
         self.history = Some(revisions);
+        self
+    }
+
+    /// With the watch sync loop running every `interval`.
+    #[must_use]
+    pub fn sync_interval(mut self, interval: Duration) -> Config {
+        self.sync_interval = interval;
         self
     }
 

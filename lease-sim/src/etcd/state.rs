@@ -100,14 +100,15 @@ impl State {
         let mut rng = Rng::new(config.seed);
         let lessor = Lessor::new(&mut rng, config.min_lease_ttl);
         // The sync loop's phase against the simulation's clock.
-        let phase = rng.below(u64::try_from(super::watch::SYNC_EVERY.as_nanos()).unwrap_or(1));
+        let every = config.sync_interval;
+        let phase = rng.below(u64::try_from(every.as_nanos()).unwrap_or(u64::MAX));
         let sync_at = now + Duration::from_nanos(phase);
         State {
             config,
             rng,
             store: Store::default(),
             lessor,
-            watches: Watches::new(sync_at),
+            watches: Watches::new(sync_at, every),
             tokens: BTreeMap::new(),
             tokens_given: 0,
             revoked: signal::Sender::new(0),

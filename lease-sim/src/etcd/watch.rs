@@ -6,8 +6,9 @@
 //! revision; then:
 //! - a watch from the next revision on (or later) is **synced**: every write transaction
 //!   sends it one answer with that revision's events in its range, as the write commits;
-//! - a watch from a past revision is **unsynced** until the store's sync loop, every 100 ms,
-//!   sends it the events since then from the history (up to 1,000 revisions an answer), with
+//! - a watch from a past revision is **unsynced** until the store's sync loop
+//!   (every [`Config::sync_interval`](super::Config)) sends it the events since then from the
+//!   history (up to 1,000 revisions an answer), with
 //!   the current revision; a watch whose start was compacted away is answered
 //!   `compact_revision` (and `canceled`) there instead, with revision 0.
 //!
@@ -31,9 +32,6 @@ use super::mvcc::{Span, Store};
 
 /// Where a stream's answers go (the response stream the client reads).
 pub(crate) type Outbox = mpsc::UnboundedSender<Result<WatchResponse, tonic::Status>>;
-
-/// etcd's sync loop period (`syncWatchersLoop`).
-pub(crate) const SYNC_EVERY: Duration = Duration::from_millis(100);
 
 /// The most revisions one catch-up answer covers (`watchBatchMaxRevs`).
 const BATCH_MAX_REVS: usize = 1000;
@@ -78,8 +76,9 @@ struct Stream {
 pub(crate) struct Watches {
     streams: BTreeMap<u64, Stream>,
     last_stream: u64,
-    /// The sync loop's next turn.
+    /// The sync loop's next turn, and its period.
     sync_at: Instant,
+    sync_every: Duration,
 }
 
 fn header(revision: i64) -> Option<ResponseHeader> {
@@ -106,11 +105,12 @@ fn with_prev(store: &Store, events: Vec<Event>, prev_kv: bool) -> Vec<Event> {
 }
 
 impl Watches {
-    pub(crate) fn new(sync_at: Instant) -> Watches {
+    pub(crate) fn new(sync_at: Instant, sync_every: Duration) -> Watches {
         Watches {
             streams: BTreeMap::new(),
             last_stream: 0,
             sync_at,
+            sync_every: sync_every.max(Duration::from_micros(1)),
         }
     }
 
@@ -419,7 +419,7 @@ impl Watches {
             if self.unsynced() {
                 self.sync(store);
             }
-            self.sync_at = next_tick(self.sync_at, SYNC_EVERY, now);
+            self.sync_at = next_tick(self.sync_at, self.sync_every, now);
         }
         self.progress(store, now);
     }
