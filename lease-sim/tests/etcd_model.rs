@@ -245,3 +245,119 @@ async fn a_restart_keeps_the_holders_lease() {
     assert_refined(&lease, &reason, LostReason::SessionInvalidated).await;
     nothing_left(&model).await;
 }
+
+#[tokio::test]
+async fn with_authentication_an_expired_token_is_replaced_transparently() {
+    lease_tests::init_tracing();
+    let model = Model::new(Config::new(8).auth("root", "secret"));
+    let url = serve(&model).await;
+    let etcd = Etcd::builder()
+        .endpoints([url.as_str()])
+        .user("root", "secret")
+        .build()
+        .unwrap();
+    let first = etcd.acquire(&leader("svc/auth/a")).await.unwrap();
+    model.expire_tokens();
+    // A call is refused its token once, authenticates again and is answered.
+    etcd.check_sequencer(first.sequencer()).await.unwrap();
+    // The watch stream's token is refused at the next watch's creation: the stream is opened
+    // again with a new token, and every watch created again on it.
+    let second = etcd.acquire(&leader("svc/auth/b")).await.unwrap();
+    let own = format!("svc/auth/a/{}", first.sequencer().holder());
+    assert_eq!(model.delete_key(&own), 1);
+    let reason = within(EVENT, "the first holder's loss", first.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    assert!(second.is_held());
+    second.release().await.unwrap();
+    let wrong = Etcd::builder()
+        .endpoints([url.as_str()])
+        .user("root", "wrong")
+        .build()
+        .unwrap();
+    let refused = wrong.acquire(&leader("svc/auth/c")).await.unwrap_err();
+    assert!(
+        matches!(refused, Error::PermissionDenied { .. }),
+        "{refused:?}"
+    );
+    nothing_left(&model).await;
+}
+
+/// An in-memory connection to the model, as the simulation's network hands the client one.
+#[derive(Clone)]
+struct InMemory(Model);
+
+impl tower_service::Service<http::Uri> for InMemory {
+    type Response = hyper_util::rt::TokioIo<tokio::io::DuplexStream>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Self::Response, std::io::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::io::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Uri) -> Self::Future {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let model = self.0.clone();
+        tokio::spawn(async move {
+            let _ = model.serve_connection(server).await;
+        });
+        std::future::ready(Ok(hyper_util::rt::TokioIo::new(client)))
+    }
+}
+
+/// On the simulation's paused clock, over an in-memory connection: a keep-alive of a lease that
+/// expired waits for the lessor's revocation, which lands `revoke_late` after the expiry, and then
+/// answers TTL 0.
+#[tokio::test(start_paused = true)]
+async fn on_the_paused_clock_a_keep_alive_of_an_expired_lease_waits_for_its_revocation() {
+    use lease_etcd::proto::{
+        LeaseGrantRequest, LeaseGrantResponse, LeaseId, LeaseKeepAliveResponse, path,
+    };
+    use tokio::time::Instant;
+
+    let late = Duration::from_millis(400);
+    let model = Model::new(Config::new(11).revoke_late(late));
+    let channel = tonic::transport::Endpoint::from_static("http://model.sim")
+        .connect_with_connector(InMemory(model.clone()))
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let granted: LeaseGrantResponse = grpc
+        .unary(
+            tonic::Request::new(LeaseGrantRequest { ttl: 5 }),
+            http::uri::PathAndQuery::from_static(path::LEASE_GRANT),
+            tonic_prost::ProstCodec::<LeaseGrantRequest, LeaseGrantResponse>::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    let (keep_alive, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    grpc.ready().await.unwrap();
+    let mut answers = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
+                outgoing,
+            )),
+            http::uri::PathAndQuery::from_static(path::LEASE_KEEP_ALIVE),
+            tonic_prost::ProstCodec::<LeaseId, LeaseKeepAliveResponse>::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    let id = granted.id;
+    keep_alive.send(LeaseId { id }).unwrap();
+    let kept = answers.message().await.unwrap().unwrap();
+    let renewed = Instant::now();
+    assert_eq!((kept.id, kept.ttl), (id, 5));
+    tokio::time::sleep_until(renewed + Duration::from_millis(5_100)).await;
+    assert_eq!(model.leases().len(), 1, "expired, not revoked yet");
+    keep_alive.send(LeaseId { id }).unwrap();
+    let gone = answers.message().await.unwrap().unwrap();
+    assert_eq!((gone.id, gone.ttl), (id, 0));
+    assert_eq!(Instant::now(), renewed + Duration::from_secs(5) + late);
+    assert!(model.leases().is_empty());
+}
