@@ -326,8 +326,10 @@ impl Store {
                 continue;
             }
             // The newest version at or before `rev` stays, unless it is a deletion.
-            let newest = revs[older - 1];
-            let keep_newest = self.log.get(&newest).is_some_and(|(_, kv)| kv.is_some());
+            let keep_newest = revs
+                .get(older - 1)
+                .and_then(|newest| self.log.get(newest))
+                .is_some_and(|(_, kv)| kv.is_some());
             let drop_to = if keep_newest { older - 1 } else { older };
             for at in revs.drain(..drop_to) {
                 self.log.remove(&at);

@@ -102,7 +102,7 @@ impl State {
         // The sync loop's phase against the simulation's clock.
         let every = config.sync_interval;
         let phase = rng.below(u64::try_from(every.as_nanos()).unwrap_or(u64::MAX));
-        let sync_at = now + Duration::from_nanos(phase);
+        let sync_at = now.checked_add(Duration::from_nanos(phase)).unwrap_or(now);
         State {
             config,
             rng,
@@ -529,7 +529,7 @@ impl State {
         // `GetProgressReportInterval`: the interval and up to a tenth more.
         let every = self.config.progress_interval;
         let tenth = u64::try_from(every.as_nanos() / 10).unwrap_or(u64::MAX);
-        let every = every + Duration::from_nanos(self.rng.below(tenth));
+        let every = every.saturating_add(Duration::from_nanos(self.rng.below(tenth)));
         self.watches.open(outbox, token, every, now)
     }
 

@@ -384,12 +384,7 @@ impl Watches {
             if stream.next_progress > now {
                 continue;
             }
-            while stream.next_progress <= now {
-                stream.next_progress = stream
-                    .next_progress
-                    .checked_add(stream.progress_every.max(Duration::from_millis(1)))
-                    .unwrap_or(now + Duration::from_secs(3600));
-            }
+            stream.next_progress = next_tick(stream.next_progress, stream.progress_every, now);
             for (id, watcher) in &mut stream.watchers {
                 let Some(idle) = &mut watcher.idle else {
                     continue;
@@ -452,5 +447,6 @@ fn next_tick(at: Instant, every: Duration, now: Instant) -> Instant {
     let ticks = behind / every_nanos + 1;
     let ahead = u64::try_from(ticks.saturating_mul(every_nanos)).unwrap_or(u64::MAX);
     at.checked_add(Duration::from_nanos(ahead))
-        .unwrap_or(now + every)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400 * 365)))
+        .unwrap_or(now)
 }
