@@ -18,7 +18,8 @@
 //!
 //! Run: `cargo test -p lease-sim --test etcd_differential -- --nocapture` (the numbers are
 //! printed); `ETCD_DIFF_SEED=<seed> ETCD_DIFF_SEQUENCES=1` replays one sequence;
-//! `ETCD_DIFF_SEQUENCES=<n>` runs more.
+//! `ETCD_DIFF_SEQUENCES=<n>` runs more; `ETCD_DIFF_TRACE=1` prints every step's answers and
+//! every watch's, `ETCD_DIFF_STATS=1` one line per step (operation, outcome) to count them by.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
