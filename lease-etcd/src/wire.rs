@@ -23,7 +23,7 @@
 mod channels;
 mod connect;
 mod error;
-pub(crate) mod proto;
+pub mod proto;
 
 use std::fmt;
 use std::future::Future;
