@@ -20,6 +20,7 @@ pub mod world;
 pub fn model_for(name: &str) -> Option<sweep::ModelFor> {
     match name {
         "consul" => Some(consul::for_schedule),
+        "etcd" => Some(etcd::for_schedule),
         _ => None,
     }
 }

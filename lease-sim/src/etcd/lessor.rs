@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Rng;
 use super::error;
+use crate::rng::Rng;
 
 /// etcd's `MaxLeaseTTL`.
 const MAX_LEASE_TTL: i64 = 9_000_000_000;

@@ -36,6 +36,7 @@ mod error;
 mod lessor;
 mod mvcc;
 mod server;
+mod sim;
 mod state;
 mod watch;
 
@@ -51,7 +52,9 @@ use tokio::time::Instant;
 
 pub use server::Service;
 
+use crate::rng::Rng;
 use mvcc::Span;
+pub use sim::for_schedule;
 use state::State;
 
 /// How the model's etcd is configured, and the knobs the simulation draws.
@@ -450,35 +453,12 @@ async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
 }
 
 /// Spawns one of the model's tasks: its background task, a stream's reader, hyper's
-/// connection tasks. The one place that picks the runtime's spawn (lease-core's
-/// `runtime::spawn`, once the simulation's seam is in).
+/// connection tasks. The one place that picks the runtime's spawn: lease-core's, so that in the
+/// simulation they run among the server's own tasks.
 pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    tokio::spawn(future)
-}
-
-/// SplitMix64: the model's one source of randomness, from the seed.
-#[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A draw in `[0, n)` (0 if `n` is 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
+    lease_core::runtime::spawn(future)
 }

@@ -21,11 +21,12 @@ use lease_etcd::proto::{
     TxnResponse, WatchRequest, WatchRequestUnion,
 };
 
+use super::Config;
 use super::error;
 use super::lessor::{Lessor, Renewal};
 use super::mvcc::{Span, Store, Write};
 use super::watch::{Outbox, Watches};
-use super::{Config, Rng};
+use crate::rng::Rng;
 
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
