@@ -240,6 +240,21 @@ pub enum Error {
         key: String,
     },
 
+    /// An acquire with [`Wait::UpTo`](crate::Wait::UpTo) that the backend did not answer within
+    /// its wait (and [`ACQUIRE_SLACK`](crate::backend::ACQUIRE_SLACK)): the server or the
+    /// network is down, slow or overloaded. Nothing was taken (whatever the backend had begun is
+    /// given back); [`Backend::reachability`](crate::Backend::reachability) says more.
+    #[error(
+        "no answer acquiring lease {key:?} within its wait ({waited:?}): the server or the network \
+         is down, slow or overloaded; nothing was taken; retry later, or wait longer"
+    )]
+    AcquireTimedOut {
+        /// The key or prefix.
+        key: String,
+        /// How long acquire waited.
+        waited: Duration,
+    },
+
     /// A release (or the clean-up after a loss) did not finish in time; the lease is no longer
     /// held here, and the backend frees it when its session or connection expires.
     #[error(
@@ -383,7 +398,9 @@ impl Error {
             Error::Other(other) => other.kind,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::ObserverClosed { .. } => ErrorKind::Closed,
-            Error::ReleaseTimedOut { .. } | Error::WorkTimedOut { .. } => ErrorKind::TimedOut,
+            Error::AcquireTimedOut { .. }
+            | Error::ReleaseTimedOut { .. }
+            | Error::WorkTimedOut { .. } => ErrorKind::TimedOut,
             Error::AlreadyHeld { .. } | Error::NoDefaultBackend => ErrorKind::Usage,
         }
     }
@@ -420,7 +437,7 @@ pub enum ErrorKind {
     Unsupported,
     /// An observation ended: observe again.
     Closed,
-    /// A release or the guarded work did not finish in time.
+    /// An acquire, a release or the guarded work did not finish in time.
     TimedOut,
     /// The library was used in a way it cannot serve (a nested guard on the same key, no
     /// default backend).

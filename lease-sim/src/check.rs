@@ -9,7 +9,8 @@
 //! - **sequencers rise**: the holders of a key, in the order they first wrote, carry ever greater
 //!   sequencers;
 //! - **acquires end within their bound**: `Wait::UpTo(d)` answers within `d` plus
-//!   [`ACQUIRE_SLACK`], `Wait::Never` within the slack, unless the process was frozen meanwhile;
+//!   [`ACQUIRE_SLACK`], `Wait::Never` within [`ONE_ATTEMPT`], unless the process was frozen
+//!   meanwhile;
 //! - **losses are noticed within the fence interval** and **recovery** (the run's own checks,
 //!   [`crate::run`]), **no panic**, **nothing left behind**.
 
@@ -24,9 +25,14 @@ use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
 /// How soon a holder that could not hear of its loss must stop once it can.
 pub const NOTICE: Duration = Duration::from_secs(1);
 
-/// How much longer than its bound an acquire may take: the last attempt's answer on its way
-/// (lease-http's attempt slack) and a round trip.
-pub const ACQUIRE_SLACK: Duration = Duration::from_secs(1);
+/// How much longer than its bound an acquire may take: lease-core's slack (the last attempt's
+/// answer on its way), and a millisecond for the timer's tick.
+pub const ACQUIRE_SLACK: Duration =
+    lease_core::backend::ACQUIRE_SLACK.saturating_add(Duration::from_millis(1));
+
+/// How long a `Wait::Never` acquire may take: one attempt, which the backend bounds by its
+/// requests' timeouts (Consul's 10 s, and a connect's 5 s).
+pub const ONE_ATTEMPT: Duration = Duration::from_secs(16);
 
 /// A span of time in which a process could not hear from the server (or did not run).
 #[derive(Clone, Copy, Debug)]
@@ -210,7 +216,12 @@ pub fn acquires_within_bounds(history: &History, seen: &Seen) -> Vec<String> {
                 let frozen = seen.cut_offs.iter().any(|c| {
                     c.frozen && c.pid == Some(line.pid) && c.from <= line.t && c.to >= started
                 });
-                if took > ns(bound + ACQUIRE_SLACK) && !frozen {
+                let allowed = if bound.is_zero() {
+                    ONE_ATTEMPT
+                } else {
+                    bound + ACQUIRE_SLACK
+                };
+                if took > ns(allowed) && !frozen {
                     broken.push(format!(
                         "acquire: pid {} waited {:.3} s for {key} (bound {bound:?}) at {:.3} s: {} {}",
                         line.pid,

@@ -39,6 +39,10 @@ const SERVER: &str = "server";
 /// How long the run goes on after recovery, for what recovery might have broken.
 const AFTER_RECOVERY: Duration = Duration::from_secs(3);
 
+/// How much longer than its faults and recovery a run may go on (stopping, the server forgetting
+/// what the processes left) before it counts as hung.
+const RUN_BOUND: Duration = Duration::from_secs(300);
+
 /// How long a process may take to stop (the campaign's drain and `Backend::shutdown`'s bound).
 const STOP_BOUND: Duration = Duration::from_secs(15);
 
@@ -91,7 +95,22 @@ pub fn run(schedule: &Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server>) -> 
         }
     };
     let root = LocalSet::new();
-    let mut outcome = root.block_on(&runtime, simulate(schedule.clone(), model));
+    let bound = schedule.healed_at() + recovery_bound(schedule) + RUN_BOUND;
+    let simulated = async { tokio::time::timeout(bound, simulate(schedule.clone(), model)).await };
+    let mut outcome = root
+        .block_on(&runtime, simulated)
+        .unwrap_or_else(|_| Outcome {
+            backend: "?",
+            schedule: schedule.clone(),
+            violations: vec![format!(
+                "the run did not end within {bound:?} of simulated time (something waits for ever)"
+            )],
+            hash: 0,
+            recovered_after: None,
+            simulated: bound,
+            lines: 0,
+            history: String::new(),
+        });
     {
         // What is left (killed processes' tasks) is dropped inside the runtime: a task's
         // destructor may start another.
@@ -172,8 +191,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
     oracle.abort();
     sim.stop_all().await;
     sim.trace.note("stopped", "every process");
-    tokio::time::sleep(sim.schedule.ttl * 2 + sim.schedule.lock_delay + Duration::from_secs(3))
-        .await;
+    tokio::time::sleep(sim.model.forgets_within(sim.schedule.ttl) + Duration::from_secs(2)).await;
     let left = sim.model.leftovers();
     if !left.is_empty() {
         sim.violate(format!(
@@ -328,29 +346,21 @@ impl Sim {
                 let held = self.registry.held();
                 if let Some(h) = held.get((pick % held.len().max(1) as u64) as usize) {
                     let seq = h.lease.sequencer().clone();
-                    self.act(vec![seq.to_string()], || self.model.revoke(&seq));
+                    self.act(|| self.model.revoke(&seq));
                 }
             }
-            Fault::DeleteKey { key } => {
-                let took = self.holders_of(key, true);
-                self.act(took, || self.model.delete_key(key));
-            }
+            Fault::DeleteKey { key } => self.act(|| self.model.delete_key(key)),
             Fault::DeleteSemaphoreKey { pick } => {
-                let holders = self.holders_of(SEMAPHORE, false);
-                let key = match self.model.name() {
-                    // Consul's semaphore lives in its `.lock`; deleting it takes every slot.
-                    "consul" if pick % 2 == 0 => {
-                        let took = holders;
-                        return self.act(took, || {
-                            self.model.delete_key(&format!("{SEMAPHORE}/.lock"))
-                        });
-                    }
-                    _ => holders
-                        .get((pick % holders.len().max(1) as u64) as usize)
-                        .cloned(),
-                };
-                if let Some(seq) = key.and_then(|s| s.parse::<lease_core::Sequencer>().ok()) {
-                    self.act(vec![seq.to_string()], || self.model.delete_key(seq.key()));
+                let holders: Vec<lease_core::Sequencer> = (self.registry.held().iter())
+                    .map(|h| h.lease.sequencer().clone())
+                    .filter(|s| s.key().starts_with(&format!("{SEMAPHORE}/")))
+                    .collect();
+                // Consul's semaphore lives in its `.lock`: deleting it takes every slot.
+                if self.model.name() == "consul" && pick % 2 == 0 {
+                    self.act(|| self.model.delete_key(&format!("{SEMAPHORE}/.lock")));
+                } else if let Some(seq) = holders.get((pick % holders.len().max(1) as u64) as usize)
+                {
+                    self.act(|| self.model.delete_key(seq.key()));
                 }
             }
             Fault::Freeze { process, .. } => {
@@ -386,25 +396,22 @@ impl Sim {
         }
     }
 
-    /// The sequencers holding `key` now (a leader key, or a semaphore's prefix).
-    fn holders_of(&self, key: &str, leader: bool) -> Vec<String> {
-        (self.registry.held().iter())
-            .map(|h| h.lease.sequencer())
-            .filter(|s| {
-                if leader {
-                    s.key() == key
-                } else {
-                    s.key().starts_with(&format!("{key}/")) || s.key() == key
-                }
-            })
-            .map(ToString::to_string)
-            .collect()
-    }
-
-    fn act(&self, took: Vec<String>, action: impl FnOnce()) {
+    /// An operator's `action`, recorded with the leases it took: those the server held before it
+    /// and not after (revoking one etcd lease takes every key on it, deleting a `.lock` every
+    /// slot).
+    fn act(&self, action: impl FnOnce()) {
         let at = self.now_ns();
-        self.trace.note("operator", format!("took {took:?}"));
+        let held = self.registry.held();
+        let before: Vec<bool> = held
+            .iter()
+            .map(|h| self.model.holds(h.lease.sequencer()))
+            .collect();
         action();
+        let took: Vec<String> = (held.iter().zip(before))
+            .filter(|(h, was)| *was && !self.model.holds(h.lease.sequencer()))
+            .map(|(h, _)| h.lease.sequencer().to_string())
+            .collect();
+        self.trace.note("operator", format!("took {took:?}"));
         self.seen.borrow_mut().actions.push(Action { at, took });
     }
 
@@ -470,20 +477,27 @@ impl Sim {
                 (slots.iter())
                     .filter_map(|s| {
                         let running = s.running.as_ref()?;
+                        // A killed process (its replacement may start at this very instant) or
+                        // a frozen one would not answer: not recovered yet.
+                        if s.process.is_killed() || s.process.is_frozen() {
+                            return Some(None);
+                        }
                         let backend = Arc::clone(&running.backend);
                         let campaign = running.campaign.clone();
-                        Some(
-                            s.process
-                                .spawn(async move { (backend.reachability(), campaign.state()) }),
-                        )
+                        Some(Some(s.process.spawn(async move {
+                            (backend.reachability(), campaign.state())
+                        })))
                     })
                     .collect()
             };
             let (mut reachable, mut campaigning) = (true, true);
             for read in reads {
-                let (reachability, state) = read
-                    .await
-                    .unwrap_or((Reachability::Unknown, CampaignState::Abandoned));
+                let answer = match read {
+                    Some(read) => read.await.ok(),
+                    None => None,
+                };
+                let (reachability, state) =
+                    answer.unwrap_or((Reachability::Unknown, CampaignState::Abandoned));
                 reachable &= reachability == Reachability::Reachable;
                 campaigning &= state == CampaignState::Running;
             }

@@ -2,6 +2,7 @@
 //! read and change it as an operator would — the oracle the checks compare the clients with.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lease_core::{Backend, Sequencer};
 
@@ -37,4 +38,8 @@ pub trait Server: 'static {
 
     /// What is left on the server that a process made: sessions or leases, keys held by one.
     fn leftovers(&self) -> Vec<String>;
+
+    /// How long after every process has stopped the server has forgotten what the killed ones
+    /// left: their sessions' or leases' TTL, and whatever else the server reaps later.
+    fn forgets_within(&self, ttl: Duration) -> Duration;
 }

@@ -12,6 +12,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use lease_tests::history::{History, Kind, Line};
 use tokio::time::Instant;
 
+/// Whether every line is also printed as it is written (`LEASE_SIM_LIVE`), to follow a replay
+/// that does not end.
+static LIVE: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os("LEASE_SIM_LIVE").is_some());
+
 /// The process number the simulation's own lines carry.
 pub const SIMULATION: u32 = u32::MAX;
 
@@ -45,6 +50,9 @@ impl Trace {
         if kind == Kind::Write {
             let key = detail.split(' ').next().unwrap_or("").to_owned();
             inner.last_write.insert(key, t);
+        }
+        if *LIVE {
+            eprintln!("{:.6} {pid} {kind} {seq} {detail}", t as f64 / 1e9);
         }
         inner.lines.push(Line {
             t,

@@ -19,11 +19,16 @@ use tracing::Instrument;
 
 use crate::lease::state::{Fence, LeaseState};
 use crate::lease::{CheckSequencer, Lease, ReleaseRequest, detached};
-use crate::{Backend, BackendKind, BoxFuture, Error, LeaseSpec, LostReason, Sequencer};
+use crate::{Backend, BackendKind, BoxFuture, Error, LeaseSpec, LostReason, Sequencer, Wait};
 
 /// The longest a release (or the clean-up after a loss) may take before the holder gives up on
 /// it; the backend then frees the lease when its session or connection expires.
 pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+/// How long past its spec's [`Wait::UpTo`](crate::Wait::UpTo) an acquire may still answer:
+/// the last attempt's answer on its way. [`instrument_acquire`] ends every backend's acquire
+/// there.
+pub const ACQUIRE_SLACK: Duration = Duration::from_millis(500);
 
 /// What a backend does while it holds one lease: the part of the backend contract that
 /// [`Keepers::start`] drives.
@@ -435,7 +440,10 @@ async fn hold_until_due<H: Hold>(state: &LeaseState, hold: &mut H, stop: &Cancel
 /// How every backend's [`Backend::acquire`](crate::Backend::acquire) runs: `acquire` (the
 /// backend's protocol, ending in [`Keepers::start`]) in a `lease.acquire` span, a child of the
 /// caller's (the lease's `lease.hold` span follows from it), recording the acquisition's
-/// metrics (the `metrics` module) under `backend`'s label.
+/// metrics (the `metrics` module) under `backend`'s label, and held to the spec's wait: with
+/// [`Wait::UpTo(d)`](crate::Wait::UpTo), an acquire the backend has not answered within `d` plus
+/// [`ACQUIRE_SLACK`] is dropped (a backend's acquire is cancel safe: what it had taken is given
+/// back) and answers [`Error::AcquireTimedOut`], however slow or silent the server is.
 ///
 /// ```
 /// use lease_core::backend::instrument_acquire;
@@ -458,7 +466,20 @@ pub fn instrument_acquire<'a>(
         key = spec.key(),
         backend = backend.as_str()
     );
-    Box::pin(crate::metrics::acquire(backend, spec, acquire).instrument(span))
+    let bounded = async move {
+        let Wait::UpTo(wait) = spec.wait_policy() else {
+            return acquire.await;
+        };
+        let started = Instant::now();
+        match tokio::time::timeout(wait.saturating_add(ACQUIRE_SLACK), acquire).await {
+            Ok(acquired) => acquired,
+            Err(_) => Err(Error::AcquireTimedOut {
+                key: spec.key().to_owned(),
+                waited: started.elapsed(),
+            }),
+        }
+    };
+    Box::pin(crate::metrics::acquire(backend, spec, bounded).instrument(span))
 }
 
 #[cfg(test)]
@@ -523,6 +544,37 @@ mod tests {
             Recorded(calls.clone()),
         );
         (lease, tokio::spawn(keeper))
+    }
+
+    /// An acquire the backend never answers ends at its wait plus the slack, naming the key;
+    /// `Wait::Forever` is not bounded, and an answer in time is the backend's.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_ends_within_its_wait_whatever_the_backend_does() {
+        let spec = LeaseSpec::leader("jobs/nightly").wait(Wait::UpTo(Duration::from_secs(2)));
+        let started = Instant::now();
+        let silent = instrument_acquire(BackendKind::Memory, &spec, std::future::pending());
+        match silent.await {
+            Err(Error::AcquireTimedOut { key, waited }) => {
+                assert_eq!(key, "jobs/nightly");
+                assert_eq!(waited, Duration::from_secs(2) + ACQUIRE_SLACK);
+                assert_eq!(started.elapsed(), waited);
+            }
+            other => panic!("expected AcquireTimedOut, got {other:?}"),
+        }
+        let answered = instrument_acquire(BackendKind::Memory, &spec, async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Err(Error::Busy {
+                key: "jobs/nightly".into(),
+                waited: Duration::from_secs(2),
+            })
+        });
+        assert!(answered.await.is_err_and(|e| e.is_busy()));
+        let forever = spec.clone().wait(Wait::Forever);
+        let slow = instrument_acquire(BackendKind::Memory, &forever, async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Err(Error::config("answered after an hour"))
+        });
+        assert!(matches!(slow.await, Err(Error::Config { .. })));
     }
 
     async fn assert_ended_without_panic(keeper: tokio::task::JoinHandle<()>) {

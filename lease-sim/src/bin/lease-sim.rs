@@ -100,7 +100,16 @@ fn main() -> ExitCode {
                 report.simulated.as_secs_f64() / 3600.0,
                 report.slowest_recovery.as_secs_f64(),
             );
-            if report.failures.is_empty() && report.nondeterministic.is_empty() {
+            if report.crashed > 0 {
+                println!(
+                    "CRASHED {} sweep threads panicked outside a run",
+                    report.crashed
+                );
+            }
+            if report.failures.is_empty()
+                && report.nondeterministic.is_empty()
+                && report.crashed == 0
+            {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -4,6 +4,7 @@
 
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lease_consul::Consul;
 use lease_core::{Backend, Sequencer};
@@ -101,6 +102,13 @@ impl Server for Model {
 
     fn restart(&self) {
         Model::restart(self);
+    }
+
+    /// Twice the TTL (a session outlives its last renewal by up to that), or, for the heartbeat
+    /// check of a process that could not deregister it, the agent's reap: a minute after it
+    /// turned critical, at the agent's next 30 s tick.
+    fn forgets_within(&self, ttl: Duration) -> Duration {
+        (ttl * 2).max(ttl + Duration::from_secs(90))
     }
 
     fn leftovers(&self) -> Vec<String> {

@@ -113,6 +113,11 @@ impl Server for Model {
         Model::restart(self);
     }
 
+    /// The TTL, and the lessor's lateness (at most half a second).
+    fn forgets_within(&self, ttl: Duration) -> Duration {
+        ttl + Duration::from_secs(1)
+    }
+
     fn leftovers(&self) -> Vec<String> {
         let leases = (self.leases().into_iter())
             .map(|l| format!("lease {:x} (TTL {} s) with keys {:?}", l.id, l.ttl, l.keys));
