@@ -17,8 +17,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::history::{History, Kind, Line, Span};
 use lease_core::Sequencer;
-use lease_tests::history::{History, Kind, Line, Span};
 
 use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
 

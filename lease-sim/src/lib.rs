@@ -5,6 +5,7 @@
 pub mod check;
 pub mod consul;
 pub mod etcd;
+pub mod history;
 pub mod net;
 pub mod panics;
 pub mod rng;

@@ -1,5 +1,5 @@
 //! The history of one run, as every simulated process writes it and the checks read it: lines in
-//! the format of the process tests' histories (`lease_tests::history`), timed in nanoseconds of
+//! the format of the process tests' histories ([`crate::history`]), timed in nanoseconds of
 //! simulated time since the run began, so the same verdicts judge both.
 //!
 //! Besides the processes' own lines (`waiting`, `acquired`, `write`, `lost`, `released`), the
@@ -9,7 +9,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use lease_tests::history::{History, Kind, Line};
+use crate::history::{History, Kind, Line};
 use tokio::time::Instant;
 
 /// Whether every line is also printed as it is written (`LEASE_SIM_LIVE`), to follow a replay

@@ -10,10 +10,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::history::Kind;
 use lease_core::backoff::random_below;
 use lease_core::leader::{Campaign, CampaignHandle};
 use lease_core::{Backend, CancellationToken, Lease, LeaseSpec, LeaseWatcher, Wait};
-use lease_tests::history::Kind;
 use tokio::time::Instant;
 
 use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
