@@ -182,13 +182,19 @@ impl Redis {
     }
 
     async fn del(&self, targets: &[String], what: &str) -> Result<u64, Error> {
-        self.shared
+        let deleted = self
+            .shared
             .wire
             .request(true, |mut conn| async move {
                 redis::cmd("DEL").arg(targets).query_async(&mut conn).await
             })
             .await
-            .map_err(|e| e.into_error(self.address(), format_args!("delete {what:?}")))
+            .map_err(|e| e.into_error(self.address(), format_args!("delete {what:?}")))?;
+        // The server tells every other client (tracking); this handle's own holders hear it here.
+        for target in targets {
+            self.shared.wire.changed_here(target);
+        }
+        Ok(deleted)
     }
 }
 
