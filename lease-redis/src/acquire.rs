@@ -236,7 +236,9 @@ pub(crate) async fn acquire(
         let attempt = loop {
             pending.taken = true;
             pending.queued |= waits;
-            let attempt = wire.script(&ACQUIRE, &[&keys.base], &args, true).await;
+            let attempt = wire
+                .script(&ACQUIRE, &[&keys.base, &holder_key], &args, true)
+                .await;
             let attempt = match attempt {
                 Ok((value, sent, ran)) => match Answer::read(&value) {
                     Ok(Answer::Acquired { token, holders }) => {

@@ -216,6 +216,34 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// Requests clients sent (`INFO commandstats`): script calls, pings, subscriptions and the
+    /// connections' set-up, not the commands a script runs inside, nor `INFO` itself.
+    pub async fn client_requests(&self) -> u64 {
+        let info: String = self.cmd(redis::cmd("INFO").arg("commandstats")).await;
+        const SENT: [&str; 9] = [
+            "evalsha",
+            "eval",
+            "ping",
+            "subscribe",
+            "unsubscribe",
+            "client|tracking",
+            "hello",
+            "wait",
+            "role",
+        ];
+        info.lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                SENT.contains(&name).then_some(rest)
+            })
+            .filter_map(|rest| {
+                rest.split(',')
+                    .find_map(|field| field.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     /// Kills the server (`SIGKILL`): every key goes (no persistence).
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

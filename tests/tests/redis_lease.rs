@@ -391,3 +391,28 @@ where
     }
     out
 }
+
+/// A semaphore holder whose own key an operator deletes loses its slot within milliseconds (its
+/// key is followed by tracking as a leader key is), and only that holder.
+#[tokio::test]
+async fn a_semaphore_holder_whose_key_is_deleted_loses_within_milliseconds() {
+    let (server, redis) = set_up().await;
+    let spec = LeaseSpec::semaphore("jobs/slots", 3).ttl(Duration::from_secs(10));
+    let a = redis.acquire(&spec).await.unwrap();
+    let b = redis.acquire(&spec).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let key = format!("lease:{{jobs/slots}}:s:{}", a.sequencer().holder());
+    let deleted = Instant::now();
+    assert_eq!(server.del(&key).await, 1);
+    let reason = within(Duration::from_secs(2), "the loss", a.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    assert!(
+        deleted.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        deleted.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(b.is_held());
+    b.check().await.unwrap();
+    b.release().await.unwrap();
+}

@@ -4,9 +4,11 @@
 //! wake-up channels).
 //!
 //! **Tracking.** Once connected, the command connection turns on `CLIENT TRACKING ON NOLOOP`:
-//! the server remembers every key a script of this connection read and pushes an invalidation
-//! when anyone else changes, deletes, evicts or expires it (NOLOOP: not for our own writes, which
-//! is why every script reads the holder key again after writing it). An invalidation goes to the
+//! the server remembers the keys a script of this connection declared (its `KEYS`) and read after
+//! its last write to them, and pushes an invalidation when anyone else changes, deletes, evicts
+//! or expires one (NOLOOP: not for our own writes, which make the server forget the key: hence
+//! the acquire and renew scripts declare the holder key and read it last). A key a script
+//! derives from its `KEYS` is not tracked (Redis 7.0, as measured). An invalidation goes to the
 //! subscriptions of its key only ([`Interest`]); a flush (an invalidation naming no key) to all.
 //!
 //! **Pub/sub.** The subscriber connection subscribes to the channel of every name some waiter of

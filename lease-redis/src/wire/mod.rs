@@ -222,6 +222,54 @@ impl Wire {
         Ok((value, sent, ran))
     }
 
+    /// Runs `script` with `args` (and no keys) and then `EXISTS` of `track`, in one `MULTI`, so
+    /// that client-side tracking follows every key of `track` from the moment the script's own
+    /// writes to them (which the server forgets them for, NOLOOP) are done: the renewal's way to
+    /// arm tracking for a whole batch at once. Answers the script's value, how many of `track`
+    /// exist, and the send time.
+    pub(crate) async fn script_then_track(
+        &self,
+        script: &Script,
+        args: &[&[u8]],
+        track: &[&str],
+    ) -> Result<(Value, usize, Instant, Ran), RedisFailure> {
+        let sent = Instant::now();
+        let (answer, live) = self
+            .request_on(true, |live| {
+                let mut conn = live.conn.clone();
+                async move {
+                    let run = |load: bool| {
+                        let mut pipe = redis::pipe();
+                        if load {
+                            pipe.cmd("SCRIPT").arg("LOAD").arg(script.source).ignore();
+                        }
+                        pipe.atomic()
+                            .cmd("EVALSHA")
+                            .arg(script.hash())
+                            .arg(0)
+                            .arg(args)
+                            .cmd("EXISTS")
+                            .arg(track);
+                        pipe
+                    };
+                    let answer = run(false).query_async::<(Value, usize)>(&mut conn).await;
+                    match answer {
+                        Err(error) if error.code() == Some("NOSCRIPT") => {
+                            run(true).query_async::<(Value, usize)>(&mut conn).await
+                        }
+                        other => other,
+                    }
+                }
+            })
+            .await
+            .inspect_err(|error| tracing::debug!(%error, script = script.name, "script failed"))?;
+        let ran = Ran {
+            generation: live.generation,
+            replicas: live.replicas,
+        };
+        Ok((answer.0, answer.1, sent, ran))
+    }
+
     /// Waits until the server's replicas have every write the connection `ran` carried so far,
     /// up to [`replica_wait`](Wire::replica_wait): `WAIT`. Nothing to wait for without replicas
     /// (or without the setting).

@@ -1,4 +1,5 @@
--- acquire: KEYS[1] the base key; ARGV: holder, kind ('leader' | 'semaphore'), limit, ttl (ms),
+-- acquire: KEYS[1] the base key, KEYS[2] the holder key (declared, and read after the last
+-- write, so that client-side tracking follows it); ARGV: holder, kind ('leader' | 'semaphore'), limit, ttl (ms),
 -- settle (ms), value, enqueue (1: the caller waits, so it takes or keeps its place in line),
 -- waiter ttl (ms).
 -- Answers {'acquired', token, holders}, {'busy', holders, retry_in_ms (-1: none)},

@@ -1,20 +1,22 @@
--- renew: KEYS the base keys of the leases renewed; ARGV three per lease: holder, kind, ttl (ms).
+-- renew: no KEYS (the server would remember every declared key for tracking at each read the
+-- script makes: quadratic in the batch); ARGV four per lease: base key, holder, kind, ttl (ms).
+-- The caller arms tracking with one EXISTS of the holder keys after it, in the same MULTI.
 -- Answers one entry per lease: 1 renewed, 0 gone, or {holder, token} when another holder has the
 -- leader key. A lease gone has its removal judged (a bar for its settle time) and its waiters
 -- woken to learn it.
 local now = clock()
 local out = {}
-for i = 1, #KEYS do
-  local k = keys_of(KEYS[i])
-  local h, kind, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], tonumber(ARGV[3 * i])
+for i = 1, #ARGV / 4 do
+  local k = keys_of(ARGV[4 * i - 3])
+  local h, kind, ttl = ARGV[4 * i - 2], ARGV[4 * i - 1], tonumber(ARGV[4 * i])
   local hk = holder_key(k, kind, h)
   local held = alive(k, kind, h) and redis.call('ZSCORE', k.slots, h)
   if held then
     redis.call('PEXPIRE', hk, ttl)
     redis.call('ZADD', k.slots, now + ttl, h)
-    touch(k)
-    -- Tracking follows the key again after our own write (NOLOOP dropped it).
-    redis.call('HGET', hk, 'token')
+    redis.call('PEXPIRE', k.meta, KEEP_MS)
+    redis.call('PEXPIRE', k.slots, KEEP_MS)
+    redis.call('PEXPIRE', k.held, KEEP_MS)
     out[i] = 1
   else
     local holder, token = false, nil
