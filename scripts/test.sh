@@ -245,7 +245,7 @@ bounded() {
 # 5 minutes in all) and mostly idle, waiting on services, timeouts and worker processes, so beside
 # the first lane they cost little CPU and take minutes off the step.
 long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale fence_frozen_link
-  redis_scale)
+  redis_scale redis_sentinel)
 test_log=target/test.log
 lane2_log=target/test-lane2.log
 : >"$test_log"

@@ -598,7 +598,8 @@ fn the_check_finds_each_kind_of_break() {
     );
     // Commands: a feature, a package, targets, in a block or inline, over a line break.
     assert_eq!(
-        found("```sh\ncargo run -p lease-demo --features zookeeper -- --zookeeper URL\n```\n").len(),
+        found("```sh\ncargo run -p lease-demo --features zookeeper -- --zookeeper URL\n```\n")
+            .len(),
         1
     );
     assert_eq!(
