@@ -45,6 +45,8 @@ pub struct Server {
     log: PathBuf,
     args: Vec<String>,
     child: Option<Child>,
+    /// The CA that signed a TLS server's certificate; `None` for a plain server.
+    ca: Option<PathBuf>,
 }
 
 impl Server {
@@ -90,9 +92,120 @@ impl Server {
             log,
             args,
             child: None,
+            ca: None,
         };
         server.spawn().await;
         server
+    }
+
+    /// A fresh server that speaks only TLS on its port, with a certificate for `localhost` and
+    /// `127.0.0.1` signed by a CA of its own ([`Server::ca`]), made with `openssl`. Clients need
+    /// no certificate of their own.
+    pub async fn tls() -> Server {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("lease-redis-tls-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for the certificates");
+        let openssl = |args: &[&str]| {
+            let status = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap_or_else(|e| panic!("openssl is needed for the TLS test: {e}"));
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=lease test CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .expect("the certificate's names");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        let logs = workspace_root().join("target/redis-logs");
+        std::fs::create_dir_all(&logs).expect("target/redis-logs");
+        let log = logs.join(format!("redis-tls-{port}.log"));
+        let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let args = vec![
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            path("server.pem"),
+            "--tls-key-file".to_owned(),
+            path("server.key"),
+            "--tls-ca-cert-file".to_owned(),
+            path("ca.pem"),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+            "--bind".to_owned(),
+            "127.0.0.1".to_owned(),
+            "--save".to_owned(),
+            String::new(),
+            "--dir".to_owned(),
+            dir.to_string_lossy().into_owned(),
+            "--logfile".to_owned(),
+            log.to_string_lossy().into_owned(),
+        ];
+        let mut server = Server {
+            port,
+            ca: Some(dir.join("ca.pem")),
+            dir,
+            log,
+            args,
+            child: None,
+        };
+        server.spawn().await;
+        server
+    }
+
+    /// The CA that signed a TLS server's certificate.
+    pub fn ca(&self) -> Option<&std::path::Path> {
+        self.ca.as_deref()
     }
 
     /// A replica of `master`, on a free port.
@@ -126,6 +239,10 @@ impl Server {
     }
 
     async fn ping(&self) -> bool {
+        if self.ca.is_some() {
+            // TLS only: listening is what a test can see without a TLS client of its own.
+            return tokio::net::TcpStream::connect(self.addr()).await.is_ok();
+        }
         match self.connection().await {
             Some(mut conn) => redis::cmd("PING")
                 .query_async::<String>(&mut conn)
@@ -331,6 +448,7 @@ impl Sentinel {
                 log.to_string_lossy().into_owned(),
             ],
             child: None,
+            ca: None,
         };
         server.spawn().await;
         Sentinel { server }

@@ -416,3 +416,35 @@ async fn a_semaphore_holder_whose_key_is_deleted_loses_within_milliseconds() {
     b.check().await.unwrap();
     b.release().await.unwrap();
 }
+
+/// `rediss://` speaks TLS with rustls, as the other backends configure it: a server whose
+/// certificate a CA of `RedisBuilder::ca_cert` signed is trusted, its name checked; without the
+/// CA the handshake is refused with a configuration error that names TLS, not retried as an
+/// outage.
+#[tokio::test]
+async fn rediss_urls_speak_tls_and_verify_the_certificate() {
+    lease_tests::init_tracing();
+    let server = Server::tls().await;
+    let url = format!("rediss://localhost:{}", server.port());
+    let redis = Redis::builder()
+        .url(&url)
+        .ca_cert(server.ca().unwrap())
+        .build()
+        .unwrap();
+    let lease = redis.acquire(&leader("jobs/tls")).await.unwrap();
+    lease.check().await.unwrap();
+    lease.release().await.unwrap();
+    redis.shutdown().await;
+
+    let untrusted = Redis::new(&url).unwrap();
+    let refused = within(
+        Duration::from_secs(10),
+        "the refusal",
+        untrusted.acquire(&leader("jobs/tls").wait(Wait::Never)),
+    )
+    .await;
+    match refused {
+        Err(Error::Config { message, .. }) => assert!(message.contains("TLS"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -76,6 +76,8 @@ pub(crate) struct Link {
 #[derive(Debug)]
 struct State {
     current: watch::Sender<Option<Live>>,
+    /// Why the last opening failed; `None` once one succeeded.
+    failed: watch::Sender<Option<RedisFailure>>,
     interest: Interest,
     /// The channels subscribed on this connection now (the subscriber's); held while one is
     /// subscribed or unsubscribed, so the two never cross on the connection.
@@ -95,6 +97,7 @@ impl Link {
             role,
             state: Arc::new(State {
                 current: watch::channel(None).0,
+                failed: watch::channel(None).0,
                 interest: Interest::default(),
                 on_server: tokio::sync::Mutex::default(),
                 reachability,
@@ -128,13 +131,32 @@ impl Link {
         self.state.current.borrow().clone()
     }
 
-    /// The connection, waiting until `until` for one to come up.
-    pub(crate) async fn wait(&self, until: Instant) -> Option<Live> {
+    /// The connection, waiting until `until` for one to come up; at once the reason an opening
+    /// failed if no retry can cure it (TLS refused, a password refused), else, at `until`, the
+    /// last opening's failure.
+    pub(crate) async fn wait(&self, until: Instant) -> Result<Live, RedisFailure> {
         let mut current = self.state.current.subscribe();
-        let up = current.wait_for(Option::is_some);
-        match tokio::time::timeout_at(until, up).await {
-            Ok(Ok(live)) => live.clone(),
-            _ => None,
+        let mut failed = self.state.failed.subscribe();
+        loop {
+            if let Some(live) = current.borrow_and_update().clone() {
+                return Ok(live);
+            }
+            let last = failed.borrow_and_update().clone();
+            if let Some(error) = last.as_ref().filter(|e| !e.is_transient()) {
+                return Err(error.clone());
+            }
+            tokio::select! {
+                biased;
+                changed = current.changed() => if changed.is_err() {
+                    return Err(RedisFailure::NotConnected);
+                },
+                changed = failed.changed() => if changed.is_err() {
+                    return Err(RedisFailure::NotConnected);
+                },
+                () = tokio::time::sleep_until(until) => {
+                    return Err(last.unwrap_or(RedisFailure::NotConnected));
+                }
+            }
         }
     }
 
@@ -153,7 +175,7 @@ impl Link {
         self.ensure(connector);
         let (interested, _) = self.state.interest.subscribe(channel);
         let until = Instant::now() + Duration::from_secs(1);
-        if let Some(mut live) = self.wait(until).await {
+        if let Ok(mut live) = self.wait(until).await {
             let mut on_server = self.state.on_server.lock().await;
             if !on_server.contains(channel) {
                 let subscribed = tokio::time::timeout_at(until, live.conn.subscribe(channel)).await;
@@ -206,6 +228,7 @@ async fn keep_open(
             Ok(ready) => ready,
             Err(error) => {
                 strong.reachability.answered(error.answered());
+                strong.failed.send_replace(Some(error.clone()));
                 drop(strong);
                 tracing::debug!(%error, ?role, "cannot open the Redis connection; retrying");
                 if closed.run_until_cancelled(pause.wait()).await.is_none() {
@@ -215,6 +238,7 @@ async fn keep_open(
             }
         };
         strong.reachability.answered(true);
+        strong.failed.send_replace(None);
         pause.reset();
         generation += 1;
         tracing::debug!(?role, generation, server = %opened.server, replicas = opened.replicas, "Redis connection up");

@@ -148,13 +148,12 @@ impl Wire {
         let timeout = self.connector.request_timeout;
         let until = Instant::now() + timeout;
         self.commands.ensure(&self.connector);
-        let Some(live) = self.commands.wait(until).await else {
-            self.reachability.answered(false);
-            lease_core::metrics::backend_error(
-                BackendKind::Redis,
-                RedisFailure::NotConnected.metric(),
-            );
-            return Err(RedisFailure::NotConnected);
+        let live = match self.commands.wait(until).await {
+            Ok(live) => live,
+            Err(error) => {
+                lease_core::metrics::backend_error(BackendKind::Redis, error.metric());
+                return Err(error);
+            }
         };
         lease_core::metrics::backend_request(BackendKind::Redis, write);
         let in_flight = self.reachability.sending();
