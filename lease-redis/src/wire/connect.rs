@@ -50,6 +50,7 @@ pub(crate) struct Connector {
     #[cfg(feature = "rustls")]
     pub(crate) tls: Option<tokio_rustls::TlsConnector>,
     /// The name the server's certificate must carry, when not the host connected to.
+    #[cfg_attr(not(feature = "rustls"), allow(dead_code))]
     pub(crate) tls_name: Option<String>,
     pub(crate) connect_timeout: Duration,
     pub(crate) request_timeout: Duration,

@@ -20,6 +20,7 @@ pub(crate) enum RedisFailure {
     Connect(Arc<std::io::Error>),
     /// The TLS handshake failed: TLS off on the server, a certificate not trusted, a name not
     /// on it. Not retried.
+    #[cfg_attr(not(feature = "rustls"), allow(dead_code))]
     Tls(Arc<std::io::Error>),
     /// No connection came up within the caller's bound.
     NotConnected,
