@@ -352,9 +352,9 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         // A cancelled administration must not leave the mutex taken for as long as our
         // connection lives: delete it in the background.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         if !self.unlocked {
             let (amqp, pooled, mutex, local) = (
                 self.amqp.clone(),
@@ -362,7 +362,7 @@ impl Drop for Session<'_> {
                 self.names.admin_queue(),
                 self.local.take(),
             );
-            runtime.spawn(async move {
+            lease_core::runtime::spawn(async move {
                 let _ = delete_queue(&amqp, &pooled, None, &mutex).await;
                 drop(local);
             });

@@ -51,15 +51,15 @@ impl Drop for HolderQueue {
         if !self.armed {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         // A cancelled acquire never ran work: nothing to settle.
         let (amqp, pooled) = (self.amqp.clone(), Arc::clone(&self.pooled));
         let queues: Vec<String> = (self.settle_queue.take().into_iter())
             .chain([self.queue.clone()])
             .collect();
-        runtime.spawn(async move {
+        lease_core::runtime::spawn(async move {
             for queue in queues {
                 if let Err(error) = delete_queue(&amqp, &pooled, None, &queue).await {
                     tracing::warn!(%error, queue, "could not delete an abandoned holder queue");

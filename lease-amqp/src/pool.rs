@@ -32,14 +32,17 @@
 //! `channel_ids_lapin_refuses_are_retired_and_a_worn_connection_is_replaced`).
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use lapin::options::ConfirmSelectOptions;
 use lapin::protocol::constants::REPLY_SUCCESS;
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::ShortString;
-use lapin::{Channel, Connection, ConnectionProperties, ErrorKind};
+use lapin::uri::{AMQPScheme, AMQPUri};
+use lapin::{AsyncTcpStream, Channel, Connection, ConnectionProperties, ErrorKind};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -159,7 +162,7 @@ impl ConnectionPool {
             connected
         });
         for pooled in worn_out {
-            tokio::spawn(pooled.close_worn(config.operation_timeout));
+            lease_core::runtime::spawn(pooled.close_worn(config.operation_timeout));
         }
         if let Some(reservation) = connections
             .iter()
@@ -217,9 +220,9 @@ impl ConnectionPool {
     }
 
     /// Closes every connection (after a shutdown gave the leases back), each within `timeout`:
-    /// dropping a connection does not close it, and one left open at the process's exit has
-    /// lapin's I/O thread waiting on tasks the ending runtime cancels. A reservation that
-    /// comes later opens a new connection.
+    /// the pool would keep them open for as long as the backend lives. A reservation that comes
+    /// later opens a new connection. (A process's end finding a connect still under way is
+    /// [`connect_resolved`]'s matter: that connection is not in the pool yet.)
     pub(crate) async fn close_all(&self, timeout: Duration) {
         let closing = std::mem::take(&mut *self.connections.lock().await);
         for pooled in closing {
@@ -247,7 +250,7 @@ pub(crate) async fn connect(config: &AmqpConfig) -> Result<Connection, Error> {
     if let Some(name) = &config.connection_name {
         properties = properties.with_connection_name(name.as_str().into());
     }
-    let connect = Connection::connect_uri(config.uri.clone(), properties);
+    let connect = connect_resolved(config.uri.clone(), properties);
     let failure = match tokio::time::timeout(config.connect_timeout, connect).await {
         Ok(Ok(connection)) => {
             tracing::debug!(url = %config.redacted_url(), "connected to RabbitMQ");
@@ -268,6 +271,42 @@ pub(crate) async fn connect(config: &AmqpConfig) -> Result<Connection, Error> {
         },
         other => other.into_error("connect", config),
     })
+}
+
+/// lapin's `Connection::connect_uri`, but with the broker's host resolved here, on the caller's
+/// task, and not on lapin's I/O thread.
+///
+/// lapin starts a connection's I/O thread (`lapin-io-loop`) when the connect is first polled,
+/// and that thread connects by itself, whoever still waits for the connection: lapin's own
+/// connect resolves the host there by awaiting a blocking task of the tokio runtime
+/// (amq-protocol-tcp's `connect_with_config_async`, async-rs's `SocketAddrsResolver`: a
+/// `spawn_blocking`). When the runtime ends first, as a process's exit ends it for an acquire it
+/// dropped while that acquire was connecting, the runtime cancels that task, and async-rs 0.8
+/// panics on the I/O thread ("Task did not complete: task N was cancelled"). Closing the pooled
+/// connections at shutdown cannot help: this one is not in the pool yet. So the I/O thread is
+/// handed the addresses, and awaits no task of the runtime: only its socket, whose I/O fails
+/// once the runtime is gone, an error lapin expects and ends the I/O loop on
+/// (`tests/tests/amqp_exit.rs`). lapin calls `connect` once: we ask for no automatic recovery,
+/// so no reconnection retries it.
+async fn connect_resolved(
+    uri: AMQPUri,
+    properties: ConnectionProperties,
+) -> lapin::Result<Connection> {
+    let addrs: Vec<SocketAddr> =
+        tokio::net::lookup_host((uri.authority.host.as_str(), uri.authority.port))
+            .await?
+            .collect();
+    let runtime = lapin::runtime::default_runtime()?;
+    // lapin's own default (the `rustls` or `native-tls` feature picks the library).
+    let tls = OwnedTLSConfig::default();
+    let connect = async move |uri: AMQPUri, runtime| {
+        let stream = AsyncTcpStream::connect(&runtime, addrs.clone()).await?;
+        Ok(match uri.scheme {
+            AMQPScheme::AMQP => stream,
+            AMQPScheme::AMQPS => stream.into_tls(&uri.authority.host, tls.as_ref()).await?,
+        })
+    };
+    Connection::connector(uri, runtime, connect, properties).await
 }
 
 /// One connection of the pool.

@@ -61,6 +61,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             report_waiting(&*backend, consul, &spec, &holder).await
         };
         tokio::select! {
+            biased;
             result = &mut acquire => result,
             signal = signals.recv() => {
                 drop(acquire);
@@ -125,6 +126,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             }
         };
         tokio::select! {
+            biased;
             status = guarded.wait() => break Ok(status),
             reason = &mut lost => break Err(reason),
             signal = signals.recv() => {
@@ -385,6 +387,7 @@ impl Signals {
 
     async fn recv(&mut self) -> Signal {
         tokio::select! {
+            biased;
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,
             _ = self.hangup.recv() => Signal::SIGHUP,

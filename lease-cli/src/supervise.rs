@@ -102,6 +102,7 @@ async fn supervise(guard: Pid, command: &[OsString]) -> ExitCode {
     };
     loop {
         tokio::select! {
+            biased;
             status = child.wait() => {
                 return match status {
                     Ok(status) => exit_as(status),

@@ -34,8 +34,9 @@ enum TokenSource {
 /// | `CONSUL_DATACENTER` | [`datacenter`](Self::datacenter) | the datacenter to use (`?dc=`) |
 /// | `CONSUL_NAMESPACE` | [`namespace`](Self::namespace) | the namespace to use (`?ns=`, Consul Enterprise) |
 ///
-/// Beside them: [`connect_timeout`](Self::connect_timeout), and
-/// [`http_client`](Self::http_client) to bring your own `reqwest::Client`.
+/// Beside them: [`connect_timeout`](Self::connect_timeout), [`dial`](Self::dial) to open the
+/// connections another way than TCP, and [`http_client`](Self::http_client) to bring your own
+/// `reqwest::Client`.
 ///
 /// TLS is rustls with the platform's certificate verifier (lease-core's default `rustls`
 /// feature), or the platform's TLS library with the `native-tls` feature instead.
@@ -72,6 +73,7 @@ pub struct ConsulBuilder {
     tls_server_name: Option<String>,
     connect_timeout: Option<Duration>,
     http_client: Option<reqwest::Client>,
+    dial: Option<DialWith>,
     datacenter: Option<String>,
     namespace: Option<String>,
     node_checks: Option<Vec<String>>,
@@ -79,6 +81,10 @@ pub struct ConsulBuilder {
     max_connections: Option<usize>,
     keep_alive: KeepAlive,
 }
+
+/// The builder's [`Dial`](lease_http::dial::Dial), shared by the clients it builds.
+#[derive(Clone, Debug)]
+struct DialWith(std::sync::Arc<dyn lease_http::dial::Dial>);
 
 /// A client certificate and its key, as given (`CONSUL_CLIENT_CERT` and `CONSUL_CLIENT_KEY`
 /// may come one without the other: [`ConsulBuilder::build`] says which is missing).
@@ -233,6 +239,15 @@ impl ConsulBuilder {
         self
     }
 
+    /// How the client opens its connections to the agent: through `dial` (a tunnel, a Unix
+    /// socket, the in-memory network of a test) instead of TCP to the address's host and port,
+    /// which it is given. TLS, for an `https` address, runs over what `dial` returns, and every
+    /// connection still counts against [`max_connections`](Self::max_connections).
+    pub fn dial(mut self, dial: impl lease_http::dial::Dial) -> Self {
+        self.dial = Some(DialWith(std::sync::Arc::new(dial)));
+        self
+    }
+
     /// The datacenter, sent as `?dc=` on every request.
     pub fn datacenter(mut self, datacenter: impl Into<String>) -> Self {
         self.datacenter = Some(datacenter.into());
@@ -375,6 +390,7 @@ impl ConsulBuilder {
                         "tls_server_name (CONSUL_TLS_SERVER_NAME)",
                     ),
                     (self.connect_timeout.is_some(), "connect_timeout"),
+                    (self.dial.is_some(), "dial"),
                 ];
                 if let Some((_, setting)) = configured.iter().find(|(set, _)| *set) {
                     return Err(Error::config(format!(
@@ -463,6 +479,10 @@ impl ConsulBuilder {
             connect_to,
             connect_timeout: self.connect_timeout,
             max_connections,
+            dial: self
+                .dial
+                .as_ref()
+                .map(|dial| std::sync::Arc::clone(&dial.0)),
         })
     }
 }

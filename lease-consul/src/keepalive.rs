@@ -19,7 +19,7 @@
 //! invalidated every session tied to it: the heartbeat ends, its sessions end as invalidated,
 //! and the next session registers a new check.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -83,7 +83,7 @@ pub(crate) struct KeepAlives {
 
 #[derive(Debug, Default)]
 struct Beats {
-    by_ttl: HashMap<Duration, Weak<Heartbeat>>,
+    by_ttl: BTreeMap<Duration, Weak<Heartbeat>>,
     /// The token may not register a check: sessions renew their own TTL instead.
     denied: bool,
 }
@@ -198,7 +198,7 @@ impl Heartbeat {
             ..Beat::default()
         });
         let fence = Fence::new(fence_after, sent);
-        let task = tokio::spawn(beat_until_gone(
+        let task = lease_core::runtime::spawn(beat_until_gone(
             Arc::clone(http),
             check.clone(),
             ttl,
@@ -247,6 +247,7 @@ impl Heartbeat {
                 return std::future::pending().await;
             };
             tokio::select! {
+                biased;
                 changed = beat.changed() => {
                     if changed.is_err() {
                         // The task ended: aborted with the last session, which is not this one.

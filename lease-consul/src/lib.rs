@@ -55,6 +55,8 @@ pub use backend::Consul;
 pub use config::ConsulBuilder;
 pub use keepalive::KeepAlive;
 pub use leader::UnheldKey;
+/// How the client opens its connections ([`ConsulBuilder::dial`]): lease-http's, re-exported.
+pub use lease_http::dial;
 pub use semaphore::{SemaphoreHolder, SemaphoreState};
 
 /// The examples of this crate's README (what crates.io shows), compiled as doctests so that the

@@ -30,7 +30,7 @@ pub(crate) async fn observe(client: &Client, key: &str) -> Result<LeaderObserver
         .await
         .map_err(|e| e.into_error(http, format_args!("read {key:?}")))?;
     let (tx, rx) = watch::channel(leader_of(key, entry.as_ref()));
-    tokio::spawn(follow(watched, key.to_owned(), index, tx));
+    lease_core::runtime::spawn(follow(watched, key.to_owned(), index, tx));
     Ok(LeaderObserver::new(key, rx))
 }
 
@@ -47,6 +47,7 @@ fn leader_of(key: &str, entry: Option<&KvEntry>) -> Option<Leader> {
 async fn follow(mut watched: Watched, key: String, index: u64, tx: watch::Sender<Option<Leader>>) {
     loop {
         let view = tokio::select! {
+            biased;
             () = tx.closed() => return,
             view = watched.next(index) => view,
         };

@@ -54,8 +54,12 @@ pub fn jitter(d: Duration) -> Duration {
 }
 
 /// A cheap, non-cryptographic random number below `bound` (0 for a bound of 0): jitter and
-/// nonces need spread, not secrecy.
+/// nonces need spread, not secrecy. Under [`runtime::local`](crate::runtime::local), drawn from
+/// that call's seed, so a simulation replays exactly.
 pub fn random_below(bound: u64) -> u64 {
+    if let Some(draw) = crate::runtime::local_draw() {
+        return draw % bound.max(1);
+    }
     use std::collections::hash_map::RandomState;
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};

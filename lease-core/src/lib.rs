@@ -84,6 +84,7 @@ mod limits;
 pub mod memory;
 pub mod metrics;
 mod observer;
+pub mod runtime;
 pub mod semaphore;
 mod sequencer;
 mod shutdown;

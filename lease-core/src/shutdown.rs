@@ -79,6 +79,7 @@ mod imp {
             }
         };
         tokio::select! {
+            biased;
             _ = interrupted => StopSignal::Interrupt,
             _ = terminated => StopSignal::Terminate,
         }

@@ -2,12 +2,14 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::Etcd;
 use super::client::EtcdClient;
 use super::wire::{Credentials, Endpoint, Wire};
 use lease_core::Error;
 use lease_http::ClientConfig;
+use lease_http::dial::Dial;
 
 impl Etcd {
     /// A builder with etcd's defaults (`http://127.0.0.1:2379`), ignoring the environment.
@@ -42,6 +44,7 @@ pub struct EtcdBuilder {
     user: Option<(String, String)>,
     ca_cert: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
+    dial: Option<Arc<dyn Dial>>,
 }
 
 impl fmt::Debug for EtcdBuilder {
@@ -51,6 +54,7 @@ impl fmt::Debug for EtcdBuilder {
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .field("ca_cert", &self.ca_cert)
             .field("client_cert", &self.client_cert)
+            .field("dial", &self.dial)
             .finish()
     }
 }
@@ -124,6 +128,14 @@ impl EtcdBuilder {
         self
     }
 
+    /// How the client opens its connections to the endpoints: through `dial` (a tunnel, a Unix
+    /// socket, the in-memory network of a test) instead of TCP to each endpoint's host and port,
+    /// which it is given. TLS, for `https://` endpoints, runs over what `dial` returns.
+    pub fn dial(mut self, dial: impl Dial) -> Self {
+        self.dial = Some(Arc::new(dial));
+        self
+    }
+
     /// Validates the configuration and builds the backend. No request is sent.
     pub fn build(self) -> Result<Etcd, Error> {
         let read = |path: &PathBuf, what: &str| {
@@ -145,6 +157,7 @@ impl EtcdBuilder {
                 )),
                 None => None,
             },
+            dial: self.dial,
             ..ClientConfig::default()
         };
         let secure = tls.wants_tls();

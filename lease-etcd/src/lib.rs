@@ -54,6 +54,13 @@ mod wire;
 
 pub use backend::Etcd;
 pub use config::EtcdBuilder;
+/// How the client opens its connections ([`EtcdBuilder::dial`]): lease-http's, re-exported.
+pub use lease_http::dial;
+
+/// etcd's v3 gRPC messages as this crate writes and reads them, for lease-sim's model of etcd
+/// and its differential test only: not part of the API (see the module's docs).
+#[doc(hidden)]
+pub use wire::proto;
 
 /// The examples of this crate's README (what crates.io shows), compiled as doctests so that the
 /// front page cannot drift from the API; `tests/tests/readmes.rs` of the workspace checks the

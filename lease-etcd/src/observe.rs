@@ -26,7 +26,7 @@ pub(crate) async fn observe(http: &Arc<EtcdClient>, key: &str) -> Result<LeaderO
         .await
         .map_err(|e| e.into_error(http.wire(), format_args!("read the election {key:?}")))?;
     let (tx, rx) = watch::channel(leader);
-    tokio::spawn(follow(Arc::clone(http), key.to_owned(), revision, tx));
+    lease_core::runtime::spawn(follow(Arc::clone(http), key.to_owned(), revision, tx));
     Ok(LeaderObserver::new(key, rx))
 }
 
@@ -58,6 +58,7 @@ async fn follow(
 ) {
     let range = RangeRequest::under(&key);
     let watched = tokio::select! {
+        biased;
         () = tx.closed() => return,
         watched = http.watch(&range, revision + 1) => watched,
     };
@@ -66,6 +67,7 @@ async fn follow(
     };
     loop {
         let changed = tokio::select! {
+            biased;
             () = tx.closed() => return,
             changed = stream.next() => changed,
         };

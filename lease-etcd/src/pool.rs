@@ -24,7 +24,7 @@
 //! connection) and every lease is kept alive at once on the new one; the fences cover the gap.
 //! A shutdown (`Backend::shutdown`) ends every lease, then revokes the pooled leases left.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -74,7 +74,7 @@ impl std::fmt::Debug for Pool {
 
 #[derive(Default)]
 struct PoolState {
-    leases: HashMap<i64, Pooled>,
+    leases: BTreeMap<i64, Pooled>,
     /// Where the current keep-alive stream takes requests, while it is open (or opening).
     stream: Option<mpsc::UnboundedSender<LeaseId>>,
     /// The keep-alive task: started by a grant if it is not running (its runtime ended).
@@ -84,7 +84,7 @@ struct PoolState {
     /// Since when the watches are down (see [`Pool::suspend`]).
     suspended: Option<Instant>,
     /// The grants in flight, by token.
-    granting: HashMap<u64, Grant>,
+    granting: BTreeMap<u64, Grant>,
     last_grant: u64,
 }
 
@@ -93,7 +93,7 @@ struct Pooled {
     fence: Fence,
     /// The names (leader keys, semaphore prefixes) with contender keys on this lease, and the
     /// slots their contenders hold.
-    names: HashMap<String, HashSet<u64>>,
+    names: BTreeMap<String, BTreeSet<u64>>,
     /// The last extra slot given out on this lease: extra slots are never given twice, so a
     /// late deletion of a gone contender's key cannot hit a newer contender's.
     last_extra: u64,
@@ -303,7 +303,7 @@ impl Pool {
     pub(crate) fn drain(&self) -> Vec<i64> {
         let mut state = self.lock();
         let ids = state.leases.keys().copied().collect();
-        for (_, pooled) in state.leases.drain() {
+        for (_, pooled) in std::mem::take(&mut state.leases) {
             pooled.end.send_replace(Some(LeaseEnd::Revoked));
         }
         ids
@@ -384,7 +384,7 @@ async fn grant(
     let mut pooled = Pooled {
         class,
         fence,
-        names: HashMap::new(),
+        names: BTreeMap::new(),
         last_extra: 0,
         due,
         sent: VecDeque::new(),
@@ -420,7 +420,7 @@ impl Drop for GrantGuard<'_> {
 /// Revokes `id` in the background (a retired lease: its acquisitions are already lost).
 fn spawn_revoke(wire: &Arc<Wire>, id: i64) {
     let wire = Arc::clone(wire);
-    tokio::spawn(async move {
+    lease_core::runtime::spawn(async move {
         let _ = revoke(&wire, id).await;
     });
 }
@@ -480,6 +480,7 @@ async fn serve(
     let (mut next_tick, _) = pool.tick(wire, &requests);
     let error = loop {
         tokio::select! {
+            biased;
             opened = &mut opening, if responses.is_none() => match opened {
                 Ok(opened) => responses = Some(opened),
                 Err(status) => break status_error(status),

@@ -27,7 +27,7 @@
 //! whose revision etcd compacted meanwhile ends with an error, as it would on creation: its
 //! owner reads instead.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::mpsc;
@@ -62,15 +62,15 @@ impl std::fmt::Debug for Watches {
 #[derive(Default)]
 struct State {
     last_id: i64,
-    watchers: HashMap<i64, Watcher>,
+    watchers: BTreeMap<i64, Watcher>,
     /// The shared watch of each range (its key and range end), by etcd watch ID.
-    shared: HashMap<(Vec<u8>, Vec<u8>), i64>,
+    shared: BTreeMap<(Vec<u8>, Vec<u8>), i64>,
     /// Where the current stream takes requests, while it is open (or opening).
     stream: Option<mpsc::UnboundedSender<WatchRequest>>,
     /// The stream task: started by a watch if it is not running (its runtime ended).
     task: lease_http::Task,
     /// The watches being created again on a new stream; the fences resume when none is left.
-    recreating: HashSet<i64>,
+    recreating: BTreeSet<i64>,
 }
 
 struct Watcher {
@@ -365,7 +365,7 @@ impl Reopen for StreamTask {
             let mut state = self.watches.lock();
             let state = &mut *state;
             state.recreating = if first {
-                HashSet::new()
+                BTreeSet::new()
             } else {
                 state.watchers.keys().copied().collect()
             };
@@ -407,6 +407,7 @@ async fn serve(
     wire.reachability_tracker().answered(true);
     loop {
         let message = tokio::select! {
+            biased;
             message = responses.message() => message,
             () = wire.channels().moved_from(i) => return wire::moved(),
         };

@@ -23,7 +23,7 @@
 mod channels;
 mod connect;
 mod error;
-pub(crate) mod proto;
+pub mod proto;
 
 use std::fmt;
 use std::future::Future;
@@ -143,7 +143,7 @@ impl Wire {
             None
         };
         Ok(Wire {
-            channels: Channels::new(endpoints, tls),
+            channels: Channels::new(endpoints, tls, tls_config.dialer()),
             tls_config,
             credentials,
             token: Mutex::new(None),

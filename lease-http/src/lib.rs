@@ -3,10 +3,10 @@
 //! built ([`ClientConfig`]), the one
 //! retry loop for brief trouble ([`retry_transient`]), why a call failed ([`ApiError`], which
 //! each backend turns into the public error through its [`ErrorContext`]), why a request got no
-//! answer ([`Cause`]), an error's chain as text ([`DisplayChain`]), TLS over a connection the
-//! backend made ([`tls`]), a client's background task ([`Task`]) and the loop of one that keeps a
-//! stream open ([`reopen`]), and its probe of a server found unreachable
-//! ([`Probe`]).
+//! answer ([`Cause`]), an error's chain as text ([`DisplayChain`]), how a connection is opened
+//! ([`dial`]) and TLS over it ([`tls`]), a client's background task ([`Task`]), the executor of
+//! its HTTP connections' tasks ([`Executor`]), the loop of a task that keeps a stream open
+//! ([`reopen`]), and its probe of a server found unreachable ([`Probe`]).
 //!
 //! It is a support crate: an application uses the backend crates, which re-export what it needs.
 //! A third-party HTTP backend may use it too; it follows lease-core's versions.
@@ -24,12 +24,13 @@ use tokio::time::Instant;
 use lease_core::backoff::Backoff;
 use lease_core::metrics::RequestError;
 
+pub mod dial;
 mod error;
 mod task;
 pub mod tls;
 
 pub use error::{ApiError, ErrorContext, grpc};
-pub use task::{PROBE_EVERY, Probe, Reopen, Task, reopen};
+pub use task::{Executor, PROBE_EVERY, Probe, Reopen, Task, reopen};
 
 /// A backend call's error, as far as the retry loop needs to know it.
 pub trait Retryable: fmt::Display {
@@ -208,6 +209,8 @@ pub struct ClientConfig {
     /// The most connections kept open: Consul's pool never opens more; etcd's keeps no more
     /// idle.
     pub max_connections: usize,
+    /// How connections are opened: `None`, TCP ([`dial::Tcp`]).
+    pub dial: Option<std::sync::Arc<dyn dial::Dial>>,
 }
 
 impl fmt::Debug for ClientConfig {
@@ -219,6 +222,7 @@ impl fmt::Debug for ClientConfig {
             .field("skip_verify", &self.skip_verify)
             .field("connect_to", &self.connect_to)
             .field("connect_timeout", &self.connect_timeout)
+            .field("dial", &self.dial)
             .finish_non_exhaustive()
     }
 }
@@ -235,6 +239,13 @@ pub fn tls_missing(what: &str) -> lease_core::Error {
 }
 
 impl ClientConfig {
+    /// How connections are opened: [`dial`](ClientConfig::dial)'s, else TCP.
+    pub fn dialer(&self) -> std::sync::Arc<dyn dial::Dial> {
+        self.dial
+            .clone()
+            .unwrap_or_else(|| std::sync::Arc::new(dial::Tcp))
+    }
+
     /// Whether anything here needs TLS.
     pub fn wants_tls(&self) -> bool {
         self.ca_pem.is_some() || self.identity_pem.is_some() || self.skip_verify

@@ -40,8 +40,23 @@ impl Task {
         if task.as_ref().is_some_and(|task| !task.is_finished()) {
             return false;
         }
-        *task = Some(tokio::spawn(start()));
+        *task = Some(lease_core::runtime::spawn(start()));
         true
+    }
+}
+
+/// The executor hyper and tonic start a connection's tasks on: [`lease_core::runtime::spawn`], so
+/// they run where the client's other tasks do.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Executor;
+
+impl<F> hyper::rt::Executor<F> for Executor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        drop(lease_core::runtime::spawn(future));
     }
 }
 

@@ -3,20 +3,20 @@
 //! (`native-tls`), configured from a [`ClientConfig`]: extra CA roots, a client certificate, and
 //! (Consul's `CONSUL_HTTP_SSL_VERIFY=false`) no verification.
 //!
-//! A backend connects TCP itself, then hands the stream to [`Tls::connect`]; the [`Stream`] it
-//! gets back reads and writes the same whether TLS is on or not.
+//! A backend dials its connection itself ([`dial`](crate::dial)), then hands it to
+//! [`Tls::connect`]; the [`Stream`] it gets back reads and writes the same whether TLS is on or
+//! not.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
-
 use crate::ClientConfig;
+use crate::dial::Connection;
 use lease_core::BoxError;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// What makes a TLS connection of a TCP one. A build without TLS has none ([`Tls::new`] says so).
+/// What makes a TLS connection of a dialed one. A build without TLS has none ([`Tls::new`] says so).
 #[derive(Clone)]
 pub enum Tls {
     /// rustls, with the platform's verifier.
@@ -36,14 +36,14 @@ impl std::fmt::Debug for Tls {
 /// A connection, plain or TLS.
 #[derive(Debug)]
 pub enum Stream {
-    /// Plain TCP.
-    Plain(TcpStream),
+    /// No TLS: the connection as dialed.
+    Plain(Connection),
     /// TLS by rustls.
     #[cfg(feature = "rustls")]
-    Rustls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Rustls(Box<tokio_rustls::client::TlsStream<Connection>>),
     /// TLS by the platform's library.
     #[cfg(all(feature = "native-tls", not(feature = "rustls")))]
-    Native(Box<tokio_native_tls::TlsStream<TcpStream>>),
+    Native(Box<tokio_native_tls::TlsStream<Connection>>),
 }
 
 impl Tls {
@@ -62,8 +62,9 @@ impl Tls {
         }
     }
 
-    /// The handshake over `tcp`, checking the certificate against `server_name`.
-    pub async fn connect(&self, server_name: &str, tcp: TcpStream) -> io::Result<Stream> {
+    /// The handshake over `tcp` (a dialed connection), checking the certificate against
+    /// `server_name`.
+    pub async fn connect(&self, server_name: &str, tcp: Connection) -> io::Result<Stream> {
         // A build without TLS has no `Tls` to call this on.
         #[cfg(not(any(feature = "rustls", feature = "native-tls")))]
         {

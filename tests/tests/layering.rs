@@ -1,5 +1,7 @@
 //! The files of every crate import each other without a circle (issues 26 and 34), each backend's
-//! wire client imports nothing above it, and no library file is over 500 lines of code.
+//! wire client imports nothing above it, no library file is over 500 lines of code, and library
+//! code keeps to the seams of the deterministic simulation (issue 35): it starts tasks, reads the
+//! clock and draws random numbers only where lease-sim can take them over.
 //!
 //! Read from the sources. A file *imports* another when its code (outside comments and
 //! `#[cfg(test)]` items) names an item the other defines, by any path: `crate::…`, `super::…`,
@@ -693,6 +695,159 @@ fn no_library_file_is_over_500_lines_of_code() {
         "largest files (lines of code): {:?}",
         &sizes[..3.min(sizes.len())]
     );
+}
+
+/// What each rule of the simulation's seams forbids, and the files allowed to do it: the one place
+/// that does it for everyone.
+struct Seam {
+    rule: &'static str,
+    /// The crates it applies to.
+    crates: &'static [&'static str],
+    /// Each forbidden text (in code: comments and literals are not read).
+    forbidden: &'static [&'static str],
+    /// Files that are that one place.
+    allowed: &'static [&'static str],
+}
+
+/// The library crates whose code runs inside lease-sim.
+const SIMULATED: &[&str] = &["lease-core", "lease-http", "lease-consul", "lease-etcd"];
+
+/// Every published library crate.
+const LIBRARIES: &[&str] = &[
+    "lease-core",
+    "lease-http",
+    "lease-consul",
+    "lease-etcd",
+    "lease-postgres",
+    "lease-amqp",
+    "lease-tower",
+    "lease-conformance",
+];
+
+const SEAMS: &[Seam] = &[
+    Seam {
+        rule: "every task starts through lease_core::runtime::spawn (so a simulated process \
+               keeps its tasks, and freezes with them)",
+        crates: LIBRARIES,
+        forbidden: &[
+            "tokio::spawn(",
+            "task::spawn(",
+            "spawn_blocking(",
+            "spawn_local(",
+            "thread::spawn(",
+            ".spawn(",
+            "TokioExecutor",
+        ],
+        allowed: &[
+            "lease-core/src/runtime.rs",
+            "lease-core/src/lease/detached.rs",
+        ],
+    },
+    Seam {
+        rule: "time is tokio's (the simulation's paused clock): no std::time::Instant or \
+               SystemTime",
+        crates: SIMULATED,
+        forbidden: &[
+            "std::time::Instant",
+            "std::time::SystemTime",
+            "SystemTime::now",
+            "UNIX_EPOCH",
+        ],
+        // The process-wide clean-up thread's budget is real time; the random draws' fallback
+        // seeds from the wall clock outside the simulation.
+        allowed: &[
+            "lease-core/src/lease/detached.rs",
+            "lease-core/src/backoff.rs",
+        ],
+    },
+    Seam {
+        rule: "ordered collections: a hash map's order changes from run to run, and an order \
+               that reaches behaviour breaks a replay",
+        crates: SIMULATED,
+        forbidden: &["HashMap", "HashSet"],
+        allowed: &[],
+    },
+];
+
+/// `use std::time::{…}` trees that bring in `Instant` or `SystemTime`, which the plain texts of
+/// [`SEAMS`] would miss.
+fn std_clock_imports(code: &str) -> bool {
+    code.match_indices("std::time::{").any(|(at, found)| {
+        let tree = &code[at + found.len()..];
+        let tree = &tree[..tree.find('}').unwrap_or(tree.len())];
+        tree.split(',')
+            .map(|name| name.trim().split(" as ").next().unwrap_or("").trim())
+            .any(|name| name == "Instant" || name == "SystemTime")
+    })
+}
+
+/// Each `tokio::select!` that is not `biased;`: one that polls its branches in a random order
+/// makes two runs of one seed differ.
+fn unbiased_selects(code: &str) -> usize {
+    code.match_indices("select!")
+        .filter(|(at, found)| {
+            let rest = code[at + found.len()..].trim_start();
+            let body = rest.strip_prefix(['{', '(']).unwrap_or(rest).trim_start();
+            !body.starts_with("biased;")
+        })
+        .count()
+}
+
+#[test]
+fn library_code_keeps_to_the_simulation_s_seams() {
+    let crates = workspace_crates();
+    let mut broken = Vec::new();
+    let mut read = 0;
+    for krate in &crates {
+        for (module, (_, code)) in &krate.files {
+            let file = krate.file(module);
+            for seam in SEAMS
+                .iter()
+                .filter(|s| s.crates.contains(&krate.name.as_str()))
+            {
+                read += 1;
+                if seam.allowed.contains(&file.as_str()) {
+                    continue;
+                }
+                for text in seam.forbidden.iter().filter(|t| code.contains(*t)) {
+                    broken.push(format!("{file}: `{text}`: {}", seam.rule));
+                }
+                if seam.forbidden.contains(&"std::time::Instant") && std_clock_imports(code) {
+                    broken.push(format!(
+                        "{file}: `use std::time::{{Instant…}}`: {}",
+                        seam.rule
+                    ));
+                }
+            }
+            if SIMULATED.contains(&krate.name.as_str()) && unbiased_selects(code) > 0 {
+                broken.push(format!(
+                    "{file}: {} `tokio::select!` without `biased;` (the simulation replays a seed \
+                     exactly only if each select polls its branches in one order: write them in \
+                     the order they must win)",
+                    unbiased_selects(code)
+                ));
+            }
+        }
+    }
+    assert!(
+        read > 50,
+        "the seams test read {read} files: it reads nothing"
+    );
+    assert!(
+        broken.is_empty(),
+        "library code outside the simulation's seams:\n{}",
+        broken.join("\n")
+    );
+    // The reading finds what it forbids.
+    assert_eq!(unbiased_selects("tokio::select! { a = x => {} }"), 1);
+    assert_eq!(
+        unbiased_selects("tokio::select! {\n biased;\n a = x => {} }"),
+        0
+    );
+    assert!(std_clock_imports("use std::time::{Duration, Instant};"));
+    assert!(!std_clock_imports(
+        "use std::time::Duration;\nuse tokio::time::Instant;"
+    ));
 }
 
 /// The reading itself, on a crate written for it: a circle is found, and what is not one is not.

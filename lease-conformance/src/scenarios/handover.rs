@@ -19,7 +19,7 @@ pub async fn contention_then_handover_on_release(h: &Harness) -> Outcome {
 
     let backend = Arc::clone(h.backend());
     let spec = leader(&key);
-    let mut waiting = tokio::spawn(async move { backend.acquire(&spec).await });
+    let mut waiting = lease_core::runtime::spawn(async move { backend.acquire(&spec).await });
     assert!(
         tokio::time::timeout(Duration::from_millis(300), &mut waiting)
             .await

@@ -45,7 +45,7 @@ pub async fn semaphore_admits_up_to_its_limit(h: &Harness) -> Outcome {
 
     let backend = Arc::clone(h.backend());
     let spec = semaphore(&prefix, 2);
-    let waiting = tokio::spawn(async move { backend.acquire(&spec).await });
+    let waiting = lease_core::runtime::spawn(async move { backend.acquire(&spec).await });
     drop(a);
     let c = within(EVENT, "a slot after a holder dropped out", waiting)
         .await

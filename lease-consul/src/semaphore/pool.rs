@@ -4,7 +4,7 @@
 //! is claimed, until it has been idle too long (then it is destroyed, which deletes its key), or
 //! until Consul invalidates it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -23,7 +23,7 @@ pub(super) struct Pooled {
 #[derive(Default)]
 pub(super) struct Pool {
     idle_for: Option<Duration>,
-    idle: Mutex<HashMap<String, Vec<oneshot::Sender<oneshot::Sender<Pooled>>>>>,
+    idle: Mutex<BTreeMap<String, Vec<oneshot::Sender<oneshot::Sender<Pooled>>>>>,
 }
 
 impl fmt::Debug for Pool {
@@ -72,7 +72,7 @@ impl Pool {
         let claims = idle.entry(prefix.to_owned()).or_default();
         claims.retain(|c| !c.is_closed());
         claims.push(claim_tx);
-        tokio::spawn(park(pooled, claim_rx, idle_for));
+        lease_core::runtime::spawn(park(pooled, claim_rx, idle_for));
         Ok(())
     }
 }
@@ -87,6 +87,7 @@ async fn park(
         mut renewals,
     } = pooled;
     tokio::select! {
+        biased;
         claimed = claim => {
             if let Ok(reply) = claimed {
                 // If the claimer went away meanwhile, the returned value is dropped: the session's

@@ -2,7 +2,7 @@
 //! [`Snapshot`] from one read of the prefix. The shapes themselves are lease-core's
 //! (`lease_core::semaphore`), shared with its memory store.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::wire::KvEntry;
 use lease_core::semaphore::{
@@ -87,8 +87,8 @@ pub(super) fn read_snapshot(prefix: &str, entries: &[KvEntry], index: u64) -> Sn
     let directory = directory(prefix);
     let mut lock = Ok(None);
     let mut lock_created = None;
-    let mut live = HashSet::new();
-    let mut contenders = HashMap::new();
+    let mut live = BTreeSet::new();
+    let mut contenders = BTreeMap::new();
     for entry in entries.iter().filter(|e| e.key.starts_with(&directory)) {
         if entry.key == lock_key {
             lock = read_lock(entry).map(Some);

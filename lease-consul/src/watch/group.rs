@@ -1,7 +1,7 @@
 //! What one group knows and whom it wakes: the interests ([`Interest`]), the group's latest
 //! [`Listing`], and its watchers, each woken only when what it watches changed.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -103,10 +103,10 @@ impl Shared {
 #[derive(Debug, Default)]
 pub(super) struct Watchers {
     /// Watchers of one key, by key.
-    keys: HashMap<String, Vec<Watcher>>,
+    keys: BTreeMap<String, Vec<Watcher>>,
     /// Watchers of a prefix, by prefix (every slot holder of a semaphore watches its
     /// directory, so thousands of watchers may share a hundred prefixes).
-    prefixes: HashMap<String, Vec<Watcher>>,
+    prefixes: BTreeMap<String, Vec<Watcher>>,
     /// The group's latest listing.
     latest: Option<Arc<Listing>>,
     /// Since when no blocking read covers the group (it has not read yet, or its reads fail):
@@ -170,14 +170,15 @@ impl Watchers {
     }
 
     pub(super) fn drain(&mut self) -> impl Iterator<Item = (Interest, Watcher)> + '_ {
-        let keys = self
-            .keys
-            .drain()
+        let keys = std::mem::take(&mut self.keys)
+            .into_iter()
             .flat_map(|(key, ws)| ws.into_iter().map(move |w| (Interest::Key(key.clone()), w)));
-        let prefixes = self.prefixes.drain().flat_map(|(prefix, ws)| {
-            ws.into_iter()
-                .map(move |w| (Interest::Prefix(prefix.clone()), w))
-        });
+        let prefixes = std::mem::take(&mut self.prefixes)
+            .into_iter()
+            .flat_map(|(prefix, ws)| {
+                ws.into_iter()
+                    .map(move |w| (Interest::Prefix(prefix.clone()), w))
+            });
         keys.chain(prefixes)
     }
 

@@ -103,7 +103,7 @@ impl Registry {
             }
         }
         tracing::debug!(prefix = %wanted, groups = groups.len() + 1, "watching a Consul prefix");
-        tokio::spawn(run(
+        lease_core::runtime::spawn(run(
             Arc::clone(wire),
             Arc::clone(self),
             wanted.clone(),

@@ -232,6 +232,7 @@ impl Gate {
                 state.next
             };
             tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(next) => {}
                 () = opened => {}
             }

@@ -26,15 +26,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use reqwest::{Method, StatusCode, Url};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use lease_core::BoxError;
+use lease_http::dial::Dial;
 use lease_http::tls::{Stream, Tls};
-use lease_http::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
+use lease_http::{ClientConfig, DEFAULT_CONNECT_TIMEOUT, Executor};
 
 /// An HTTP client whose connections never exceed its budget.
 #[derive(Clone, Debug)]
@@ -57,12 +57,13 @@ impl Pool {
             permits: Arc::new(Semaphore::new(max)),
             connect_to: config.connect_to.clone().map(Arc::new),
             timeout: config.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            dial: config.dialer(),
         };
         // Idle connections stay open until the agent closes them. Closing one after a minute
         // unused and opening another a moment later (for a burst, or when the pool's clean-up
         // met the watches' thirty-second turn) made the agent count both at once: 12 against a
         // budget of 8 in a five-minute hold of 10,000 leases. Eight idle connections cost less.
-        let client = Client::builder(TokioExecutor::new())
+        let client = Client::builder(Executor)
             .pool_idle_timeout(None)
             .pool_max_idle_per_host(max)
             .build(connector);
@@ -111,6 +112,7 @@ struct Connector {
     /// Where to connect instead of the URL's host.
     connect_to: Option<Arc<(String, u16)>>,
     timeout: Duration,
+    dial: Arc<dyn Dial>,
 }
 
 impl tower_service::Service<hyper::Uri> for Connector {
@@ -140,8 +142,7 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 }
             };
             let connect = async {
-                let tcp = connect(host, port).await?;
-                tcp.set_nodelay(true)?;
+                let tcp = connector.dial.dial(host, port).await?;
                 match &connector.tls {
                     None => Ok(Stream::Plain(tcp)),
                     Some(tls) => tls.connect(name, tcp).await,
@@ -164,23 +165,6 @@ impl tower_service::Service<hyper::Uri> for Connector {
             }))
         })
     }
-}
-
-/// Connects to the first address of `host` that accepts.
-async fn connect(host: &str, port: u16) -> io::Result<TcpStream> {
-    let mut last = None;
-    for address in tokio::net::lookup_host((host, port)).await? {
-        match TcpStream::connect(address).await {
-            Ok(stream) => return Ok(stream),
-            Err(error) => last = Some(error),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("failed to lookup address information: {host} has no address"),
-        )
-    }))
 }
 
 /// A connection and its permit, given back when the connection closes.

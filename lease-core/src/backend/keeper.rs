@@ -168,7 +168,7 @@ impl Keepers {
             generation.stop.clone(),
             hold,
         );
-        generation.tracker.spawn(keeper.instrument(span));
+        crate::runtime::spawn(generation.tracker.track_future(keeper.instrument(span)));
         lease
     }
 
@@ -187,9 +187,9 @@ impl Keepers {
             guard.disarm();
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
+            Ok(_) => {
                 let tracker = self.current().tracker;
-                runtime.spawn(tracker.track_future(task));
+                crate::runtime::spawn(tracker.track_future(task));
             }
             // Dropping the task drops its guard, which hands over to the detached runtime.
             Err(_) => drop(task),
@@ -317,6 +317,7 @@ impl Release {
         match self {
             Release::Received(reply) => reply,
             Release::Awaited(release_rx) => tokio::select! {
+                biased;
                 request = release_rx => request.ok().flatten(),
                 () = stop.cancelled() => None,
             },

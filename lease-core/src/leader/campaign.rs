@@ -270,7 +270,7 @@ impl Campaign {
         crate::guard::refuse_if_held_by_this_task(self.spec.key())?;
         let _observing = self.shared.watch.as_ref().map(LeaderWatch::start);
         let _announcer = self.shared.watch.as_ref().map(|_| {
-            AbortOnDrop(tokio::spawn(
+            AbortOnDrop(crate::runtime::spawn(
                 announce_leaders(Arc::clone(&self.shared), self.on_event.clone()).in_current_span(),
             ))
         });
@@ -321,7 +321,7 @@ impl Campaign {
                 watcher.run(work).await
             });
             let mut task: AbortOnDrop<Result<Result<(), BoxError>, LostReason>> =
-                AbortOnDrop(tokio::spawn(work.in_current_span()));
+                AbortOnDrop(crate::runtime::spawn(work.in_current_span()));
             let (outcome, worker_ended) = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => (TermEnd::Shutdown, false),
@@ -417,6 +417,7 @@ impl Campaign {
         if in_flight > 0 {
             tracing::info!(sequencer = %term.sequencer(), in_flight, timeout = ?self.drain_timeout, "campaign: stepping down; waiting for the work in flight");
             let drained = tokio::select! {
+                biased;
                 () = term.drained() => true,
                 _ = lease.lost() => true,
                 () = tokio::time::sleep(self.drain_timeout) => false,

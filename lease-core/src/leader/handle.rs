@@ -484,6 +484,7 @@ pub(super) async fn announce_leaders(shared: Arc<Shared>, sink: Option<EventSink
             }
         };
         tokio::select! {
+            biased;
             changed = observed.changed() => if changed.is_err() { return },
             changed = terms.changed() => if changed.is_err() { return },
             () = lost => {}

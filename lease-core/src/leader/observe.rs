@@ -117,7 +117,7 @@ impl LeaderWatch {
                 _running: observing,
             };
         }
-        let task = tokio::spawn(observe_loop(Arc::clone(&self.inner)));
+        let task = crate::runtime::spawn(observe_loop(Arc::clone(&self.inner)));
         let observing = Arc::new(Running {
             task,
             inner: Arc::clone(&self.inner),

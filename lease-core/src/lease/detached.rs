@@ -24,6 +24,11 @@ type Job = (BoxFuture<'static, ()>, std_mpsc::Sender<()>);
 /// is spent. Never panics; if the thread cannot be started, the clean-up is skipped (the backend
 /// frees the lease when its session expires).
 pub(crate) fn finish(clean_up: BoxFuture<'static, ()>) {
+    // A task of a simulated process (`runtime::local`) dropped with its set: the process was
+    // killed, and nothing runs after it.
+    if crate::runtime::is_local() {
+        return;
+    }
     let Some(jobs) = executor() else {
         return;
     };

@@ -333,6 +333,7 @@ impl Fence {
                 return std::future::pending().await;
             };
             tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(deadline) => {}
                 () = lowered => {}
             }

@@ -108,6 +108,7 @@ impl Hold for MemoryHold {
                 return reason;
             }
             tokio::select! {
+                biased;
                 changed = changes.changed() => {
                     if changed.is_err() {
                         return LostReason::ConnectionClosed;

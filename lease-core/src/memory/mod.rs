@@ -192,6 +192,7 @@ impl Memory {
                 .min()
                 .unwrap_or(next_renewal);
             tokio::select! {
+                biased;
                 changed = changes.changed() => {
                     if changed.is_err() {
                         return Err(store_gone());
@@ -213,7 +214,7 @@ impl Memory {
         let (tx, rx) = watch::channel(current);
         let inner = Arc::clone(&self.inner);
         let owned_key = key.to_owned();
-        tokio::spawn(async move {
+        crate::runtime::spawn(async move {
             loop {
                 let mut changes = inner.changes.subscribe();
                 let leader = inner.read(|state, _| state.leader_of(&owned_key));
@@ -223,6 +224,7 @@ impl Memory {
                     modified
                 });
                 tokio::select! {
+                    biased;
                     changed = changes.changed() => {
                         if changed.is_err() {
                             return;

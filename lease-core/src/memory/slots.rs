@@ -7,7 +7,7 @@
 //! and the write, so the plan's CAS always holds. The store sees every change as it happens, so
 //! the planner observes deaths and deletions at once (`observe_slots`), not at the next round.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -167,8 +167,8 @@ impl State {
         let lock_key = lock_key(prefix);
         let under = format!("{prefix}/");
         let mut lock = Ok(None);
-        let mut live = HashSet::new();
-        let mut contenders = HashMap::new();
+        let mut live = BTreeSet::new();
+        let mut contenders = BTreeMap::new();
         let entries = self.kv.range(under.clone()..);
         for (key, entry) in entries.take_while(|(key, _)| key.starts_with(&under)) {
             if *key == lock_key {

@@ -7,7 +7,7 @@
 //! lock keys, release and delete. Leader keys are acquired here too; semaphores are in `slots`,
 //! and what a held lease watches is in `hold`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -90,7 +90,7 @@ impl Inner {
             state.bump();
             id
         });
-        tokio::spawn(expire_when_due(Arc::downgrade(self), id.clone()));
+        crate::runtime::spawn(expire_when_due(Arc::downgrade(self), id.clone()));
         id
     }
 }
@@ -162,13 +162,13 @@ pub(super) struct State {
     pub(super) sessions: BTreeMap<String, Session>,
     pub(super) kv: BTreeMap<String, Entry>,
     /// Keys that cannot be acquired until the given instant (lock-delay after an invalidation).
-    lock_delays: HashMap<String, Instant>,
+    lock_delays: BTreeMap<String, Instant>,
     /// When a leader key was last taken from its holder without a clean release, and how:
     /// contenders settle after it (see `LeaseSpec::settle`).
-    vanished: HashMap<String, (Instant, Vanished)>,
+    vanished: BTreeMap<String, (Instant, Vanished)>,
     /// The planners of the semaphores that remember something (a dead holder, a deleted
     /// `.lock`); a planner at rest is dropped.
-    pub(super) planners: HashMap<String, Planner>,
+    pub(super) planners: BTreeMap<String, Planner>,
 }
 
 pub(super) struct Session {

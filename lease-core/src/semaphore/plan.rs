@@ -31,7 +31,7 @@
 //! A round that only gives back counts the settle times of its give-backs too, so a process
 //! that only releases never prunes another process's dead holder early.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -157,7 +157,7 @@ impl<T, G> Write<T, G> {
 #[derive(Debug, Default)]
 pub struct Planner {
     /// Recorded holders whose sessions are gone, and when they were first seen so.
-    dead_since: HashMap<String, Instant>,
+    dead_since: BTreeMap<String, Instant>,
     /// Since when the lock key has been missing, first seen while sessions other than waiting
     /// takes held contender keys: it was deleted under its holders, who may still be running
     /// even once their sessions (and contender keys) are gone.
@@ -270,7 +270,7 @@ impl Planner {
         // A take already recorded as a holder: our write went through, but its answer was lost.
         // Not if a give-back of the same session still waits beyond this round's batch: that
         // give would take the slot away from the take right after.
-        let giving_later: HashSet<&str> = (queue.gives.iter())
+        let giving_later: BTreeSet<&str> = (queue.gives.iter())
             .map(|(g, _)| g.session.as_str())
             .collect();
         let (recorded, waiting): (VecDeque<_>, VecDeque<_>) =

@@ -4,7 +4,7 @@
 //! The JSON form of the value is Consul's concern (`consul::semaphore::value`); the memory store
 //! keeps a [`LockValue`] as it is.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{Error, Sequencer};
 
@@ -72,9 +72,9 @@ pub struct Snapshot {
     /// The lock key's ModifyIndex and value; `Ok(None)` if it does not exist.
     pub lock: Result<Option<(u64, LockValue)>, Unreadable>,
     /// Sessions holding some key under the prefix: the holders still alive.
-    pub live: HashSet<String>,
+    pub live: BTreeSet<String>,
     /// Sessions holding their own contender key, with its LockIndex.
-    pub contenders: HashMap<String, u64>,
+    pub contenders: BTreeMap<String, u64>,
     /// The index to block on for the next change.
     pub index: u64,
     /// When the lock key was created, where the backend says (Consul's CreateIndex): another

@@ -8,15 +8,16 @@
 //! costs no connection and no stream of its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
 use super::connect::Connector;
-use lease_http::ApiError;
+use lease_http::dial::Dial;
 use lease_http::tls::Tls;
+use lease_http::{ApiError, Executor};
 
 /// Timeout of every unary call.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,6 +61,7 @@ struct Conn {
 pub(crate) struct Channels {
     endpoints: Vec<Endpoint>,
     tls: Option<Tls>,
+    dial: Arc<dyn Dial>,
     /// The endpoint calls go to; moved on by a transport failure.
     current: AtomicUsize,
     /// Per endpoint, the connection of the calls and that of the two streams.
@@ -70,11 +72,12 @@ pub(crate) struct Channels {
 
 impl Channels {
     /// No connection yet (each is made on first use).
-    pub(crate) fn new(endpoints: Vec<Endpoint>, tls: Option<Tls>) -> Channels {
+    pub(crate) fn new(endpoints: Vec<Endpoint>, tls: Option<Tls>, dial: Arc<dyn Dial>) -> Channels {
         let conns = endpoints.iter().map(|_| [None, None]).collect();
         Channels {
             endpoints,
             tls,
+            dial,
             current: AtomicUsize::new(0),
             conns: Mutex::new(conns),
             moved: tokio::sync::watch::Sender::new(0),
@@ -105,7 +108,7 @@ impl Channels {
         let channel = tonic::transport::Endpoint::from_shared(scheme_less)
             .map_err(|e| ApiError::Malformed(format!("endpoint {}: {e}", endpoint.url)))?
             .connect_timeout(lease_http::DEFAULT_CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
+            .executor(Executor)
             .http2_keep_alive_interval(PING_EVERY)
             .keep_alive_timeout(REQUEST_TIMEOUT)
             .keep_alive_while_idle(true);
@@ -119,6 +122,7 @@ impl Channels {
         .connect_with_connector_lazy(Connector {
             host: endpoint.host.clone(),
             port: endpoint.port,
+            dial: Arc::clone(&self.dial),
             tls: if endpoint.https {
                 self.tls.clone()
             } else {
@@ -127,7 +131,7 @@ impl Channels {
         });
         let (alive, mut sentinel) = mpsc::channel(1);
         // Ends with the runtime (closing `alive`), or when the channel is replaced.
-        tokio::spawn(async move { sentinel.recv().await });
+        lease_core::runtime::spawn(async move { sentinel.recv().await });
         *conn = Some(Conn {
             channel: channel.clone(),
             alive,

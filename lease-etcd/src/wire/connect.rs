@@ -1,4 +1,5 @@
-//! The connections of the gRPC channel: TCP, and TLS over it for `https://` endpoints
+//! The connections of the gRPC channel: dialed (TCP, unless the builder was given a
+//! [`Dial`]), and TLS over them for `https://` endpoints
 //! (lease-http's [`tls`](lease_http::tls), the same as Consul's, configured from the builder's CA
 //! and client certificate; ALPN offers `h2`, as etcd's gRPC server requires): rustls with the
 //! platform's verifier (feature `rustls`, the default) or native-tls, tested by
@@ -10,20 +11,21 @@
 use std::future::Future;
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
 
-use tokio::net::TcpStream;
-
 use lease_core::BoxError;
+use lease_http::dial::Dial;
 use lease_http::tls::{Stream, Tls};
 
-/// Connects the channel of one endpoint: `host:port`, with TLS if `tls` is set.
+/// Connects the channel of one endpoint: `host:port` through `dial`, with TLS if `tls` is set.
 #[derive(Clone, Debug)]
 pub(crate) struct Connector {
     pub(crate) host: String,
     pub(crate) port: u16,
+    pub(crate) dial: Arc<dyn Dial>,
     pub(crate) tls: Option<Tls>,
 }
 
@@ -39,8 +41,7 @@ impl tower_service::Service<http::Uri> for Connector {
     fn call(&mut self, _: http::Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let tcp = TcpStream::connect((this.host.as_str(), this.port)).await?;
-            tcp.set_nodelay(true)?;
+            let tcp = this.dial.dial(&this.host, this.port).await?;
             let stream = match &this.tls {
                 Some(tls) => tls.connect(&this.host, tcp).await?,
                 None => Stream::Plain(tcp),

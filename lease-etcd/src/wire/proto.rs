@@ -5,51 +5,57 @@
 //! (etcd 3.4 and later); a message carries only the fields this crate reads or writes, which
 //! protobuf allows (unknown fields are skipped when read, absent ones are zero). Beside each
 //! message are the constructors the queue and the sessions use.
+//!
+//! Public, but hidden from the docs (`lease_etcd::proto`), for lease-sim alone: its model of etcd
+//! serves the client with these very messages, and its differential test sends them to a real
+//! etcd, so the model sees exactly the fields this crate sends and answers exactly the fields it
+//! reads. Not part of this crate's API: it changes whenever the calls do. The fields are etcd's
+//! and documented in `rpc.proto`; only what this crate makes of them is documented here.
 
-#![allow(clippy::doc_markdown)]
+#![allow(clippy::doc_markdown, missing_docs)]
 
 /// The path of each method this crate calls, as gRPC names it.
-pub(crate) mod path {
-    pub(crate) const RANGE: &str = "/etcdserverpb.KV/Range";
-    pub(crate) const DELETE_RANGE: &str = "/etcdserverpb.KV/DeleteRange";
-    pub(crate) const TXN: &str = "/etcdserverpb.KV/Txn";
-    pub(crate) const WATCH: &str = "/etcdserverpb.Watch/Watch";
-    pub(crate) const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
-    pub(crate) const LEASE_REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
-    pub(crate) const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
-    pub(crate) const LEASE_TIME_TO_LIVE: &str = "/etcdserverpb.Lease/LeaseTimeToLive";
-    pub(crate) const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
+pub mod path {
+    pub const RANGE: &str = "/etcdserverpb.KV/Range";
+    pub const DELETE_RANGE: &str = "/etcdserverpb.KV/DeleteRange";
+    pub const TXN: &str = "/etcdserverpb.KV/Txn";
+    pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
+    pub const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
+    pub const LEASE_REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
+    pub const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
+    pub const LEASE_TIME_TO_LIVE: &str = "/etcdserverpb.Lease/LeaseTimeToLive";
+    pub const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
 }
 
 /// The header of every answer: the store's revision when it was served.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct ResponseHeader {
+pub struct ResponseHeader {
     #[prost(int64, tag = "3")]
-    pub(crate) revision: i64,
+    pub revision: i64,
 }
 
 /// One key and its metadata (`mvccpb.KeyValue`).
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct KeyValue {
+pub struct KeyValue {
     #[prost(bytes = "vec", tag = "1")]
-    pub(crate) key: Vec<u8>,
+    pub key: Vec<u8>,
     #[prost(int64, tag = "2")]
-    pub(crate) create_revision: i64,
+    pub create_revision: i64,
     #[prost(int64, tag = "3")]
-    pub(crate) mod_revision: i64,
+    pub mod_revision: i64,
     /// How many times the key was written since it was created (1 for a key written once).
     #[prost(int64, tag = "4")]
-    pub(crate) version: i64,
+    pub version: i64,
     #[prost(bytes = "vec", tag = "5")]
-    pub(crate) value: Vec<u8>,
+    pub value: Vec<u8>,
     /// The etcd lease the key is attached to; 0 for none.
     #[prost(int64, tag = "6")]
-    pub(crate) lease: i64,
+    pub lease: i64,
 }
 
 impl KeyValue {
     /// The key as text (keys this crate writes are UTF-8; others are read lossily).
-    pub(crate) fn key_str(&self) -> String {
+    pub fn key_str(&self) -> String {
         String::from_utf8_lossy(&self.key).into_owned()
     }
 }
@@ -61,29 +67,29 @@ const DESCEND: i32 = 2;
 const BY_CREATE: i32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RangeRequest {
+pub struct RangeRequest {
     #[prost(bytes = "vec", tag = "1")]
-    pub(crate) key: Vec<u8>,
+    pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    pub(crate) range_end: Vec<u8>,
+    pub range_end: Vec<u8>,
     #[prost(int64, tag = "3")]
-    pub(crate) limit: i64,
+    pub limit: i64,
     /// Read the keys as they were at this revision (0: now).
     #[prost(int64, tag = "4")]
-    pub(crate) revision: i64,
+    pub revision: i64,
     #[prost(int32, tag = "5")]
-    pub(crate) sort_order: i32,
+    pub sort_order: i32,
     #[prost(int32, tag = "6")]
-    pub(crate) sort_target: i32,
+    pub sort_target: i32,
     #[prost(bool, tag = "8")]
-    pub(crate) keys_only: bool,
+    pub keys_only: bool,
     #[prost(int64, tag = "13")]
-    pub(crate) max_create_revision: i64,
+    pub max_create_revision: i64,
 }
 
 impl RangeRequest {
     /// One key.
-    pub(crate) fn key(key: &str) -> Self {
+    pub fn key(key: &str) -> Self {
         RangeRequest {
             key: key.as_bytes().to_vec(),
             ..RangeRequest::default()
@@ -92,7 +98,7 @@ impl RangeRequest {
 
     /// The cheapest linearizable read, for a probe: at most one key's name, of a key nobody
     /// writes.
-    pub(crate) fn probe() -> Self {
+    pub fn probe() -> Self {
         RangeRequest {
             key: b"\0lease-probe".to_vec(),
             limit: 1,
@@ -102,7 +108,7 @@ impl RangeRequest {
     }
 
     /// Every key under `dir/` (the keys of an election or a semaphore).
-    pub(crate) fn under(dir: &str) -> Self {
+    pub fn under(dir: &str) -> Self {
         let (key, range_end) = dir_range(dir);
         RangeRequest {
             key,
@@ -112,37 +118,37 @@ impl RangeRequest {
     }
 
     /// Ordered by create revision, oldest first (`true`) or newest first.
-    pub(crate) fn by_creation(mut self, oldest_first: bool) -> Self {
+    pub fn by_creation(mut self, oldest_first: bool) -> Self {
         self.sort_target = BY_CREATE;
         self.sort_order = if oldest_first { ASCEND } else { DESCEND };
         self
     }
 
-    pub(crate) fn limit(mut self, limit: i64) -> Self {
+    pub fn limit(mut self, limit: i64) -> Self {
         self.limit = limit;
         self
     }
 
-    pub(crate) fn keys_only(mut self) -> Self {
+    pub fn keys_only(mut self) -> Self {
         self.keys_only = true;
         self
     }
 
     /// Only keys created at or before `revision`.
-    pub(crate) fn created_by(mut self, revision: i64) -> Self {
+    pub fn created_by(mut self, revision: i64) -> Self {
         self.max_create_revision = revision;
         self
     }
 
     /// The keys as they were at `revision` (etcd keeps history until it is compacted).
-    pub(crate) fn at_revision(mut self, revision: i64) -> Self {
+    pub fn at_revision(mut self, revision: i64) -> Self {
         self.revision = revision;
         self
     }
 }
 
 /// The start and end of the keys under `dir/`: `dir/` up to `dir0` (`'0'` follows `'/'`).
-pub(crate) fn dir_range(dir: &str) -> (Vec<u8>, Vec<u8>) {
+pub fn dir_range(dir: &str) -> (Vec<u8>, Vec<u8>) {
     (
         format!("{dir}/").into_bytes(),
         format!("{dir}0").into_bytes(),
@@ -150,38 +156,38 @@ pub(crate) fn dir_range(dir: &str) -> (Vec<u8>, Vec<u8>) {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RangeResponse {
+pub struct RangeResponse {
     #[prost(message, optional, tag = "1")]
-    pub(crate) header: Option<ResponseHeader>,
+    pub header: Option<ResponseHeader>,
     #[prost(message, repeated, tag = "2")]
-    pub(crate) kvs: Vec<KeyValue>,
+    pub kvs: Vec<KeyValue>,
 }
 
 impl RangeResponse {
-    pub(crate) fn revision(&self) -> i64 {
+    pub fn revision(&self) -> i64 {
         self.header.as_ref().map_or(0, |h| h.revision)
     }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct PutRequest {
+pub struct PutRequest {
     #[prost(bytes = "vec", tag = "1")]
-    pub(crate) key: Vec<u8>,
+    pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    pub(crate) value: Vec<u8>,
+    pub value: Vec<u8>,
     #[prost(int64, tag = "3")]
-    pub(crate) lease: i64,
+    pub lease: i64,
     /// Keep the value the key has.
     #[prost(bool, tag = "5")]
-    pub(crate) ignore_value: bool,
+    pub ignore_value: bool,
     /// Keep the lease the key is attached to.
     #[prost(bool, tag = "6")]
-    pub(crate) ignore_lease: bool,
+    pub ignore_lease: bool,
 }
 
 impl PutRequest {
     /// A write that changes nothing but the key's version and mod revision.
-    pub(crate) fn touch(key: &str) -> Self {
+    pub fn touch(key: &str) -> Self {
         PutRequest {
             key: key.as_bytes().to_vec(),
             ignore_value: true,
@@ -192,19 +198,19 @@ impl PutRequest {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct DeleteRangeRequest {
+pub struct DeleteRangeRequest {
     #[prost(bytes = "vec", tag = "1")]
-    pub(crate) key: Vec<u8>,
+    pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    pub(crate) range_end: Vec<u8>,
+    pub range_end: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct DeleteRangeResponse {
+pub struct DeleteRangeResponse {
     #[prost(message, optional, tag = "1")]
-    pub(crate) header: Option<ResponseHeader>,
+    pub header: Option<ResponseHeader>,
     #[prost(int64, tag = "2")]
-    pub(crate) deleted: i64,
+    pub deleted: i64,
 }
 
 /// `Compare.CompareResult.EQUAL`/`GREATER` and `Compare.CompareTarget.VERSION`/`CREATE`.
@@ -215,20 +221,20 @@ const TARGET_CREATE: i32 = 1;
 
 /// A compare of a transaction on a key's create revision or version.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Compare {
+pub struct Compare {
     #[prost(int32, tag = "1")]
-    pub(crate) result: i32,
+    pub result: i32,
     #[prost(int32, tag = "2")]
-    pub(crate) target: i32,
+    pub target: i32,
     #[prost(bytes = "vec", tag = "3")]
-    pub(crate) key: Vec<u8>,
+    pub key: Vec<u8>,
     /// The `target_union` member for the target: written even when 0 (a oneof member is).
     #[prost(oneof = "CompareTarget", tags = "4, 5")]
-    pub(crate) target_union: Option<CompareTarget>,
+    pub target_union: Option<CompareTarget>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
-pub(crate) enum CompareTarget {
+pub enum CompareTarget {
     #[prost(int64, tag = "4")]
     Version(i64),
     #[prost(int64, tag = "5")]
@@ -237,12 +243,12 @@ pub(crate) enum CompareTarget {
 
 impl Compare {
     /// `key` not yet created (create revision 0).
-    pub(crate) fn absent(key: &str) -> Self {
+    pub fn absent(key: &str) -> Self {
         Compare::created(key, 0)
     }
 
     /// `key` created at `revision`: the same key, not one deleted and written again since.
-    pub(crate) fn created(key: &str, revision: i64) -> Self {
+    pub fn created(key: &str, revision: i64) -> Self {
         Compare {
             result: EQUAL,
             target: TARGET_CREATE,
@@ -252,7 +258,7 @@ impl Compare {
     }
 
     /// `key` written more than once: a holder's key touched for its release.
-    pub(crate) fn touched(key: &str) -> Self {
+    pub fn touched(key: &str) -> Self {
         Compare {
             result: GREATER,
             target: TARGET_VERSION,
@@ -264,13 +270,13 @@ impl Compare {
 
 /// One operation of a transaction.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RequestOp {
+pub struct RequestOp {
     #[prost(oneof = "Request", tags = "1, 2, 3")]
-    pub(crate) request: Option<Request>,
+    pub request: Option<Request>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
-pub(crate) enum Request {
+pub enum Request {
     #[prost(message, tag = "1")]
     Range(RangeRequest),
     #[prost(message, tag = "2")]
@@ -280,20 +286,20 @@ pub(crate) enum Request {
 }
 
 impl RequestOp {
-    pub(crate) fn range(range: RangeRequest) -> Self {
+    pub fn range(range: RangeRequest) -> Self {
         RequestOp {
             request: Some(Request::Range(range)),
         }
     }
 
-    pub(crate) fn put(put: PutRequest) -> Self {
+    pub fn put(put: PutRequest) -> Self {
         RequestOp {
             request: Some(Request::Put(put)),
         }
     }
 
     /// Deletes `key` alone.
-    pub(crate) fn delete(key: &str) -> Self {
+    pub fn delete(key: &str) -> Self {
         RequestOp {
             request: Some(Request::DeleteRange(DeleteRangeRequest {
                 key: key.as_bytes().to_vec(),
@@ -304,45 +310,45 @@ impl RequestOp {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct TxnRequest {
+pub struct TxnRequest {
     #[prost(message, repeated, tag = "1")]
-    pub(crate) compare: Vec<Compare>,
+    pub compare: Vec<Compare>,
     #[prost(message, repeated, tag = "2")]
-    pub(crate) success: Vec<RequestOp>,
+    pub success: Vec<RequestOp>,
     #[prost(message, repeated, tag = "3")]
-    pub(crate) failure: Vec<RequestOp>,
+    pub failure: Vec<RequestOp>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct ResponseOp {
+pub struct ResponseOp {
     #[prost(oneof = "Response", tags = "1")]
-    pub(crate) response: Option<Response>,
+    pub response: Option<Response>,
 }
 
 /// The answers this crate reads; a put's or a delete's is skipped (an unknown field).
 #[derive(Clone, PartialEq, prost::Oneof)]
-pub(crate) enum Response {
+pub enum Response {
     #[prost(message, tag = "1")]
     Range(RangeResponse),
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct TxnResponse {
+pub struct TxnResponse {
     #[prost(message, optional, tag = "1")]
-    pub(crate) header: Option<ResponseHeader>,
+    pub header: Option<ResponseHeader>,
     #[prost(bool, tag = "2")]
-    pub(crate) succeeded: bool,
+    pub succeeded: bool,
     #[prost(message, repeated, tag = "3")]
-    pub(crate) responses: Vec<ResponseOp>,
+    pub responses: Vec<ResponseOp>,
 }
 
 impl TxnResponse {
-    pub(crate) fn revision(&self) -> i64 {
+    pub fn revision(&self) -> i64 {
         self.header.as_ref().map_or(0, |h| h.revision)
     }
 
     /// The answer of the `i`th operation of the branch that ran, if it is a range (else empty).
-    pub(crate) fn range(&self, i: usize) -> RangeResponse {
+    pub fn range(&self, i: usize) -> RangeResponse {
         match self.responses.get(i).and_then(|op| op.response.as_ref()) {
             Some(Response::Range(range)) => range.clone(),
             None => RangeResponse::default(),
@@ -351,71 +357,71 @@ impl TxnResponse {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct LeaseGrantRequest {
+pub struct LeaseGrantRequest {
     #[prost(int64, tag = "1")]
-    pub(crate) ttl: i64,
+    pub ttl: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct LeaseGrantResponse {
+pub struct LeaseGrantResponse {
     #[prost(int64, tag = "2")]
-    pub(crate) id: i64,
+    pub id: i64,
     #[prost(int64, tag = "3")]
-    pub(crate) ttl: i64,
+    pub ttl: i64,
     #[prost(string, tag = "4")]
-    pub(crate) error: String,
+    pub error: String,
 }
 
 /// The request of `LeaseRevoke`, `LeaseKeepAlive` and `LeaseTimeToLive`: a lease's ID.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct LeaseId {
+pub struct LeaseId {
     #[prost(int64, tag = "1")]
-    pub(crate) id: i64,
+    pub id: i64,
 }
 
 /// An answer this crate reads nothing of but its success.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Empty {}
+pub struct Empty {}
 
 /// A keep-alive answer: a remaining TTL of 0 means the lease no longer exists.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct LeaseKeepAliveResponse {
+pub struct LeaseKeepAliveResponse {
     #[prost(int64, tag = "2")]
-    pub(crate) id: i64,
+    pub id: i64,
     #[prost(int64, tag = "3")]
-    pub(crate) ttl: i64,
+    pub ttl: i64,
 }
 
 /// The seconds a lease has left: -1 once it is gone.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct LeaseTimeToLiveResponse {
+pub struct LeaseTimeToLiveResponse {
     #[prost(int64, tag = "3")]
-    pub(crate) ttl: i64,
+    pub ttl: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct AuthenticateRequest {
+pub struct AuthenticateRequest {
     #[prost(string, tag = "1")]
-    pub(crate) name: String,
+    pub name: String,
     #[prost(string, tag = "2")]
-    pub(crate) password: String,
+    pub password: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct AuthenticateResponse {
+pub struct AuthenticateResponse {
     #[prost(string, tag = "2")]
-    pub(crate) token: String,
+    pub token: String,
 }
 
 /// A message of the client's side of the watch stream.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct WatchRequest {
+pub struct WatchRequest {
     #[prost(oneof = "WatchRequestUnion", tags = "1, 2")]
-    pub(crate) request_union: Option<WatchRequestUnion>,
+    pub request_union: Option<WatchRequestUnion>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
-pub(crate) enum WatchRequestUnion {
+pub enum WatchRequestUnion {
     #[prost(message, tag = "1")]
     Create(WatchCreateRequest),
     #[prost(message, tag = "2")]
@@ -423,52 +429,52 @@ pub(crate) enum WatchRequestUnion {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct WatchCreateRequest {
+pub struct WatchCreateRequest {
     #[prost(bytes = "vec", tag = "1")]
-    pub(crate) key: Vec<u8>,
+    pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    pub(crate) range_end: Vec<u8>,
+    pub range_end: Vec<u8>,
     #[prost(int64, tag = "3")]
-    pub(crate) start_revision: i64,
+    pub start_revision: i64,
     /// Have etcd send an empty answer now and then (every ten minutes by default) to a watch
     /// that sees no change, carrying the revision it has seen up to.
     #[prost(bool, tag = "4")]
-    pub(crate) progress_notify: bool,
+    pub progress_notify: bool,
     /// Each event carries the key as it was before it.
     #[prost(bool, tag = "6")]
-    pub(crate) prev_kv: bool,
+    pub prev_kv: bool,
     /// The client's own ID for the watch (etcd 3.4+), so creations need not wait for each other.
     #[prost(int64, tag = "7")]
-    pub(crate) watch_id: i64,
+    pub watch_id: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct WatchCancelRequest {
+pub struct WatchCancelRequest {
     #[prost(int64, tag = "1")]
-    pub(crate) watch_id: i64,
+    pub watch_id: i64,
 }
 
 /// One message of the watch stream.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct WatchResponse {
+pub struct WatchResponse {
     #[prost(message, optional, tag = "1")]
-    pub(crate) header: Option<ResponseHeader>,
+    pub header: Option<ResponseHeader>,
     #[prost(int64, tag = "2")]
-    pub(crate) watch_id: i64,
+    pub watch_id: i64,
     #[prost(bool, tag = "3")]
-    pub(crate) created: bool,
+    pub created: bool,
     #[prost(bool, tag = "4")]
-    pub(crate) canceled: bool,
+    pub canceled: bool,
     #[prost(int64, tag = "5")]
-    pub(crate) compact_revision: i64,
+    pub compact_revision: i64,
     #[prost(string, tag = "6")]
-    pub(crate) cancel_reason: String,
+    pub cancel_reason: String,
     #[prost(message, repeated, tag = "11")]
-    pub(crate) events: Vec<Event>,
+    pub events: Vec<Event>,
 }
 
 impl WatchResponse {
-    pub(crate) fn revision(&self) -> i64 {
+    pub fn revision(&self) -> i64 {
         self.header.as_ref().map_or(0, |h| h.revision)
     }
 }
@@ -477,23 +483,23 @@ impl WatchResponse {
 const DELETE: i32 = 1;
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Event {
+pub struct Event {
     #[prost(int32, tag = "1")]
-    pub(crate) kind: i32,
+    pub kind: i32,
     #[prost(message, optional, tag = "2")]
-    pub(crate) kv: Option<KeyValue>,
+    pub kv: Option<KeyValue>,
     /// The key as it was before this event, on a watch created with `prev_kv`.
     #[prost(message, optional, tag = "3")]
-    pub(crate) prev_kv: Option<KeyValue>,
+    pub prev_kv: Option<KeyValue>,
 }
 
 impl Event {
-    pub(crate) fn is_delete(&self) -> bool {
+    pub fn is_delete(&self) -> bool {
         self.kind == DELETE
     }
 
     /// The key as the event left it (for a deletion: its key and the deletion's revision).
-    pub(crate) fn kv(&self) -> KeyValue {
+    pub fn kv(&self) -> KeyValue {
         self.kv.clone().unwrap_or_default()
     }
 }

@@ -265,6 +265,7 @@ async fn wait_for_turn(notes: &mut Subscription, expiry: Option<Instant>) {
     tokio::pin!(expired);
     loop {
         tokio::select! {
+            biased;
             () = &mut expired => return,
             note = notes.next() => match note {
                 Note::Acquired { .. } => {}

@@ -158,7 +158,7 @@ async fn attempt_all(
                     // The acquire was dropped while its attempt was under way: give the row
                     // back, after the statement that inserted it.
                     let (wire, releaser) = (Arc::clone(&strong), Arc::clone(&releaser));
-                    tokio::spawn(async move {
+                    lease_core::runtime::spawn(async move {
                         let _ = super::release::release(
                             &releaser,
                             &wire,

@@ -204,7 +204,7 @@ async fn listen(wire: Weak<Wire>, subscribers: Weak<Mutex<Subscribers>>, gone: A
             }
         };
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
+        let driver = lease_core::runtime::spawn(async move {
             while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) => {
@@ -238,6 +238,7 @@ async fn listen(wire: Weak<Wire>, subscribers: Weak<Mutex<Subscribers>>, gone: A
         // Until the connection ends, or the handle goes.
         loop {
             let payload = tokio::select! {
+                biased;
                 payload = rx.recv() => payload,
                 () = gone.notified() => {
                     driver.abort();

@@ -30,7 +30,7 @@ pub(crate) async fn observe(shared: &Arc<Shared>, key: &str) -> Result<LeaderObs
         )
     })?;
     let (tx, rx) = watch::channel(leader);
-    tokio::spawn(follow(
+    lease_core::runtime::spawn(follow(
         Arc::clone(shared),
         key.to_owned(),
         notes,
@@ -88,6 +88,7 @@ async fn follow(
             }
         };
         tokio::select! {
+            biased;
             () = tx.closed() => return,
             _ = notes.next() => {}
             () = expired => {}

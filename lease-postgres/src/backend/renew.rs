@@ -165,6 +165,7 @@ async fn renew_all(renewals: Weak<Renewals>, wake: Arc<Notify>, wire: Weak<Wire>
                 drop(renewer);
                 match next {
                     Some((_, at)) => tokio::select! {
+                        biased;
                         () = wake.notified() => {}
                         () = tokio::time::sleep_until(at) => {}
                     },

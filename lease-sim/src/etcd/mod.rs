@@ -1,1 +1,464 @@
-//! A model of an etcd server, as far as lease-etcd uses it.
+//! A model of an etcd server (3.4, one member), as far as lease-etcd uses it, served over etcd's
+//! own gRPC API to the real lease-etcd client.
+//!
+//! What lease-etcd calls, and what the model answers as etcd does (`state`, over `mvcc`,
+//! `lessor` and `watch`):
+//! - `KV/Range`: one key or a range, at a past revision, sorted, limited, keys only, only keys
+//!   created by a revision; `mvcc: required revision has been compacted` and `… is a future
+//!   revision`;
+//! - `KV/Txn`: compares on a key's version or create revision (the only targets lease-etcd's
+//!   messages carry), then ranges, puts (with a lease, or keeping the value or the lease) and
+//!   deletes; etcd's validation, its errors and its revision rule (a transaction that changes
+//!   nothing keeps the revision);
+//! - `KV/DeleteRange` of a key or a range;
+//! - `Lease/LeaseGrant` (IDs of the server's, from the seed), `LeaseRevoke` (every key of the
+//!   lease deleted in one revision), `LeaseTimeToLive`, and the `LeaseKeepAlive` stream;
+//!   expiry a TTL after the last keep-alive, revoked [`Config::revoke_late`] later;
+//! - the `Watch` stream: many watches, created from a start revision, from the history if it
+//!   is past, with `prev_kv` and progress notifications, cancelled, or cancelled by compaction;
+//! - `Auth/Authenticate` and the `token` every call carries, when [`Config::auth`] is set.
+//!
+//! The messages are lease-etcd's own (`lease_etcd::proto`), so the model decodes exactly the
+//! fields the client sends and answers exactly the fields it reads.
+//!
+//! Deterministic: every map is ordered, every random draw comes from [`Config::seed`], and time
+//! is `tokio::time`'s only, so under the simulation's paused clock a run is a function of its
+//! seed. The state sits behind one lock; its timed work (lease expiry, the watch sync loop,
+//! progress notifications) is one background task, spawned through [`spawn`] when the model
+//! first serves, sleeping until the next thing is due.
+//!
+//! For the fault injector and the checker: [`Model::revoke_lease`], [`Model::delete_key`],
+//! [`Model::delete_prefix`], [`Model::compact`], [`Model::expire_tokens`],
+//! [`Model::break_streams`], [`Model::restart`], and the inspection [`Model::leases`],
+//! [`Model::keys`], [`Model::revision`], [`Model::watches`].
+
+mod error;
+mod lessor;
+mod mvcc;
+mod server;
+mod sim;
+mod state;
+mod watch;
+
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use server::Service;
+
+use crate::rng::Rng;
+use mvcc::Span;
+pub use sim::for_schedule;
+use state::State;
+
+/// How the model's etcd is configured, and the knobs the simulation draws.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// The seed of every random draw: lease IDs, tokens, the sync loop's phase, the progress
+    /// intervals' jitter.
+    pub seed: u64,
+    /// How long after its expiry an expired lease is revoked. etcd's lessor looks every 500 ms
+    /// and revokes through raft, so anywhere in [0, 500 ms]; [`Config::new`] draws it from the
+    /// seed.
+    pub revoke_late: Duration,
+    /// The shortest TTL a lease gets, in seconds: etcd's `⌈1.5 × election timeout⌉`, 2 with its
+    /// default timers (heartbeat 100 ms, election 1 s).
+    pub min_lease_ttl: i64,
+    /// How much longer than its TTL a new leader's lessor lets every lease live (`Promote`):
+    /// the election timeout, 1 s by default.
+    pub election_timeout: Duration,
+    /// How many revisions of history are kept (the model compacts as it writes); `None`, as
+    /// etcd's default (no auto-compaction): all of it.
+    pub history: Option<i64>,
+    /// The period of the watch sync loop, which sends a watch from a past revision its history
+    /// (etcd's `syncWatchersLoop`: 100 ms). The differential test shortens it, so that the
+    /// model's watches are never the ones still waiting for theirs.
+    pub sync_interval: Duration,
+    /// The interval of progress notifications (`--experimental-watch-progress-notify-interval`,
+    /// 10 minutes by default); each stream's is up to a tenth longer.
+    pub progress_interval: Duration,
+    /// Authentication on, with this root user; off (etcd's default) if `None`.
+    pub auth: Option<Credentials>,
+    /// How long an unused simple token stays valid (`--auth-token-ttl`, 300 s).
+    pub token_ttl: Duration,
+}
+
+/// A user and password of the model's etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user's name.
+    pub user: String,
+    /// The user's password.
+    pub password: String,
+}
+
+impl Config {
+    /// etcd's defaults, with `seed` and the lateness of revocations drawn from it.
+    pub fn new(seed: u64) -> Config {
+        let mut rng = Rng::new(seed ^ 0x6c65_6173_652d_7369);
+        Config {
+            seed,
+            revoke_late: Duration::from_millis(rng.below(501)),
+            min_lease_ttl: 2,
+            election_timeout: Duration::from_secs(1),
+            history: None,
+            sync_interval: Duration::from_millis(100),
+            progress_interval: Duration::from_secs(600),
+            auth: None,
+            token_ttl: Duration::from_secs(300),
+        }
+    }
+
+    /// With revocations `late` after expiry.
+    #[must_use]
+    pub fn revoke_late(mut self, late: Duration) -> Config {
+        self.revoke_late = late;
+        self
+    }
+
+    /// With the shortest lease TTL `seconds` (1 for the test support's etcd, whose timers are
+    /// 50 ms and 500 ms).
+    #[must_use]
+    pub fn min_lease_ttl(mut self, seconds: i64) -> Config {
+        self.min_lease_ttl = seconds;
+        self
+    }
+
+    /// With `timeout` as the election timeout (what `Promote` adds to every lease).
+    #[must_use]
+    pub fn election_timeout(mut self, timeout: Duration) -> Config {
+        self.election_timeout = timeout;
+        self
+    }
+
+    /// Keeping only the last `revisions` revisions of history.
+    #[must_use]
+    pub fn history(mut self, revisions: i64) -> Config {
+        self.history = Some(revisions);
+        self
+    }
+
+    /// With the watch sync loop running every `interval`.
+    #[must_use]
+    pub fn sync_interval(mut self, interval: Duration) -> Config {
+        self.sync_interval = interval;
+        self
+    }
+
+    /// With progress notifications every `interval` (and up to a tenth more).
+    #[must_use]
+    pub fn progress_interval(mut self, interval: Duration) -> Config {
+        self.progress_interval = interval;
+        self
+    }
+
+    /// With authentication on, for the root user `user` with `password`.
+    #[must_use]
+    pub fn auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Config {
+        self.auth = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+}
+
+/// A lease, as [`Model::leases`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// Its ID (lease-etcd names keys and holders by it in lowercase hex).
+    pub id: i64,
+    /// Its TTL, in seconds.
+    pub ttl: i64,
+    /// When it expires unless kept alive (it is revoked [`Config::revoke_late`] later).
+    pub expires: Instant,
+    /// The keys attached to it, in key order.
+    pub keys: Vec<String>,
+}
+
+/// A key, as [`Model::keys`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The key (lossily, if it is not UTF-8).
+    pub key: String,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// The lease it is attached to; 0 for none.
+    pub lease: i64,
+    /// The revision it was created at.
+    pub create_revision: i64,
+    /// The revision it was last written at.
+    pub mod_revision: i64,
+    /// How many times it was written since it was created.
+    pub version: i64,
+}
+
+/// What the model's handles share.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the background task: something may be due sooner than it sleeps for.
+    wake: Arc<Notify>,
+    /// Bumped by [`Model::break_streams`] and [`Model::restart`]: every connection served ends.
+    breaks: tokio::sync::watch::Sender<u64>,
+    /// The background task, once started (again if the runtime it ran on ended).
+    background: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The background task holds no strong handle: this wakes it to find the model gone.
+        self.wake.notify_one();
+    }
+}
+
+/// A model of one etcd member. Cloning is cheap; clones share the state.
+#[derive(Clone, Debug)]
+pub struct Model {
+    shared: Arc<Shared>,
+}
+
+impl Model {
+    /// An empty etcd (revision 1, no keys, no leases), configured by `config`. Needs no runtime;
+    /// its clock starts at `tokio::time::Instant::now()`.
+    pub fn new(config: Config) -> Model {
+        let state = State::new(config, Instant::now());
+        Model {
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                wake: Arc::new(Notify::new()),
+                breaks: tokio::sync::watch::Sender::new(0),
+                background: Mutex::new(None),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the state, then wakes the background task (`f` may have made something due).
+    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let answer = f(&mut self.lock());
+        self.shared.wake.notify_one();
+        answer
+    }
+
+    /// Starts the background task (lease expiry, the watch sync loop, progress notifications)
+    /// if it is not running: on the runtime that serves the model, through [`spawn`].
+    fn ensure_background(&self) {
+        let mut task = self
+            .shared
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if task
+            .as_ref()
+            .is_none_or(tokio::task::JoinHandle::is_finished)
+        {
+            *task = Some(spawn(background(
+                Arc::downgrade(&self.shared),
+                Arc::clone(&self.shared.wake),
+            )));
+        }
+    }
+
+    // --- serving ---
+
+    /// The model's gRPC service, for hyper's HTTP/2 server (see [`Model::serve_connection`]).
+    pub fn service(&self) -> Service {
+        self.ensure_background();
+        Service::new(self.clone())
+    }
+
+    /// Serves one client connection (any byte stream: a TCP socket, the simulation's network)
+    /// with hyper's HTTP/2 server, until the client closes it, or until
+    /// [`break_streams`](Model::break_streams) or [`restart`](Model::restart) drops it. No
+    /// timers: no keep-alive pings, no timeouts.
+    pub async fn serve_connection<I>(&self, io: I) -> Result<(), hyper::Error>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = self.service();
+        let mut breaks = self.shared.breaks.subscribe();
+        let connection = hyper::server::conn::http2::Builder::new(server::Executor)
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        tokio::select! {
+            biased;
+            _ = breaks.changed() => Ok(()),
+            served = connection => served,
+        }
+    }
+
+    pub(crate) fn breaks(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.breaks.subscribe()
+    }
+
+    // --- the state machine, for the server ---
+
+    pub(crate) fn state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        self.with_state(f)
+    }
+
+    // --- operator actions ---
+
+    /// Revokes lease `id` (`etcdctl lease revoke`): its keys go in one revision. False if it did
+    /// not exist.
+    pub fn revoke_lease(&self, id: i64) -> bool {
+        self.with_state(|state| state.revoke(id))
+    }
+
+    /// Deletes `key` (`etcdctl del <key>`); how many keys went (0 or 1).
+    pub fn delete_key(&self, key: &str) -> i64 {
+        self.with_state(|state| state.delete(&Span::Key(key.as_bytes().to_vec())).0)
+    }
+
+    /// Deletes every key starting with `prefix` (`etcdctl del --prefix <prefix>`); how many
+    /// went. (A lock's contenders are the keys under `<name>/`.)
+    pub fn delete_prefix(&self, prefix: &str) -> i64 {
+        let span = match prefix_end(prefix.as_bytes()) {
+            Some(end) => Span::Range(prefix.as_bytes().to_vec(), end),
+            None => Span::From(prefix.as_bytes().to_vec()),
+        };
+        self.with_state(|state| state.delete(&span).0)
+    }
+
+    /// Compacts the history at `revision` (`etcdctl compaction`): reads and watches from before
+    /// it are refused from then on. etcd's errors if it is compacted already or in the future.
+    pub fn compact(&self, revision: i64) -> Result<(), tonic::Status> {
+        self.with_state(|state| state.compact(revision))
+    }
+
+    /// Invalidates every auth token (as their TTL passing would): the next call with one is
+    /// refused `invalid auth token`.
+    pub fn expire_tokens(&self) {
+        self.with_state(State::expire_tokens);
+    }
+
+    /// Ends every connection and stream served (a proxy or a network blip between the clients
+    /// and etcd), the state untouched: the clients reconnect and open their streams again.
+    pub fn break_streams(&self) {
+        self.shared.breaks.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// What restarting etcd (or a new leader) does: keys, revisions, history and leases persist;
+    /// every connection, stream and watch ends; the tokens go; the new leader's lessor extends
+    /// every lease to its full TTL plus the election timeout (`Promote`), whether or not it had
+    /// expired meanwhile.
+    pub fn restart(&self) {
+        self.with_state(|state| state.restart(Instant::now()));
+        self.break_streams();
+    }
+
+    // --- inspection ---
+
+    /// Every lease, by ID.
+    pub fn leases(&self) -> Vec<LeaseInfo> {
+        self.lock()
+            .leases()
+            .into_iter()
+            .map(|lease| LeaseInfo {
+                id: lease.id,
+                ttl: lease.ttl,
+                expires: lease.expiry,
+                keys: lease.keys.iter().map(|k| lossy(k)).collect(),
+            })
+            .collect()
+    }
+
+    /// Every key, in key order.
+    pub fn keys(&self) -> Vec<KeyInfo> {
+        self.lock()
+            .keys()
+            .into_iter()
+            .map(|kv| KeyInfo {
+                key: lossy(&kv.key),
+                value: kv.value,
+                lease: kv.lease,
+                create_revision: kv.create_revision,
+                mod_revision: kv.mod_revision,
+                version: kv.version,
+            })
+            .collect()
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> i64 {
+        self.lock().revision()
+    }
+
+    /// The revision compacted at (-1 if never).
+    pub fn compacted(&self) -> i64 {
+        self.lock().compacted()
+    }
+
+    /// How many watches are open, over every stream.
+    pub fn watches(&self) -> usize {
+        self.lock().watch_count()
+    }
+}
+
+fn lossy(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+/// The end of the keys starting with `prefix` (etcd's `GetPrefixRangeEnd`): `None` if every key
+/// from `prefix` on starts with it (it is all `0xff`).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// The background task: does what is due (expired leases revoked, the watch sync loop, progress
+/// notifications), then sleeps until the next thing is, or until woken. Ends with the model.
+async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            state.run_due(now);
+            state.next_deadline(now)
+        };
+        let sleep = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = wake.notified() => {}
+            () = sleep => {}
+        }
+    }
+}
+
+/// Spawns one of the model's tasks: its background task, a stream's reader, hyper's
+/// connection tasks. The one place that picks the runtime's spawn: lease-core's, so that in the
+/// simulation they run among the server's own tasks.
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    lease_core::runtime::spawn(future)
+}

@@ -42,7 +42,7 @@ mod task;
 
 use self::request::{GiveReply, Request, TakeReply};
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -74,7 +74,7 @@ pub(super) struct TakeArgs<'a> {
 /// The coordinators of one client, one per prefix, started on demand.
 #[derive(Default)]
 pub(super) struct Coordinators {
-    senders: Mutex<HashMap<String, mpsc::Sender<Request>>>,
+    senders: Mutex<BTreeMap<String, mpsc::Sender<Request>>>,
 }
 
 impl fmt::Debug for Coordinators {
@@ -162,7 +162,7 @@ impl Coordinators {
         senders.retain(|_, sender| !sender.is_closed());
         let sender = senders.entry(prefix.to_owned()).or_insert_with(|| {
             let (sender, requests) = mpsc::channel(CHANNEL_CAPACITY);
-            tokio::spawn(task::run(
+            lease_core::runtime::spawn(task::run(
                 Arc::clone(client.wire()),
                 client.watches().clone(),
                 prefix.to_owned(),

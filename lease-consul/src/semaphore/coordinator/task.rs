@@ -2,7 +2,7 @@
 //! answers; watches the prefix (through the client's shared watches) while the semaphore is
 //! full or idle (see the parent module).
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::future::{Future, poll_fn};
 use std::sync::Arc;
 use std::task::Poll;
@@ -83,7 +83,13 @@ pub(super) async fn run(
             // once its settle time is over, without a read on every turn of a busy semaphore.
             let stop_at = *idle_since.get_or_insert_with(Instant::now) + IDLE_STOP;
             let after = coordinator.known_index();
+            // A change of the directory first: a flood of requests (thousands of acquisitions
+            // at once) must not keep a loss from being seen.
             tokio::select! {
+                biased;
+                answer = changed(&mut watched, &directory, after, coordinator.fresh) => {
+                    coordinator.observe(answer).await;
+                }
                 request = requests.recv() => match request {
                     Some(request) => {
                         idle_since = None;
@@ -91,9 +97,6 @@ pub(super) async fn run(
                     }
                     None => return,
                 },
-                answer = changed(&mut watched, &directory, after, coordinator.fresh) => {
-                    coordinator.observe(answer).await;
-                }
                 () = tokio::time::sleep_until(next_wake.map_or(stop_at, |at| at.min(stop_at))) => {
                     if next_wake.is_none_or(|at| at > Instant::now()) {
                         return;
@@ -115,13 +118,14 @@ pub(super) async fn run(
             // read, the next round prunes it.
             let prune_at = coordinator.planner.next_wake();
             tokio::select! {
+                biased;
+                answer = changed(&mut watched, &directory, after, coordinator.fresh) => {
+                    coordinator.observe(answer).await;
+                }
                 request = requests.recv(), if open => match request {
                     Some(request) => coordinator.push(request),
                     None => open = false,
                 },
-                answer = changed(&mut watched, &directory, after, coordinator.fresh) => {
-                    coordinator.observe(answer).await;
-                }
                 () = tokio::time::sleep_until(prune_at.unwrap_or_else(far_future)), if prune_at.is_some() => {
                     coordinator.snapshot = None;
                 }
@@ -344,7 +348,7 @@ impl Coordinator {
             Ok(Err(failed)) => {
                 // Someone else wrote the lock key (a stale CAS), or a session is gone (its lock op
                 // failed). Answer the latter; everyone else is planned again on a fresh read.
-                let mut gone = HashSet::new();
+                let mut gone = BTreeSet::new();
                 let mut leader_key_changed = false;
                 for op in failed {
                     match owners.get(op) {
@@ -399,7 +403,7 @@ impl Coordinator {
 
     /// Puts the requests of a write that did not go through back in the queue, but for the
     /// takes whose sessions are `gone`, which are answered so.
-    fn requeue(&mut self, write: Write<TakeReply, GiveReply>, gone: &HashSet<usize>) {
+    fn requeue(&mut self, write: Write<TakeReply, GiveReply>, gone: &BTreeSet<usize>) {
         let mut kept = Vec::new();
         for (i, admit) in write.admits.into_iter().enumerate() {
             if gone.contains(&i) {

@@ -36,7 +36,7 @@ fn only_the_semaphore_s_own_directory_counts() {
         held("jobs/abc", "s3"),
     ];
     let snapshot = read_snapshot("jobs/a", &entries, 9);
-    assert_eq!(snapshot.live, HashSet::from(["s2".to_owned()]));
+    assert_eq!(snapshot.live, BTreeSet::from(["s2".to_owned()]));
     assert_eq!(snapshot.contenders.keys().collect::<Vec<_>>(), ["s2"]);
     assert!(matches!(snapshot.lock, Ok(None)));
 }

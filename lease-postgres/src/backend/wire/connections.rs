@@ -99,7 +99,7 @@ impl Wire {
             .connect(tls.clone())
             .await
             .map_err(PgError::connecting)?;
-        tokio::spawn(async move {
+        lease_core::runtime::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(error = %with_sources(&error), "a PostgreSQL connection ended");
             }

@@ -1,0 +1,228 @@
+//! The invariants every schedule is judged by, from its history and from what the simulation saw
+//! of the server (the oracle):
+//!
+//! - **safety**: never more holders of a key writing at one instant than its limit (leader: one),
+//!   except where the documented bound allows it: an operator took the older holder's lease away
+//!   while that holder was cut off (partitioned, slowed down, frozen, its answers lost), so it
+//!   could not hear of it; it must stop within [`NOTICE`] of being able to again. A loss the
+//!   server decided by itself (a TTL run out) is never excused: the self-fence covers it;
+//! - **sequencers rise**: the holders of a key, in the order they first wrote, carry ever greater
+//!   sequencers;
+//! - **acquires end within their bound**: `Wait::UpTo(d)` answers within `d` plus
+//!   [`ACQUIRE_SLACK`], `Wait::Never` within the slack, unless the process was frozen meanwhile;
+//! - **losses are noticed within the fence interval** and **recovery** (the run's own checks,
+//!   [`crate::run`]), **no panic**, **nothing left behind**.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lease_core::Sequencer;
+use lease_tests::history::{History, Kind, Line, Span};
+
+use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
+
+/// How soon a holder that could not hear of its loss must stop once it can.
+pub const NOTICE: Duration = Duration::from_secs(1);
+
+/// How much longer than its bound an acquire may take: the last attempt's answer on its way
+/// (lease-http's attempt slack) and a round trip.
+pub const ACQUIRE_SLACK: Duration = Duration::from_secs(1);
+
+/// A span of time in which a process could not hear from the server (or did not run).
+#[derive(Clone, Copy, Debug)]
+pub struct CutOff {
+    /// The process, or `None` for all of them.
+    pub pid: Option<u32>,
+    /// From (ns since the start).
+    pub from: u128,
+    /// To.
+    pub to: u128,
+    /// Whether the process was frozen (it did not run at all).
+    pub frozen: bool,
+}
+
+/// An operator's action.
+#[derive(Clone, Debug)]
+pub struct Action {
+    /// When (ns).
+    pub at: u128,
+    /// The sequencers whose leases it took away (the holders at that moment).
+    pub took: Vec<String>,
+}
+
+/// What the run saw besides the history.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Who was cut off when.
+    pub cut_offs: Vec<CutOff>,
+    /// What operators did.
+    pub actions: Vec<Action>,
+}
+
+fn ns(d: Duration) -> u128 {
+    d.as_nanos()
+}
+
+fn key_of(line: &Line) -> &str {
+    line.detail.split(' ').next().unwrap_or("")
+}
+
+/// Every key of the workload and its limit.
+pub fn keys() -> [(&'static str, usize); 3] {
+    [
+        (LEADER, 1),
+        (CRON, 1),
+        (SEMAPHORE, SEMAPHORE_LIMIT as usize),
+    ]
+}
+
+/// The safety violations of `history`.
+pub fn safety(history: &History, seen: &Seen) -> Vec<String> {
+    let mut broken = Vec::new();
+    for (key, limit) in keys() {
+        let lines: Vec<Line> = (history.lines().iter())
+            .filter(|l| l.kind == Kind::Write && key_of(l) == key)
+            .cloned()
+            .collect();
+        let spans = History::from_lines(lines).spans();
+        for (at, open) in over_limit(&spans, limit) {
+            let newest = open.iter().map(|s| s.first).max().unwrap_or(at);
+            let excused = open.iter().filter(|s| excused(s, newest, seen)).count();
+            if open.len() - excused > limit {
+                let told: Vec<String> = (open.iter())
+                    .map(|s| format!("pid {} {} wrote {}..{} ns", s.pid, s.seq, s.first, s.last))
+                    .collect();
+                broken.push(format!(
+                    "safety: {} holders of {key} (limit {limit}) wrote at {:.3} s: {}\n{}",
+                    open.len(),
+                    at as f64 / 1e9,
+                    told.join("; "),
+                    history.around(at, 12)
+                ));
+            }
+        }
+    }
+    broken
+}
+
+/// Each instant at which more than `limit` spans were open, with the spans open then (the first
+/// such instant of each stretch).
+fn over_limit(spans: &[Span], limit: usize) -> Vec<(u128, Vec<Span>)> {
+    let mut events: Vec<(u128, i8, usize)> = Vec::new();
+    for (i, s) in spans.iter().enumerate() {
+        events.push((s.first, 1, i));
+        events.push((s.last, -1, i));
+    }
+    // A span that ends at an instant another begins does not overlap it.
+    events.sort_by_key(|&(t, delta, i)| (t, delta, i));
+    let mut open: Vec<usize> = Vec::new();
+    let mut found = Vec::new();
+    let mut over = false;
+    for (t, delta, i) in events {
+        if delta > 0 {
+            open.push(i);
+            if open.len() > limit && !over {
+                found.push((t, open.iter().map(|&j| spans[j].clone()).collect()));
+                over = true;
+            }
+            // A single write opens and closes at its instant (its end sorted before it).
+            if spans[i].first == spans[i].last {
+                open.retain(|&j| j != i);
+                over = open.len() > limit;
+            }
+        } else if spans[i].first == spans[i].last {
+            continue;
+        } else {
+            open.retain(|&j| j != i);
+            over = open.len() > limit;
+        }
+    }
+    found
+}
+
+/// Whether span `s`, open when a newer holder began at `newest`, is the documented exception: an
+/// operator took its lease at `t` before `newest`, it was cut off at some time between `t` and
+/// its last write, and it stopped within [`NOTICE`] of that cut-off's end.
+fn excused(s: &Span, newest: u128, seen: &Seen) -> bool {
+    if s.first >= newest {
+        return false;
+    }
+    seen.actions
+        .iter()
+        .filter(|a| a.at <= newest && a.took.contains(&s.seq))
+        .any(|a| {
+            seen.cut_offs.iter().any(|c| {
+                c.pid.is_none_or(|pid| pid == s.pid)
+                    && c.from <= s.last
+                    && c.to >= a.at
+                    && s.last <= c.to + ns(NOTICE)
+            })
+        })
+}
+
+/// The holders of each leader key, in the order they first wrote, must carry rising sequencers.
+pub fn sequencers_rise(history: &History) -> Vec<String> {
+    let mut by_key: BTreeMap<String, Vec<(u128, Sequencer)>> = BTreeMap::new();
+    for span in history.spans() {
+        if let Ok(seq) = span.seq.parse::<Sequencer>() {
+            by_key
+                .entry(seq.key().to_owned())
+                .or_default()
+                .push((span.first, seq));
+        }
+    }
+    let mut broken = Vec::new();
+    for (key, mut holders) in by_key {
+        holders.sort_by_key(|(first, _)| *first);
+        for pair in holders.windows(2) {
+            if pair[1].1.order() <= pair[0].1.order() {
+                broken.push(format!(
+                    "sequencer: {key}: {} first wrote at {:.3} s after {}, which is not older",
+                    pair[1].1,
+                    pair[1].0 as f64 / 1e9,
+                    pair[0].1
+                ));
+            }
+        }
+    }
+    broken
+}
+
+/// Every acquire answered within its bound and the slack, unless its process was frozen while it
+/// waited (or was killed before it answered).
+pub fn acquires_within_bounds(history: &History, seen: &Seen) -> Vec<String> {
+    let mut broken = Vec::new();
+    let mut waiting: BTreeMap<(u32, String), (u128, Duration)> = BTreeMap::new();
+    for line in history.lines() {
+        let key = key_of(line).to_owned();
+        match &line.kind {
+            Kind::Waiting => {
+                let bound = (line.detail.split("bound_ms=").nth(1))
+                    .and_then(|ms| ms.parse().ok())
+                    .map_or(Duration::ZERO, Duration::from_millis);
+                waiting.insert((line.pid, key), (line.t, bound));
+            }
+            Kind::Acquired | Kind::Other(_) => {
+                let Some((started, bound)) = waiting.remove(&(line.pid, key.clone())) else {
+                    continue;
+                };
+                let took = line.t - started;
+                let frozen = seen.cut_offs.iter().any(|c| {
+                    c.frozen && c.pid == Some(line.pid) && c.from <= line.t && c.to >= started
+                });
+                if took > ns(bound + ACQUIRE_SLACK) && !frozen {
+                    broken.push(format!(
+                        "acquire: pid {} waited {:.3} s for {key} (bound {bound:?}) at {:.3} s: {} {}",
+                        line.pid,
+                        took as f64 / 1e9,
+                        line.t as f64 / 1e9,
+                        line.kind,
+                        line.detail
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    broken
+}

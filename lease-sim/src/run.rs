@@ -1,0 +1,554 @@
+//! One schedule, run: the server model and the processes started, the faults applied and healed
+//! at their times, recovery awaited, the processes stopped, and every invariant judged.
+//!
+//! The run's own checks, beside those of [`crate::check`]:
+//!
+//! - **a loss is noticed within the fence interval**: every 100 ms the simulation compares each
+//!   lease a process holds with the server; one the server no longer has must read as not held
+//!   within its TTL (the fence runs out sooner) — a lease that runs on unnoticed is a blind spot;
+//! - **recovery**: after the last fault heals, within [`recovery_bound`], a process leads (writes
+//!   under the leader key), every live process's backend reads reachable, and no campaign has
+//!   given up;
+//! - **no panic**, anywhere (a hook records them);
+//! - **nothing left behind**: once every process has stopped and the TTL has passed, the server
+//!   keeps no session or lease and no key held by one.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::backend::Reachability;
+use lease_core::leader::CampaignState;
+use tokio::task::LocalSet;
+use tokio::time::Instant;
+
+use crate::check::{self, Action, CutOff, Seen};
+use crate::net::{Net, NetConfig};
+use crate::panics;
+use crate::rng::Rng;
+use crate::schedule::{Fault, LEADER, SEMAPHORE, Schedule, Way};
+use crate::server::Server;
+use crate::trace::Trace;
+use crate::workload::{self, Registry, Running, Settings};
+use crate::world::{self, Process};
+
+/// The server's host.
+const SERVER: &str = "server";
+
+/// How long the run goes on after recovery, for what recovery might have broken.
+const AFTER_RECOVERY: Duration = Duration::from_secs(3);
+
+/// How long a process may take to stop (the campaign's drain and `Backend::shutdown`'s bound).
+const STOP_BOUND: Duration = Duration::from_secs(15);
+
+/// What a run found.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The backend's name.
+    pub backend: &'static str,
+    /// The schedule run.
+    pub schedule: Schedule,
+    /// Each broken invariant, told with the history around it.
+    pub violations: Vec<String>,
+    /// The hash of the whole history.
+    pub hash: u64,
+    /// From the last heal to recovery, if it came.
+    pub recovered_after: Option<Duration>,
+    /// Simulated time the run took.
+    pub simulated: Duration,
+    /// Lines in the history.
+    pub lines: usize,
+    /// The whole history, as text (one line per event).
+    pub history: String,
+}
+
+/// The bound on recovery after the last heal: a session or lease the server may keep up to
+/// `ttl × multiplier` after its holder last renewed it (Consul: up to twice the TTL), its
+/// lock-delay, the settle, and the campaign's longest pause between attempts (10 s), with 2 s of
+/// slack for the requests themselves.
+pub fn recovery_bound(schedule: &Schedule) -> Duration {
+    schedule.ttl * 2 + schedule.lock_delay + Duration::from_secs(12)
+}
+
+/// Runs `schedule` against the model `model` builds.
+pub fn run(schedule: &Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server>) -> Outcome {
+    panics::install();
+    panics::take();
+    let runtime = match world::runtime(schedule.seed) {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            return Outcome {
+                backend: "?",
+                schedule: schedule.clone(),
+                violations: vec![format!("no runtime: {error}")],
+                hash: 0,
+                recovered_after: None,
+                simulated: Duration::ZERO,
+                lines: 0,
+                history: String::new(),
+            };
+        }
+    };
+    let root = LocalSet::new();
+    let mut outcome = root.block_on(&runtime, simulate(schedule.clone(), model));
+    {
+        // What is left (killed processes' tasks) is dropped inside the runtime: a task's
+        // destructor may start another.
+        let _inside = runtime.enter();
+        drop(root);
+    }
+    drop(runtime);
+    for panic in panics::take() {
+        outcome.violations.push(format!("panic: {panic}"));
+    }
+    outcome
+}
+
+/// A process slot: who runs there now.
+struct Slot {
+    process: Process,
+    running: Option<Running>,
+}
+
+struct Sim {
+    schedule: Schedule,
+    net: Net,
+    model: Rc<dyn Server>,
+    trace: Trace,
+    registry: Registry,
+    settings: Settings,
+    slots: RefCell<Vec<Slot>>,
+    /// Killed processes and their workloads: never polled again, dropped with the run.
+    graveyard: RefCell<Vec<Slot>>,
+    /// Every process ever started, by pid.
+    started: RefCell<u32>,
+    seen: RefCell<Seen>,
+    violations: RefCell<Vec<String>>,
+    start: Instant,
+    seeds: RefCell<Rng>,
+}
+
+async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server>) -> Outcome {
+    let rng = Rng::new(schedule.seed);
+    let net = Net::new(rng.fork("net"), NetConfig::default());
+    let model = model(&schedule);
+    let sim = Rc::new(Sim {
+        settings: Settings {
+            ttl: schedule.ttl,
+            lock_delay: schedule.lock_delay,
+        },
+        schedule,
+        net,
+        model,
+        trace: Trace::new(),
+        registry: Registry::default(),
+        slots: RefCell::new(Vec::new()),
+        graveyard: RefCell::new(Vec::new()),
+        started: RefCell::new(0),
+        seen: RefCell::new(Seen::default()),
+        violations: RefCell::new(Vec::new()),
+        start: Instant::now(),
+        seeds: RefCell::new(rng.fork("processes")),
+    });
+    let server = Process::start(SERVER, &sim.net, sim.seeds.borrow_mut().next_u64());
+    match sim.net.listen(SERVER, sim.model.port()) {
+        Ok(listener) => sim.model.serve(&server, listener),
+        Err(error) => sim.violate(format!("the server cannot listen: {error}")),
+    }
+    for slot in 0..sim.schedule.processes {
+        let process = sim.start_process(slot);
+        sim.slots.borrow_mut().push(process);
+    }
+    let oracle = tokio::task::spawn_local(Rc::clone(&sim).oracle());
+    for planned in sim.schedule.faults.clone() {
+        tokio::time::sleep_until(sim.start + planned.at).await;
+        Rc::clone(&sim).apply(&server, planned.fault);
+    }
+    let healed = sim.start + sim.schedule.healed_at();
+    tokio::time::sleep_until(healed).await;
+    let recovered_after = sim.recovery(healed).await;
+    tokio::time::sleep(AFTER_RECOVERY).await;
+    oracle.abort();
+    sim.stop_all().await;
+    sim.trace.note("stopped", "every process");
+    tokio::time::sleep(sim.schedule.ttl * 2 + sim.schedule.lock_delay + Duration::from_secs(3))
+        .await;
+    let left = sim.model.leftovers();
+    if !left.is_empty() {
+        sim.violate(format!(
+            "left behind once every process stopped and the TTL passed: {left:?}"
+        ));
+    }
+    let history = sim.trace.history();
+    let seen = sim.seen.borrow().clone();
+    let mut violations = sim.violations.borrow().clone();
+    violations.extend(check::safety(&history, &seen));
+    violations.extend(check::sequencers_rise(&history));
+    violations.extend(check::acquires_within_bounds(&history, &seen));
+    Outcome {
+        backend: sim.model.name(),
+        schedule: sim.schedule.clone(),
+        violations,
+        hash: sim.trace.hash(),
+        recovered_after,
+        simulated: sim.start.elapsed(),
+        lines: history.lines().len(),
+        history: history.lines().iter().map(|l| format!("{l}\n")).collect(),
+    }
+}
+
+impl Sim {
+    fn violate(&self, what: String) {
+        self.violations.borrow_mut().push(what);
+    }
+
+    fn now_ns(&self) -> u128 {
+        self.start.elapsed().as_nanos()
+    }
+
+    /// A new process in `slot`, its workload running.
+    fn start_process(&self, slot: usize) -> Slot {
+        let pid = {
+            let mut started = self.started.borrow_mut();
+            *started += 1;
+            *started - 1
+        };
+        let name = format!("p{slot}.{pid}");
+        let process = Process::start(&name, &self.net, self.seeds.borrow_mut().next_u64());
+        let backend = self.model.client(&process, SERVER);
+        let running = match workload::start(
+            &process,
+            pid,
+            Arc::clone(&backend),
+            &self.settings,
+            &self.trace,
+            &self.registry,
+        ) {
+            Ok(running) => Some(running),
+            Err(error) => {
+                self.violate(format!("process {name} could not start: {error}"));
+                None
+            }
+        };
+        self.trace.note("started", format!("{name} pid {pid}"));
+        Slot { process, running }
+    }
+
+    fn pid_of(&self, slot: usize) -> Option<u32> {
+        let slots = self.slots.borrow();
+        slots.get(slot)?.running.as_ref().map(|r| r.pid)
+    }
+
+    fn host_of(&self, slot: usize) -> String {
+        let slots = self.slots.borrow();
+        slots
+            .get(slot)
+            .map_or_else(String::new, |s| s.process.name().to_owned())
+    }
+
+    fn cut_off(&self, pid: Option<u32>, lasting: Duration, frozen: bool) {
+        let from = self.now_ns();
+        self.seen.borrow_mut().cut_offs.push(CutOff {
+            pid,
+            from,
+            to: from + lasting.as_nanos(),
+            frozen,
+        });
+    }
+
+    /// Applies `fault` now, and schedules its heal.
+    fn apply(self: Rc<Self>, server: &Process, fault: Fault) {
+        self.trace.note("fault", format!("{fault:?}"));
+        let lasting = fault.lasting();
+        match fault {
+            Fault::Partition { process, way, .. } => {
+                let host = self.host_of(process);
+                let ways = match way {
+                    Way::Both => vec![(host.clone(), SERVER.to_owned()), (SERVER.to_owned(), host)],
+                    Way::FromProcess => vec![(host, SERVER.to_owned())],
+                    Way::ToProcess => vec![(SERVER.to_owned(), host)],
+                };
+                for (from, to) in &ways {
+                    self.net.hold(from, to);
+                }
+                self.cut_off(self.pid_of(process), lasting, false);
+                self.heal_after(lasting, move |sim| {
+                    for (from, to) in &ways {
+                        sim.net.release(from, to);
+                    }
+                });
+            }
+            Fault::PartitionAll { .. } => {
+                let hosts: Vec<String> = (0..self.schedule.processes)
+                    .map(|s| self.host_of(s))
+                    .collect();
+                for host in &hosts {
+                    self.net.hold(host, SERVER);
+                    self.net.hold(SERVER, host);
+                }
+                self.cut_off(None, lasting, false);
+                self.heal_after(lasting, move |sim| {
+                    for host in &hosts {
+                        sim.net.release(host, SERVER);
+                        sim.net.release(SERVER, host);
+                    }
+                });
+            }
+            Fault::Delay { process, extra, .. } => {
+                let host = self.host_of(process);
+                self.net.delay(&host, SERVER, extra);
+                self.net.delay(SERVER, &host, extra);
+                self.cut_off(self.pid_of(process), lasting, false);
+                self.heal_after(lasting, move |sim| {
+                    sim.net.delay(&host, SERVER, Duration::ZERO);
+                    sim.net.delay(SERVER, &host, Duration::ZERO);
+                });
+            }
+            Fault::LoseAnswers { process, count } => {
+                self.net.lose_next(SERVER, &self.host_of(process), count);
+                self.cut_off(self.pid_of(process), Duration::from_secs(1), false);
+            }
+            Fault::Reset { process } => {
+                self.net.reset_between(&self.host_of(process), SERVER);
+                self.cut_off(self.pid_of(process), Duration::from_millis(100), false);
+            }
+            Fault::ServerRestart { .. } => {
+                self.net.down(SERVER);
+                server.freeze();
+                self.cut_off(None, lasting, false);
+                let server = server.clone();
+                self.heal_after(lasting, move |sim| {
+                    sim.model.restart();
+                    server.resume();
+                    sim.net.up(SERVER);
+                });
+            }
+            Fault::Revoke { pick } => {
+                let held = self.registry.held();
+                if let Some(h) = held.get((pick % held.len().max(1) as u64) as usize) {
+                    let seq = h.lease.sequencer().clone();
+                    self.act(vec![seq.to_string()], || self.model.revoke(&seq));
+                }
+            }
+            Fault::DeleteKey { key } => {
+                let took = self.holders_of(key, true);
+                self.act(took, || self.model.delete_key(key));
+            }
+            Fault::DeleteSemaphoreKey { pick } => {
+                let holders = self.holders_of(SEMAPHORE, false);
+                let key = match self.model.name() {
+                    // Consul's semaphore lives in its `.lock`; deleting it takes every slot.
+                    "consul" if pick % 2 == 0 => {
+                        let took = holders;
+                        return self.act(took, || {
+                            self.model.delete_key(&format!("{SEMAPHORE}/.lock"))
+                        });
+                    }
+                    _ => holders
+                        .get((pick % holders.len().max(1) as u64) as usize)
+                        .cloned(),
+                };
+                if let Some(seq) = key.and_then(|s| s.parse::<lease_core::Sequencer>().ok()) {
+                    self.act(vec![seq.to_string()], || self.model.delete_key(seq.key()));
+                }
+            }
+            Fault::Freeze { process, .. } => {
+                let slot = self.slots.borrow().get(process).map(|s| s.process.clone());
+                if let Some(frozen) = slot {
+                    frozen.freeze();
+                    self.cut_off(self.pid_of(process), lasting, true);
+                    self.heal_after(lasting, move |_| frozen.resume());
+                }
+            }
+            Fault::Kill { process, .. } => {
+                let killed = {
+                    let slots = self.slots.borrow();
+                    slots
+                        .get(process)
+                        .map(|s| (s.process.clone(), s.running.as_ref().map(|r| r.pid)))
+                };
+                if let Some((victim, pid)) = killed {
+                    victim.kill();
+                    if let Some(pid) = pid {
+                        self.registry.forget(pid);
+                    }
+                    self.heal_after(lasting, move |sim| {
+                        let replacement = sim.start_process(process);
+                        let mut slots = sim.slots.borrow_mut();
+                        if let Some(slot) = slots.get_mut(process) {
+                            let dead = std::mem::replace(slot, replacement);
+                            sim.graveyard.borrow_mut().push(dead);
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// The sequencers holding `key` now (a leader key, or a semaphore's prefix).
+    fn holders_of(&self, key: &str, leader: bool) -> Vec<String> {
+        (self.registry.held().iter())
+            .map(|h| h.lease.sequencer())
+            .filter(|s| {
+                if leader {
+                    s.key() == key
+                } else {
+                    s.key().starts_with(&format!("{key}/")) || s.key() == key
+                }
+            })
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn act(&self, took: Vec<String>, action: impl FnOnce()) {
+        let at = self.now_ns();
+        self.trace.note("operator", format!("took {took:?}"));
+        action();
+        self.seen.borrow_mut().actions.push(Action { at, took });
+    }
+
+    fn heal_after(self: Rc<Self>, lasting: Duration, heal: impl FnOnce(&Sim) + 'static) {
+        drop(tokio::task::spawn_local(async move {
+            tokio::time::sleep(lasting).await;
+            heal(&self);
+            self.trace.note("healed", format!("after {lasting:?}"));
+        }));
+    }
+
+    /// Compares every lease held with the server, every 100 ms, until aborted.
+    async fn oracle(self: Rc<Self>) {
+        let mut unnoticed: Vec<(String, Instant)> = Vec::new();
+        let mut reported: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        let allowed = self.schedule.ttl + Duration::from_secs(1);
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = Instant::now();
+            let held = self.registry.held();
+            let mut still = Vec::new();
+            for h in held.iter().filter(|h| h.lease.is_held()) {
+                let seq = h.lease.sequencer();
+                if self.model.holds(seq) {
+                    continue;
+                }
+                let text = seq.to_string();
+                if reported.contains(&text) {
+                    continue;
+                }
+                let since = (unnoticed.iter().find(|(s, _)| *s == text)).map_or(now, |(_, t)| *t);
+                if now - since > allowed {
+                    self.violate(format!(
+                        "unnoticed loss: pid {} still holds {text} {:.3} s after the server let it go (at {:.3} s)\n{}",
+                        h.pid,
+                        (now - since).as_secs_f64(),
+                        self.now_ns() as f64 / 1e9,
+                        self.trace.history().around(self.now_ns(), 12)
+                    ));
+                    reported.insert(text);
+                    continue;
+                }
+                still.push((text, since));
+            }
+            unnoticed = still;
+        }
+    }
+
+    /// Waits for recovery after the heal at `healed`; a violation if it does not come within the
+    /// bound.
+    async fn recovery(&self, healed: Instant) -> Option<Duration> {
+        let bound = recovery_bound(&self.schedule);
+        let healed_ns = healed.duration_since(self.start).as_nanos();
+        loop {
+            let leads = self
+                .trace
+                .last_write(LEADER)
+                .is_some_and(|t| t >= healed_ns);
+            // Read inside each process: a backend that finds its server unreachable starts its
+            // probe from `reachability()`, and that task is the process's own.
+            let reads: Vec<_> = {
+                let slots = self.slots.borrow();
+                (slots.iter())
+                    .filter_map(|s| {
+                        let running = s.running.as_ref()?;
+                        let backend = Arc::clone(&running.backend);
+                        let campaign = running.campaign.clone();
+                        Some(
+                            s.process
+                                .spawn(async move { (backend.reachability(), campaign.state()) }),
+                        )
+                    })
+                    .collect()
+            };
+            let (mut reachable, mut campaigning) = (true, true);
+            for read in reads {
+                let (reachability, state) = read
+                    .await
+                    .unwrap_or((Reachability::Unknown, CampaignState::Abandoned));
+                reachable &= reachability == Reachability::Reachable;
+                campaigning &= state == CampaignState::Running;
+            }
+            if leads && reachable && campaigning {
+                let after = healed.elapsed();
+                self.trace.note("recovered", format!("after {after:?}"));
+                return Some(after);
+            }
+            if healed.elapsed() > bound {
+                self.violate(format!(
+                    "recovery: {:?} after the last heal: a leader writing {leads}, every backend reachable {reachable}, every campaign running {campaigning}\n{}",
+                    bound,
+                    self.trace.history().around(self.now_ns(), 20)
+                ));
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops every live process's workload, each within [`STOP_BOUND`].
+    async fn stop_all(&self) {
+        let running: Vec<(String, Running)> = {
+            let mut slots = self.slots.borrow_mut();
+            slots
+                .iter_mut()
+                .filter_map(|s| Some((s.process.name().to_owned(), s.running.take()?)))
+                .collect()
+        };
+        let stops = running.into_iter().map(|(name, running)| async move {
+            if tokio::time::timeout(STOP_BOUND, running.stop())
+                .await
+                .is_err()
+            {
+                Some(format!("{name} did not stop within {STOP_BOUND:?}"))
+            } else {
+                None
+            }
+        });
+        for late in futures_join_all(stops).await.into_iter().flatten() {
+            self.violate(late);
+        }
+    }
+}
+
+/// Awaits every future, concurrently, in order.
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + 'static,
+    F::Output: 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::task::spawn_local).collect();
+    let mut out = Vec::new();
+    for handle in handles {
+        if let Ok(value) = handle.await {
+            out.push(value);
+        }
+    }
+    out
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("schedule", &self.schedule)
+            .finish_non_exhaustive()
+    }
+}

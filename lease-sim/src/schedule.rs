@@ -1,0 +1,258 @@
+//! A schedule: everything one simulated run does, drawn from its seed — how many processes, the
+//! leases' TTL and lock-delay, the server's knobs, and the faults, each with when it starts and
+//! how long it lasts.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::rng::Rng;
+
+/// The leader key every process campaigns for, its worker writing while it leads.
+pub const LEADER: &str = "svc/leader";
+/// A leader key taken and given back in turn (a cron-style job).
+pub const CRON: &str = "jobs/cron";
+/// A semaphore of [`SEMAPHORE_LIMIT`] slots, its jobs churning.
+pub const SEMAPHORE: &str = "jobs/sem";
+/// Its limit.
+pub const SEMAPHORE_LIMIT: u32 = 2;
+
+/// When faults may start, after the processes start.
+const FAULTS_FROM: Duration = Duration::from_secs(3);
+/// The last moment a fault may start.
+const FAULTS_UNTIL: Duration = Duration::from_secs(40);
+
+/// One run.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// The seed it was drawn from (and that seeds the network, the processes and the server).
+    pub seed: u64,
+    /// How many processes hold leases (3–8).
+    pub processes: usize,
+    /// Every lease's TTL.
+    pub ttl: Duration,
+    /// Every lease's lock-delay (Consul; etcd has none).
+    pub lock_delay: Duration,
+    /// The server's knob: Consul's TTL multiplier (invalidation between 1 and 2 TTLs after the
+    /// last renewal), in percent; etcd's lessor lateness in milliseconds (0–500).
+    pub server_knob: u64,
+    /// The faults, by start.
+    pub faults: Vec<Planned>,
+}
+
+/// A fault and when it starts.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// Since the processes started.
+    pub at: Duration,
+    /// What.
+    pub fault: Fault,
+}
+
+/// One fault. Processes are numbered from 0; `pick` chooses among what exists when the fault
+/// starts (a live lease, a holder's key).
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Whatever the process and the server send each other is held (both ways, or only what the
+    /// process sends, or only what it receives) for `lasting`, then delivered.
+    Partition {
+        /// Which process.
+        process: usize,
+        /// Which way: both, or only from the process, or only to it.
+        way: Way,
+        /// How long.
+        lasting: Duration,
+    },
+    /// Every process cut off from the server (both ways).
+    PartitionAll {
+        /// How long.
+        lasting: Duration,
+    },
+    /// Extra latency both ways between a process and the server.
+    Delay {
+        /// Which process.
+        process: usize,
+        /// How much more.
+        extra: Duration,
+        /// How long.
+        lasting: Duration,
+    },
+    /// The server's next answers to a process are lost, each with its connection, after the
+    /// server applied the request.
+    LoseAnswers {
+        /// Which process.
+        process: usize,
+        /// How many.
+        count: u32,
+    },
+    /// The process's connections to the server are reset.
+    Reset {
+        /// Which process.
+        process: usize,
+    },
+    /// The server stops (connections reset, connects refused, its clock stopped) and restarts.
+    ServerRestart {
+        /// How long it is down.
+        down_for: Duration,
+    },
+    /// An operator takes a live lease away (Consul: destroys its session; etcd: revokes it).
+    Revoke {
+        /// Which of the live leases.
+        pick: u64,
+    },
+    /// An operator deletes a leader key.
+    DeleteKey {
+        /// Which key.
+        key: &'static str,
+    },
+    /// An operator deletes a semaphore key: its `.lock` (Consul) or a holder's key.
+    DeleteSemaphoreKey {
+        /// Which of the holders (Consul: the `.lock` itself when 0).
+        pick: u64,
+    },
+    /// The process is stopped (`SIGSTOP`) for `lasting`.
+    Freeze {
+        /// Which process.
+        process: usize,
+        /// How long.
+        lasting: Duration,
+    },
+    /// The process is killed (`kill -9`), and a new one started in its place after `restart_after`.
+    Kill {
+        /// Which process.
+        process: usize,
+        /// When its replacement starts.
+        restart_after: Duration,
+    },
+}
+
+/// Which way a partition holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Way {
+    /// Both ways.
+    Both,
+    /// What the process sends.
+    FromProcess,
+    /// What it is sent.
+    ToProcess,
+}
+
+impl Fault {
+    /// How long after its start it is healed (zero for an instant fault).
+    pub fn lasting(&self) -> Duration {
+        match *self {
+            Fault::Partition { lasting, .. }
+            | Fault::PartitionAll { lasting }
+            | Fault::Delay { lasting, .. }
+            | Fault::Freeze { lasting, .. } => lasting,
+            Fault::ServerRestart { down_for } => down_for,
+            Fault::Kill { restart_after, .. } => restart_after,
+            Fault::LoseAnswers { .. }
+            | Fault::Reset { .. }
+            | Fault::Revoke { .. }
+            | Fault::DeleteKey { .. }
+            | Fault::DeleteSemaphoreKey { .. } => Duration::ZERO,
+        }
+    }
+}
+
+impl Schedule {
+    /// The schedule of `seed`.
+    pub fn draw(seed: u64) -> Schedule {
+        let mut rng = Rng::new(seed).fork("schedule");
+        let processes = rng.between(3, 8) as usize;
+        let ttl = Duration::from_secs(rng.between(10, 15));
+        let lock_delay = *rng
+            .pick(&[
+                Duration::ZERO,
+                Duration::from_secs(1),
+                Duration::from_secs(3),
+            ])
+            .unwrap_or(&Duration::ZERO);
+        let server_knob = rng.between(0, 100);
+        let count = rng.between(1, 6);
+        let mut faults: Vec<Planned> = (0..count)
+            .map(|_| Planned {
+                at: rng.duration(FAULTS_FROM, FAULTS_UNTIL),
+                fault: draw_fault(&mut rng, processes, ttl),
+            })
+            .collect();
+        faults.sort_by_key(|p| p.at);
+        Schedule {
+            seed,
+            processes,
+            ttl,
+            lock_delay,
+            server_knob,
+            faults,
+        }
+    }
+
+    /// When the last fault is healed, since the start.
+    pub fn healed_at(&self) -> Duration {
+        (self.faults.iter())
+            .map(|p| p.at + p.fault.lasting())
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+fn draw_fault(rng: &mut Rng, processes: usize, ttl: Duration) -> Fault {
+    let process = rng.below(processes as u64) as usize;
+    // Short (under the fence), around it, and well past the TTL.
+    let lasting = match rng.below(3) {
+        0 => rng.duration(Duration::from_millis(50), Duration::from_secs(2)),
+        1 => rng.duration(ttl / 2, ttl + ttl / 2),
+        _ => rng.duration(ttl * 2, ttl * 3),
+    };
+    match rng.below(12) {
+        0 | 1 => Fault::Partition {
+            process,
+            way: *rng
+                .pick(&[Way::Both, Way::FromProcess, Way::ToProcess])
+                .unwrap_or(&Way::Both),
+            lasting,
+        },
+        2 => Fault::PartitionAll { lasting },
+        3 => Fault::Delay {
+            process,
+            extra: rng.duration(Duration::from_millis(50), Duration::from_millis(800)),
+            lasting,
+        },
+        4 => Fault::LoseAnswers {
+            process,
+            count: rng.between(1, 3) as u32,
+        },
+        5 => Fault::Reset { process },
+        6 => Fault::ServerRestart {
+            down_for: rng.duration(Duration::from_millis(100), Duration::from_secs(5)),
+        },
+        7 => Fault::Revoke {
+            pick: rng.next_u64(),
+        },
+        8 => Fault::DeleteKey {
+            key: *rng.pick(&[LEADER, CRON]).unwrap_or(&LEADER),
+        },
+        9 => Fault::DeleteSemaphoreKey {
+            pick: rng.next_u64(),
+        },
+        10 => Fault::Freeze { process, lasting },
+        _ => Fault::Kill {
+            process,
+            restart_after: rng.duration(Duration::from_millis(100), ttl * 2),
+        },
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {}: {} processes, TTL {:?}, lock-delay {:?}, server knob {}",
+            self.seed, self.processes, self.ttl, self.lock_delay, self.server_knob
+        )?;
+        for planned in &self.faults {
+            write!(f, "\n  at {:?}: {:?}", planned.at, planned.fault)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,88 @@
+//! Many schedules: seeds `from..from + count` of one backend, on `jobs` threads, each failure
+//! told with the one command that replays it.
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::run::{self, Outcome};
+use crate::schedule::Schedule;
+use crate::server::Server;
+
+/// Builds a backend's model for a schedule.
+pub type ModelFor = fn(&Schedule) -> Rc<dyn Server>;
+
+/// What a sweep found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Schedules run.
+    pub runs: u64,
+    /// The failing ones, in seed order.
+    pub failures: Vec<Outcome>,
+    /// Seeds run twice whose histories differed (a determinism break).
+    pub nondeterministic: Vec<u64>,
+    /// Wall-clock time the sweep took.
+    pub took: Duration,
+    /// Simulated time, summed.
+    pub simulated: Duration,
+    /// The slowest recovery seen after a heal.
+    pub slowest_recovery: Duration,
+}
+
+impl Report {
+    /// Schedules per wall-clock second.
+    pub fn rate(&self) -> f64 {
+        self.runs as f64 / self.took.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The command that replays `seed` of `backend`.
+pub fn replay_command(backend: &str, seed: u64) -> String {
+    format!("cargo run -p lease-sim --release -- run {backend} --seed {seed}")
+}
+
+/// Runs seeds `from..from + count` of the backend `model` builds on `jobs` threads. Every
+/// `twice_every`-th seed (0: none) runs a second time, and its history must hash the same.
+pub fn sweep(model: ModelFor, from: u64, count: u64, jobs: usize, twice_every: u64) -> Report {
+    let started = std::time::Instant::now();
+    let next = Arc::new(AtomicU64::new(from));
+    let report = Arc::new(Mutex::new(Report::default()));
+    let threads: Vec<_> = (0..jobs.max(1))
+        .map(|_| {
+            let (next, report) = (Arc::clone(&next), Arc::clone(&report));
+            std::thread::spawn(move || {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= from + count {
+                        return;
+                    }
+                    let schedule = Schedule::draw(seed);
+                    let outcome = run::run(&schedule, &model);
+                    let again = (twice_every > 0 && seed % twice_every == 0)
+                        .then(|| run::run(&schedule, &model).hash);
+                    let mut report = report.lock().unwrap_or_else(PoisonError::into_inner);
+                    report.runs += 1;
+                    report.simulated += outcome.simulated;
+                    if let Some(recovered) = outcome.recovered_after {
+                        report.slowest_recovery = report.slowest_recovery.max(recovered);
+                    }
+                    if again.is_some_and(|hash| hash != outcome.hash) {
+                        report.nondeterministic.push(seed);
+                    }
+                    if !outcome.violations.is_empty() {
+                        report.failures.push(outcome);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        let _ = thread.join();
+    }
+    let mut report = std::mem::take(&mut *report.lock().unwrap_or_else(PoisonError::into_inner));
+    report.failures.sort_by_key(|o| o.schedule.seed);
+    report.nondeterministic.sort_unstable();
+    report.took = started.elapsed();
+    report
+}
