@@ -19,7 +19,7 @@
 //! connection is back after a break ([`Renewer::check_now`]): a check is a renewal, so it also
 //! arms tracking again. The leases checked at one moment go together.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -64,11 +64,11 @@ struct Renewed {
 
 #[derive(Debug, Default)]
 struct State {
-    leases: HashMap<String, Renewed>,
+    leases: BTreeMap<String, Renewed>,
     /// When each TTL's group is renewed next.
     due: BTreeMap<Duration, Instant>,
     /// Holders to check (renew) at once.
-    now: HashSet<String>,
+    now: BTreeSet<String>,
 }
 
 /// The renewals of one backend handle.
@@ -167,14 +167,14 @@ impl Renewals {
     fn next(&self) -> Result<(Option<Duration>, Vec<Asked>), Option<Instant>> {
         let mut state = self.lock();
         if !state.now.is_empty() {
-            let now: Vec<String> = state.now.drain().collect();
+            let now: Vec<String> = std::mem::take(&mut state.now).into_iter().collect();
             let asked = now
                 .into_iter()
                 .filter_map(|holder| state.leases.get(&holder).map(|r| Asked::of(holder, r)))
                 .collect();
             return Ok((None, asked));
         }
-        let live: HashSet<Duration> = state.leases.values().map(|r| r.ttl).collect();
+        let live: BTreeSet<Duration> = state.leases.values().map(|r| r.ttl).collect();
         state.due.retain(|ttl, _| live.contains(ttl));
         let Some((ttl, at)) = state
             .due

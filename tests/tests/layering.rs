@@ -719,6 +719,7 @@ const LIBRARIES: &[&str] = &[
     "lease-consul",
     "lease-etcd",
     "lease-postgres",
+    "lease-redis",
     "lease-amqp",
     "lease-tower",
     "lease-conformance",

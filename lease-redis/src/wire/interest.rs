@@ -6,7 +6,7 @@
 //! ([`Note::Blind`]) and came back ([`Note::Resync`]): whatever happened meanwhile, each judges
 //! afresh with one read.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -26,7 +26,7 @@ pub(crate) enum Note {
     Resync,
 }
 
-type Subscribers = HashMap<String, Vec<(u64, mpsc::UnboundedSender<Note>)>>;
+type Subscribers = BTreeMap<String, Vec<(u64, mpsc::UnboundedSender<Note>)>>;
 
 /// The subscriptions of one handle to keys (or channels).
 #[derive(Debug, Default)]

@@ -21,7 +21,7 @@
 //! judges afresh. Openings that fail are paused by lease-http's backoff (50 ms to 1 s); each
 //! counts for reachability, so a handle whose only traffic is waiting reports an outage too.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ struct State {
     interest: Interest,
     /// The channels subscribed on this connection now (the subscriber's); held while one is
     /// subscribed or unsubscribed, so the two never cross on the connection.
-    on_server: tokio::sync::Mutex<HashSet<String>>,
+    on_server: tokio::sync::Mutex<BTreeSet<String>>,
     reachability: Arc<ReachabilityTracker>,
 }
 

@@ -1,5 +1,6 @@
-//! Where the crate's tasks run: every task is spawned through [`spawn`], the one place, so that
-//! the runtime they go to is chosen once (lease-core's, for the deterministic simulation).
+//! Where the crate's tasks run: every task is spawned through [`spawn`], the one place, which is
+//! lease-core's `runtime::spawn` (a tokio task, or, under the deterministic simulation's
+//! `runtime::local`, a task of the simulated process's `LocalSet`).
 
 use std::future::Future;
 
@@ -9,5 +10,5 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    tokio::spawn(task)
+    lease_core::runtime::spawn(task)
 }
