@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and every test, starting or installing what the tests need:
 # Consul and etcd (fetched into tools/ when missing), RabbitMQ and PostgreSQL (started, or installed,
-# when not running).
+# when not running), and redis-server (installed when missing; each Redis test starts its own on a
+# free port).
 #
 #   bash scripts/test.sh            # everything CI runs
 #   bash scripts/test.sh -- NAME    # only the tests whose names contain NAME: extra arguments go to
@@ -90,6 +91,26 @@ bash scripts/ensure-rabbitmq.sh
 step "PostgreSQL"
 ensure_postgres
 
+# redis-server for lease-redis's tests: each test starts its own (lease_tests::redis) on a free
+# port, so only the binary is needed: Debian's redis-server (its --sentinel mode is the sentinel
+# of the failover test), installed with apt (as root) when missing.
+ensure_redis() {
+  if [[ -n "${REDIS_SERVER_BIN:-}" ]] || command -v redis-server >/dev/null 2>&1; then
+    "${REDIS_SERVER_BIN:-redis-server}" --version >&2
+    return 0
+  fi
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "redis-server is not installed; run: sudo apt-get install redis-server" >&2
+    return 1
+  fi
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >&2
+  redis-server --version >&2
+}
+
+step "Redis"
+ensure_redis
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -121,7 +142,8 @@ msrv_check() {
     toolchains=$(rustup toolchain list)
     if [[ $'\n'"$toolchains" == *$'\n'"$msrv"-* ]] || rustup toolchain install "$msrv" --profile minimal; then
       CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --quiet -p lease-core -p lease-macros -p lease-tower \
-        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp -p lease-postgres --all-features
+        -p lease-http -p lease-consul -p lease-etcd -p lease-amqp -p lease-postgres -p lease-redis \
+        --all-features
     else
       echo "could not install Rust $msrv: not checking the MSRV (see the README's MSRV section)"
     fi
@@ -176,7 +198,8 @@ side_checks() {
     "-p lease-amqp --no-default-features" \
     "-p lease-postgres" "-p lease-postgres --features tokio-postgres" \
     "-p lease-postgres --features sqlx" "-p lease-postgres --features backend" \
-    "-p lease-postgres --no-default-features --features backend"; do
+    "-p lease-postgres --no-default-features --features backend" \
+    "-p lease-redis" "-p lease-redis --no-default-features"; do
     # shellcheck disable=SC2086
     cargo clippy --quiet $args -- -D warnings
   done
@@ -221,7 +244,8 @@ bounded() {
 # integration and doc tests of every package) in the first. They are long (chaos alone 100 s, 4 to
 # 5 minutes in all) and mostly idle, waiting on services, timeouts and worker processes, so beside
 # the first lane they cost little CPU and take minutes off the step.
-long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale fence_frozen_link)
+long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale fence_frozen_link
+  redis_scale redis_sentinel)
 test_log=target/test.log
 lane2_log=target/test-lane2.log
 : >"$test_log"

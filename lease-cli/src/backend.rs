@@ -9,6 +9,7 @@ use lease_consul::{Consul, ConsulBuilder};
 use lease_core::{Backend, LeaseSpec};
 use lease_etcd::{Etcd, EtcdBuilder};
 use lease_postgres::Postgres;
+use lease_redis::Redis;
 
 use crate::cli::BackendArgs;
 use crate::exit::{Failure, in_cli_terms};
@@ -24,6 +25,10 @@ pub(crate) const ETCD_ENDPOINTS_ENV: &str = "LEASE_ETCD_ENDPOINTS";
 /// applications, and must not silently move `lease lock` off the Consul locks its peers take.
 pub(crate) const POSTGRES_URL_ENV: &str = "LEASE_POSTGRES_URL";
 
+/// Points `lease` at Redis (a `redis://` URL) when no backend flag is given. The library also
+/// reads `REDIS_URL`, which `lease` does not, for the reason `DATABASE_URL` is not read.
+pub(crate) const REDIS_URL_ENV: &str = "LEASE_REDIS_URL";
+
 /// The backend a command talks to.
 #[derive(Debug)]
 pub(crate) enum Chosen {
@@ -31,11 +36,13 @@ pub(crate) enum Chosen {
     Amqp(Amqp),
     Etcd(Etcd),
     Postgres(Postgres),
+    Redis(Redis),
 }
 
 impl Chosen {
-    /// `--amqp`, else `--postgres`, else `--etcd`, else (no backend flag given)
-    /// `LEASE_POSTGRES_URL` or `LEASE_ETCD_ENDPOINTS` (both set is refused), else Consul.
+    /// `--amqp`, else `--postgres`, else `--redis`, else `--etcd`, else (no backend flag given)
+    /// `LEASE_POSTGRES_URL`, `LEASE_REDIS_URL` or `LEASE_ETCD_ENDPOINTS` (two set is refused),
+    /// else Consul.
     /// `grace` is the time `lease lock` needs between loss and its child being gone (zero for the
     /// other commands).
     pub(crate) fn from_args(args: &BackendArgs, grace: Duration) -> Result<Chosen, Failure> {
@@ -56,15 +63,35 @@ impl Chosen {
         if let Some(url) = &args.postgres {
             return postgres(url, "--postgres").map(Chosen::Postgres);
         }
+        if let Some(url) = &args.redis {
+            return redis(url, "--redis").map(Chosen::Redis);
+        }
         if args.consul.is_none() && args.etcd.is_none() {
-            if let Some(url) = postgres_url_env() {
-                if etcd_endpoints(args).is_some() {
+            let set: Vec<&str> = [
+                postgres_url_env().map(|_| POSTGRES_URL_ENV),
+                redis_url_env().map(|_| REDIS_URL_ENV),
+                etcd_endpoints(args).map(|_| ETCD_ENDPOINTS_ENV),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if let [first, rest @ ..] = &set[..] {
+                if !rest.is_empty() {
+                    let all = match rest {
+                        [second] => format!("both {first} and {second} are"),
+                        _ => format!("{} are all", set.join(" and ")),
+                    };
                     return Err(Failure::usage(format_args!(
-                        "both {POSTGRES_URL_ENV} and {ETCD_ENDPOINTS_ENV} are set: unset one, or \
-                         choose with --postgres, --etcd or --consul"
+                        "{all} set: unset all but one, or choose with --postgres, --redis, \
+                         --etcd or --consul"
                     )));
                 }
+            }
+            if let Some(url) = postgres_url_env() {
                 return postgres(&url, POSTGRES_URL_ENV).map(Chosen::Postgres);
+            }
+            if let Some(url) = redis_url_env() {
+                return redis(&url, REDIS_URL_ENV).map(Chosen::Redis);
             }
         }
         if args.consul.is_none() {
@@ -82,6 +109,7 @@ impl Chosen {
             Chosen::Amqp(amqp) => Arc::new(amqp.clone()),
             Chosen::Etcd(etcd) => Arc::new(etcd.clone()),
             Chosen::Postgres(postgres) => Arc::new(postgres.clone()),
+            Chosen::Redis(redis) => Arc::new(redis.clone()),
         }
     }
 
@@ -89,7 +117,8 @@ impl Chosen {
     /// semaphore under `KEY`); on AMQP, the semaphore `KEY` (one slot for a leader); on etcd, the
     /// election `KEY` (contender keys `KEY/<lease ID>`, the recipe `etcdctl lock KEY` and
     /// `etcdctl elect KEY` use), or the library's FIFO semaphore under `KEY`; on PostgreSQL, the
-    /// lease `KEY` in the backend's lease table (a leader, or a semaphore of `limit` slots).
+    /// lease `KEY` in the backend's lease table (a leader, or a semaphore of `limit` slots); on
+    /// Redis, the lease `KEY` (its key `lease:{KEY}`), a leader or a semaphore.
     pub(crate) fn spec(&self, key: &str, limit: u32) -> Result<LeaseSpec, Failure> {
         // The key rule is checked on KEY itself, so the message names what the user typed.
         LeaseSpec::leader(key)
@@ -97,7 +126,9 @@ impl Chosen {
             .map_err(|e| Failure::from_error(&e))?;
         Ok(match (self, limit) {
             (Chosen::Consul(_), 1) => LeaseSpec::leader(leader_key(key)),
-            (Chosen::Amqp(_) | Chosen::Etcd(_) | Chosen::Postgres(_), 1) => LeaseSpec::leader(key),
+            (Chosen::Amqp(_) | Chosen::Etcd(_) | Chosen::Postgres(_) | Chosen::Redis(_), 1) => {
+                LeaseSpec::leader(key)
+            }
             (_, limit) => LeaseSpec::semaphore(key, limit),
         })
     }
@@ -105,8 +136,8 @@ impl Chosen {
 
 /// The variables that point a `lease` run by the guarded command at the backend `lease lock`
 /// was given by a flag, so `lease check "$LEASE_SEQUENCER"` inside the command reaches it:
-/// `CONSUL_HTTP_ADDR` (`--consul`), `LEASE_ETCD_ENDPOINTS` (`--etcd`) and `LEASE_POSTGRES_URL`
-/// (`--postgres`). A backend chosen by a variable needs nothing: the command inherits it.
+/// `CONSUL_HTTP_ADDR` (`--consul`), `LEASE_ETCD_ENDPOINTS` (`--etcd`), `LEASE_POSTGRES_URL`
+/// (`--postgres`) and `LEASE_REDIS_URL` (`--redis`). A backend chosen by a variable needs nothing: the command inherits it.
 /// RabbitMQ gets nothing: its sequencers cannot be checked from another process. Each value is the flag's as given (a password in a URL included, which
 /// the command line already showed); credentials that come only from the environment
 /// (`CONSUL_HTTP_TOKEN`, `ETCD_PASSWORD`) are inherited as they were, never added.
@@ -115,6 +146,7 @@ pub(crate) fn child_env(args: &BackendArgs, chosen: &Chosen) -> Vec<(&'static st
         Chosen::Consul(_) => args.consul.clone().map(|a| (CONSUL_ADDR_ENV, a)),
         Chosen::Etcd(_) => args.etcd.clone().map(|e| (ETCD_ENDPOINTS_ENV, e)),
         Chosen::Postgres(_) => args.postgres.clone().map(|u| (POSTGRES_URL_ENV, u)),
+        Chosen::Redis(_) => args.redis.clone().map(|u| (REDIS_URL_ENV, u)),
         Chosen::Amqp(_) => None,
     };
     given.into_iter().collect()
@@ -187,6 +219,29 @@ pub(crate) fn postgres(url: &str, source: &str) -> Result<Postgres, Failure> {
     Postgres::new(url).map_err(|e| {
         Failure::usage(format_args!(
             "PostgreSQL configuration ({source}): {}",
+            in_cli_terms(&e.to_string())
+        ))
+    })
+}
+
+/// `LEASE_REDIS_URL`, set and not blank.
+pub(crate) fn redis_url_env() -> Option<String> {
+    std::env::var(REDIS_URL_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// A Redis backend at `url`, which came from `source` (a flag or a variable, named in the
+/// message if the URL is refused). Nothing is connected until the first lease.
+pub(crate) fn redis(url: &str, source: &str) -> Result<Redis, Failure> {
+    if url.trim().is_empty() {
+        return Err(Failure::usage(format_args!(
+            "{source}: give Redis's URL, e.g. {source} redis://127.0.0.1:6379"
+        )));
+    }
+    Redis::new(url).map_err(|e| {
+        Failure::usage(format_args!(
+            "Redis configuration ({source}): {}",
             in_cli_terms(&e.to_string())
         ))
     })

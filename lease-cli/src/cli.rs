@@ -16,7 +16,7 @@ Exit codes of `lease lock`:
              backends configured (refused before any backend is asked; nothing started)
   75         busy: -try/-timeout ran out while the lease was held elsewhere (nothing started)
   124        lost: the lease was lost while the command ran; the command was stopped
-  125        backend error: Consul, etcd, RabbitMQ or PostgreSQL failed, could not be reached,
+  125        backend error: Consul, etcd, RabbitMQ, PostgreSQL or Redis failed, could not be reached,
              or refused what it was given (a database that does not exist, a role or token
              without rights) (nothing started)
   126, 127   the command could not be run / was not found
@@ -51,6 +51,13 @@ the old command is stopped before the next one starts. Only `lease` and programs
 lease-postgres share these leases. TLS follows the URL's sslmode: prefer (the default) encrypts when the server offers TLS,
 require (or verify-full) also verifies its certificate; sslrootcert=PATH names a private CA.
 
+On Redis or Valkey (--redis URL, or LEASE_REDIS_URL; not REDIS_URL), KEY is the lease's key: the
+hash lease:{KEY} holds its holder and fencing token; with -n N, a semaphore of N slots on KEY.
+Expiry is judged by the server's clock; a holder whose key is deleted, overwritten or evicted
+learns it within milliseconds (client-side tracking, Redis 6 or later) and the key then stays
+barred for --lock-delay. rediss:// speaks TLS; redis+sentinel://HOST:26379/MASTER finds the
+master through Sentinel. Only `lease` and programs using lease-redis share these leases.
+
 When the lease is lost (the session destroyed or expired, the key taken, the agent unreachable),
 the command's process group gets SIGTERM, then SIGKILL after --grace. `lease` treats the lease as
 lost --grace earlier than the session's TTL would allow (its self-fencing deadline is moved
@@ -63,11 +70,12 @@ runs under a supervisor (`lease` itself) that the kernel signals when `lease` di
 have no such signal; there a command whose `lease` was killed runs on until it ends.
 
 The command gets LEASE_SEQUENCER (the fencing token, e.g. consul:57.7:<session>:jobs/backup/.lock
-etcd:<create revision>:<lease ID>:jobs/backup or postgres:<index>:<holder>:jobs/backup; check it
+etcd:<create revision>:<lease ID>:jobs/backup, postgres:<index>:<holder>:jobs/backup or
+redis:<token>:<holder>:jobs/backup; check it
 with `lease check`), LEASE_KEY and LEASE_HOLDER in its environment. It also gets the backend a
 flag named, in the variable `lease` reads for it, so `lease check \"$LEASE_SEQUENCER\"` inside it
 reaches the same server: --consul as CONSUL_HTTP_ADDR, --etcd as LEASE_ETCD_ENDPOINTS,
---postgres as LEASE_POSTGRES_URL (RabbitMQ's sequencers cannot be checked from another
+--postgres as LEASE_POSTGRES_URL, --redis as LEASE_REDIS_URL (RabbitMQ's sequencers cannot be checked from another
 process). A backend chosen by a variable is inherited as it is, as are the credentials `lease`
 reads only from the environment (CONSUL_HTTP_TOKEN, ETCD_PASSWORD…): none is added. A password
 in --postgres's URL goes to the command with the URL (it could read it on `lease`'s command line
@@ -97,7 +105,9 @@ Examples:
   # Over etcd, excluding `etcdctl lock jobs/backup` (LEASE_ETCD_ENDPOINTS instead of --etcd).
   lease lock --etcd http://127.0.0.1:2379 jobs/backup -- ./backup.sh
   # Over PostgreSQL (LEASE_POSTGRES_URL instead of --postgres).
-  lease lock --postgres postgres://lease@db.internal:5432/app jobs/backup -- ./backup.sh";
+  lease lock --postgres postgres://lease@db.internal:5432/app jobs/backup -- ./backup.sh
+  # Over Redis (LEASE_REDIS_URL instead of --redis).
+  lease lock --redis redis://cache.internal:6379 jobs/backup -- ./backup.sh";
 
 /// Distributed leases for shell commands: run a command on one node (or N) at a time.
 #[derive(Debug, Parser)]
@@ -203,6 +213,11 @@ pub(crate) struct BackendArgs {
     /// Consul. Default: LEASE_POSTGRES_URL, if set (and no other backend flag is given).
     #[arg(long, value_name = "URL", conflicts_with_all = ["consul", "amqp", "etcd"])]
     pub(crate) postgres: Option<String>,
+    /// Use Redis or Valkey (6+) at this URL (redis://[:password@]host:6379[/db]; rediss:// for
+    /// TLS; redis+sentinel://host:26379/master) instead of Consul. Default: LEASE_REDIS_URL, if
+    /// set (and no other backend flag is given).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["consul", "amqp", "etcd", "postgres"])]
+    pub(crate) redis: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -379,6 +394,7 @@ const SINGLE_DASH_LONG: &[&str] = &[
     "amqp",
     "etcd",
     "postgres",
+    "redis",
     "json",
     "older-than",
     "dry-run",

@@ -26,6 +26,7 @@ pub(crate) async fn run(args: GcArgs) -> Result<u8, Failure> {
         amqp: None,
         etcd: None,
         postgres: None,
+        redis: None,
     })?;
     let result = clean(&consul, &args).await;
     consul.shutdown().await;

@@ -56,7 +56,7 @@ pub(crate) async fn run(args: LockArgs) -> Result<u8, Failure> {
             tokio::time::sleep(QUIET_WAIT).await;
             let consul = match &chosen {
                 Chosen::Consul(consul) => Some(consul),
-                Chosen::Amqp(_) | Chosen::Etcd(_) | Chosen::Postgres(_) => None,
+                Chosen::Amqp(_) | Chosen::Etcd(_) | Chosen::Postgres(_) | Chosen::Redis(_) => None,
             };
             report_waiting(&*backend, consul, &spec, &holder).await
         };

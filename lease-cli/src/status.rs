@@ -32,6 +32,14 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 args.key
             )));
         }
+        Chosen::Redis(redis) if args.limit == 1 => leader(redis, &args.key).await,
+        Chosen::Redis(_) => {
+            return Err(Failure::usage(format_args!(
+                "-n on Redis: `lease status` cannot list a semaphore's holders there; \
+                 `redis-cli ZRANGE 'lease:{{{}}}:slots' 0 -1` lists them",
+                args.key
+            )));
+        }
     };
     let report =
         report.map_err(|e| Failure::new(exit::QUERY_FAILED, exit::in_cli_terms(&e.to_string())))?;
@@ -69,12 +77,13 @@ async fn leader(backend: &dyn Backend, key: &str) -> Result<Value, Error> {
 /// What a backend calls a sequencer's index and holder: `(JSON field, words)` each. Consul (and
 /// etcd, which `lease status` has always shown the same way) a lock index and a session;
 /// PostgreSQL an index (from its `lease.lease_index` sequence) and a holder ID (one per
-/// acquisition).
+/// acquisition); Redis a fencing token and a holder ID.
 pub(crate) fn holder_terms(
     kind: BackendKind,
 ) -> ((&'static str, &'static str), (&'static str, &'static str)) {
     match kind {
         BackendKind::Postgres => (("index", "index"), ("holder", "holder")),
+        BackendKind::Redis => (("token", "token"), ("holder", "holder")),
         _ => (("lock_index", "lock index"), ("session", "session")),
     }
 }
@@ -169,7 +178,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         BackendKind::Consul
             if args.backend.amqp.is_some()
                 || args.backend.etcd.is_some()
-                || args.backend.postgres.is_some() =>
+                || args.backend.postgres.is_some()
+                || args.backend.redis.is_some() =>
         {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
@@ -183,7 +193,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         BackendKind::Etcd
             if args.backend.amqp.is_some()
                 || args.backend.consul.is_some()
-                || args.backend.postgres.is_some() =>
+                || args.backend.postgres.is_some()
+                || args.backend.redis.is_some() =>
         {
             return Err(Failure::new(
                 exit::QUERY_FAILED,
@@ -219,6 +230,32 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
                 ));
             };
             Chosen::Postgres(backend::postgres(&url, source).map_err(failed)?)
+        }
+        BackendKind::Redis
+            if args.backend.amqp.is_some()
+                || args.backend.consul.is_some()
+                || args.backend.etcd.is_some()
+                || args.backend.postgres.is_some() =>
+        {
+            return Err(Failure::new(
+                exit::QUERY_FAILED,
+                "a redis: sequencer is checked with Redis: drop --consul, --amqp, --etcd and \
+                 --postgres",
+            ));
+        }
+        // --redis, else LEASE_REDIS_URL (not REDIS_URL, as for `lease lock`).
+        BackendKind::Redis => {
+            let url = (args.backend.redis.clone())
+                .map(|url| (url, "--redis"))
+                .or_else(|| backend::redis_url_env().map(|url| (url, backend::REDIS_URL_ENV)));
+            let Some((url, source)) = url else {
+                return Err(Failure::new(
+                    exit::QUERY_FAILED,
+                    "a redis: sequencer is checked with Redis: give --redis URL (or set \
+                     LEASE_REDIS_URL)",
+                ));
+            };
+            Chosen::Redis(backend::redis(&url, source).map_err(failed)?)
         }
         other => {
             return Err(Failure::new(

@@ -87,7 +87,8 @@
 //! [`Operator`] is also how the demo (`cargo run -p lease-demo`) kills its leader, on every
 //! backend: it is implemented here for `lease_core::memory::Memory` (feature `memory`, on by
 //! default), `lease_consul::Consul` (feature `consul`), `lease_etcd::Etcd` (feature `etcd`),
-//! `lease_amqp::Amqp` (feature `amqp`) and `lease_postgres::Postgres` (feature `postgres`).
+//! `lease_amqp::Amqp` (feature `amqp`), `lease_postgres::Postgres` (feature `postgres`) and
+//! `lease_redis::Redis` (feature `redis`).
 //!
 //! [`Backend`]: lease_core::Backend
 #![cfg_attr(docsrs, feature(doc_cfg))] // On docs.rs, each feature-gated item names its feature.

@@ -7,7 +7,7 @@
 //! its [`Harness`](crate::Harness) declares the rest with [`lacks`](crate::Harness::lacks).
 //!
 //! This crate implements it for the in-tree backends' clients (features `memory`, `consul`,
-//! `etcd`, `amqp`, `postgres`); a backend author implements it next to their conformance tests.
+//! `etcd`, `amqp`, `postgres`, `redis`); a backend author implements it next to their conformance tests.
 
 use std::sync::Arc;
 
@@ -255,6 +255,39 @@ impl Operator for lease_postgres::Postgres {
                 Err(OperatorError::NotFound {
                     what: "lease row of holder",
                     name: lease.holder().to_owned(),
+                })
+            }
+        })
+    }
+}
+
+/// What the Redis backend offers an operator: deleting holder keys, as an administrator's `DEL`
+/// does. A lease has no session to destroy (a connection killed with `CLIENT KILL` is replaced,
+/// and its leases live on) and no release apart from its holder's.
+#[cfg(feature = "redis")]
+impl Operator for lease_redis::Redis {
+    fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            if lease_redis::Redis::delete_key(self, key).await? {
+                Ok(())
+            } else {
+                Err(OperatorError::NotFound {
+                    what: "holder key of",
+                    name: key.to_owned(),
+                })
+            }
+        })
+    }
+
+    /// Deletes the lease's holder key.
+    fn revoke<'a>(&'a self, lease: &'a Sequencer) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Box::pin(async move {
+            if lease_redis::Redis::revoke(self, lease).await? {
+                Ok(())
+            } else {
+                Err(OperatorError::NotFound {
+                    what: "holder key of",
+                    name: lease.to_string(),
                 })
             }
         })

@@ -23,7 +23,7 @@
 //!
 //! Label values:
 //!
-//! - `backend`: `consul`, `etcd`, `amqp`, `memory` or a custom kind's name ([`BackendKind::as_str`]);
+//! - `backend`: `consul`, `etcd`, `amqp`, `postgres`, `redis`, `memory` or a custom kind's name ([`BackendKind::as_str`]);
 //! - `kind`: `leader` or `semaphore`;
 //! - `key`: the leader key or the semaphore's prefix (name), exactly as in the [`LeaseSpec`];
 //! - `reason`: `session_invalidated`, `key_deleted`, `key_released`, `key_taken`,

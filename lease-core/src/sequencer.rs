@@ -48,6 +48,11 @@ pub enum BackendKind {
     /// for every acquisition (rises across every key of the database), `holder` the
     /// acquisition's random ID.
     Postgres,
+    /// Redis or Valkey (lease-redis): `key` is the leader key, or the holder's own key
+    /// `<prefix>/<holder>` (a semaphore), `index` the name's fencing token (drawn by the acquire
+    /// script: above the name's previous token and at least the server's clock in microseconds,
+    /// so it rises with every acquisition of the name), `holder` the acquisition's random ID.
+    Redis,
     /// A backend outside this repository: see [`BackendKind::custom`].
     Custom(CustomKind),
 }
@@ -67,12 +72,13 @@ impl CustomKind {
 static CUSTOM: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
 
 impl BackendKind {
-    const BUILT_IN: [BackendKind; 5] = [
+    const BUILT_IN: [BackendKind; 6] = [
         BackendKind::Consul,
         BackendKind::Amqp,
         BackendKind::Memory,
         BackendKind::Etcd,
         BackendKind::Postgres,
+        BackendKind::Redis,
     ];
 
     /// The kind of a backend of your own, named `name`: what its sequencers and metrics say.
@@ -84,7 +90,7 @@ impl BackendKind {
     /// # Panics
     ///
     /// If `name` is empty, longer than 32 bytes, has a byte outside `a`–`z`, `0`–`9`, `-` and
-    /// `_`, or is the name of a built-in kind (`consul`, `amqp`, `memory`, `etcd`, `postgres`): a programming
+    /// `_`, or is the name of a built-in kind (`consul`, `amqp`, `memory`, `etcd`, `postgres`, `redis`): a programming
     /// error, found the first time the code runs.
     ///
     /// ```
@@ -125,6 +131,7 @@ impl BackendKind {
             BackendKind::Memory => "memory",
             BackendKind::Etcd => "etcd",
             BackendKind::Postgres => "postgres",
+            BackendKind::Redis => "redis",
             BackendKind::Custom(custom) => custom.name(),
         }
     }
@@ -269,7 +276,7 @@ impl FromStr for Sequencer {
             ));
         };
         let backend = BackendKind::parse(backend).ok_or(err(
-            "unknown backend; expected consul, amqp, memory, etcd, postgres or a name this process made known \
+            "unknown backend; expected consul, amqp, memory, etcd, postgres, redis or a name this process made known \
              with BackendKind::custom",
         ))?;
         let (generation, index) = match index.split_once('.') {

@@ -44,7 +44,7 @@
 //!   psql), idempotent; `sql/fence.sql` in this package.
 //! - [`fence::Token`]: the `(key, generation, index, holder)` the SQL functions take, from a
 //!   sequencer whose `(generation, index)` rises with every acquisition of its key (Consul, etcd,
-//!   PostgreSQL, memory);
+//!   PostgreSQL, Redis, memory);
 //!   RabbitMQ's slot numbers and semaphores' sequencers are refused with an error that says why.
 //! - `fence::tokio_postgres` (feature `tokio-postgres`) and `fence::sqlx` (feature `sqlx`):
 //!   `install`, `fence`, `advance` (register a new holder when it acquires) and `fence_held`

@@ -57,6 +57,13 @@
 //! HTTP to answer 500 to). A leak is a row left in the lease table under the scenario's key, or a
 //! worker's session still open after it exited.
 //!
+//! Redis (`redis-leader`, `redis-sem2`, `redis-leader-fenced`) runs one `redis-server` per
+//! scenario (append-only, fsync on every write), each worker behind its own proxy. Its operator
+//! faults: `DEL` of the holder's key (the backend's own `Redis::revoke`), `CLIENT KILL` of every
+//! client connection, and the server killed (`kill -9`) and started again at once from its
+//! append-only file; its network faults: blackhole and cut. A leak is a holder key left under
+//! the scenario's name.
+//!
 //! The reference's violations, liveness included (its `consul lock` sessions have a TTL and a
 //! lock-delay of 15 s, and its bound is derived from those), are reported, not failed on.
 //!
@@ -85,6 +92,7 @@ use crate::history::{History, Kind, Line, gap_percentiles};
 use crate::overlap::now_ns;
 use crate::postgres::{self as pg, TestDb};
 use crate::proxy::{Mode, Proxy};
+use crate::redis::Server as RedisServer;
 use crate::workers::{Run, signal};
 
 /// The seed used when `CHAOS_SEED` is not set.
@@ -146,6 +154,9 @@ pub enum Backend {
     /// `lease-worker`s on the test PostgreSQL server (a database of the scenario's own), each
     /// through its own proxy.
     Postgres,
+    /// `lease-worker`s on a `redis-server` of the scenario's own (append-only file, fsync on
+    /// every write, so a restart keeps what it acknowledged), each through its own proxy.
+    Redis,
 }
 
 /// One kind of fault.
@@ -156,10 +167,10 @@ pub enum Fault {
     /// SIGSTOP for longer than the TTL, then SIGCONT.
     Pause,
     /// An operator destroys a holder's session (PostgreSQL: `pg_terminate_backend` of the
-    /// holder's sessions).
+    /// holder's sessions; Redis: `CLIENT KILL` of every client connection).
     DestroySession,
     /// An operator deletes the leader key, the semaphore's `.lock`, or a contender key (etcd: the
-    /// holder's own key; PostgreSQL: the holder's row).
+    /// holder's own key; PostgreSQL: the holder's row; Redis: the holder key, `DEL`).
     DeleteKey,
     /// An operator revokes a holder's etcd lease (`etcdctl lease revoke`).
     RevokeLease,
@@ -175,6 +186,8 @@ pub enum Fault {
     RemoveSlot,
     /// `kill -9` of the server that is raft leader; it is restarted a few seconds later.
     RaftLeaderKill,
+    /// `kill -9` of the Redis server, started again at once from its append-only file.
+    ServerRestart,
 }
 
 impl Fault {
@@ -192,6 +205,7 @@ impl Fault {
             Fault::CloseConnection => "close-conn",
             Fault::RemoveSlot => "rm-slot",
             Fault::RaftLeaderKill => "raft-kill",
+            Fault::ServerRestart => "restart",
         }
     }
 }
@@ -271,8 +285,12 @@ impl Scenario {
     /// leader's sequencer whose index rises with every acquisition.
     pub fn fenced(mut self) -> Self {
         assert!(
-            self.limit.is_none() && matches!(self.backend, Backend::Consul | Backend::Etcd),
-            "a fenced scenario is a leader key on Consul or etcd"
+            self.limit.is_none()
+                && matches!(
+                    self.backend,
+                    Backend::Consul | Backend::Etcd | Backend::Redis
+                ),
+            "a fenced scenario is a leader key on Consul, etcd or Redis"
         );
         self.fenced = true;
         self
@@ -339,6 +357,18 @@ impl Scenario {
                 Fault::Cut,
                 Fault::Http500,
             ],
+            // The operator's DEL and CLIENT KILL, and the server restarted; no HTTP, so no 500s.
+            // (Tokens rise through a DEL: they follow the server's clock, so a fenced run keeps
+            // its deletes.)
+            Backend::Redis => vec![
+                Fault::Kill9,
+                Fault::Pause,
+                Fault::DestroySession,
+                Fault::DeleteKey,
+                Fault::Blackhole,
+                Fault::Cut,
+                Fault::ServerRestart,
+            ],
             // The operator's row delete and session kill; no HTTP, so no 500s.
             Backend::Postgres => vec![
                 Fault::Kill9,
@@ -361,9 +391,11 @@ impl Scenario {
             Backend::Amqp => (AMQP_HEARTBEAT_SECS * 2500, AMQP_HEARTBEAT_SECS * 4000),
             // `consul lock`'s session (TTL 15 s) may live up to twice its TTL: outlast that.
             Backend::ConsulLock => (31_000, 33_000),
-            Backend::Consul | Backend::ConsulCluster | Backend::Etcd | Backend::Postgres => {
-                (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000)
-            }
+            Backend::Consul
+            | Backend::ConsulCluster
+            | Backend::Etcd
+            | Backend::Postgres
+            | Backend::Redis => (self.ttl_secs * 1000 + 1000, self.ttl_secs * 1000 + 3000),
         }
     }
 
@@ -388,7 +420,7 @@ impl Scenario {
         let bar = match self.backend {
             Backend::Consul | Backend::ConsulCluster => Duration::from_millis(self.lock_delay_ms),
             Backend::ConsulLock => Duration::from_secs(15),
-            Backend::Postgres => lease_core::LeaseSpec::DEFAULT_LOCK_DELAY,
+            Backend::Postgres | Backend::Redis => lease_core::LeaseSpec::DEFAULT_LOCK_DELAY,
             Backend::Etcd | Backend::Amqp => lease_core::LeaseSpec::DEFAULT_SETTLE,
         };
         self.crash_expiry() + bar + RETRY_PAUSE + RECOVERY_MARGIN
@@ -404,8 +436,9 @@ impl Scenario {
             Backend::ConsulLock => Duration::from_secs(31),
             // etcd expires a lease one TTL after its last keep-alive (checked every 500 ms).
             Backend::Etcd => Duration::from_secs(self.ttl_secs + 3),
-            // A row expires one TTL after its last renewal, by the database's clock.
-            Backend::Postgres => Duration::from_secs(self.ttl_secs + 3),
+            // A row expires one TTL after its last renewal, by the database's clock; a Redis key
+            // by the server's.
+            Backend::Postgres | Backend::Redis => Duration::from_secs(self.ttl_secs + 3),
         }
     }
 }
@@ -1162,6 +1195,8 @@ struct Services {
     db: Option<TestDb>,
     /// A PostgreSQL scenario's database and the operator's handles on it.
     postgres: Option<PgServices>,
+    /// A Redis scenario's server, and the operator's backend handle on it.
+    redis: Option<(RedisServer, lease_redis::Redis)>,
 }
 
 impl Services {
@@ -1192,6 +1227,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             key: format!("chaos/{}", scenario.name),
             db: None,
             postgres: None,
+            redis: None,
         },
         Backend::ConsulCluster => Services {
             agent: None,
@@ -1202,6 +1238,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             key: format!("chaos/{}", scenario.name),
             db: None,
             postgres: None,
+            redis: None,
         },
         Backend::Amqp => {
             crate::amqp::require_broker().await;
@@ -1216,6 +1253,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
                 key: crate::amqp::unique(&format!("chaos-{}", scenario.name)),
                 db: None,
                 postgres: None,
+                redis: None,
             }
         }
         Backend::Etcd => Services {
@@ -1227,6 +1265,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             key: format!("chaos/{}", scenario.name),
             db: None,
             postgres: None,
+            redis: None,
         },
         Backend::Postgres => {
             let db = TestDb::create(&format!("chaos_{}", scenario.name)).await;
@@ -1250,6 +1289,24 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
                     admin,
                     operator,
                 }),
+                redis: None,
+            }
+        }
+        Backend::Redis => {
+            let server =
+                RedisServer::with_args(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+            let operator = lease_redis::Redis::new(&server.url())
+                .unwrap_or_else(|e| panic!("the operator's Redis handle: {e}"));
+            Services {
+                agent: None,
+                cluster: None,
+                amqp: None,
+                amqp_url: String::new(),
+                etcd: None,
+                key: format!("chaos/{}", scenario.name),
+                db: None,
+                postgres: None,
+                redis: Some((server, operator)),
             }
         }
     };
@@ -1270,6 +1327,7 @@ pub async fn run(scenario: &Scenario, worker_bin: &Path) -> Report {
             Backend::Consul | Backend::ConsulLock => services.agent.as_ref().map(Agent::addr),
             Backend::Etcd => services.etcd.as_ref().map(EtcdServer::addr),
             Backend::Postgres => Some(pg::server_addr(&pg::url())),
+            Backend::Redis => services.redis.as_ref().map(|(server, _)| server.addr()),
             Backend::ConsulCluster | Backend::Amqp => None,
         };
         let proxy = match upstream {
@@ -1537,6 +1595,11 @@ fn start(run: &mut Run, scenario: &Scenario, services: &Services, slot: &Slot, i
             args.extend(["--postgres".into(), url]);
             args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
         }
+        Backend::Redis => {
+            let proxy = slot.proxy.as_ref().expect("each worker has its proxy");
+            args.extend(["--redis".into(), format!("redis://{}", proxy.addr())]);
+            args.extend(["--ttl".into(), scenario.ttl_secs.to_string()]);
+        }
         Backend::ConsulLock => return start_consul_lock(run, scenario, services, slot, &name),
     }
     args.extend(["--key".into(), services.key.clone()]);
@@ -1799,6 +1862,36 @@ async fn inject(
             }
             true
         }
+        Fault::DestroySession | Fault::DeleteKey if services.redis.is_some() => {
+            let Some((server, operator)) = &services.redis else {
+                return false;
+            };
+            if p.fault == Fault::DestroySession {
+                let killed = server.kill_clients().await;
+                faults.log(&format!(
+                    "client-kill of every client ({killed} connections)"
+                ));
+                return true;
+            }
+            let Some((seq, parsed)) = pick_holder(run, p.pick) else {
+                return false;
+            };
+            let deleted = operator.revoke(&parsed).await;
+            faults.log(&format!(
+                "delete key of {seq} (deleted: {})",
+                deleted.map_or_else(|e| e.to_string(), |found| found.to_string())
+            ));
+            true
+        }
+        Fault::ServerRestart => {
+            let Some((server, _)) = services.redis.as_mut() else {
+                return false;
+            };
+            let t0 = Instant::now();
+            server.restart().await;
+            faults.log(&format!("redis-restart (down {:?})", t0.elapsed()));
+            true
+        }
         Fault::DestroySession | Fault::DeleteKey => {
             let Some(agent) = services.api() else {
                 return false;
@@ -2006,6 +2099,16 @@ async fn leftovers(scenario: &Scenario, services: &Services) -> Vec<String> {
             .unwrap_or_default()
         {
             found.push(format!("session {session}"));
+        }
+    }
+    if let Some((server, _)) = &services.redis {
+        let keys: Vec<String> = server
+            .cmd(redis::cmd("KEYS").arg(format!("lease:{{{}}}*", services.key)))
+            .await;
+        for key in keys {
+            if key.ends_with('}') || key.contains("}:s:") {
+                found.push(format!("key {key}"));
+            }
         }
     }
     if let Some(etcd) = &services.etcd {

@@ -7,6 +7,8 @@
 //! - [`etcd`]: an `etcd` per test on free ports with a temporary data directory, a 3-member
 //!   cluster, and the operator actions tests perform on them (revoke a lease, delete keys).
 //! - [`postgres`]: the PostgreSQL the fence tests use, a database of its own per test.
+//! - [`redis`]: a `redis-server` per test on a free port, restarted, paused or killed on demand,
+//!   a replica and a sentinel, and the operator's plain commands.
 //! - [`capture`]: a tracing layer that records spans (parents, follows-from) and events, for tests
 //!   of what the library logs and how its spans nest.
 //! - [`body`]: a response body the test feeds chunk by chunk, for streaming responses.
@@ -38,6 +40,7 @@ pub mod overlap;
 pub mod panics;
 pub mod postgres;
 pub mod proxy;
+pub mod redis;
 pub mod sockets;
 pub mod stats;
 pub mod workers;
@@ -54,6 +57,7 @@ pub fn log_filter(level: &str) -> String {
         "lease_etcd",
         "lease_amqp",
         "lease_http",
+        "lease_redis",
     ]
     .map(|target| format!("{target}={level}"))
     .join(",")

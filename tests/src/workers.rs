@@ -291,14 +291,18 @@ pub fn signal(sig: &str, pids: &[u32]) {
 }
 
 /// The backend a worker binary's flags name: `--consul URL`, else `--etcd URL[,URL…]`, else
-/// `--postgres URL`, else the RabbitMQ `--amqp URL` (the caller checks that one is given). One
-/// place for every worker binary, so they all build their clients alike.
+/// `--postgres URL`, else `--redis URL`, else the RabbitMQ `--amqp URL` (the caller checks that
+/// one is given). One place for every worker binary, so they all build their clients alike.
 pub fn worker_backend(
     consul: Option<&str>,
     etcd: Option<&str>,
     postgres: Option<&str>,
+    redis: Option<&str>,
     amqp: Option<&str>,
 ) -> Result<Arc<dyn Backend>, lease_core::Error> {
+    if let Some(url) = redis {
+        return Ok(Arc::new(lease_redis::Redis::new(url)?));
+    }
     if let Some(url) = consul {
         return Ok(Arc::new(
             lease_consul::Consul::builder().address(url).build()?,

@@ -1,8 +1,8 @@
 //! The chaos suite's short mode (issue 15): on each backend, workers contend for one lease while
 //! faults are injected at times drawn from a seed, and the histories must show the promise kept:
 //! never more writers than the limit, no stale write, nothing leaked, no worker hung at SIGTERM.
-//! The two fenced scenarios (issue 28) write every write through the PostgreSQL fence without a
-//! lease check, and their table must hold no stale row.
+//! The fenced scenarios (issue 28; Redis's, issue 36) write every write through the PostgreSQL
+//! fence without a lease check, and their table must hold no stale row.
 //!
 //! Each scenario also judges liveness (issue 33): after every fault heals, a holder writes again
 //! within the scenario's bound (`Scenario::recovery_bound`), a worker's backend reads reachable
@@ -105,6 +105,22 @@ async fn chaos_postgres_leader() {
     .await;
 }
 
+/// Redis (issue 36): three workers on a leader lease of the Redis backend, each behind its own
+/// proxy; the operator deletes the holder's key and kills every client connection (`CLIENT
+/// KILL`), the server is killed and restarted from its append-only file, the network blackholes
+/// and cuts.
+#[tokio::test]
+async fn chaos_redis_leader() {
+    short(Scenario::new("redis-leader", Backend::Redis, None, SHORT)).await;
+}
+
+/// Issue 36: the Redis leader with every write through the PostgreSQL fence and no lease check
+/// (`Scenario::fenced`): the table must hold no stale row.
+#[tokio::test]
+async fn chaos_redis_leader_fenced() {
+    short(Scenario::new("redis-leader-fenced", Backend::Redis, None, SHORT).fenced()).await;
+}
+
 /// Issue 33: a panic in a worker fails the run, with its message. Every worker panics in a task
 /// it spawns at its first acquisition (`LEASE_TESTS_PANIC_AT=acquired`), the shape of the panic
 /// lease-core's keeper once had: the task ends, the process runs on and keeps the promise, so
@@ -186,13 +202,20 @@ async fn chaos_long() {
         ("etcd-sem2", Backend::Etcd, Some(2)),
         ("postgres-leader", Backend::Postgres, None),
         ("postgres-sem2", Backend::Postgres, Some(2)),
+        ("redis-leader", Backend::Redis, None),
+        ("redis-sem2", Backend::Redis, Some(2)),
+        ("redis-leader-fenced", Backend::Redis, None),
         ("consul-lock-leader", Backend::ConsulLock, None),
         ("consul-lock-n2", Backend::ConsulLock, Some(2)),
         ("consul-leader-fenced", Backend::Consul, None),
         ("etcd-leader-fenced", Backend::Etcd, None),
     ];
     // The leader scenarios with every write through the PostgreSQL fence (issue 28).
-    let fenced = ["consul-leader-fenced", "etcd-leader-fenced"];
+    let fenced = [
+        "consul-leader-fenced",
+        "etcd-leader-fenced",
+        "redis-leader-fenced",
+    ];
     let only = std::env::var("CHAOS_ONLY").unwrap_or_default();
     let chosen: Vec<_> = (scenarios.into_iter())
         .filter(|(name, ..)| only.split(',').any(|part| name.contains(part)))

@@ -14,6 +14,10 @@
 //! harness declares so. Its operator deletes rows; its own faults are tested in
 //! tests/postgres_lease.rs.
 //!
+//! Redis has no session an operator destroys (a killed connection is replaced, and its leases
+//! live on) and no release of a key but its holder's: its harness declares so. Its operator
+//! deletes holder keys; its own faults are tested in tests/redis_lease.rs.
+//!
 //! Run: `cargo test -p lease-tests --test conformance` (the Consul half starts a dev agent per
 //! test; see `lease_tests::consul`; the etcd half an etcd per test, see `lease_tests::etcd`; the AMQP half needs the broker on 127.0.0.1:5672).
 
@@ -179,3 +183,38 @@ impl Operator for PostgresOperator {
 
 lease_conformance::suite!(amqp, amqp);
 lease_conformance::suite!(postgres, postgres);
+
+/// A `redis-server` of its own per scenario; the backend is its own operator (deleting holder
+/// keys). The server goes with the harness.
+async fn redis() -> Harness {
+    lease_tests::init_tracing();
+    let server = lease_tests::redis::Server::start().await;
+    let redis = lease_redis::Redis::new(&server.url()).unwrap();
+    Harness::new(redis.clone(), RedisOperator(redis, Arc::new(server)))
+        // No session an operator destroys: a killed connection is replaced and its leases live
+        // on (tests/redis_lease.rs). Lock-delay shows only after a destroyed session.
+        .lacks(Capability::DestroySession)
+        .lacks(Capability::LockDelay)
+        .lacks(Capability::ReleaseKey)
+}
+
+/// The backend's operator actions, keeping the server for as long as the harness.
+struct RedisOperator(
+    lease_redis::Redis,
+    #[allow(dead_code)] Arc<lease_tests::redis::Server>,
+);
+
+impl Operator for RedisOperator {
+    fn delete_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Operator::delete_key(&self.0, key)
+    }
+
+    fn revoke<'a>(
+        &'a self,
+        lease: &'a lease_core::Sequencer,
+    ) -> BoxFuture<'a, Result<(), OperatorError>> {
+        Operator::revoke(&self.0, lease)
+    }
+}
+
+lease_conformance::suite!(redis, redis);

@@ -598,6 +598,7 @@ fn each_wire_client_imports_nothing_above_it() {
         ("lease-consul", vec!["wire"]),
         ("lease-etcd", vec!["wire"]),
         ("lease-postgres", vec!["backend", "wire"]),
+        ("lease-redis", vec!["wire"]),
     ];
     for (name, wire) in wires {
         let krate = crates.iter().find(|c| c.name == name).expect("the crate");
@@ -718,6 +719,7 @@ const LIBRARIES: &[&str] = &[
     "lease-consul",
     "lease-etcd",
     "lease-postgres",
+    "lease-redis",
     "lease-amqp",
     "lease-tower",
     "lease-conformance",

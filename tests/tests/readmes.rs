@@ -586,7 +586,7 @@ fn the_check_finds_each_kind_of_break() {
     assert!(found("```toml\n[dependencies]\nlease-core = { version = \"0.1\", features = [\"macros\"] }\n```\n").is_empty());
     // A crate that is not in the workspace, and a path that is not its directory.
     assert_eq!(
-        found("```toml\n[dependencies]\nlease-redis = \"0.1\"\n```\n").len(),
+        found("```toml\n[dependencies]\nlease-zookeeper = \"0.1\"\n```\n").len(),
         1
     );
     assert_eq!(
@@ -598,7 +598,8 @@ fn the_check_finds_each_kind_of_break() {
     );
     // Commands: a feature, a package, targets, in a block or inline, over a line break.
     assert_eq!(
-        found("```sh\ncargo run -p lease-demo --features redis -- --redis URL\n```\n").len(),
+        found("```sh\ncargo run -p lease-demo --features zookeeper -- --zookeeper URL\n```\n")
+            .len(),
         1
     );
     assert_eq!(

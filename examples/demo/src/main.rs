@@ -11,7 +11,7 @@
 //! ```text
 //! cargo run -p lease-demo                                   # in-process memory backend
 //! cargo run -p lease-demo --features consul -- --consul     # a Consul agent (also: etcd, amqp,
-//!                                                           # postgres)
+//!                                                           # postgres, redis)
 //! cargo run -p lease-demo -- --help
 //! ```
 
@@ -42,7 +42,7 @@ const HELP: &str = "\
 lease-demo: leader failover and a shared job semaphore, measured.
 
 USAGE:
-    cargo run -p lease-demo [--features consul|etcd|amqp|postgres] [-- OPTIONS]
+    cargo run -p lease-demo [--features consul|etcd|amqp|postgres|redis] [-- OPTIONS]
 
 OPTIONS:
     (none)          Run on the in-process memory backend: nothing to install.
@@ -58,12 +58,15 @@ OPTIONS:
                     Run against PostgreSQL (URL defaults to LEASE_POSTGRES_URL, then
                     DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/postgres. The
                     leader is killed by deleting its row from the lease table.
+    --redis [URL]   Run against Redis or Valkey (URL defaults to LEASE_REDIS_URL, then
+                    REDIS_URL), e.g. redis://127.0.0.1:6379. The leader is killed by
+                    deleting its key (DEL lease:{...}), which it learns within milliseconds.
     -h, --help      Print this help.
 
 The demo ends by itself after about 8 seconds and prints a summary; its last line is
 `SUMMARY key=value ...` for scripts. The exit status is 1 if two leaders ever overlapped.
 RUST_LOG filters the output (default: lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error,
-lease_postgres=error).";
+lease_postgres=error,lease_redis=error).";
 
 /// Which backend the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -73,6 +76,7 @@ enum Choice {
     Etcd(Option<String>),
     Amqp(String),
     Postgres(Option<String>),
+    Redis(Option<String>),
     Help,
 }
 
@@ -85,6 +89,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
             "--consul" => Choice::Consul(args.next_if(|a| !a.starts_with("--"))),
             "--etcd" => Choice::Etcd(args.next_if(|a| !a.starts_with("--"))),
             "--postgres" => Choice::Postgres(args.next_if(|a| !a.starts_with("--"))),
+            "--redis" => Choice::Redis(args.next_if(|a| !a.starts_with("--"))),
             "--amqp" => match args.next() {
                 Some(url) if !url.starts_with("--") => Choice::Amqp(url),
                 _ => {
@@ -97,7 +102,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Choice, String> 
         };
         if choice != Choice::Memory {
             return Err(
-                "choose one backend: --consul, --etcd, --amqp or --postgres, not several".into(),
+                "choose one backend: --consul, --etcd, --amqp, --postgres or --redis, not several"
+                    .into(),
             );
         }
         choice = next;
@@ -171,11 +177,25 @@ fn connect(choice: Choice) -> Result<Setup, String> {
                 operator: Box::new(postgres),
             })
         }
+        #[cfg(feature = "redis")]
+        Choice::Redis(url) => {
+            let redis = match url {
+                Some(url) => lease_redis::Redis::new(&url),
+                None => lease_redis::Redis::from_env(),
+            }
+            .map_err(|e| e.to_string())?;
+            Ok(Setup {
+                name: "Redis",
+                backend: Arc::new(redis.clone()),
+                operator: Box::new(redis),
+            })
+        }
         #[cfg(not(all(
             feature = "consul",
             feature = "etcd",
             feature = "amqp",
-            feature = "postgres"
+            feature = "postgres",
+            feature = "redis"
         )))]
         other => Err(not_built(&other)),
     }
@@ -186,7 +206,8 @@ fn connect(choice: Choice) -> Result<Setup, String> {
     feature = "consul",
     feature = "etcd",
     feature = "amqp",
-    feature = "postgres"
+    feature = "postgres",
+    feature = "redis"
 )))]
 fn not_built(choice: &Choice) -> String {
     let with_url = |flag: &str, url: Option<&String>| match url {
@@ -198,6 +219,7 @@ fn not_built(choice: &Choice) -> String {
         Choice::Etcd(urls) => ("etcd", with_url("--etcd", urls.as_ref())),
         Choice::Amqp(url) => ("amqp", with_url("--amqp", Some(url))),
         Choice::Postgres(url) => ("postgres", with_url("--postgres", url.as_ref())),
+        Choice::Redis(url) => ("redis", with_url("--redis", url.as_ref())),
         Choice::Memory | Choice::Help => ("", String::new()),
     };
     format!(
@@ -740,7 +762,7 @@ async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error,lease_postgres=error".into()),
+                .unwrap_or_else(|_| "lease_demo=info,lease_core=error,lease_consul=error,lease_etcd=error,lease_amqp=error,lease_postgres=error,lease_redis=error".into()),
         )
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())
@@ -789,6 +811,8 @@ mod tests {
             Ok(Choice::Postgres(Some("postgres://p/db".into())))
         );
         assert!(parse(&["--postgres", "--etcd"]).is_err());
+        assert_eq!(parse(&["--redis"]), Ok(Choice::Redis(None)));
+        assert!(parse(&["--redis", "--postgres"]).is_err());
         assert!(parse(&["--consul", "--amqp", "amqp://x"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
         assert_eq!(parse(&["--help"]), Ok(Choice::Help));

@@ -177,8 +177,9 @@ impl<'a> Token<'a> {
     ///
     /// - accepted: Consul (the key's CreateIndex as the generation, then its LockIndex), etcd
     ///   (the holder key's create revision, which rises across the cluster), PostgreSQL (the
-    ///   database's lease sequence, drawn for every acquisition) and memory (the key's LockIndex
-    ///   in its store) leader leases;
+    ///   database's lease sequence, drawn for every acquisition), Redis (the name's fencing
+    ///   token, drawn by the acquire script above the name's last one) and memory (the key's
+    ///   LockIndex in its store) leader leases;
     /// - refused: RabbitMQ (the index is a slot number, reused by every holder of the slot),
     ///   semaphores of any backend (the key is the holder's own contender key, `<prefix>/<holder>`,
     ///   so no two holders share a fence), a backend this version does not know, and an index
@@ -194,7 +195,8 @@ impl<'a> Token<'a> {
             BackendKind::Consul
             | BackendKind::Etcd
             | BackendKind::Memory
-            | BackendKind::Postgres => {}
+            | BackendKind::Postgres
+            | BackendKind::Redis => {}
             BackendKind::Amqp => {
                 return refuse(
                     "RabbitMQ's index is the slot number, which every holder of the slot reuses, \
@@ -502,6 +504,7 @@ mod tests {
             BackendKind::Consul,
             BackendKind::Etcd,
             BackendKind::Postgres,
+            BackendKind::Redis,
             BackendKind::Memory,
         ] {
             let seq = Sequencer::new(backend, "jobs/billing", 7, "s-1");
@@ -527,6 +530,7 @@ mod tests {
             Sequencer::new(BackendKind::Etcd, "semaphores/reports/694d7", 90, "694d7"),
             Sequencer::new(BackendKind::Memory, "semaphores/reports/s-2", 1, "s-2"),
             Sequencer::new(BackendKind::Postgres, "semaphores/reports/9f3a", 12, "9f3a"),
+            Sequencer::new(BackendKind::Redis, "semaphores/reports/9f3a", 12, "9f3a"),
             Sequencer::new(BackendKind::Consul, "jobs/billing", u64::MAX, "sess-1"),
         ];
         for seq in refused {

@@ -188,6 +188,7 @@ async fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::BoxError> 
         args.etcd.as_deref(),
         None,
         None,
+        None,
     )?;
     if !args.advance {
         return Ok(backend);

@@ -64,6 +64,7 @@ async fn main() {
         etcd.as_deref(),
         postgres.as_deref(),
         None,
+        None,
     ) {
         Ok(backend) => backend,
         Err(error) => {

@@ -2,7 +2,7 @@
 //! history file (see `lease_tests::history` for the format and the verdicts).
 //!
 //! ```text
-//! lease-worker (--consul URL | --amqp URL | --etcd URLS | --postgres URL) --key KEY [--limit N]
+//! lease-worker (--consul URL | --amqp URL | --etcd URLS | --postgres URL | --redis URL) --key KEY [--limit N]
 //!              --history FILE
 //!              [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] [--mode MODE]
 //!              [--fenced-writes POSTGRES_URL]
@@ -82,7 +82,7 @@ use lease_tests::postgres::with_sources;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_postgres::{Client, NoTls};
 
-const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS | --postgres URL) \
+const USAGE: &str = "usage: lease-worker (--consul URL | --amqp URL | --etcd URLS | --postgres URL | --redis URL) \
 --key KEY [--limit N] \
 --history FILE [--ttl SECS] [--lock-delay MS] [--write-every-ms MS] [--hold-ms MS] \
 [--mode loop|campaign-select|campaign-signal|drop-at-exit|wait-then-exit|hold-many|hold-many-drop-at-exit|\
@@ -113,6 +113,7 @@ struct Args {
     amqp: Option<String>,
     etcd: Option<String>,
     postgres: Option<String>,
+    redis: Option<String>,
     key: String,
     limit: Option<u32>,
     history: PathBuf,
@@ -129,7 +130,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let (mut consul, mut amqp, mut key, mut limit, mut history) = (None, None, None, None, None);
-    let (mut etcd, mut postgres) = (None, None);
+    let (mut etcd, mut postgres, mut redis) = (None, None, None);
     let (mut ttl, mut lock_delay, mut hold) = (None, None, None);
     let mut write_every = Duration::from_millis(5);
     let mut mode = Mode::Loop;
@@ -146,6 +147,7 @@ fn parse_args() -> Result<Args, String> {
             "--amqp" => amqp = Some(value()?),
             "--etcd" => etcd = Some(value()?),
             "--postgres" => postgres = Some(value()?),
+            "--redis" => redis = Some(value()?),
             "--key" => key = Some(value()?),
             "--limit" => {
                 let n = number(value()?)?;
@@ -182,13 +184,14 @@ fn parse_args() -> Result<Args, String> {
         amqp.is_some(),
         etcd.is_some(),
         postgres.is_some(),
+        redis.is_some(),
     ]
     .iter()
     .filter(|given| **given)
     .count()
         != 1
     {
-        return Err("give exactly one of --consul, --amqp, --etcd and --postgres".into());
+        return Err("give exactly one of --consul, --amqp, --etcd, --postgres and --redis".into());
     }
     if fenced_writes.is_some() && mode != Mode::Loop {
         return Err("--fenced-writes works in --mode loop only".into());
@@ -198,6 +201,7 @@ fn parse_args() -> Result<Args, String> {
         amqp,
         etcd,
         postgres,
+        redis,
         key: key.ok_or("--key is required")?,
         limit,
         history: history.ok_or("--history is required")?,
@@ -350,6 +354,7 @@ fn backend(args: &Args) -> Result<Arc<dyn Backend>, lease_core::Error> {
         args.consul.as_deref(),
         args.etcd.as_deref(),
         args.postgres.as_deref(),
+        args.redis.as_deref(),
         args.amqp.as_deref(),
     )
 }
