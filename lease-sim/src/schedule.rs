@@ -230,7 +230,7 @@ fn draw_fault(rng: &mut Rng, processes: usize, ttl: Duration) -> Fault {
             pick: rng.next_u64(),
         },
         8 => Fault::DeleteKey {
-            key: *rng.pick(&[LEADER, CRON]).unwrap_or(&LEADER),
+            key: rng.pick(&[LEADER, CRON]).unwrap_or(&LEADER),
         },
         9 => Fault::DeleteSemaphoreKey {
             pick: rng.next_u64(),
