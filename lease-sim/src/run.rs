@@ -63,8 +63,27 @@ pub struct Outcome {
     pub simulated: Duration,
     /// Lines in the history.
     pub lines: usize,
+    /// Segments the network carried (about two per request and answer).
+    pub segments: u64,
     /// The whole history, as text (one line per event).
     pub history: String,
+}
+
+impl Outcome {
+    /// A run that could not be judged: `why`, after `simulated`.
+    fn broken(schedule: &Schedule, why: String, simulated: Duration) -> Outcome {
+        Outcome {
+            backend: "?",
+            schedule: schedule.clone(),
+            violations: vec![why],
+            hash: 0,
+            recovered_after: None,
+            simulated,
+            lines: 0,
+            segments: 0,
+            history: String::new(),
+        }
+    }
 }
 
 /// The bound on recovery after the last heal: a session or lease the server may keep up to
@@ -82,35 +101,18 @@ pub fn run(schedule: &Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server>) -> 
     let runtime = match world::runtime(schedule.seed) {
         Ok(runtime) => runtime,
         Err(error) => {
-            return Outcome {
-                backend: "?",
-                schedule: schedule.clone(),
-                violations: vec![format!("no runtime: {error}")],
-                hash: 0,
-                recovered_after: None,
-                simulated: Duration::ZERO,
-                lines: 0,
-                history: String::new(),
-            };
+            return Outcome::broken(schedule, format!("no runtime: {error}"), Duration::ZERO);
         }
     };
     let root = LocalSet::new();
     let bound = schedule.healed_at() + recovery_bound(schedule) + RUN_BOUND;
     let simulated = async { tokio::time::timeout(bound, simulate(schedule.clone(), model)).await };
-    let mut outcome = root
-        .block_on(&runtime, simulated)
-        .unwrap_or_else(|_| Outcome {
-            backend: "?",
-            schedule: schedule.clone(),
-            violations: vec![format!(
-                "the run did not end within {bound:?} of simulated time (something waits for ever)"
-            )],
-            hash: 0,
-            recovered_after: None,
-            simulated: bound,
-            lines: 0,
-            history: String::new(),
-        });
+    let mut outcome = root.block_on(&runtime, simulated).unwrap_or_else(|_| {
+        let why = format!(
+            "the run did not end within {bound:?} of simulated time (something waits for ever)"
+        );
+        Outcome::broken(schedule, why, bound)
+    });
     {
         // What is left (killed processes' tasks) is dropped inside the runtime: a task's
         // destructor may start another.
@@ -212,6 +214,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
         recovered_after,
         simulated: sim.start.elapsed(),
         lines: history.lines().len(),
+        segments: sim.net.stats().1.segments,
         history: history.lines().iter().map(|l| format!("{l}\n")).collect(),
     }
 }

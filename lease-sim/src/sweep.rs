@@ -29,6 +29,8 @@ pub struct Report {
     pub took: Duration,
     /// Simulated time, summed.
     pub simulated: Duration,
+    /// Network segments carried, summed.
+    pub segments: u64,
     /// The slowest recovery seen after a heal.
     pub slowest_recovery: Duration,
 }
@@ -67,6 +69,7 @@ pub fn sweep(model: ModelFor, from: u64, count: u64, jobs: usize, twice_every: u
                     let mut report = report.lock().unwrap_or_else(PoisonError::into_inner);
                     report.runs += 1;
                     report.simulated += outcome.simulated;
+                    report.segments += outcome.segments;
                     if let Some(recovered) = outcome.recovered_after {
                         report.slowest_recovery = report.slowest_recovery.max(recovered);
                     }

@@ -48,9 +48,10 @@ fn main() -> ExitCode {
                 print!("{}", outcome.history);
             }
             println!(
-                "simulated {:.1} s, {} lines, history hash {:016x}, recovered after {:?}",
+                "simulated {:.1} s, {} lines, {} segments, history hash {:016x}, recovered after {:?}",
                 outcome.simulated.as_secs_f64(),
                 outcome.lines,
+                outcome.segments,
                 outcome.hash,
                 outcome.recovered_after
             );
@@ -91,7 +92,7 @@ fn main() -> ExitCode {
             println!(
                 "RESULT sim_backend={backend} sim_schedules={} sim_failed={} sim_nondeterministic={} \
                  sim_schedules_per_s={:.1} sim_wall_s={:.1} sim_simulated_h={:.2} \
-                 sim_slowest_recovery_s={:.2} from={from} jobs={jobs}",
+                 sim_slowest_recovery_s={:.2} sim_segments_per_schedule={} from={from} jobs={jobs}",
                 report.runs,
                 report.failures.len(),
                 report.nondeterministic.len(),
@@ -99,6 +100,7 @@ fn main() -> ExitCode {
                 report.took.as_secs_f64(),
                 report.simulated.as_secs_f64() / 3600.0,
                 report.slowest_recovery.as_secs_f64(),
+                report.segments / report.runs.max(1),
             );
             if report.crashed > 0 {
                 println!(
