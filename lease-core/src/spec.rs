@@ -394,8 +394,8 @@ impl LeaseSpec {
 }
 
 /// Checks `key` (a leader key, or a semaphore's name or prefix) against the lease-key rule: not
-/// empty, relative (no leading `/`), no trailing `/`, no empty segment (`//`), no control
-/// character. [`LeaseSpec::validate`] applies it, and every backend before it sends a key
+/// empty, relative (no leading `/`), no trailing `/`, no empty segment (`//`), no `.` or `..`
+/// segment, no control character. [`LeaseSpec::validate`] applies it, and every backend before it sends a key
 /// anywhere; a backend written outside this crate should too, so its users meet the same rule.
 ///
 /// ```
@@ -436,6 +436,22 @@ pub const fn key_rule_broken(key: &str) -> Option<&'static str> {
     while i + 1 < bytes.len() {
         if bytes[i] == b'/' && bytes[i + 1] == b'/' {
             return Some("the key contains an empty segment ('//')");
+        }
+        i += 1;
+    }
+    // A `.` or `..` segment: a URL path resolves it away, so Consul's KV API would read and
+    // write another key than the one named (`jobs/./nightly` is `jobs/nightly` to it).
+    let mut start = 0;
+    let mut i = 0;
+    while i <= bytes.len() {
+        if i == bytes.len() || bytes[i] == b'/' {
+            let len = i - start;
+            if (len == 1 && bytes[start] == b'.')
+                || (len == 2 && bytes[start] == b'.' && bytes[start + 1] == b'.')
+            {
+                return Some("the key contains a '.' or '..' segment, which paths resolve away");
+            }
+            start = i + 1;
         }
         i += 1;
     }

@@ -21,6 +21,20 @@ fn the_key_rule_reads_utf8_as_chars_do() {
         Some("keys are relative: remove the leading '/'")
     );
     assert_eq!(key_rule_broken("jobs/é/ü"), None);
+    let dots = Some("the key contains a '.' or '..' segment, which paths resolve away");
+    for key in [
+        ".",
+        "..",
+        "jobs/./nightly",
+        "jobs/../nightly",
+        "./jobs",
+        "jobs/..",
+    ] {
+        assert_eq!(key_rule_broken(key), dots, "{key}");
+    }
+    for key in ["jobs/.hidden", "jobs/...", "a.b/c..d", ".x"] {
+        assert_eq!(key_rule_broken(key), None, "{key}");
+    }
 }
 
 #[test]
