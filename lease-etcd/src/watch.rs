@@ -80,6 +80,9 @@ struct Watcher {
     deliver: Vec<(u64, mpsc::UnboundedSender<Delivery>)>,
     /// A shared watch's recent events, for the subscribers that join it later.
     replay: Option<Replay>,
+    /// Whether etcd answered its creation on the current stream (a refusal names no watch: it
+    /// is the answer to the oldest creation not answered yet, as etcd answers in order).
+    answered: bool,
 }
 
 /// How many events a shared watch keeps for the subscribers that join it later.
@@ -240,6 +243,7 @@ impl Watches {
                 create,
                 deliver: vec![(id.unsigned_abs(), deliver)],
                 replay,
+                answered: false,
             };
             state.watchers.insert(id, watcher);
             id
@@ -278,7 +282,16 @@ impl Watches {
     /// Routes one answer of the stream to its watch.
     fn dispatch(&self, message: WatchResponse) {
         let mut state = self.lock();
-        let id = message.watch_id;
+        // etcd refuses a creation (a range the user may not read, say) with the ID -1: it
+        // answers the oldest creation still unanswered.
+        let refused = message.watch_id == -1 && message.created && message.canceled;
+        let id = match refused {
+            true => match state.watchers.iter().find(|(_, w)| !w.answered) {
+                Some((id, _)) => *id,
+                None => return,
+            },
+            false => message.watch_id,
+        };
         let back = (message.created || message.canceled) && state.back(id);
         let Some(watcher) = state.watchers.get_mut(&id) else {
             if back {
@@ -286,6 +299,7 @@ impl Watches {
             }
             return;
         };
+        watcher.answered |= message.created || message.canceled;
         if let Some(last) = message.events.last() {
             let revision = last.kv.as_ref().map_or(0, |kv| kv.mod_revision);
             watcher.create.start_revision = watcher.create.start_revision.max(revision + 1);
@@ -369,7 +383,8 @@ impl Reopen for StreamTask {
             } else {
                 state.watchers.keys().copied().collect()
             };
-            for watcher in state.watchers.values() {
+            for watcher in state.watchers.values_mut() {
+                watcher.answered = false;
                 let _ = requests.send(create_request(&watcher.create));
             }
             if !first && state.recreating.is_empty() {
