@@ -213,8 +213,8 @@ pub(crate) struct BackendArgs {
     /// Consul. Default: LEASE_POSTGRES_URL, if set (and no other backend flag is given).
     #[arg(long, value_name = "URL", conflicts_with_all = ["consul", "amqp", "etcd"])]
     pub(crate) postgres: Option<String>,
-    /// Use Redis or Valkey (6+) at this URL (redis://[:password@]host:6379[/db]; rediss:// for
-    /// TLS; redis+sentinel://host:26379/master) instead of Consul. Default: LEASE_REDIS_URL, if
+    /// Use Redis or Valkey (6+) at this URL (redis://host:6379/db, redis://:password@host:6379;
+    /// rediss:// for TLS; redis+sentinel://host:26379/master) instead of Consul. Default: LEASE_REDIS_URL, if
     /// set (and no other backend flag is given).
     #[arg(long, value_name = "URL", conflicts_with_all = ["consul", "amqp", "etcd", "postgres"])]
     pub(crate) redis: Option<String>,
