@@ -1,6 +1,7 @@
 //! What the simulation needs of a server model: to serve it, to build a real client of it, and to
 //! read and change it as an operator would — the oracle the checks compare the clients with.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,4 +43,15 @@ pub trait Server: 'static {
     /// How long after every process has stopped the server has forgotten what the killed ones
     /// left: their sessions' or leases' TTL, and whatever else the server reaps later.
     fn forgets_within(&self, ttl: Duration) -> Duration;
+}
+
+/// Spawns one of a model's tasks: its timers, a stream's reader, hyper's connection tasks. The
+/// one place the models pick the runtime's spawn: lease-core's, so that in the simulation they
+/// run among the server's own tasks.
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    lease_core::runtime::spawn(future)
 }

@@ -12,7 +12,7 @@
 //! blocking queries, time from `tokio::time` only, so under a paused clock a seed and a sequence
 //! of requests give the same answers at the same instants. The state is one [`Mutex`] (never
 //! held across an await); the timers (session TTLs, check TTLs, reaps) run in one task, started
-//! through `spawn` (the module's one) by the first connection or request served.
+//! through [`spawn`](crate::server::spawn) by the first connection or request served.
 //!
 //! Beside the protocol, the fault injector and the checker get operator actions (destroy a
 //! session, delete or release a key, deregister a check), leader changes ([`Model::restart`])
@@ -61,6 +61,9 @@
 //! - One node (`serfHealth` always passing), one datacenter; no other endpoints.
 
 mod api;
+mod decode;
+mod json;
+mod server;
 mod sim;
 mod state;
 mod txn;
@@ -69,33 +72,17 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-use std::convert::Infallible;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 pub use sim::for_schedule;
 pub use state::{Behavior, CheckStatus, CheckView, Entry, SessionView};
 use state::{KvWrite, State};
-
-/// The one place the model starts a task: lease-core's, so that in the simulation it runs among
-/// the server's own tasks.
-fn spawn<F>(future: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    drop(lease_core::runtime::spawn(future));
-}
 
 /// How a [`Model`] is set up: its seed, and the knobs the simulation draws.
 #[derive(Clone, Debug)]
@@ -317,21 +304,7 @@ impl Model {
         }
         let shared = Arc::downgrade(&self.shared);
         let notify = Arc::clone(&self.shared.timers);
-        spawn(run_timers(shared, notify));
-    }
-
-    /// Serves one connection (HTTP/1.1, keep-alive, no server-side timers) until the client
-    /// closes it or it fails.
-    pub async fn serve_connection<I>(&self, io: I) -> Result<(), hyper::Error>
-    where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        self.start();
-        hyper::server::conn::http1::Builder::new()
-            .header_read_timeout(None)
-            .title_case_headers(true)
-            .serve_connection(TokioIo::new(io), self.clone())
-            .await
+        drop(crate::server::spawn(run_timers(shared, notify)));
     }
 
     // ---- Operator actions ----
@@ -457,22 +430,5 @@ async fn run_timers(shared: Weak<Shared>, notify: Arc<Notify>) {
             }
             None => notify.notified().await,
         }
-    }
-}
-
-impl<B> hyper::service::Service<http::Request<B>> for Model
-where
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    type Response = http::Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn call(&self, request: http::Request<B>) -> Self::Future {
-        self.start();
-        let model = self.clone();
-        Box::pin(async move { Ok(api::answer(&model, request).await) })
     }
 }

@@ -12,8 +12,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use super::json::EntryJson;
 use super::state::{Entry, State};
-use super::wire::{EntryJson, go_quote};
+use super::wire::go_quote;
 
 /// Consul's `maxTxnOps`.
 const MAX_OPS: usize = 64;

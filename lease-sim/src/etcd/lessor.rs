@@ -2,7 +2,7 @@
 //!
 //! A lease expires its TTL after it was granted or last kept alive. etcd's lessor looks for
 //! expired leases every 500 ms and revokes them through raft, so a revocation lands after the
-//! expiry, by up to about half a second: here by [`Config::revoke_late`](super::Config), which
+//! expiry, by up to about half a second: here by [`Config::revoke_late`](super::config::Config), which
 //! the simulation draws. Until then the lease still exists: its keys are there, a put may still
 //! attach a key to it, its time-to-live reads 0 (or less), and a keep-alive waits for the
 //! revocation and then answers TTL 0 (`Renew` waits on the lease's `revokec`).

@@ -24,7 +24,8 @@
 //! Deterministic: every map is ordered, every random draw comes from [`Config::seed`], and time
 //! is `tokio::time`'s only, so under the simulation's paused clock a run is a function of its
 //! seed. The state sits behind one lock; its timed work (lease expiry, the watch sync loop,
-//! progress notifications) is one background task, spawned through [`spawn`] when the model
+//! progress notifications) is one background task, spawned through
+//! [`spawn`](crate::server::spawn) when the model
 //! first serves, sleeping until the next thing is due.
 //!
 //! For the fault injector and the checker: [`Model::revoke_lease`], [`Model::delete_key`],
@@ -32,6 +33,7 @@
 //! [`Model::break_streams`], [`Model::restart`], and the inspection [`Model::leases`],
 //! [`Model::keys`], [`Model::revision`], [`Model::watches`].
 
+mod config;
 mod error;
 mod lessor;
 mod mvcc;
@@ -43,132 +45,17 @@ mod watch;
 #[cfg(test)]
 mod tests;
 
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+pub use config::{Config, Credentials};
 pub use server::Service;
 
-use crate::rng::Rng;
 use mvcc::Span;
 pub use sim::for_schedule;
 use state::State;
-
-/// How the model's etcd is configured, and the knobs the simulation draws.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct Config {
-    /// The seed of every random draw: lease IDs, tokens, the sync loop's phase, the progress
-    /// intervals' jitter.
-    pub seed: u64,
-    /// How long after its expiry an expired lease is revoked. etcd's lessor looks every 500 ms
-    /// and revokes through raft, so anywhere in [0, 500 ms]; [`Config::new`] draws it from the
-    /// seed.
-    pub revoke_late: Duration,
-    /// The shortest TTL a lease gets, in seconds: etcd's `⌈1.5 × election timeout⌉`, 2 with its
-    /// default timers (heartbeat 100 ms, election 1 s).
-    pub min_lease_ttl: i64,
-    /// How much longer than its TTL a new leader's lessor lets every lease live (`Promote`):
-    /// the election timeout, 1 s by default.
-    pub election_timeout: Duration,
-    /// How many revisions of history are kept (the model compacts as it writes); `None`, as
-    /// etcd's default (no auto-compaction): all of it.
-    pub history: Option<i64>,
-    /// The period of the watch sync loop, which sends a watch from a past revision its history
-    /// (etcd's `syncWatchersLoop`: 100 ms). The differential test shortens it, so that the
-    /// model's watches are never the ones still waiting for theirs.
-    pub sync_interval: Duration,
-    /// The interval of progress notifications (`--experimental-watch-progress-notify-interval`,
-    /// 10 minutes by default); each stream's is up to a tenth longer.
-    pub progress_interval: Duration,
-    /// Authentication on, with this root user; off (etcd's default) if `None`.
-    pub auth: Option<Credentials>,
-    /// How long an unused simple token stays valid (`--auth-token-ttl`, 300 s).
-    pub token_ttl: Duration,
-}
-
-/// A user and password of the model's etcd.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Credentials {
-    /// The user's name.
-    pub user: String,
-    /// The user's password.
-    pub password: String,
-}
-
-impl Config {
-    /// etcd's defaults, with `seed` and the lateness of revocations drawn from it.
-    pub fn new(seed: u64) -> Config {
-        let mut rng = Rng::new(seed ^ 0x6c65_6173_652d_7369);
-        Config {
-            seed,
-            revoke_late: Duration::from_millis(rng.below(501)),
-            min_lease_ttl: 2,
-            election_timeout: Duration::from_secs(1),
-            history: None,
-            sync_interval: Duration::from_millis(100),
-            progress_interval: Duration::from_secs(600),
-            auth: None,
-            token_ttl: Duration::from_secs(300),
-        }
-    }
-
-    /// With revocations `late` after expiry.
-    #[must_use]
-    pub fn revoke_late(mut self, late: Duration) -> Config {
-        self.revoke_late = late;
-        self
-    }
-
-    /// With the shortest lease TTL `seconds` (1 for the test support's etcd, whose timers are
-    /// 50 ms and 500 ms).
-    #[must_use]
-    pub fn min_lease_ttl(mut self, seconds: i64) -> Config {
-        self.min_lease_ttl = seconds;
-        self
-    }
-
-    /// With `timeout` as the election timeout (what `Promote` adds to every lease).
-    #[must_use]
-    pub fn election_timeout(mut self, timeout: Duration) -> Config {
-        self.election_timeout = timeout;
-        self
-    }
-
-    /// Keeping only the last `revisions` revisions of history.
-    #[must_use]
-    pub fn history(mut self, revisions: i64) -> Config {
-        self.history = Some(revisions);
-        self
-    }
-
-    /// With the watch sync loop running every `interval`.
-    #[must_use]
-    pub fn sync_interval(mut self, interval: Duration) -> Config {
-        self.sync_interval = interval;
-        self
-    }
-
-    /// With progress notifications every `interval` (and up to a tenth more).
-    #[must_use]
-    pub fn progress_interval(mut self, interval: Duration) -> Config {
-        self.progress_interval = interval;
-        self
-    }
-
-    /// With authentication on, for the root user `user` with `password`.
-    #[must_use]
-    pub fn auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Config {
-        self.auth = Some(Credentials {
-            user: user.into(),
-            password: password.into(),
-        });
-        self
-    }
-}
 
 /// A lease, as [`Model::leases`] lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -255,7 +142,8 @@ impl Model {
     }
 
     /// Starts the background task (lease expiry, the watch sync loop, progress notifications)
-    /// if it is not running: on the runtime that serves the model, through [`spawn`].
+    /// if it is not running: on the runtime that serves the model, through
+    /// [`spawn`](crate::server::spawn).
     fn ensure_background(&self) {
         let mut task = self
             .shared
@@ -266,42 +154,11 @@ impl Model {
             .as_ref()
             .is_none_or(tokio::task::JoinHandle::is_finished)
         {
-            *task = Some(spawn(background(
+            *task = Some(crate::server::spawn(background(
                 Arc::downgrade(&self.shared),
                 Arc::clone(&self.shared.wake),
             )));
         }
-    }
-
-    // --- serving ---
-
-    /// The model's gRPC service, for hyper's HTTP/2 server (see [`Model::serve_connection`]).
-    pub fn service(&self) -> Service {
-        self.ensure_background();
-        Service::new(self.clone())
-    }
-
-    /// Serves one client connection (any byte stream: a TCP socket, the simulation's network)
-    /// with hyper's HTTP/2 server, until the client closes it, or until
-    /// [`break_streams`](Model::break_streams) or [`restart`](Model::restart) drops it. No
-    /// timers: no keep-alive pings, no timeouts.
-    pub async fn serve_connection<I>(&self, io: I) -> Result<(), hyper::Error>
-    where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let service = self.service();
-        let mut breaks = self.shared.breaks.subscribe();
-        let connection = hyper::server::conn::http2::Builder::new(server::Executor)
-            .serve_connection(hyper_util::rt::TokioIo::new(io), service);
-        tokio::select! {
-            biased;
-            _ = breaks.changed() => Ok(()),
-            served = connection => served,
-        }
-    }
-
-    pub(crate) fn breaks(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.shared.breaks.subscribe()
     }
 
     // --- the state machine, for the server ---
@@ -450,15 +307,4 @@ async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
             () = sleep => {}
         }
     }
-}
-
-/// Spawns one of the model's tasks: its background task, a stream's reader, hyper's
-/// connection tasks. The one place that picks the runtime's spawn: lease-core's, so that in the
-/// simulation they run among the server's own tasks.
-pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    lease_core::runtime::spawn(future)
 }

@@ -3,7 +3,7 @@
 //!
 //! Each unary call is decoded, handed to the state machine with the time and the call's
 //! `token`, and answered. The two streams have a reader task each (spawned through
-//! [`spawn`](super::spawn)) that hands the client's messages to the state machine, and answer
+//! [`spawn`](crate::server::spawn)) that hands the client's messages to the state machine, and answer
 //! through a channel: the watch stream's answers are sent by whatever makes them (a creation, a
 //! write, the sync loop), a keep-alive's by its reader, which waits for the revocation of a lease
 //! that expired (etcd's `Renew` does), so the keep-alives after it on the stream wait too.
@@ -31,6 +31,7 @@ use lease_etcd::proto::{
 use super::Model;
 use super::error;
 use super::lessor::Renewal;
+use crate::server::spawn;
 
 /// The model as a hyper service: one gRPC call per HTTP/2 request, routed by its path.
 #[derive(Clone, Debug)]
@@ -38,9 +39,38 @@ pub struct Service {
     model: Model,
 }
 
-impl Service {
-    pub(crate) fn new(model: Model) -> Service {
-        Service { model }
+impl Model {
+    /// The model's gRPC service, for hyper's HTTP/2 server (see [`Model::serve_connection`]).
+    pub fn service(&self) -> Service {
+        self.ensure_background();
+        Service {
+            model: self.clone(),
+        }
+    }
+
+    /// Serves one client connection (any byte stream: a TCP socket, the simulation's network)
+    /// with hyper's HTTP/2 server, until the client closes it, or until
+    /// [`break_streams`](Model::break_streams) or [`restart`](Model::restart) drops it. No
+    /// timers: no keep-alive pings, no timeouts.
+    pub async fn serve_connection<I>(&self, io: I) -> Result<(), hyper::Error>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = self.service();
+        let mut breaks = self.shared.breaks.subscribe();
+        let connection = hyper::server::conn::http2::Builder::new(Executor)
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        tokio::select! {
+            biased;
+            _ = breaks.changed() => Ok(()),
+            served = connection => served,
+        }
+    }
+
+    /// A receiver told of every [`break_streams`](Model::break_streams) and
+    /// [`restart`](Model::restart): the streams served end on it.
+    fn breaks(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.breaks.subscribe()
     }
 }
 
@@ -55,9 +85,9 @@ impl hyper::service::Service<http::Request<Incoming>> for Service {
     }
 }
 
-/// hyper's executor for the connection's tasks: through the model's one [`spawn`](super::spawn).
+/// hyper's executor for the connection's tasks: through the model's one [`spawn`](crate::server::spawn).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Executor;
+struct Executor;
 
 impl<F> hyper::rt::Executor<F> for Executor
 where
@@ -65,7 +95,7 @@ where
     F::Output: Send + 'static,
 {
     fn execute(&self, future: F) {
-        drop(super::spawn(future));
+        drop(spawn(future));
     }
 }
 
@@ -148,7 +178,7 @@ async fn route(model: Model, request: http::Request<Incoming>) -> http::Response
                         mpsc::unbounded_channel::<Result<WatchResponse, Status>>();
                     let stream =
                         model.state(|s| s.open_watch_stream(outbox.clone(), token, Instant::now()));
-                    super::spawn(read_watches(model, stream, call.into_inner(), outbox));
+                    spawn(read_watches(model, stream, call.into_inner(), outbox));
                     UnboundedReceiverStream::new(answers)
                 },
             )
@@ -159,7 +189,7 @@ async fn route(model: Model, request: http::Request<Incoming>) -> http::Response
                 request,
                 move |call: tonic::Request<tonic::Streaming<LeaseId>>| {
                     let (outbox, answers) = mpsc::unbounded_channel();
-                    super::spawn(keep_alive(model, call.into_inner(), outbox));
+                    spawn(keep_alive(model, call.into_inner(), outbox));
                     UnboundedReceiverStream::new(answers)
                 },
             )

@@ -7,7 +7,7 @@
 //! - a watch from the next revision on (or later) is **synced**: every write transaction
 //!   sends it one answer with that revision's events in its range, as the write commits;
 //! - a watch from a past revision is **unsynced** until the store's sync loop
-//!   (every [`Config::sync_interval`](super::Config)) sends it the events since then from the
+//!   (every [`Config::sync_interval`](super::config::Config)) sends it the events since then from the
 //!   history (up to 1,000 revisions an answer), with
 //!   the current revision; a watch whose start was compacted away is answered
 //!   `compact_revision` (and `canceled`) there instead, with revision 0.
