@@ -1,6 +1,7 @@
 //! Many schedules: seeds `from..from + count` of one backend, on `jobs` threads, each failure
 //! told with the one command that replays it.
 
+use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,12 +34,70 @@ pub struct Report {
     pub segments: u64,
     /// The slowest recovery seen after a heal.
     pub slowest_recovery: Duration,
+    /// The first seed.
+    pub from: u64,
+    /// Threads it ran on.
+    pub jobs: usize,
 }
 
 impl Report {
     /// Schedules per wall-clock second.
     pub fn rate(&self) -> f64 {
         self.runs as f64 / self.took.as_secs_f64().max(1e-9)
+    }
+
+    /// Whether every schedule passed, every seed run twice gave one history and no thread crashed.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty() && self.nondeterministic.is_empty() && self.crashed == 0
+    }
+
+    /// What went wrong, a few lines per problem: each failing schedule with its violations and the
+    /// command that replays it, each seed whose two runs differed, the threads that crashed.
+    /// Empty when the sweep passed.
+    pub fn problems(&self, backend: &str) -> String {
+        let mut text = String::new();
+        for failure in &self.failures {
+            let _ = writeln!(text, "FAILED {}", failure.schedule);
+            for violation in &failure.violations {
+                let _ = writeln!(text, "  {violation}");
+            }
+            let seed = failure.schedule.seed;
+            let _ = writeln!(text, "  replay: {}", replay_command(backend, seed));
+        }
+        for &seed in &self.nondeterministic {
+            let _ = writeln!(
+                text,
+                "NONDETERMINISTIC seed {seed}: two runs gave two histories; replay: {}",
+                replay_command(backend, seed)
+            );
+        }
+        if self.crashed > 0 {
+            let _ = writeln!(
+                text,
+                "CRASHED {} sweep threads panicked outside a run",
+                self.crashed
+            );
+        }
+        text
+    }
+
+    /// The sweep's figures as one `RESULT` line, named so runs compare.
+    pub fn result_line(&self, backend: &str) -> String {
+        format!(
+            "RESULT sim_backend={backend} sim_schedules={} sim_failed={} sim_nondeterministic={} \
+             sim_schedules_per_s={:.1} sim_wall_s={:.1} sim_simulated_h={:.2} \
+             sim_slowest_recovery_s={:.2} sim_segments_per_schedule={} from={} jobs={}",
+            self.runs,
+            self.failures.len(),
+            self.nondeterministic.len(),
+            self.rate(),
+            self.took.as_secs_f64(),
+            self.simulated.as_secs_f64() / 3600.0,
+            self.slowest_recovery.as_secs_f64(),
+            self.segments / self.runs.max(1),
+            self.from,
+            self.jobs,
+        )
     }
 }
 
@@ -86,6 +145,8 @@ pub fn sweep(model: ModelFor, from: u64, count: u64, jobs: usize, twice_every: u
     let crashed = threads.into_iter().filter_map(|t| t.join().err()).count();
     let mut report = std::mem::take(&mut *report.lock().unwrap_or_else(PoisonError::into_inner));
     report.crashed = crashed;
+    report.from = from;
+    report.jobs = jobs.max(1);
     report.failures.sort_by_key(|o| o.schedule.seed);
     report.nondeterministic.sort_unstable();
     report.took = started.elapsed();

@@ -73,45 +73,9 @@ fn main() -> ExitCode {
             );
             let twice_every = flag(&args, "--twice-every").unwrap_or(100);
             let report = sweep::sweep(model, from, count, jobs, twice_every);
-            for failure in &report.failures {
-                println!("FAILED {}", failure.schedule);
-                for violation in &failure.violations {
-                    println!("  {violation}");
-                }
-                println!(
-                    "  replay: {}",
-                    sweep::replay_command(backend, failure.schedule.seed)
-                );
-            }
-            for seed in &report.nondeterministic {
-                println!(
-                    "NONDETERMINISTIC seed {seed}: two runs gave two histories; replay: {}",
-                    sweep::replay_command(backend, *seed)
-                );
-            }
-            println!(
-                "RESULT sim_backend={backend} sim_schedules={} sim_failed={} sim_nondeterministic={} \
-                 sim_schedules_per_s={:.1} sim_wall_s={:.1} sim_simulated_h={:.2} \
-                 sim_slowest_recovery_s={:.2} sim_segments_per_schedule={} from={from} jobs={jobs}",
-                report.runs,
-                report.failures.len(),
-                report.nondeterministic.len(),
-                report.rate(),
-                report.took.as_secs_f64(),
-                report.simulated.as_secs_f64() / 3600.0,
-                report.slowest_recovery.as_secs_f64(),
-                report.segments / report.runs.max(1),
-            );
-            if report.crashed > 0 {
-                println!(
-                    "CRASHED {} sweep threads panicked outside a run",
-                    report.crashed
-                );
-            }
-            if report.failures.is_empty()
-                && report.nondeterministic.is_empty()
-                && report.crashed == 0
-            {
+            print!("{}", report.problems(backend));
+            println!("{}", report.result_line(backend));
+            if report.passed() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
