@@ -160,12 +160,14 @@ side_checks() {
   local msrv_pid=$!
   # shellcheck disable=SC2064 # the pid, now: a failure below ends the check with the rest
   trap "kill $msrv_pid 2>/dev/null || true" EXIT
-  # The crates meant for users (publish = false marks the rest) are packaged, and each is built
-  # from its package alone against the others as packaged (a local registry stands in for
-  # crates.io). First, so the checkout is read before the tests run in it. About 3.5 CPU-minutes
-  # from an empty target/publish.
-  step "cargo publish --workspace --dry-run"
-  CARGO_TARGET_DIR=target/publish cargo publish --workspace --dry-run --quiet \
+  # The crates meant for users (publish = false marks the rest) are packaged, each against the
+  # others as packaged (a local registry stands in for crates.io): their manifests, versions and
+  # file lists. First, so the checkout is read before the tests run in it. Not built from the
+  # packages (--no-verify): that build, 4 CPU-minutes of a 2-core CI run, did not fit beside the
+  # simulation's sweep; `cargo publish` of a release builds each package as it always does, and
+  # the feature-by-feature clippy below builds each crate alone.
+  step "cargo publish --workspace --dry-run --no-verify"
+  CARGO_TARGET_DIR=target/publish cargo publish --workspace --dry-run --no-verify --quiet \
     ${LEASE_DIRTY_CHECKOUT:+"--allow-dirty"}
 
   # The README's first command: the demo as `cargo run -p lease-demo` builds it (the in-process
@@ -240,18 +242,25 @@ bounded() {
   return "$status"
 }
 
-# The tests run in two lanes at once: these binaries in the second, everything else (unit,
-# integration and doc tests of every package) in the first. They are long (chaos alone 100 s, 4 to
-# 5 minutes in all) and mostly idle, waiting on services, timeouts and worker processes, so beside
-# the first lane they cost little CPU and take minutes off the step.
-long_tests=(chaos consul_scale process_edges amqp_scale consul_cluster etcd_scale fence_frozen_link
-  redis_scale redis_sentinel)
+# The tests run in four lanes at once: the binaries each `lanes` entry names in a lane of its own,
+# in the background, and everything else (unit, integration and doc tests of every package) in
+# the first. They are long (chaos alone 100 s, 8 to 10 minutes in all) and mostly idle, waiting on
+# services, timeouts and worker processes, so beside each other they cost little CPU and take
+# minutes off the step. lease-sim's `sweep` (500 schedules of each backend's model) is the one
+# that computes: it has a lane with short tests beside it. Balanced by the times the binaries take
+# on a loaded 2-core machine (`finished in` in each lane's log).
+lanes=(
+  "process_edges min_hold consul_cluster fence_frozen_link redis_sentinel redis_scale"
+  "chaos amqp_scale consul_scale etcd_scale"
+  "sweep compile lock conformance postgres_fence"
+)
 test_log=target/test.log
-lane2_log=target/test-lane2.log
+lane_logs=()
+for i in "${!lanes[@]}"; do lane_logs+=("target/test-lane$((i + 2)).log"); done
 : >"$test_log"
-: >"$lane2_log"
+for log in "${lane_logs[@]}"; do : >"$log"; done
 tests_status=0
-lane2_status=0
+lanes_status=0
 
 # Built once, first: cargo holds its build-directory lock while it builds, not while tests run
 # (with cargo 1.95, a second `cargo test` ran, and even rebuilt, beside a running one), and the
@@ -269,23 +278,26 @@ if ((tests_status == 0)); then
   # The first lane names the rest target by target (the same name in two packages runs in both).
   lane1=()
   while read -ra filter; do
-    if [[ ${filter[0]} == --test && " ${long_tests[*]} " == *" ${filter[1]} "* ]]; then continue; fi
+    if [[ ${filter[0]} == --test && " ${lanes[*]} " == *" ${filter[1]} "* ]]; then continue; fi
     lane1+=("${filter[@]}")
   done < <(awk '{ f = $1 == "bin" ? "--bins" : $1 ~ /^(test|example|bench)$/ ? "--" $1 " " $2 : "--lib"
                   if (!seen[f]++) print f }' <<<"$test_executables")
-  lane2=()
-  for name in "${long_tests[@]}"; do lane2+=(--test "$name"); done
 
-  # Extra arguments go to both lanes. --no-fail-fast: one run shows every failing test binary, not
-  # only the first. Failures are reported after the background checks are in.
-  step "cargo test, second lane (${long_tests[*]}): in the background (see $lane2_log)"
-  (
-    status=0
-    bounded 1200 cargo test --workspace --all-features --no-fail-fast "${lane2[@]}" "$@" || status=$?
-    step "second lane done"
-    exit "$status"
-  ) >"$lane2_log" 2>&1 &
-  lane2_pid=$!
+  # Extra arguments go to every lane. --no-fail-fast: one run shows every failing test binary,
+  # not only the first. Failures are reported after the background checks are in.
+  lane_pids=()
+  for i in "${!lanes[@]}"; do
+    filters=()
+    for name in ${lanes[i]}; do filters+=(--test "$name"); done
+    step "cargo test, lane $((i + 2)) (${lanes[i]}): in the background (see ${lane_logs[i]})"
+    (
+      status=0
+      bounded 1200 cargo test --workspace --all-features --no-fail-fast "${filters[@]}" "$@" || status=$?
+      step "lane $((i + 2)) done"
+      exit "$status"
+    ) >"${lane_logs[i]}" 2>&1 &
+    lane_pids+=($!)
+  done
 
   step "cargo test, first lane: every other test binary"
   bounded 1200 cargo test --workspace --all-features --no-fail-fast "${lane1[@]}" "$@" 2>&1 |
@@ -293,15 +305,22 @@ if ((tests_status == 0)); then
   bounded 600 cargo test --workspace --all-features --no-fail-fast --doc "$@" 2>&1 |
     tee -a "$test_log" || tests_status=$?
 
-  step "cargo test, second lane (its log)"
-  wait "$lane2_pid" || lane2_status=$?
-  cat "$lane2_log"
+  for i in "${!lanes[@]}"; do
+    step "cargo test, lane $((i + 2)) (its log)"
+    status=0
+    wait "${lane_pids[i]}" || status=$?
+    cat "${lane_logs[i]}"
+    if ((status != 0)); then
+      echo "lane $((i + 2))'s tests failed (exit $status): see ${lane_logs[i]} above" >&2
+      lanes_status=$status
+    fi
+  done
 
-  # Each test executable once, in one lane or the other: a target the split left out, or ran
+  # Each test executable once, in one lane or another: a target the split left out, or ran
   # twice, fails the run instead of passing unseen.
-  ran=$(cat "$test_log" "$lane2_log" | grep -c '^ *Running ' || true)
+  ran=$(cat "$test_log" "${lane_logs[@]}" | grep -c '^ *Running ' || true)
   built=$(grep -c . <<<"$test_executables" || true)
-  if ((tests_status == 0 && lane2_status == 0 && ran != built)); then
+  if ((tests_status == 0 && lanes_status == 0 && ran != built)); then
     echo "the lanes ran $ran test executables, the build made $built: the split is wrong" >&2
     tests_status=1
   fi
@@ -332,15 +351,15 @@ fi
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # run with nothing in it).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$test_log" "$lane2_log"
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$test_log" "${lane_logs[@]}"
 step "done"
 if ((tests_status != 0)); then
   echo "the tests failed (exit $tests_status): see the build above, or $test_log (the first lane)" >&2
 fi
-if ((lane2_status != 0)); then
-  echo "the second lane's tests failed (exit $lane2_status): see $lane2_log above" >&2
+if ((lanes_status != 0)); then
+  echo "a background lane's tests failed: see its log above" >&2
 fi
 if ((bench_status != 0)); then
   echo "a benchmark's quick mode failed (exit $bench_status): see target/bench-quick.log above" >&2
 fi
-((tests_status == 0 && lane2_status == 0 && side_status == 0 && bench_status == 0))
+((tests_status == 0 && lanes_status == 0 && side_status == 0 && bench_status == 0))
