@@ -58,3 +58,13 @@ fn a_seed_gives_one_history() {
         assert!(first.lines > 100, "{backend}: the run did nothing");
     }
 }
+
+/// Not a bug of the client, one of the check: an operator deleted the leader key 50 ms after
+/// the server came back from a restart, while the holder was still opening its watch again; it
+/// heard of the deletion 660 ms later, the next holder (no lock-delay on a deleted key) had
+/// begun 310 ms after the deletion. The documented exception (an operator's action the holder
+/// could not hear of) now covers the reconnection after a cut-off, within `NOTICE` of its end.
+#[test]
+fn consul_a_key_deleted_while_the_holder_reconnects_after_a_restart() {
+    passes("consul", 422);
+}

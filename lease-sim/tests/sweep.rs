@@ -27,8 +27,13 @@ fn sweeps_clean(backend: &str) {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let jobs = (cores / 2).max(1);
     let report = sweep::sweep(model, 0, schedules(), jobs, 100);
+    // Printed, not only the assertion's message: the simulation's panic hook records panics.
+    print!("{}", report.problems(backend));
     println!("{}", report.result_line(backend));
-    assert!(report.passed(), "{}", report.problems(backend));
+    assert!(
+        report.passed(),
+        "{backend}'s sweep failed: see its problems above"
+    );
 }
 
 #[test]
