@@ -10,7 +10,7 @@
 #   bash scripts/sim.sh 1000 --jobs 1           # one core
 #
 # A failure replays with `cargo run -p lease-sim --release -- run <backend> --seed N --history`
-# (LEASE_SIM_LIVE=1 prints the history as it is written). CI runs 500 of each (lease-sim's `sweep`
+# (LEASE_SIM_LIVE=1 prints the history as it is written). CI runs 150 of each (lease-sim's `sweep`
 # test, in scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

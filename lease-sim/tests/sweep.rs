@@ -1,22 +1,23 @@
-//! The CI sweep: seeds `0..500` of each backend's model, the two backends at once on every core,
+//! The CI sweep: seeds `0..150` of each backend's model, the two backends at once on every core,
 //! every 100th seed run twice to check that one seed gives one history. The seeds are fixed, so
 //! CI is deterministic: the wider search is `scripts/sim.sh N --from SEED`, which sweeps other
-//! seeds.
+//! seeds in a release build.
 //!
-//! `LEASE_SIM_SCHEDULES=N` changes how many: 100 for a developer's quick look, 2,000 for the
-//! sweep the simulation was specified with (about 400 s on two cores: a schedule costs 0.17-0.19
-//! CPU-seconds in the test profile, where the simulated crates and their hot dependencies build
-//! optimized; see the workspace's `Cargo.toml`). 500 is what CI's time allows beside the rest.
+//! `LEASE_SIM_SCHEDULES=N` changes how many: 2,000 is the sweep the simulation was specified
+//! with. In the test profile a schedule costs about 0.77 CPU-seconds (its dependencies build
+//! optimized, our crates do not; see the workspace's `Cargo.toml`), so 150 is what a 2-core CI
+//! run affords beside the other tests (about 115 s); a release build (`scripts/sim.sh`) runs
+//! about 10 a second on two cores.
 
 use lease_sim::sweep;
 
-/// Schedules per backend: `LEASE_SIM_SCHEDULES`, or 500.
+/// Schedules per backend: `LEASE_SIM_SCHEDULES`, or 150.
 fn schedules() -> u64 {
     match std::env::var("LEASE_SIM_SCHEDULES") {
         Ok(count) => count.parse().unwrap_or_else(|_| {
             panic!("LEASE_SIM_SCHEDULES={count:?} is not a number of schedules")
         }),
-        Err(_) => 500,
+        Err(_) => 150,
     }
 }
 
