@@ -177,7 +177,8 @@ impl RedisBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when no URL was set, it does not parse, the prefix has a brace, or TLS
+    /// [`Error::Config`] when no URL was set, it does not parse, the prefix has a brace, a
+    /// timeout is zero or above an hour, or TLS
     /// is asked for in a build without it (or its CA file cannot be read).
     pub fn build(self) -> Result<Redis, Error> {
         let Some(url) = self.url.as_deref() else {
@@ -190,6 +191,17 @@ impl RedisBuilder {
                 "the key prefix {:?} has a brace: the hash tag of a name's keys follows it",
                 self.prefix
             )));
+        }
+        for (name, timeout) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if timeout.is_zero() || timeout > MAX_TIMEOUT {
+                return Err(Error::config(format!(
+                    "RedisBuilder::{name} is {timeout:?}: give it more than zero and at most \
+                     {MAX_TIMEOUT:?} (a few seconds is usual)"
+                )));
+            }
         }
         let parsed = parse_url(url)?;
         let ca_pem = match &self.ca_cert {
@@ -248,6 +260,10 @@ struct Parsed {
     address: String,
 }
 
+/// The longest connect or request timeout [`RedisBuilder::build`] takes: far above any useful
+/// one, and far enough below `Instant`'s range that a deadline `now + timeout` always exists.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 fn bad_url(url: &str, why: &str) -> Error {
     // Never the password in an error.
     let shown = match url.split_once('@') {
@@ -261,24 +277,6 @@ fn bad_url(url: &str, why: &str) -> Error {
         "the Redis URL {shown:?} {why}; write redis://[:password@]host:port[/db], rediss://… \
          for TLS, or redis+sentinel://host:26379[,host:port]/master[/db]"
     ))
-}
-
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn host_port(text: &str, default_port: u16) -> Option<(String, u16)> {
@@ -326,10 +324,10 @@ fn parse_url(url: &str) -> Result<Parsed, Error> {
             None => (userinfo, None),
         };
         if !user.is_empty() {
-            info = info.set_username(percent_decoded(user));
+            info = info.set_username(lease_core::address::percent_decoded(user));
         }
         if let Some(password) = password.filter(|p| !p.is_empty()) {
-            info = info.set_password(percent_decoded(password));
+            info = info.set_password(lease_core::address::percent_decoded(password));
         }
     }
     let mut path = path.split('/').filter(|p| !p.is_empty());
@@ -396,5 +394,29 @@ mod tests {
         assert!(!bad.contains("hunter2"), "{bad}");
         assert!(parse_url("redis://host/x").is_err());
         assert!(parse_url("redis+sentinel://a/").is_err());
+        // A `%` before a multi-byte character is kept, not sliced through.
+        let p = parse_url("redis://:%aé@cache").unwrap();
+        assert_eq!(p.info.password(), Some("%aé"));
+    }
+
+    #[test]
+    fn timeouts_out_of_range_are_refused_with_their_name() {
+        for (builder, name) in [
+            (
+                Redis::builder().request_timeout(Duration::MAX),
+                "request_timeout",
+            ),
+            (
+                Redis::builder().connect_timeout(Duration::ZERO),
+                "connect_timeout",
+            ),
+        ] {
+            let error = builder
+                .url("redis://cache")
+                .build()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(name), "{error}");
+        }
     }
 }

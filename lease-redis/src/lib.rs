@@ -36,10 +36,11 @@
 //!   the tokens still rise (they follow the server's clock).
 //! - **A master with replicas, failover by Sentinel** (`redis+sentinel://`): replication is
 //!   asynchronous, so a failover can lose the last writes. With the replica sync on (the
-//!   default), an acquisition is returned only once every replica the master had has it, so a
-//!   promoted replica has every lease that was returned; a renewal is not waited for, so the
-//!   promoted replica may have an older expiry, never one later than the holder's own fence.
-//!   What is not promised: a replica that was not connected when the acquisition ran (or a
+//!   default), an acquisition is returned only once every replica the master had when the
+//!   command connection opened has it, so a promoted replica has every lease that was
+//!   returned; a renewal is not waited for, so the promoted replica may have an older expiry,
+//!   never one later than the holder's own fence.
+//!   What is not promised: a replica that connected after the command connection opened (or a
 //!   `WAIT` answered by one replica while another is promoted) may lack it, and then two
 //!   holders can overlap until the old one notices (its connection to the old master breaks, or
 //!   its next renewal on the new one fails). The fencing token is what refuses the older

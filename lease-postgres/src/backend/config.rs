@@ -327,7 +327,7 @@ fn libpq_tls_params(url: &str) -> (Cow<'_, str>, Option<PathBuf>) {
             }
             ("sslrootcert", path) => {
                 changed = true;
-                root_cert = Some(PathBuf::from(percent_decoded(path)));
+                root_cert = Some(PathBuf::from(lease_core::address::percent_decoded(path)));
                 None
             }
             _ => Some(format!("{key}={value}")),
@@ -365,30 +365,6 @@ fn libpq_tls_params(url: &str) -> (Cow<'_, str>, Option<PathBuf>) {
     } else {
         (Cow::Borrowed(url), None)
     }
-}
-
-/// `%XX` escapes decoded (a path in a URL's query); anything else kept as it is.
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The schema rule: a plain lowercase identifier, short enough that `<schema>_leases` is a
