@@ -35,6 +35,11 @@ pub struct Schedule {
     /// The server's knob: Consul's TTL multiplier (invalidation between 1 and 2 TTLs after the
     /// last renewal), in percent; etcd's lessor lateness in milliseconds (0–500).
     pub server_knob: u64,
+    /// The connection budget of every process's client where the schedule draws one (a quarter
+    /// of them, 4–7: Consul's `max_connections`, which etcd has no counterpart of). Fewer watch
+    /// slots than a process has interests make its watch groups share, widen and reshape as
+    /// leases come and go.
+    pub client_connections: Option<usize>,
     /// The faults, by start.
     pub faults: Vec<Planned>,
 }
@@ -177,12 +182,16 @@ impl Schedule {
             })
             .collect();
         faults.sort_by_key(|p| p.at);
+        // A stream of its own, so that every other draw is what it was before budgets were.
+        let mut budget = Rng::new(seed).fork("connections");
+        let client_connections = (budget.below(4) == 0).then(|| budget.between(4, 7) as usize);
         Schedule {
             seed,
             processes,
             ttl,
             lock_delay,
             server_knob,
+            client_connections,
             faults,
         }
     }
@@ -250,6 +259,9 @@ impl fmt::Display for Schedule {
             "seed {}: {} processes, TTL {:?}, lock-delay {:?}, server knob {}",
             self.seed, self.processes, self.ttl, self.lock_delay, self.server_knob
         )?;
+        if let Some(budget) = self.client_connections {
+            write!(f, ", {budget} connections per client")?;
+        }
         for planned in &self.faults {
             write!(f, "\n  at {:?}: {:?}", planned.at, planned.fault)?;
         }

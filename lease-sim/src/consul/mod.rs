@@ -92,6 +92,7 @@ pub struct Config {
     node_name: String,
     datacenter: String,
     leader_address: String,
+    client_connections: Option<usize>,
 }
 
 impl Config {
@@ -104,6 +105,7 @@ impl Config {
             node_name: "lease-sim".to_owned(),
             datacenter: "dc1".to_owned(),
             leader_address: "127.0.0.1:8300".to_owned(),
+            client_connections: None,
         }
     }
 
@@ -131,6 +133,14 @@ impl Config {
     #[must_use]
     pub fn datacenter(mut self, datacenter: impl Into<String>) -> Config {
         self.datacenter = datacenter.into();
+        self
+    }
+
+    /// The connection budget ([`ConsulBuilder::max_connections`](lease_consul::ConsulBuilder::max_connections))
+    /// of the clients the simulation builds for this model; `None`, the client's default.
+    #[must_use]
+    pub fn client_connections(mut self, budget: Option<usize>) -> Config {
+        self.client_connections = budget;
         self
     }
 }

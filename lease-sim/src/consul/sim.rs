@@ -18,11 +18,14 @@ use crate::world::Process;
 /// The port clients dial, Consul's HTTP port.
 const PORT: u16 = 8500;
 
-/// The model of `schedule`: its seed, and its TTL multiplier drawn in [1, 2].
+/// The model of `schedule`: its seed, its TTL multiplier drawn in [1, 2], and its clients'
+/// connection budget.
 pub fn for_schedule(schedule: &Schedule) -> Rc<dyn Server> {
     let multiplier = 1.0 + schedule.server_knob as f64 / 100.0;
     Rc::new(Model::new(
-        Config::new(schedule.seed).ttl_multiplier(multiplier),
+        Config::new(schedule.seed)
+            .ttl_multiplier(multiplier)
+            .client_connections(schedule.client_connections),
     ))
 }
 
@@ -50,10 +53,13 @@ impl Server for Model {
     }
 
     fn client(&self, process: &Process, host: &str) -> Arc<dyn Backend> {
-        let built = Consul::builder()
+        let mut builder = Consul::builder()
             .address(format!("http://{host}:{PORT}"))
-            .dial(process.dial())
-            .build();
+            .dial(process.dial());
+        if let Some(budget) = self.config().client_connections {
+            builder = builder.max_connections(budget);
+        }
+        let built = builder.build();
         match built {
             Ok(consul) => Arc::new(consul),
             // The builder refuses only bad settings, and these are fixed: a bug in the
