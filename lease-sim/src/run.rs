@@ -381,7 +381,14 @@ impl Sim {
                         .get(process)
                         .map(|s| (s.process.clone(), s.running.as_ref().map(|r| r.pid)))
                 };
-                if let Some((victim, pid)) = killed {
+                // A process already killed, its replacement still to start, is not killed
+                // again: its slot has one replacement coming, not two (the first of two would
+                // run on unstopped, outside the slots, and outlive the run).
+                if let Some((victim, _)) = killed.as_ref().filter(|(v, _)| v.is_killed()) {
+                    let name = victim.name().to_owned();
+                    self.trace
+                        .note("skipped", format!("kill {name}: already dead"));
+                } else if let Some((victim, pid)) = killed {
                     victim.kill();
                     if let Some(pid) = pid {
                         self.registry.forget(pid);

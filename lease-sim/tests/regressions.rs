@@ -68,3 +68,13 @@ fn a_seed_gives_one_history() {
 fn consul_a_key_deleted_while_the_holder_reconnects_after_a_restart() {
     passes("consul", 422);
 }
+
+/// The simulation's own bug: a process killed again before its replacement started (killed at
+/// 18.4 s to restart at 41.5 s, "killed" again at 37.6 s to restart at 54.7 s) got two
+/// replacements; the first was pushed out of its slot by the second, never stopped, and its
+/// leases outlived the run ("left behind"). A dead process is not killed again.
+#[test]
+fn a_process_killed_twice_before_its_restart_has_one_replacement() {
+    passes("consul", 707);
+    passes("etcd", 707);
+}
