@@ -453,6 +453,101 @@ async fn cancelled_acquisitions_leave_nothing_in_another_schema() {
     assert_eq!(count().await, 0);
 }
 
+/// An acquire dropped while its attempt waits on the key's lock (the statement has yet to insert
+/// the row), then `shutdown` and the runtime gone, as a process does at SIGTERM: `shutdown`
+/// returns only once the row the statement went on to insert is given back, so nothing is left.
+/// (The chaos run's leak in CI: a waiter woken by the holder's release at SIGTERM sent its
+/// attempt, was dropped, and its give-back, started only after `shutdown` had returned, died
+/// with the process.)
+#[tokio::test]
+async fn shutdown_waits_for_the_row_of_an_acquire_dropped_while_its_attempt_was_blocked() {
+    let (db, admin, postgres, app) = set_up("dropped_blocked").await;
+    const KEY: &str = "jobs/blocked";
+    // The key's advisory lock as `lease.try_acquire` takes it, held by an open transaction.
+    let mut blocking = db.connect().await;
+    let blocker = blocking.transaction().await.unwrap();
+    blocker
+        .execute(
+            "SELECT pg_advisory_xact_lock(1818584421, hashtext($1))",
+            &[&KEY],
+        )
+        .await
+        .unwrap();
+    let (drop_now, dropped) = tokio::sync::oneshot::channel::<()>();
+    let (shutting_down, shutdown_began) = tokio::sync::oneshot::channel::<()>();
+    let (gone, process_gone) = tokio::sync::oneshot::channel::<()>();
+    // The process: a runtime of its own, which every task of the backend runs on, dropped once
+    // `shutdown` returns.
+    let process = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            // Both connections opened (their tasks on this runtime), so the attempt and a
+            // release go on different ones.
+            for _ in 0..2 {
+                let warm_up = postgres.acquire(&LeaseSpec::leader("jobs/warm-up")).await;
+                warm_up.unwrap().release().await.unwrap();
+            }
+            let spec = LeaseSpec::leader(KEY);
+            tokio::select! {
+                acquired = postgres.acquire(&spec) => {
+                    panic!("acquired past the key's lock: {acquired:?}")
+                }
+                _ = dropped => {}
+            }
+            let _ = shutting_down.send(());
+            postgres.shutdown().await;
+        });
+        drop(runtime);
+        let _ = gone.send(());
+    });
+    within(
+        Duration::from_secs(10),
+        "the attempt to wait on the key's lock",
+        async {
+            loop {
+                let waiting: i64 = admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 \
+                     AND application_name = $2 AND wait_event_type = 'Lock'",
+                        &[&db.name(), &app],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if waiting > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    drop_now.send(()).unwrap();
+    shutdown_began.await.unwrap();
+    // Had the give-back gone at once, it would have found nothing (the row is still to be
+    // inserted) and `shutdown` would have returned, the process gone before the row is
+    // inserted: the lock is let go once it is gone, or after a second (the give-back rightly
+    // waiting for the answer, which comes after the lock).
+    let _ = tokio::time::timeout(Duration::from_secs(1), process_gone).await;
+    blocker.commit().await.unwrap();
+    tokio::task::spawn_blocking(move || process.join())
+        .await
+        .unwrap()
+        .unwrap();
+    // Its connections closed, the statement it sent has ended.
+    sessions_until(&admin, &db, &app, "the process's sessions to close", |n| {
+        n == 0
+    })
+    .await;
+    let rows = lease_tests::postgres::lease_rows(&admin, KEY)
+        .await
+        .unwrap();
+    assert!(rows.is_empty(), "left behind: {rows:?}");
+}
+
 /// A semaphore holder whose row is deleted loses its slot at once; the slot stays barred for its
 /// settle time, then goes to a waiter, while the other holder keeps its own throughout.
 #[tokio::test]

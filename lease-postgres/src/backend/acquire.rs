@@ -26,8 +26,11 @@
 //! the `DELETE`, so an operator's transaction kept open past the holder's settle time bars
 //! nothing once it commits.
 //!
-//! A cancelled acquisition whose attempt was sent gives its row back in the background
-//! (`postgres_lease::cancelled_acquisitions_leave_nothing_in_another_schema`).
+//! A cancelled acquisition whose attempt was sent gives its row back in the background, once the
+//! statement carrying the attempt has answered (before it, the row may not exist yet), as one of
+//! the clean-ups `Backend::shutdown` waits for
+//! (`postgres_lease::cancelled_acquisitions_leave_nothing_in_another_schema`,
+//! `postgres_lease::shutdown_waits_for_the_row_of_an_acquire_dropped_while_its_attempt_was_blocked`).
 
 use std::sync::Arc;
 
@@ -35,7 +38,7 @@ use lease_core::backend::Fence;
 use lease_core::{Backend, BackendKind, Error, Lease, LeaseSpec, LostReason, Sequencer, Target};
 use tokio::time::Instant;
 
-use super::attempt::Attempt;
+use super::attempt::{Attempt, InFlight};
 use super::client::Shared;
 use super::hold::{Detached, RowHold};
 use super::listen::{Note, Subscription};
@@ -74,6 +77,8 @@ struct Pending {
     key: String,
     holder: String,
     armed: bool,
+    /// The attempt under way, if one is: its statement may insert the row after the drop.
+    in_flight: Option<InFlight>,
 }
 
 impl Drop for Pending {
@@ -83,10 +88,20 @@ impl Drop for Pending {
         }
         let shared = Arc::clone(&self.shared);
         let (key, holder) = (self.key.clone(), self.holder.clone());
+        let in_flight = self.in_flight.take();
         let detached = Detached::of(&shared.wire);
         let abandoned = (key.clone(), holder.clone());
         self.shared.keepers.spawn_clean_up(
             async move {
+                // A release sent before the statement that inserts the row commits would find
+                // nothing: its answer first. Busy (or in another's way) inserted nothing; a
+                // retry of a lost answer finds its own row, so the last answer is the one.
+                if let Some(mut in_flight) = in_flight {
+                    let answer = super::attempt::answer(&mut in_flight).await;
+                    if answer.is_ok_and(|a| a.outcome != "acquired") {
+                        return;
+                    }
+                }
                 let _ = shared.release(&key, &holder).await;
             },
             move || Some(detached.release(abandoned.0, abandoned.1)),
@@ -126,6 +141,7 @@ pub(crate) async fn acquire(
         key: key.to_owned(),
         holder: holder.clone(),
         armed: true,
+        in_flight: None,
     };
     let attempt = Attempt {
         key: key.to_owned(),
@@ -152,7 +168,10 @@ pub(crate) async fn acquire(
         // Whether a failed try may have reached the server (and inserted the row).
         let mut maybe_sent = false;
         let answer = loop {
-            match shared.attempt(attempt.clone()).await {
+            let in_flight = pending.in_flight.insert(shared.attempt(attempt.clone()));
+            let answer = super::attempt::answer(in_flight).await;
+            pending.in_flight = None;
+            match answer {
                 Err(error) => {
                     maybe_sent |= error.maybe_sent();
                     if !retry.again(&error).await {

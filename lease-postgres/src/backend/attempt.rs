@@ -6,8 +6,11 @@
 //! per handle takes whatever attempts are queued when it wakes (a process acquiring 1,000 leases
 //! at start-up, waiters woken by one release), sends them together and answers each; an attempt
 //! alone goes at once, as alone. `lease.try_acquire_many(..)` locks its keys in one order, so two
-//! batches never wait for each other in a cycle. An acquire dropped before its attempt was sent
-//! sends nothing; one dropped while it was under way has its row given back after the statement.
+//! batches never wait for each other in a cycle. The acquire keeps its attempt's [`InFlight`]
+//! answer: one dropped before its attempt was sent sends nothing (the answer's receiver is gone
+//! with it); one dropped while it was under way hands the receiver to its clean-up, which waits
+//! for the statement's answer before it gives the row back, so that the give-back is one of the
+//! clean-ups `Backend::shutdown` waits for.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -16,7 +19,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::batch::{Batched, Drain};
-use super::release::Releaser;
 use super::wire::{PgError, Wire};
 
 /// The most attempts one statement carries.
@@ -46,31 +48,27 @@ pub(crate) struct Answer {
 
 type Reply = oneshot::Sender<Result<Answer, PgError>>;
 
+/// Where a queued attempt's answer arrives; an attempt whose `InFlight` is dropped before the
+/// attempt is sent is not sent.
+pub(crate) type InFlight = oneshot::Receiver<Result<Answer, PgError>>;
+
 /// The pending attempts of one backend handle.
 pub(crate) type Attempts = Batched<Attempt, Result<Answer, PgError>>;
 
-/// Sends `attempt` with the attempts queued beside it; one try, no retry. The task that sends
-/// them is handed the wire (weakly) and `releaser`, to give back a row whose acquire was
-/// dropped.
-pub(crate) async fn attempt(
-    attempts: &Attempts,
-    wire: &Arc<Wire>,
-    releaser: &Arc<Releaser>,
-    attempt: Attempt,
-) -> Result<Answer, PgError> {
-    let answer = attempts.push(attempt, |drain| {
-        attempt_all(drain, Arc::downgrade(wire), Arc::clone(releaser))
-    });
-    answer
+/// Queues `attempt` to go with the attempts queued beside it; one try, no retry. The task that
+/// sends them is handed the wire, weakly.
+pub(crate) fn attempt(attempts: &Attempts, wire: &Arc<Wire>, attempt: Attempt) -> InFlight {
+    attempts.push(attempt, |drain| attempt_all(drain, Arc::downgrade(wire)))
+}
+
+/// The answer of an attempt under way.
+pub(crate) async fn answer(in_flight: &mut InFlight) -> Result<Answer, PgError> {
+    in_flight
         .await
         .unwrap_or_else(|_| Err(PgError::Malformed("the backend handle is gone".into())))
 }
 
-async fn attempt_all(
-    drain: Drain<Attempt, Result<Answer, PgError>>,
-    wire: Weak<Wire>,
-    releaser: Arc<Releaser>,
-) {
+async fn attempt_all(drain: Drain<Attempt, Result<Answer, PgError>>, wire: Weak<Wire>) {
     while let Some(batch) = drain.next(BATCH).await {
         // An acquire dropped before its attempt was sent needs nothing sent.
         let (batch, replies): (Vec<Attempt>, Vec<Reply>) = batch
@@ -153,22 +151,9 @@ async fn attempt_all(
                     attempt.holder
                 )))
             });
-            if let Err(Ok(answer)) = reply.send(answer) {
-                if answer.outcome == "acquired" {
-                    // The acquire was dropped while its attempt was under way: give the row
-                    // back, after the statement that inserted it.
-                    let (wire, releaser) = (Arc::clone(&strong), Arc::clone(&releaser));
-                    lease_core::runtime::spawn(async move {
-                        let _ = super::release::release(
-                            &releaser,
-                            &wire,
-                            &attempt.key,
-                            &attempt.holder,
-                        )
-                        .await;
-                    });
-                }
-            }
+            // Nobody to answer only if the acquire's clean-up was dropped too (its runtime
+            // ended): a row inserted meanwhile expires with its TTL.
+            let _ = reply.send(answer);
         }
     }
 }

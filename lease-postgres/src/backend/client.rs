@@ -12,11 +12,11 @@ use lease_core::backend::{Fence, Keepers};
 use lease_core::{Error, LostReason};
 use tokio::sync::oneshot;
 
-use super::attempt::{Answer, Attempt, Attempts};
+use super::attempt::{Attempt, Attempts, InFlight};
 use super::listen::{Listener, Subscription};
 use super::release::Releaser;
 use super::renew::Renewer;
-use super::wire::{PgError, Wire};
+use super::wire::Wire;
 
 /// The state every clone of one backend shares: the wire side, and the machinery that runs on
 /// it (the holder tasks, the listener, the renewer, the releaser and the attempt batcher). Each
@@ -52,9 +52,10 @@ impl Shared {
         }
     }
 
-    /// Sends `attempt` with the attempts queued beside it; one try, no retry.
-    pub(crate) async fn attempt(&self, attempt: Attempt) -> Result<Answer, PgError> {
-        super::attempt::attempt(&self.attempts, &self.wire, &self.releaser, attempt).await
+    /// Queues `attempt` to go with the attempts queued beside it (one try, no retry); its answer
+    /// arrives in what this returns.
+    pub(crate) fn attempt(&self, attempt: Attempt) -> InFlight {
+        super::attempt::attempt(&self.attempts, &self.wire, attempt)
     }
 
     /// Gives `holder`'s row of `key` back, with the releases queued beside it.
