@@ -23,8 +23,11 @@ use lease_core::Sequencer;
 
 use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
 
-/// How soon a holder that could not hear of its loss must stop once it can.
-pub const NOTICE: Duration = Duration::from_secs(1);
+/// How soon a holder that could not hear of its loss must stop once it can: the longest pause of
+/// a client's outage gate (Consul's, 2 s: its first request after a heal may wait that long) and
+/// half a second for the listing that tells it. (1 s was too short: seed 1225 of Consul, a
+/// holder that heard 1.6 s after the server came back.)
+pub const NOTICE: Duration = Duration::from_millis(2_500);
 
 /// How much longer than its bound an acquire may take: lease-core's slack (the last attempt's
 /// answer on its way), and a millisecond for the timer's tick.
@@ -53,8 +56,12 @@ pub struct CutOff {
 pub struct Action {
     /// When (ns).
     pub at: u128,
-    /// The sequencers whose leases it took away (the holders at that moment).
+    /// The sequencers whose leases it took away: the holders at that moment, and those the
+    /// server had granted before it whose holders learned of the grant only after it (the
+    /// answer was on its way; the oracle adds them when it first sees them).
     pub took: Vec<String>,
+    /// The server's index just before it (see [`crate::server::Server::index`]).
+    pub index: u64,
 }
 
 /// What the run saw besides the history.

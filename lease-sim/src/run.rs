@@ -18,12 +18,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lease_core::Sequencer;
 use lease_core::backend::Reachability;
 use lease_core::leader::CampaignState;
 use tokio::task::LocalSet;
 use tokio::time::Instant;
 
-use crate::check::{self, Action, CutOff, Seen};
+use crate::check::{self, Action, CutOff, NOTICE, Seen};
 use crate::net::{Net, NetConfig};
 use crate::panics;
 use crate::rng::Rng;
@@ -354,7 +355,7 @@ impl Sim {
             }
             Fault::DeleteKey { key } => self.act(|| self.model.delete_key(key)),
             Fault::DeleteSemaphoreKey { pick } => {
-                let holders: Vec<lease_core::Sequencer> = (self.registry.held().iter())
+                let holders: Vec<Sequencer> = (self.registry.held().iter())
                     .map(|h| h.lease.sequencer().clone())
                     .filter(|s| s.key().starts_with(&format!("{SEMAPHORE}/")))
                     .collect();
@@ -411,6 +412,7 @@ impl Sim {
     /// slot).
     fn act(&self, action: impl FnOnce()) {
         let at = self.now_ns();
+        let index = self.model.index();
         let held = self.registry.held();
         let before: Vec<bool> = held
             .iter()
@@ -422,7 +424,10 @@ impl Sim {
             .map(|(h, _)| h.lease.sequencer().to_string())
             .collect();
         self.trace.note("operator", format!("took {took:?}"));
-        self.seen.borrow_mut().actions.push(Action { at, took });
+        self.seen
+            .borrow_mut()
+            .actions
+            .push(Action { at, took, index });
     }
 
     fn heal_after(self: Rc<Self>, lasting: Duration, heal: impl FnOnce(&Sim) + 'static) {
@@ -452,6 +457,9 @@ impl Sim {
                 if reported.contains(&text) {
                     continue;
                 }
+                if !unnoticed.iter().any(|(s, _)| *s == text) {
+                    self.taken_in_flight(seq, &text);
+                }
                 let since = (unnoticed.iter().find(|(s, _)| *s == text)).map_or(now, |(_, t)| *t);
                 if now - since > allowed {
                     self.violate(format!(
@@ -467,6 +475,27 @@ impl Sim {
                 still.push((text, since));
             }
             unnoticed = still;
+        }
+    }
+
+    /// A lease the server no longer has when the oracle first sees it held: if its key existed
+    /// before an operator's action within [`NOTICE`] (the grant was applied before the action,
+    /// its answer reached the holder after), that action took it, as if the holder had already
+    /// known it held it.
+    fn taken_in_flight(&self, seq: &Sequencer, text: &str) {
+        let created = match seq.generation() {
+            0 => seq.index(),
+            generation => generation,
+        };
+        let now = self.now_ns();
+        let mut seen = self.seen.borrow_mut();
+        let action = (seen.actions.iter_mut().rev())
+            .take_while(|a| a.at + NOTICE.as_nanos() >= now)
+            .find(|a| created <= a.index);
+        if let Some(action) = action {
+            if !action.took.iter().any(|t| t == text) {
+                action.took.push(text.to_owned());
+            }
         }
     }
 

@@ -40,6 +40,10 @@ pub trait Server: 'static {
     /// What is left on the server that a process made: sessions or leases, keys held by one.
     fn leftovers(&self) -> Vec<String>;
 
+    /// The server's index now (Consul's Raft index, etcd's revision): a key whose creation
+    /// index is at or below it existed already.
+    fn index(&self) -> u64;
+
     /// How long after every process has stopped the server has forgotten what the killed ones
     /// left: their sessions' or leases' TTL, and whatever else the server reaps later.
     fn forgets_within(&self, ttl: Duration) -> Duration;

@@ -110,6 +110,10 @@ impl Server for Model {
         Model::restart(self);
     }
 
+    fn index(&self) -> u64 {
+        *self.shared.applied.borrow()
+    }
+
     /// Twice the TTL (a session outlives its last renewal by up to that), or, for the heartbeat
     /// check of a process that could not deregister it, the agent's reap: a minute after it
     /// turned critical, at the agent's next 30 s tick.

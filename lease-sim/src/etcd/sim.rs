@@ -113,6 +113,10 @@ impl Server for Model {
         Model::restart(self);
     }
 
+    fn index(&self) -> u64 {
+        u64::try_from(self.revision()).unwrap_or(0)
+    }
+
     /// The TTL, and the lessor's lateness (at most half a second).
     fn forgets_within(&self, ttl: Duration) -> Duration {
         ttl + Duration::from_secs(1)
