@@ -1,7 +1,7 @@
 //! The Redis lease backend (`lease_redis::Redis`) against a real `redis-server`, beyond the
-//! conformance suite: loss within milliseconds of a `DEL`, the settle after it, FIFO waiters,
-//! hand-over on release, killed connections replaced, a restarted or paused server, a
-//! partitioned holder's self-fence, tokens that rise after a purge, and the connection budget.
+//! conformance suite: loss within milliseconds of a `DEL` or an eviction, the settle after it,
+//! FIFO waiters, hand-over on release, killed connections replaced, a restarted or paused server,
+//! a partitioned holder's self-fence, tokens that rise after a purge, and the connection budget.
 //!
 //! Each test starts a `redis-server` of its own on a free port (`lease_tests::redis`): Debian's
 //! `redis-server` must be installed (`apt-get install redis-server`; scripts/test.sh does it).
@@ -90,6 +90,55 @@ async fn an_overwritten_key_is_taken() {
     assert!(
         matches!(&reason, LostReason::KeyTaken { session, .. } if session == "intruder"),
         "{reason:?}"
+    );
+}
+
+/// An eviction reaches the holder as a `DEL` does: a server over its `maxmemory` that evicts
+/// the keys with a TTL first (`volatile-ttl`) drops the leader key, and the holder loses it
+/// within milliseconds, not at its next renewal.
+#[tokio::test]
+async fn an_evicted_key_is_lost_at_once() {
+    lease_tests::init_tracing();
+    let server =
+        Server::with_args(&["--maxmemory", "4mb", "--maxmemory-policy", "volatile-ttl"]).await;
+    let redis = Redis::new(&server.url()).unwrap();
+    let lease = redis.acquire(&leader("jobs/evicted")).await.unwrap();
+    let mut conn = server.connection().await.unwrap();
+    let value = vec![b'x'; 64 * 1024];
+    // Keys without a TTL, until the server has had to evict the ones that have one (and refuses
+    // a write once none is left).
+    let mut filled = 0;
+    let evicted = loop {
+        let _: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("filler:{filled}"))
+            .arg(&value)
+            .query_async(&mut conn)
+            .await;
+        filled += 1;
+        let exists: u64 = server
+            .cmd(redis::cmd("EXISTS").arg("lease:{jobs/evicted}"))
+            .await;
+        if exists == 0 {
+            break Instant::now();
+        }
+        assert!(
+            filled < 1_000,
+            "64 MiB of fillers and the leader key is still there"
+        );
+    };
+    let reason = within(Duration::from_secs(2), "the loss", lease.lost()).await;
+    assert_eq!(reason, LostReason::KeyDeleted);
+    assert!(
+        evicted.elapsed() < Duration::from_millis(200),
+        "noticed {:?} after the eviction",
+        evicted.elapsed()
+    );
+    let evictions: String = server.cmd(redis::cmd("INFO").arg("stats")).await;
+    assert!(
+        evictions
+            .lines()
+            .any(|l| l.starts_with("evicted_keys:") && l != "evicted_keys:0"),
+        "the key went without an eviction:\n{evictions}"
     );
 }
 
