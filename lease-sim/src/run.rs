@@ -28,7 +28,7 @@ use crate::check::{self, Action, CutOff, NOTICE, Seen};
 use crate::net::{Net, NetConfig};
 use crate::panics;
 use crate::rng::Rng;
-use crate::schedule::{Fault, LEADER, SEMAPHORE, Schedule, Way};
+use crate::schedule::{ARMED_FOR, Fault, LEADER, SEMAPHORE, Schedule, Trap, Way};
 use crate::server::Server;
 use crate::trace::Trace;
 use crate::workload::{self, Registry, Running, Settings};
@@ -367,6 +367,7 @@ impl Sim {
                     self.act(|| self.model.delete_key(seq.key()));
                 }
             }
+            Fault::Armed(trap) => drop(tokio::task::spawn_local(Rc::clone(&self).armed(trap))),
             Fault::Freeze { process, .. } => {
                 let slot = self.slots.borrow().get(process).map(|s| s.process.clone());
                 if let Some(frozen) = slot {
@@ -402,6 +403,70 @@ impl Sim {
                             sim.graveyard.borrow_mut().push(dead);
                         }
                     });
+                }
+            }
+        }
+    }
+
+    /// Waits, [`ARMED_FOR`] at most, for the moment `trap` names, woken by every write of the
+    /// server, and acts then: at the instant of the write, before its answer reaches anyone.
+    async fn armed(self: Rc<Self>, trap: Trap) {
+        let mut writes = self.model.writes();
+        let until = Instant::now() + ARMED_FOR;
+        let line_of = |key| self.model.line(key);
+        let mut head = match trap {
+            Trap::DeleteHolderOnJoin { key } | Trap::DeleteNewHolder { key, .. } => {
+                line_of(key).first().cloned()
+            }
+            Trap::RecreateLock { .. } => None,
+        };
+        loop {
+            match trap {
+                Trap::DeleteHolderOnJoin { key } => {
+                    let line = line_of(key);
+                    let index = self.model.index();
+                    if let [first, .., newest] = &line[..] {
+                        if newest.1 == index {
+                            self.trace
+                                .note("armed", format!("{trap:?}: {} joined", newest.0));
+                            let holder = first.0.clone();
+                            self.act(|| self.model.delete_key(&holder));
+                            return;
+                        }
+                    }
+                }
+                Trap::DeleteNewHolder { key, after } => {
+                    let now = line_of(key).first().cloned();
+                    if let Some(taken) = now.clone().filter(|taken| Some(taken) != head.as_ref()) {
+                        self.trace
+                            .note("armed", format!("{trap:?}: {} took it", taken.0));
+                        tokio::time::sleep(after).await;
+                        if line_of(key).first() == Some(&taken) {
+                            self.act(|| self.model.delete_key(&taken.0));
+                        }
+                        return;
+                    }
+                    head = now;
+                }
+                Trap::RecreateLock { after } => {
+                    let lock = format!("{SEMAPHORE}/.lock");
+                    if let Some(copy) = self.model.copy_key(&lock) {
+                        self.trace
+                            .note("armed", format!("{trap:?}: {lock} deleted"));
+                        self.act(|| self.model.delete_key(&lock));
+                        tokio::time::sleep(after).await;
+                        self.model.restore_key(&copy);
+                        self.trace.note("armed", format!("{lock} written back"));
+                        return;
+                    }
+                }
+            }
+            tokio::select! {
+                biased;
+                changed = writes.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(until) => {
+                    self.trace.note("armed", format!("{trap:?}: its moment did not come"));
+                    return;
                 }
             }
         }

@@ -128,6 +128,50 @@ pub enum Fault {
         /// When its replacement starts.
         restart_after: Duration,
     },
+    /// An operator's action that waits for a moment of the protocol rather than a time: armed
+    /// at its start for [`ARMED_FOR`], it fires at the first write of the server that makes the
+    /// moment, at that instant, before the write's answer reaches anyone.
+    Armed(Trap),
+}
+
+/// How long an [`Fault::Armed`] action waits for its moment.
+pub const ARMED_FOR: Duration = Duration::from_secs(5);
+
+/// The moment an armed action waits for, and what it does then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trap {
+    /// A contender joins the line for `key` behind its holder (etcd: a new key under `<key>/`;
+    /// a Consul semaphore: a new contender key): the holder's key is deleted at once, before the
+    /// newcomer has read the line. A Consul leader key has no line: it never fires there.
+    DeleteHolderOnJoin {
+        /// Which lock.
+        key: &'static str,
+    },
+    /// A new holder takes `key` (or the head of its line): its key is deleted `after` later,
+    /// while the lease is new (a client's watches still settling around it).
+    DeleteNewHolder {
+        /// Which lock.
+        key: &'static str,
+        /// How long after the grant.
+        after: Duration,
+    },
+    /// The Consul semaphore's `.lock` is deleted under its holders and written back as it was
+    /// `after` later, as a writer that does not settle (`consul lock -n`, re-creating it) would.
+    /// etcd's semaphore has no `.lock`: it never fires there.
+    RecreateLock {
+        /// How long it is gone.
+        after: Duration,
+    },
+}
+
+impl Trap {
+    /// How long after it fires it has done all it does.
+    pub fn after(&self) -> Duration {
+        match *self {
+            Trap::DeleteHolderOnJoin { .. } => Duration::ZERO,
+            Trap::DeleteNewHolder { after, .. } | Trap::RecreateLock { after } => after,
+        }
+    }
 }
 
 /// Which way a partition holds.
@@ -156,6 +200,7 @@ impl Fault {
             | Fault::Revoke { .. }
             | Fault::DeleteKey { .. }
             | Fault::DeleteSemaphoreKey { .. } => Duration::ZERO,
+            Fault::Armed(trap) => ARMED_FOR + trap.after(),
         }
     }
 }
@@ -181,6 +226,17 @@ impl Schedule {
                 fault: draw_fault(&mut rng, processes, ttl),
             })
             .collect();
+        // The armed actions from a stream of their own too (in a third of the schedules, one or
+        // two), so that the schedules drawn before them keep every other fault.
+        let mut armed = Rng::new(seed).fork("armed");
+        if armed.below(3) == 0 {
+            for _ in 0..armed.between(1, 2) {
+                faults.push(Planned {
+                    at: armed.duration(FAULTS_FROM, FAULTS_UNTIL),
+                    fault: Fault::Armed(draw_trap(&mut armed)),
+                });
+            }
+        }
         faults.sort_by_key(|p| p.at);
         // A stream of its own, so that every other draw is what it was before budgets were.
         let mut budget = Rng::new(seed).fork("connections");
@@ -248,6 +304,20 @@ fn draw_fault(rng: &mut Rng, processes: usize, ttl: Duration) -> Fault {
         _ => Fault::Kill {
             process,
             restart_after: rng.duration(Duration::from_millis(100), ttl * 2),
+        },
+    }
+}
+
+fn draw_trap(rng: &mut Rng) -> Trap {
+    let key = *rng.pick(&[LEADER, CRON, SEMAPHORE]).unwrap_or(&LEADER);
+    match rng.below(3) {
+        0 => Trap::DeleteHolderOnJoin { key },
+        1 => Trap::DeleteNewHolder {
+            key,
+            after: rng.duration(Duration::ZERO, Duration::from_secs(3)),
+        },
+        _ => Trap::RecreateLock {
+            after: rng.duration(Duration::from_millis(1), Duration::from_millis(300)),
         },
     }
 }

@@ -44,9 +44,36 @@ pub trait Server: 'static {
     /// index is at or below it existed already.
     fn index(&self) -> u64;
 
+    /// The server's index after every write, to wake on (the armed operator actions do).
+    fn writes(&self) -> tokio::sync::watch::Receiver<u64>;
+
+    /// Who stands in line for lock `key`, the oldest first, each as its key and the index that
+    /// names its turn: etcd's contender keys under `<key>/` and their creation revisions;
+    /// Consul's leader key while held, and its LockIndex; a Consul semaphore's contender keys
+    /// and their creation indexes.
+    fn line(&self, key: &str) -> Vec<(String, u64)>;
+
+    /// A copy of `key` as an operator would keep it to write it back (Consul's `.lock`), if it
+    /// exists; `None` on etcd, whose locks have no key of their own to re-create.
+    fn copy_key(&self, key: &str) -> Option<KeyCopy>;
+
+    /// Writes `copy` back as a plain write, unless its key exists again.
+    fn restore_key(&self, copy: &KeyCopy);
+
     /// How long after every process has stopped the server has forgotten what the killed ones
     /// left: their sessions' or leases' TTL, and whatever else the server reaps later.
     fn forgets_within(&self, ttl: Duration) -> Duration;
+}
+
+/// A key as [`Server::copy_key`] kept it.
+#[derive(Clone, Debug)]
+pub struct KeyCopy {
+    /// The key.
+    pub key: String,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// Its flags (Consul's).
+    pub flags: u64,
 }
 
 /// Spawns one of a model's tasks: its timers, a stream's reader, hyper's connection tasks. The

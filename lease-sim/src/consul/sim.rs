@@ -12,7 +12,7 @@ use lease_core::{Backend, Sequencer};
 use super::{Config, Model};
 use crate::net::Listener;
 use crate::schedule::Schedule;
-use crate::server::Server;
+use crate::server::{KeyCopy, Server};
 use crate::world::Process;
 
 /// The port clients dial, Consul's HTTP port.
@@ -112,6 +112,40 @@ impl Server for Model {
 
     fn index(&self) -> u64 {
         *self.shared.applied.borrow()
+    }
+
+    fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.applied.subscribe()
+    }
+
+    fn line(&self, key: &str) -> Vec<(String, u64)> {
+        if let Some(entry) = self.entry(key) {
+            return match entry.holder() {
+                Some(_) => vec![(entry.key, entry.lock_index)],
+                None => Vec::new(),
+            };
+        }
+        let prefix = format!("{key}/");
+        let mut line: Vec<(String, u64)> = (self.keys().into_iter())
+            .filter(|e| e.key.starts_with(&prefix) && !e.key.ends_with("/.lock"))
+            .map(|e| (e.key, e.create_index))
+            .collect();
+        line.sort_by_key(|(_, index)| *index);
+        line
+    }
+
+    fn copy_key(&self, key: &str) -> Option<KeyCopy> {
+        self.entry(key).map(|e| KeyCopy {
+            key: e.key,
+            value: e.value,
+            flags: e.flags,
+        })
+    }
+
+    fn restore_key(&self, copy: &KeyCopy) {
+        if self.entry(&copy.key).is_none() {
+            self.put_key(&copy.key, &copy.value, copy.flags);
+        }
     }
 
     /// Twice the TTL (a session outlives its last renewal by up to that), or, for the heartbeat

@@ -95,6 +95,8 @@ struct Shared {
     wake: Arc<Notify>,
     /// Bumped by [`Model::break_streams`] and [`Model::restart`]: every connection served ends.
     breaks: tokio::sync::watch::Sender<u64>,
+    /// The revision after every change of the state ([`Model::writes`]).
+    revisions: tokio::sync::watch::Sender<u64>,
     /// The background task, once started (again if the runtime it ran on ended).
     background: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -122,6 +124,7 @@ impl Model {
                 state: Mutex::new(state),
                 wake: Arc::new(Notify::new()),
                 breaks: tokio::sync::watch::Sender::new(0),
+                revisions: tokio::sync::watch::Sender::new(1),
                 background: Mutex::new(None),
             }),
         }
@@ -136,9 +139,24 @@ impl Model {
 
     /// Runs `f` on the state, then wakes the background task (`f` may have made something due).
     fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        let answer = f(&mut self.lock());
+        let (answer, revision) = {
+            let mut state = self.lock();
+            let answer = f(&mut state);
+            (answer, state.revision())
+        };
+        let revision = u64::try_from(revision).unwrap_or(0);
+        self.shared.revisions.send_if_modified(|sent| {
+            let changed = *sent != revision;
+            *sent = revision;
+            changed
+        });
         self.shared.wake.notify_one();
         answer
+    }
+
+    /// The revision after every write, to wake on.
+    pub fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.revisions.subscribe()
     }
 
     /// Starts the background task (lease expiry, the watch sync loop, progress notifications)

@@ -11,7 +11,7 @@ use lease_etcd::Etcd;
 use super::{Config, Model};
 use crate::net::Listener;
 use crate::schedule::Schedule;
-use crate::server::Server;
+use crate::server::{KeyCopy, Server};
 use crate::world::Process;
 
 /// The port clients dial, etcd's client port.
@@ -116,6 +116,26 @@ impl Server for Model {
     fn index(&self) -> u64 {
         u64::try_from(self.revision()).unwrap_or(0)
     }
+
+    fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        Model::writes(self)
+    }
+
+    fn line(&self, key: &str) -> Vec<(String, u64)> {
+        let prefix = format!("{key}/");
+        let mut line: Vec<(String, u64)> = (self.keys().into_iter())
+            .filter(|k| k.key.starts_with(&prefix))
+            .map(|k| (k.key, u64::try_from(k.create_revision).unwrap_or(0)))
+            .collect();
+        line.sort_by_key(|(_, revision)| *revision);
+        line
+    }
+
+    fn copy_key(&self, _key: &str) -> Option<KeyCopy> {
+        None
+    }
+
+    fn restore_key(&self, _copy: &KeyCopy) {}
 
     /// The TTL, and the lessor's lateness (at most half a second).
     fn forgets_within(&self, ttl: Duration) -> Duration {
