@@ -60,8 +60,34 @@ pub struct Action {
     /// server had granted before it whose holders learned of the grant only after it (the
     /// answer was on its way; the oracle adds them when it first sees them).
     pub took: Vec<String>,
+    /// What it removed from the lines of the workload's locks (see
+    /// [`crate::server::Server::line`]): each key and the index of its turn, granted or not,
+    /// known to its process or not (seed 1703 of etcd: a grant on its way to a frozen process).
+    pub removed: Vec<(String, u64)>,
     /// The server's index just before it (see [`crate::server::Server::index`]).
     pub index: u64,
+}
+
+impl Action {
+    /// Whether it took the lease of `seq`: one of the leases held when it came, or the turn in
+    /// line the sequencer names (its key, or its contender key under it, and its index).
+    pub fn took_lease(&self, seq: &str) -> bool {
+        if self.took.iter().any(|t| t == seq) {
+            return true;
+        }
+        let Ok(seq) = seq.parse::<Sequencer>() else {
+            return false;
+        };
+        self.removed.iter().any(|(key, index)| {
+            let turn =
+                *index == seq.index() || (seq.generation() != 0 && *index == seq.generation());
+            let under = key == seq.key()
+                || key
+                    .strip_prefix(seq.key())
+                    .is_some_and(|rest| rest.starts_with('/'));
+            turn && under
+        })
+    }
 }
 
 /// What the run saw besides the history.
@@ -154,18 +180,17 @@ fn over_limit(spans: &[Span], limit: usize) -> Vec<(u128, Vec<Span>)> {
     found
 }
 
-/// Whether span `s`, open when a newer holder began at `newest`, is the documented exception: an
-/// operator took its lease at `t` before `newest` while it was cut off, or within [`NOTICE`] of
-/// the cut-off's end (its connections and watches are still being opened again then: seed 422
-/// of Consul, a key deleted 50 ms after the server came back, heard of 660 ms later), and it
-/// stopped within [`NOTICE`] of that cut-off's end.
+/// Whether span `s`, open when the newest of the holders then began at `newest`, is the
+/// documented exception: an operator took its lease before `newest` while it was cut off, or
+/// within [`NOTICE`] of the cut-off's end (its connections and watches are still being opened
+/// again then: seed 422 of Consul, a key deleted 50 ms after the server came back, heard of
+/// 660 ms later), and it stopped within [`NOTICE`] of that cut-off's end. `s` may be the newest
+/// itself: a process frozen while its grant was on its way, its lease deleted meanwhile, writes
+/// first on the stale grant when it resumes (seed 1703 of etcd).
 fn excused(s: &Span, newest: u128, seen: &Seen) -> bool {
-    if s.first >= newest {
-        return false;
-    }
     seen.actions
         .iter()
-        .filter(|a| a.at <= newest && a.took.contains(&s.seq))
+        .filter(|a| a.at <= newest && a.took_lease(&s.seq))
         .any(|a| {
             seen.cut_offs.iter().any(|c| {
                 c.pid.is_none_or(|pid| pid == s.pid)

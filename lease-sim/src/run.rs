@@ -483,16 +483,29 @@ impl Sim {
             .iter()
             .map(|h| self.model.holds(h.lease.sequencer()))
             .collect();
+        let lines = || -> Vec<(String, u64)> {
+            (check::keys().iter())
+                .flat_map(|(key, _)| self.model.line(key))
+                .collect()
+        };
+        let lined = lines();
         action();
         let took: Vec<String> = (held.iter().zip(before))
             .filter(|(h, was)| *was && !self.model.holds(h.lease.sequencer()))
             .map(|(h, _)| h.lease.sequencer().to_string())
             .collect();
-        self.trace.note("operator", format!("took {took:?}"));
-        self.seen
-            .borrow_mut()
-            .actions
-            .push(Action { at, took, index });
+        let still = lines();
+        let removed: Vec<(String, u64)> = (lined.into_iter())
+            .filter(|entry| !still.contains(entry))
+            .collect();
+        self.trace
+            .note("operator", format!("took {took:?}, removed {removed:?}"));
+        self.seen.borrow_mut().actions.push(Action {
+            at,
+            took,
+            removed,
+            index,
+        });
     }
 
     fn heal_after(self: Rc<Self>, lasting: Duration, heal: impl FnOnce(&Sim) + 'static) {
