@@ -32,6 +32,15 @@ fn leader(key: &str) -> LeaseSpec {
         .lock_delay(Duration::ZERO)
 }
 
+/// Waits (2 s at most) for `lease`'s loss, which must be its key's deletion, noticed less than
+/// `bound` after `since`.
+async fn deleted_within(lease: &lease_core::Lease, since: Instant, bound: Duration) {
+    let reason = within(Duration::from_secs(2), "the loss", lease.lost()).await;
+    let noticed = since.elapsed();
+    assert_eq!(reason, LostReason::KeyDeleted);
+    assert!(noticed < bound, "noticed {noticed:?} after the deletion");
+}
+
 /// An operator's `DEL` of the leader key reaches its holder as a tracking invalidation: the
 /// work is cancelled within milliseconds, not at the next renewal; the name stays barred for the
 /// holder's settle time, then a waiter takes it.
@@ -51,13 +60,7 @@ async fn a_holder_whose_key_is_deleted_loses_within_milliseconds_and_waiters_set
     tokio::time::sleep(Duration::from_millis(100)).await;
     let deleted = Instant::now();
     assert_eq!(server.del("lease:{jobs/deleted}").await, 1);
-    let reason = within(Duration::from_secs(2), "the loss", lease.lost()).await;
-    let noticed = deleted.elapsed();
-    assert_eq!(reason, LostReason::KeyDeleted);
-    assert!(
-        noticed < Duration::from_millis(200),
-        "noticed after {noticed:?}"
-    );
+    deleted_within(&lease, deleted, Duration::from_millis(200)).await;
     let (taken, next) = within(Duration::from_secs(5), "the waiter", waiter)
         .await
         .unwrap();
@@ -126,13 +129,7 @@ async fn an_evicted_key_is_lost_at_once() {
             "64 MiB of fillers and the leader key is still there"
         );
     };
-    let reason = within(Duration::from_secs(2), "the loss", lease.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
-    assert!(
-        evicted.elapsed() < Duration::from_millis(200),
-        "noticed {:?} after the eviction",
-        evicted.elapsed()
-    );
+    deleted_within(&lease, evicted, Duration::from_millis(200)).await;
     let evictions: String = server.cmd(redis::cmd("INFO").arg("stats")).await;
     assert!(
         evictions
@@ -231,13 +228,7 @@ async fn killed_connections_are_replaced_and_the_lease_lives_on() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let deleted = Instant::now();
     server.del("lease:{jobs/killed}").await;
-    let reason = within(Duration::from_secs(2), "the loss", lease.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
-    assert!(
-        deleted.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        deleted.elapsed()
-    );
+    deleted_within(&lease, deleted, Duration::from_millis(500)).await;
 }
 
 /// A server restarted without persistence has lost every lease: the holder learns it as soon
@@ -453,13 +444,7 @@ async fn a_semaphore_holder_whose_key_is_deleted_loses_within_milliseconds() {
     let key = format!("lease:{{jobs/slots}}:s:{}", a.sequencer().holder());
     let deleted = Instant::now();
     assert_eq!(server.del(&key).await, 1);
-    let reason = within(Duration::from_secs(2), "the loss", a.lost()).await;
-    assert_eq!(reason, LostReason::KeyDeleted);
-    assert!(
-        deleted.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        deleted.elapsed()
-    );
+    deleted_within(&a, deleted, Duration::from_millis(200)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(b.is_held());
     b.check().await.unwrap();
