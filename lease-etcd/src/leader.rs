@@ -31,6 +31,14 @@ impl Recipe for Leader {
             .created_by(created - 1)
     }
 
+    fn holding(self, key: &str, created: i64) -> RangeRequest {
+        // The oldest key: the holder, whom the key just ahead may be waiting behind.
+        RangeRequest::under(key)
+            .by_creation(true)
+            .limit(1)
+            .created_by(created - 1)
+    }
+
     fn older(self, _: &str, _: i64) -> Option<RangeRequest> {
         None
     }

@@ -36,7 +36,11 @@
 //! (that read also reads, from etcd's history, who was ahead at the join), and for holders gone
 //! between the deletion a semaphore waiter was woken by and its read (the count tells how many
 //! the read saw gone that the watch has not shown yet; the waiter takes them from the watch
-//! before it judges). Waiters wait [`LeaseSpec::settle_time`] (100 ms by default, above the
+//! before it judges), and for a leader's holder gone between two reads of a waiter that watched
+//! only the key just ahead, or did not watch at all while it settled (every judgment also reads
+//! the oldest key, the holder: one that held at the last read and is gone, unseen by the wait,
+//! is judged from etcd's history; lease-sim's seed 974 of etcd, a holder deleted while its
+//! waiter settled for a waiter ahead that gave up). Waiters wait [`LeaseSpec::settle_time`] (100 ms by default, above the
 //! loss-to-cancel p99 under load) from the removal before they judge again, so the two never
 //! run at once. A watch that breaks counts as such a removal, since a deletion may have been
 //! missed. `etcdctl lock` and `etcdctl elect` contenders do not settle; the touch changes nothing
@@ -98,6 +102,11 @@ pub(crate) trait Recipe: Copy + Send + Sync + fmt::Debug {
 
     /// The keys ahead of ours that decide our turn.
     fn ahead(self, key: &str, created: i64) -> RangeRequest;
+
+    /// The keys older than ours that may be running work (a leader's holder, a semaphore's
+    /// slots), read with each judgment: one that went between two reads without a release is
+    /// settled for, whether the wait between saw it or not.
+    fn holding(self, key: &str, created: i64) -> RangeRequest;
 
     /// The keys older than ours that a waiter counts, read with each judgment; `None` if its
     /// waiters do not count.
@@ -240,10 +249,13 @@ async fn contend<R: Recipe>(
     // A semaphore waiter's count of the keys ahead, from its last wait.
     let mut counted: Option<R::Count> = None;
     let mut first_judgment = true;
+    // The keys that held at the last read, unless a count judged every removal since.
+    let mut held_at_last: Option<HeldAt> = None;
     loop {
         let mut ops = vec![
             RequestOp::range(RangeRequest::key(own)),
             RequestOp::range(recipe.ahead(key, created)),
+            RequestOp::range(recipe.holding(key, created)),
         ];
         let older = recipe.older(key, created).map(|older| {
             ops.push(RequestOp::range(older));
@@ -272,11 +284,20 @@ async fn contend<R: Recipe>(
             continue;
         }
         let ahead = &read.range(1).kvs;
+        let holding = &read.range(2).kvs;
+        // A holder at the last read that went without a release before this one, unseen by the
+        // wait between (it watches only the key just ahead, and not while it settles): settled
+        // for like one it saw go.
+        let unseen = match held_at_last.take() {
+            Some(then) => then.removed_unseen(http, holding, &mut pause).await,
+            None => Removal::Released,
+        };
+        held_at_last = Some(HeldAt::new(read.revision(), holding));
         // A waiter is in the queue from its join on: a holder ahead of it then that went without
         // a release before this read is settled for like one it saw go.
-        if std::mem::take(&mut first_judgment)
+        let since_join = std::mem::take(&mut first_judgment)
             && (rejoined
-                || removed_since_join(
+                || removed_since(
                     http,
                     created,
                     &read.range(ops_len - 1).kvs,
@@ -284,9 +305,9 @@ async fn contend<R: Recipe>(
                     &mut pause,
                 )
                 .await
-                .is_unannounced())
-        {
-            tracing::debug!(key, settle = ?spec.settle_time(), rejoined, "a holder ahead of us at our join, or of our lost key, went without a release; settling");
+                .is_unannounced());
+        if since_join || unseen.is_unannounced() {
+            tracing::debug!(key, settle = ?spec.settle_time(), rejoined, "a holder ahead of us at our join or our last read, or of our lost key, went without a release; settling");
             tokio::time::sleep(spec.settle_time()).await;
             continue;
         }
@@ -319,6 +340,12 @@ async fn contend<R: Recipe>(
             Some(count) => Waiting::CountDown(count),
             None => Waiting::Any { holding: ahead },
         };
+        match (&waiting, held_at_last.as_mut()) {
+            // The wait judges the removal of the key it watches.
+            (Waiting::Any { .. }, Some(held)) => held.watched(&range),
+            // A count judges every removal ahead, and its catch-up those its watch has not shown.
+            (Waiting::CountDown(_), _) | (_, None) => held_at_last = None,
+        }
         let removal = wait_for_removal(
             http,
             &range,
@@ -437,27 +464,65 @@ enum Waiting<'a, C> {
     CountDown(C),
 }
 
-/// How the keys that were ahead of a contender when it joined (at revision `created`: `then`,
-/// read from etcd's history) and are gone from `ahead` now went: a watch from the join replays
-/// each one's deletion. Settle-worthy if any went unannounced, or if the history cannot be read
+/// The keys that held ([`Recipe::holding`]) at a waiter's read, kept to its next read.
+struct HeldAt {
+    /// The read's revision.
+    revision: i64,
+    holding: Vec<KeyValue>,
+    /// The key the wait after the read watched, whose removal the wait judged.
+    watched: Option<Vec<u8>>,
+}
+
+impl HeldAt {
+    fn new(revision: i64, holding: &[KeyValue]) -> HeldAt {
+        HeldAt {
+            revision,
+            holding: holding.to_vec(),
+            watched: None,
+        }
+    }
+
+    /// The wait after the read watches `range`: a removal of the one key it names is judged by
+    /// the wait.
+    fn watched(&mut self, range: &RangeRequest) {
+        self.watched = range.range_end.is_empty().then(|| range.key.clone());
+    }
+
+    /// How the keys that held then and do not hold `now` went, but the one the wait judged.
+    async fn removed_unseen(
+        self,
+        http: &EtcdClient,
+        now: &[KeyValue],
+        pause: &mut Backoff,
+    ) -> Removal {
+        let unseen: Vec<KeyValue> = (self.holding.into_iter())
+            .filter(|kv| self.watched.as_ref() != Some(&kv.key))
+            .collect();
+        removed_since(http, self.revision, &unseen, now, pause).await
+    }
+}
+
+/// How the keys `then` (ahead of a contender at revision `since`: its join, read from etcd's
+/// history, or its last read) that are gone from `now` went: a watch from `since` replays each
+/// one's deletion. Settle-worthy if any went unannounced, or if the history cannot be read
 /// (compacted): a deletion may have been missed.
-async fn removed_since_join(
+async fn removed_since(
     http: &EtcdClient,
-    created: i64,
+    since: i64,
     then: &[KeyValue],
-    ahead: &[KeyValue],
+    now: &[KeyValue],
     pause: &mut Backoff,
 ) -> Removal {
     let mut worst = Removal::Released;
     for gone in then
         .iter()
-        .filter(|kv| !ahead.iter().any(|a| a.key == kv.key))
+        .filter(|kv| !now.iter().any(|a| a.key == kv.key))
     {
         let range = RangeRequest::key(&gone.key_str());
         // Deleted already, so the watch replays the deletion at once; bounded all the same.
         let mut watch = None;
         let mut waiting: Waiting<'_, Infallible> = Waiting::Any { holding: then };
-        let replayed = wait_for_removal(http, &range, &mut waiting, created, pause, &mut watch);
+        let replayed = wait_for_removal(http, &range, &mut waiting, since, pause, &mut watch);
         let removal = tokio::time::timeout(HISTORY_REPLAY, replayed)
             .await
             .unwrap_or_else(|_| Removal::unannounced());

@@ -51,6 +51,11 @@ impl Recipe for Semaphore {
             .limit(i64::from(self.limit))
     }
 
+    fn holding(self, key: &str, created: i64) -> RangeRequest {
+        // The slots are the oldest keys, which `ahead` reads.
+        self.ahead(key, created)
+    }
+
     /// The keys older than ours (at most [`counted_ahead`]): how many deletions a waiter waits
     /// for, and whether they are all of its kind and limit (see [`CountDown`]).
     fn older(self, key: &str, created: i64) -> Option<RangeRequest> {

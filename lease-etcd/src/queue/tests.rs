@@ -122,14 +122,14 @@ async fn judged_from_history(http: &EtcdClient, rule: impl Recipe, released: boo
     assert_eq!(then.len(), 1, "{rule:?}: the holder was ahead at the join");
     http.wire().delete(holder, false).await.unwrap();
     let mut pause = lease_http::backoff();
-    let removal = removed_since_join(http, joined, &then, &[], &mut pause).await;
+    let removal = removed_since(http, joined, &then, &[], &mut pause).await;
     assert_eq!(
         removal.is_unannounced(),
         !released,
         "{rule:?}, released: {released}"
     );
     // Nothing gone since the join: nothing to settle for.
-    let still = removed_since_join(http, joined, &[], &[], &mut pause).await;
+    let still = removed_since(http, joined, &[], &[], &mut pause).await;
     assert_eq!(still, Removal::Released);
     http.wire().delete("q", true).await.unwrap();
 }
