@@ -30,8 +30,7 @@ use crate::panics;
 use crate::rng::Rng;
 use crate::schedule::{Fault, LEADER, SEMAPHORE, Schedule, Way};
 use crate::server::Server;
-use crate::trace::Trace;
-use crate::workload::{self, Registry, Running, Settings};
+use crate::workload::{self, Running, Settings, Shared};
 use crate::world::{self, Process};
 
 mod operator;
@@ -139,8 +138,7 @@ struct Sim {
     schedule: Schedule,
     net: Net,
     model: Rc<dyn Server>,
-    trace: Trace,
-    registry: Registry,
+    shared: Shared,
     settings: Settings,
     slots: RefCell<Vec<Slot>>,
     /// Killed processes and their workloads: never polled again, dropped with the run.
@@ -165,8 +163,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
         schedule,
         net,
         model,
-        trace: Trace::new(),
-        registry: Registry::default(),
+        shared: Shared::default(),
         slots: RefCell::new(Vec::new()),
         graveyard: RefCell::new(Vec::new()),
         started: RefCell::new(0),
@@ -195,7 +192,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
     tokio::time::sleep(AFTER_RECOVERY).await;
     oracle.abort();
     sim.stop_all().await;
-    sim.trace.note("stopped", "every process");
+    sim.shared.trace.note("stopped", "every process");
     tokio::time::sleep(sim.model.forgets_within(sim.schedule.ttl) + Duration::from_secs(2)).await;
     let left = sim.model.leftovers();
     if !left.is_empty() {
@@ -203,7 +200,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
             "left behind once every process stopped and the TTL passed: {left:?}"
         ));
     }
-    let history = sim.trace.history();
+    let history = sim.shared.trace.history();
     let seen = sim.seen.borrow().clone();
     let mut violations = sim.violations.borrow().clone();
     violations.extend(check::safety(&history, &seen));
@@ -213,7 +210,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
         backend: sim.model.name(),
         schedule: sim.schedule.clone(),
         violations,
-        hash: sim.trace.hash(),
+        hash: sim.shared.trace.hash(),
         recovered_after,
         simulated: sim.start.elapsed(),
         lines: history.lines().len(),
@@ -246,8 +243,7 @@ impl Sim {
             pid,
             Arc::clone(&backend),
             &self.settings,
-            &self.trace,
-            &self.registry,
+            &self.shared,
         ) {
             Ok(running) => Some(running),
             Err(error) => {
@@ -255,7 +251,9 @@ impl Sim {
                 None
             }
         };
-        self.trace.note("started", format!("{name} pid {pid}"));
+        self.shared
+            .trace
+            .note("started", format!("{name} pid {pid}"));
         Slot { process, running }
     }
 
@@ -283,7 +281,7 @@ impl Sim {
 
     /// Applies `fault` now, and schedules its heal.
     fn apply(self: Rc<Self>, server: &Process, fault: Fault) {
-        self.trace.note("fault", format!("{fault:?}"));
+        self.shared.trace.note("fault", format!("{fault:?}"));
         let lasting = fault.lasting();
         match fault {
             Fault::Partition { process, way, .. } => {
@@ -349,15 +347,17 @@ impl Sim {
                 });
             }
             Fault::Revoke { pick } => {
-                let held = self.registry.held();
+                let held = self.shared.registry.held();
                 if let Some(h) = held.get((pick % held.len().max(1) as u64) as usize) {
                     let seq = h.lease.sequencer().clone();
                     self.act(|| self.model.revoke(&seq));
                 }
             }
-            Fault::DeleteKey { key } => self.act(|| self.model.delete_key(key)),
+            Fault::DeleteKey { key } => {
+                self.act(|| self.model.delete_key(key));
+            }
             Fault::DeleteSemaphoreKey { pick } => {
-                let holders: Vec<Sequencer> = (self.registry.held().iter())
+                let holders: Vec<Sequencer> = (self.shared.registry.held().iter())
                     .map(|h| h.lease.sequencer().clone())
                     .filter(|s| s.key().starts_with(&format!("{SEMAPHORE}/")))
                     .collect();
@@ -369,7 +369,9 @@ impl Sim {
                     self.act(|| self.model.delete_key(seq.key()));
                 }
             }
-            Fault::Armed(trap) => drop(tokio::task::spawn_local(Rc::clone(&self).armed(trap))),
+            Fault::Armed { trap, slow } => {
+                drop(tokio::task::spawn_local(Rc::clone(&self).armed(trap, slow)));
+            }
             Fault::Freeze { process, .. } => {
                 let slot = self.slots.borrow().get(process).map(|s| s.process.clone());
                 if let Some(frozen) = slot {
@@ -390,12 +392,13 @@ impl Sim {
                 // run on unstopped, outside the slots, and outlive the run).
                 if let Some((victim, _)) = killed.as_ref().filter(|(v, _)| v.is_killed()) {
                     let name = victim.name().to_owned();
-                    self.trace
+                    self.shared
+                        .trace
                         .note("skipped", format!("kill {name}: already dead"));
                 } else if let Some((victim, pid)) = killed {
                     victim.kill();
                     if let Some(pid) = pid {
-                        self.registry.forget(pid);
+                        self.shared.registry.forget(pid);
                     }
                     self.heal_after(lasting, move |sim| {
                         let replacement = sim.start_process(process);
@@ -414,7 +417,9 @@ impl Sim {
         drop(tokio::task::spawn_local(async move {
             tokio::time::sleep(lasting).await;
             heal(&self);
-            self.trace.note("healed", format!("after {lasting:?}"));
+            self.shared
+                .trace
+                .note("healed", format!("after {lasting:?}"));
         }));
     }
 
@@ -426,7 +431,7 @@ impl Sim {
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let now = Instant::now();
-            let held = self.registry.held();
+            let held = self.shared.registry.held();
             let mut still = Vec::new();
             for h in held.iter().filter(|h| h.lease.is_held()) {
                 let seq = h.lease.sequencer();
@@ -447,7 +452,7 @@ impl Sim {
                         h.pid,
                         (now - since).as_secs_f64(),
                         self.now_ns() as f64 / 1e9,
-                        self.trace.history().around(self.now_ns(), 12)
+                        self.shared.trace.history().around(self.now_ns(), 12)
                     ));
                     reported.insert(text);
                     continue;
@@ -486,6 +491,7 @@ impl Sim {
         let healed_ns = healed.duration_since(self.start).as_nanos();
         loop {
             let leads = self
+                .shared
                 .trace
                 .last_write(LEADER)
                 .is_some_and(|t| t >= healed_ns);
@@ -522,14 +528,16 @@ impl Sim {
             }
             if leads && reachable && campaigning {
                 let after = healed.elapsed();
-                self.trace.note("recovered", format!("after {after:?}"));
+                self.shared
+                    .trace
+                    .note("recovered", format!("after {after:?}"));
                 return Some(after);
             }
             if healed.elapsed() > bound {
                 self.violate(format!(
                     "recovery: {:?} after the last heal: a leader writing {leads}, every backend reachable {reachable}, every campaign running {campaigning}\n{}",
                     bound,
-                    self.trace.history().around(self.now_ns(), 20)
+                    self.shared.trace.history().around(self.now_ns(), 20)
                 ));
                 return None;
             }

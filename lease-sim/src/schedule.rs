@@ -131,11 +131,26 @@ pub enum Fault {
     /// An operator's action that waits for a moment of the protocol rather than a time: armed
     /// at its start for [`ARMED_FOR`], it fires at the first write of the server that makes the
     /// moment, at that instant, before the write's answer reaches anyone.
-    Armed(Trap),
+    Armed {
+        /// The moment, and what is done then.
+        trap: Trap,
+        /// How much later than the network's latency the processes whose leases it takes hear
+        /// from the server, for [`SLOW_FOR`] after it: a loaded machine's delay between a loss
+        /// arriving and the work it cancels stopping. Under the settle, so not a cut-off: our
+        /// contenders' settle exists to cover it, and the checks excuse nothing for it.
+        slow: Duration,
+    },
 }
 
 /// How long an [`Fault::Armed`] action waits for its moment.
 pub const ARMED_FOR: Duration = Duration::from_secs(5);
+
+/// How long the holders an armed action takes hear late ([`Fault::Armed`]'s `slow`).
+pub const SLOW_FOR: Duration = Duration::from_secs(1);
+
+/// The range of [`Fault::Armed`]'s `slow`: up to 60 ms, well under the default settle (100 ms)
+/// with the network's latency both ways added.
+pub const SLOW: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(60));
 
 /// The moment an armed action waits for, and what it does then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,12 +170,15 @@ pub enum Trap {
         /// How long after the grant.
         after: Duration,
     },
-    /// The Consul semaphore's `.lock` is deleted under its holders and written back as it was
-    /// `after` later, as a writer that does not settle (`consul lock -n`, re-creating it) would.
-    /// etcd's semaphore has no `.lock`: it never fires there.
+    /// The Consul semaphore's `.lock` is deleted under its holders and written again `after`
+    /// later by a writer that does not settle: as it was (a copy restored), or `afresh`, with no
+    /// holders, as `consul lock -n` re-creates it before taking a slot. etcd's semaphore has no
+    /// `.lock`: it never fires there.
     RecreateLock {
         /// How long it is gone.
         after: Duration,
+        /// Written without its holders.
+        afresh: bool,
     },
 }
 
@@ -169,7 +187,7 @@ impl Trap {
     pub fn after(&self) -> Duration {
         match *self {
             Trap::DeleteHolderOnJoin { .. } => Duration::ZERO,
-            Trap::DeleteNewHolder { after, .. } | Trap::RecreateLock { after } => after,
+            Trap::DeleteNewHolder { after, .. } | Trap::RecreateLock { after, .. } => after,
         }
     }
 }
@@ -200,7 +218,7 @@ impl Fault {
             | Fault::Revoke { .. }
             | Fault::DeleteKey { .. }
             | Fault::DeleteSemaphoreKey { .. } => Duration::ZERO,
-            Fault::Armed(trap) => ARMED_FOR + trap.after(),
+            Fault::Armed { trap, .. } => ARMED_FOR + trap.after().max(SLOW_FOR),
         }
     }
 }
@@ -227,13 +245,18 @@ impl Schedule {
             })
             .collect();
         // The armed actions from a stream of their own too (in a third of the schedules, one or
-        // two), so that the schedules drawn before them keep every other fault.
+        // two), so that the schedules drawn before them keep every other fault; how late their
+        // victims hear, from another.
         let mut armed = Rng::new(seed).fork("armed");
+        let mut slow = Rng::new(seed).fork("slow");
         if armed.below(3) == 0 {
             for _ in 0..armed.between(1, 2) {
                 faults.push(Planned {
                     at: armed.duration(FAULTS_FROM, FAULTS_UNTIL),
-                    fault: Fault::Armed(draw_trap(&mut armed)),
+                    fault: Fault::Armed {
+                        trap: draw_trap(&mut armed),
+                        slow: slow.duration(SLOW.0, SLOW.1),
+                    },
                 });
             }
         }
@@ -316,8 +339,15 @@ fn draw_trap(rng: &mut Rng) -> Trap {
             key,
             after: rng.duration(Duration::ZERO, Duration::from_secs(3)),
         },
+        // Half of them within a round trip or two (gone between two reads of a planner), the
+        // rest up to 300 ms.
         _ => Trap::RecreateLock {
-            after: rng.duration(Duration::from_millis(1), Duration::from_millis(300)),
+            after: if rng.below(2) == 0 {
+                rng.duration(Duration::from_micros(100), Duration::from_millis(5))
+            } else {
+                rng.duration(Duration::from_millis(1), Duration::from_millis(300))
+            },
+            afresh: rng.below(2) == 0,
         },
     }
 }

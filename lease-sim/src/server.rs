@@ -76,6 +76,20 @@ pub struct KeyCopy {
     pub flags: u64,
 }
 
+impl KeyCopy {
+    /// The copy of a Consul semaphore's `.lock` with no holders, as a writer re-creating it
+    /// writes it before it takes a slot (`consul lock -n`); anything else as it was.
+    pub fn without_holders(mut self) -> KeyCopy {
+        if let Ok(mut lock) = serde_json::from_slice::<serde_json::Value>(&self.value) {
+            if let Some(holders) = lock.get_mut("Holders") {
+                *holders = serde_json::Value::Object(serde_json::Map::new());
+                self.value = lock.to_string().into_bytes();
+            }
+        }
+        self
+    }
+}
+
 /// Spawns one of a model's tasks: its timers, a stream's reader, hyper's connection tasks. The
 /// one place the models pick the runtime's spawn: lease-core's, so that in the simulation they
 /// run among the server's own tasks.

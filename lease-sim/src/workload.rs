@@ -23,6 +23,53 @@ use crate::world::Process;
 /// How often a holder writes.
 const WRITE_EVERY: Duration = Duration::from_millis(100);
 
+/// How often a holder writes while the pace is dense ([`Pace::dense_for`]).
+const DENSE_EVERY: Duration = Duration::from_millis(1);
+
+/// How often every holder writes: every [`WRITE_EVERY`], and every [`DENSE_EVERY`] for a while
+/// after the simulation asks (an operator's action: the moments when an old holder and a new one
+/// may overlap by milliseconds, which writes 100 ms apart would rarely show). Clones share it.
+#[derive(Clone, Debug)]
+pub struct Pace(Arc<tokio::sync::watch::Sender<Instant>>);
+
+impl Pace {
+    /// A pace that is not dense.
+    pub fn new() -> Pace {
+        Pace(Arc::new(tokio::sync::watch::Sender::new(Instant::now())))
+    }
+
+    /// Every holder writes every [`DENSE_EVERY`] from now for `lasting` (or longer, if it was
+    /// dense longer already); a holder waiting for its next write writes at once.
+    pub fn dense_for(&self, lasting: Duration) {
+        let until = Instant::now() + lasting;
+        self.0.send_if_modified(|dense| {
+            let later = until > *dense;
+            *dense = (*dense).max(until);
+            later
+        });
+    }
+
+    /// Waits until the next write is due, `longest` at most.
+    async fn next_write(&self, longest: Duration) {
+        let mut dense = self.0.subscribe();
+        if Instant::now() < *dense.borrow_and_update() {
+            return tokio::time::sleep(DENSE_EVERY.min(longest)).await;
+        }
+        // Biased: no draw from tokio's random numbers, which would move every later one.
+        tokio::select! {
+            biased;
+            _ = dense.changed() => {}
+            () = tokio::time::sleep(WRITE_EVERY.min(longest)) => {}
+        }
+    }
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace::new()
+    }
+}
+
 /// The leases held now, by process.
 #[derive(Clone, Debug, Default)]
 pub struct Registry(Arc<Mutex<Vec<Held>>>);
@@ -107,14 +154,25 @@ impl Running {
     }
 }
 
+/// What every process's workload writes to and goes by: the history, the leases held, the pace
+/// of writes. Clones share them.
+#[derive(Clone, Debug, Default)]
+pub struct Shared {
+    /// The history.
+    pub trace: Trace,
+    /// The leases held.
+    pub registry: Registry,
+    /// How often holders write.
+    pub pace: Pace,
+}
+
 /// Starts the workload of process `pid` on `process`.
 pub fn start(
     process: &Process,
     pid: u32,
     backend: Arc<dyn Backend>,
     settings: &Settings,
-    trace: &Trace,
-    registry: &Registry,
+    shared: &Shared,
 ) -> Result<Running, lease_core::Error> {
     let stop = CancellationToken::new();
     let campaign = Campaign::try_new(
@@ -123,9 +181,13 @@ pub fn start(
     )?;
     let handle = campaign.handle();
     let worker = {
-        let (trace, registry) = (trace.clone(), registry.clone());
+        let shared = shared.clone();
         move |lease: LeaseWatcher| {
-            let (trace, registry) = (trace.clone(), registry.clone());
+            let Shared {
+                trace,
+                registry,
+                pace,
+            } = shared.clone();
             async move {
                 trace.log(pid, Kind::Acquired, &lease.sequencer().to_string(), LEADER);
                 registry.add(pid, lease.clone());
@@ -134,7 +196,7 @@ pub fn start(
                     if lease.is_held() {
                         trace.log(pid, Kind::Write, &lease.sequencer().to_string(), LEADER);
                     }
-                    tokio::time::sleep(WRITE_EVERY).await;
+                    pace.next_write(WRITE_EVERY).await;
                 }
             }
         }
@@ -144,16 +206,14 @@ pub fn start(
         pid,
         Arc::clone(&backend),
         settings.spec(LeaseSpec::leader(CRON)),
-        trace.clone(),
-        registry.clone(),
+        shared.clone(),
         stop.clone(),
     );
     let jobs = churn(
         pid,
         Arc::clone(&backend),
         settings.spec(LeaseSpec::semaphore(SEMAPHORE, SEMAPHORE_LIMIT)),
-        trace.clone(),
-        registry.clone(),
+        shared.clone(),
         stop.clone(),
     );
     let shut_down = Arc::clone(&backend);
@@ -181,10 +241,10 @@ async fn churn(
     pid: u32,
     backend: Arc<dyn Backend>,
     spec: LeaseSpec,
-    trace: Trace,
-    registry: Registry,
+    shared: Shared,
     stop: CancellationToken,
 ) {
+    let trace = &shared.trace;
     let key = spec.key().to_owned();
     while !stop.is_cancelled() {
         let bound = millis(0, 4_000);
@@ -205,7 +265,7 @@ async fn churn(
             acquired = backend.acquire(&spec) => acquired,
         };
         match acquired {
-            Ok(lease) => work(pid, lease, &key, &trace, &registry, &stop).await,
+            Ok(lease) => work(pid, lease, &key, &shared, &stop).await,
             Err(error) if error.is_busy() => {
                 trace.log(pid, Kind::Other("busy".into()), "-", key.clone())
             }
@@ -229,8 +289,11 @@ async fn work(
     pid: u32,
     lease: Lease,
     key: &str,
-    trace: &Trace,
-    registry: &Registry,
+    Shared {
+        trace,
+        registry,
+        pace,
+    }: &Shared,
     stop: &CancellationToken,
 ) {
     let seq = lease.sequencer().to_string();
@@ -243,7 +306,7 @@ async fn work(
             if lease.is_held() {
                 trace.log(pid, Kind::Write, &seq, key);
             }
-            tokio::time::sleep(WRITE_EVERY.min(until.saturating_duration_since(Instant::now())))
+            pace.next_write(until.saturating_duration_since(Instant::now()))
                 .await;
         }
     };

@@ -7,6 +7,9 @@
 //!
 //! A sweep prints each failing seed with its replay command, then one `RESULT` line; it exits 1
 //! if any schedule failed or any seed run twice gave two histories.
+//!
+//! `LEASE_SIM_LOG` (a `tracing` filter, e.g. `lease_etcd=debug`) makes `run` print the library's
+//! own logs to stderr, each timed in seconds of simulated time, as the history is.
 
 use std::process::ExitCode;
 
@@ -27,7 +30,30 @@ fn flag(args: &[String], name: &str) -> Option<u64> {
     args.get(at + 1)?.parse().ok()
 }
 
+/// Times each log line in simulated seconds since the process began (the runtime's clock is
+/// paused and advanced by the simulation; `tokio::time::Instant` reads it).
+struct Simulated(tokio::time::Instant);
+
+impl tracing_subscriber::fmt::time::FormatTime for Simulated {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let at = tokio::time::Instant::now().saturating_duration_since(self.0);
+        write!(w, "{:.6}", at.as_secs_f64())
+    }
+}
+
+fn log_where_asked() {
+    if let Some(filter) = std::env::var_os("LEASE_SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter.to_string_lossy()))
+            .with_timer(Simulated(tokio::time::Instant::now()))
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
+}
+
 fn main() -> ExitCode {
+    log_where_asked();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(command), Some(backend)) = (args.first(), args.get(1)) else {
         return usage();

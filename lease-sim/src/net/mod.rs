@@ -85,6 +85,8 @@ pub struct Stats {
 struct Link {
     held: bool,
     extra: Duration,
+    /// A slow receiver's lateness ([`Net::slow`]), beside `extra`.
+    slow: Duration,
     /// Answers (writes) to lose, each with its connection.
     lose: u32,
 }
@@ -263,6 +265,13 @@ impl Net {
         self.state().link(from, to).extra = extra;
     }
 
+    /// What `from` sends `to` arrives `late` later than its latency (zero: on time again): the
+    /// receiver is slow to take it in. Beside [`delay`](Self::delay), which it neither changes
+    /// nor is changed by.
+    pub fn slow(&self, from: &str, to: &str, late: Duration) {
+        self.state().link(from, to).slow = late;
+    }
+
     /// The next `count` writes from `from` to `to` are lost, each with its connection: reset
     /// instead (an answer lost after the server applied its request).
     pub fn lose_next(&self, from: &str, to: &str, count: u32) {
@@ -352,8 +361,8 @@ impl State {
 
     fn latency(&mut self, from: &str, to: &str) -> Duration {
         let (low, high) = self.config.latency;
-        let extra =
-            (self.links.get(&(from.to_owned(), to.to_owned()))).map_or(Duration::ZERO, |l| l.extra);
+        let extra = (self.links.get(&(from.to_owned(), to.to_owned())))
+            .map_or(Duration::ZERO, |l| l.extra + l.slow);
         self.rng.duration(low, high) + extra
     }
 
