@@ -217,14 +217,15 @@ fn asked_since(history: &History, span: &Span, key: &str) -> Option<u128> {
 }
 
 /// Whether span `s` overlaps a holder that began to ask for the lock (at `asked`) only after an
-/// operator had taken `s`'s lease, while `s` stopped within [`NOTICE`] of the action: a
+/// operator had taken `s`'s lease (or at the same instant: its first request reached the server
+/// after the action; seed 1 of Consul, with the semaphore break put back), while `s` stopped within [`NOTICE`] of the action: a
 /// contender that was not in line when the holder's key went cannot see that it went (the key is
 /// simply free), so it does not settle; only fencing covers the old holder's last milliseconds.
 /// Our contenders in line at the moment settle (the checks excuse nothing for them).
 fn newcomer(s: &Span, asked: Option<u128>, seen: &Seen) -> bool {
     asked.is_some_and(|asked| {
         (seen.actions.iter())
-            .any(|a| a.at < asked && a.took_lease(&s.seq) && s.last <= a.at + ns(NOTICE))
+            .any(|a| a.at <= asked && a.took_lease(&s.seq) && s.last <= a.at + ns(NOTICE))
     })
 }
 
