@@ -263,7 +263,11 @@ impl Schedule {
         faults.sort_by_key(|p| p.at);
         // A stream of its own, so that every other draw is what it was before budgets were.
         let mut budget = Rng::new(seed).fork("connections");
-        let client_connections = (budget.below(4) == 0).then(|| budget.between(4, 7) as usize);
+        // Four (the least: two watch slots for a process's three locks, so its groups widen and
+        // reshape as its leases come and go) in half of them; five to seven (no widening, but
+        // watches that share connections with requests) in the rest.
+        let client_connections = (budget.below(4) == 0)
+            .then(|| *budget.pick(&[4, 4, 4, 5, 6, 7]).unwrap_or(&4));
         Schedule {
             seed,
             processes,
