@@ -30,6 +30,11 @@ use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
 /// holder that heard 1.6 s after the server came back.)
 pub const NOTICE: Duration = Duration::from_millis(2_500);
 
+/// Where a lock's line names only its holder (a Consul leader key: its waiters only read it), how
+/// soon before an operator's action a contender may have begun to ask and still not have read
+/// the key held: its session's creation and its first read, two round trips of at most 4 ms.
+pub const NEWCOMER_WINDOW: Duration = Duration::from_millis(10);
+
 /// How much longer than its bound an acquire may take: lease-core's slack (the last attempt's
 /// answer on its way), and a millisecond for the timer's tick.
 pub const ACQUIRE_SLACK: Duration =
@@ -65,6 +70,8 @@ pub struct Action {
     /// [`crate::server::Server::line`]): each key and the index of its turn, granted or not,
     /// known to its process or not (seed 1703 of etcd: a grant on its way to a frozen process).
     pub removed: Vec<(String, u64)>,
+    /// Who stood in the lines of the workload's locks just before it (as `removed`).
+    pub lined: Vec<(String, u64)>,
     /// The server's index just before it (see [`crate::server::Server::index`]).
     pub index: u64,
 }
@@ -132,7 +139,7 @@ pub fn safety(history: &History, seen: &Seen) -> Vec<String> {
             };
             let asked = asked_since(history, newest, key);
             let excused = (open.iter())
-                .filter(|s| excused(s, newest.first, seen) || newcomer(s, asked, seen))
+                .filter(|s| excused(s, newest.first, seen) || newcomer(s, newest, asked, key, seen))
                 .count();
             if open.len() - excused > limit {
                 let told: Vec<String> = (open.iter())
@@ -216,17 +223,36 @@ fn asked_since(history: &History, span: &Span, key: &str) -> Option<u128> {
         .last()
 }
 
-/// Whether span `s` overlaps a holder that began to ask for the lock (at `asked`) only after an
-/// operator had taken `s`'s lease (or at the same instant: its first request reached the server
-/// after the action; seed 1 of Consul, with the semaphore break put back), while `s` stopped within [`NOTICE`] of the action: a
-/// contender that was not in line when the holder's key went cannot see that it went (the key is
-/// simply free), so it does not settle; only fencing covers the old holder's last milliseconds.
-/// Our contenders in line at the moment settle (the checks excuse nothing for them).
-fn newcomer(s: &Span, asked: Option<u128>, seen: &Seen) -> bool {
-    asked.is_some_and(|asked| {
-        (seen.actions.iter())
-            .any(|a| a.at <= asked && a.took_lease(&s.seq) && s.last <= a.at + ns(NOTICE))
-    })
+/// Whether span `s` overlaps a newer holder, `newest`, that was not in line for `key` when an
+/// operator took `s`'s lease, while `s` stopped within [`NOTICE`] of the action: a contender
+/// that joins after the holder's key went cannot see that it went (the key is simply free), so
+/// it does not settle, and only fencing covers the old holder's last milliseconds. Our
+/// contenders in line at the moment settle, and the checks excuse nothing for them. In line: its
+/// turn among the server's line before the action (etcd's contender keys, a Consul semaphore's);
+/// for a Consul leader key, whose line names only its holder, its acquire began before the
+/// action, [`NEWCOMER_WINDOW`] or more (`asked`; seed 2246 of Consul: 5 ms before, its first read
+/// after).
+fn newcomer(s: &Span, newest: &Span, asked: Option<u128>, key: &str, seen: &Seen) -> bool {
+    let Ok(seq) = newest.seq.parse::<Sequencer>() else {
+        return false;
+    };
+    let contender = format!("{}/{}", seq.key(), seq.holder());
+    let under = format!("{key}/");
+    (seen.actions.iter())
+        .filter(|a| a.took_lease(&s.seq) && s.last <= a.at + ns(NOTICE))
+        .any(|a| {
+            let line: Vec<&(String, u64)> = (a.lined.iter())
+                .filter(|(k, _)| k.starts_with(&under))
+                .collect();
+            if line.is_empty() {
+                return asked.is_some_and(|asked| asked + ns(NEWCOMER_WINDOW) >= a.at);
+            }
+            // A Consul semaphore's contender key names its session; an etcd contender key its
+            // lease, which every acquire of the process reuses: its create revision tells turns.
+            !line
+                .iter()
+                .any(|(k, index)| *k == seq.key() || (*k == contender && *index == seq.index()))
+        })
 }
 
 /// The holders of each leader key, in the order they first wrote, must carry rising sequencers.

@@ -252,7 +252,9 @@ impl Schedule {
         if armed.below(3) == 0 {
             for _ in 0..armed.between(1, 2) {
                 faults.push(Planned {
-                    at: armed.duration(FAULTS_FROM, FAULTS_UNTIL),
+                    // From the start on: the first grants come while every client's watch
+                    // groups are still forming (and, with four connections, widening).
+                    at: armed.duration(Duration::ZERO, FAULTS_UNTIL),
                     fault: Fault::Armed {
                         trap: draw_trap(&mut armed),
                         slow: slow.duration(SLOW.0, SLOW.1),
@@ -266,8 +268,8 @@ impl Schedule {
         // Four (the least: two watch slots for a process's three locks, so its groups widen and
         // reshape as its leases come and go) in half of them; five to seven (no widening, but
         // watches that share connections with requests) in the rest.
-        let client_connections = (budget.below(4) == 0)
-            .then(|| *budget.pick(&[4, 4, 4, 5, 6, 7]).unwrap_or(&4));
+        let client_connections =
+            (budget.below(4) == 0).then(|| *budget.pick(&[4, 4, 4, 5, 6, 7]).unwrap_or(&4));
         Schedule {
             seed,
             processes,
@@ -339,9 +341,15 @@ fn draw_trap(rng: &mut Rng) -> Trap {
     let key = *rng.pick(&[LEADER, CRON, SEMAPHORE]).unwrap_or(&LEADER);
     match rng.below(3) {
         0 => Trap::DeleteHolderOnJoin { key },
+        // Half of them within 300 ms (the holder's watch groups may be widening around the new
+        // lease), the rest up to 3 s.
         1 => Trap::DeleteNewHolder {
             key,
-            after: rng.duration(Duration::ZERO, Duration::from_secs(3)),
+            after: if rng.below(2) == 0 {
+                rng.duration(Duration::ZERO, Duration::from_millis(300))
+            } else {
+                rng.duration(Duration::ZERO, Duration::from_secs(3))
+            },
         },
         // Half of them within a round trip or two (gone between two reads of a planner), the
         // rest up to 300 ms.

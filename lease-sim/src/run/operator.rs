@@ -119,8 +119,9 @@ impl Sim {
             .collect();
         let took: Vec<String> = taken.iter().map(|(_, seq)| seq.clone()).collect();
         let still = lines();
-        let removed: Vec<(String, u64)> = (lined.into_iter())
+        let removed: Vec<(String, u64)> = (lined.iter())
             .filter(|entry| !still.contains(entry))
+            .cloned()
             .collect();
         self.shared
             .trace
@@ -129,6 +130,7 @@ impl Sim {
             at,
             took,
             removed,
+            lined,
             index,
         });
         self.shared.pace.dense_for(DENSE_FOR);
