@@ -30,9 +30,9 @@ use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
 /// holder that heard 1.6 s after the server came back.)
 pub const NOTICE: Duration = Duration::from_millis(2_500);
 
-/// Where a lock's line names only its holder (a Consul leader key: its waiters only read it), how
-/// soon before an operator's action a contender may have begun to ask and still not have read
-/// the key held: its session's creation and its first read, two round trips of at most 4 ms.
+/// Where a server's lines name only holders (Consul's), how soon before an operator's action a
+/// contender may have begun to ask and still not have read the lock held: its session's creation
+/// and its first read, two round trips of at most 4 ms.
 pub const NEWCOMER_WINDOW: Duration = Duration::from_millis(10);
 
 /// How much longer than its bound an acquire may take: lease-core's slack (the last attempt's
@@ -105,6 +105,9 @@ pub struct Seen {
     pub cut_offs: Vec<CutOff>,
     /// What operators did.
     pub actions: Vec<Action>,
+    /// Whether the server's lines name waiting contenders
+    /// ([`crate::server::Server::line_shows_waiters`]).
+    pub lines_show_waiters: bool,
 }
 
 fn ns(d: Duration) -> u128 {
@@ -227,31 +230,25 @@ fn asked_since(history: &History, span: &Span, key: &str) -> Option<u128> {
 /// operator took `s`'s lease, while `s` stopped within [`NOTICE`] of the action: a contender
 /// that joins after the holder's key went cannot see that it went (the key is simply free), so
 /// it does not settle, and only fencing covers the old holder's last milliseconds. Our
-/// contenders in line at the moment settle, and the checks excuse nothing for them. In line: its
-/// turn among the server's line before the action (etcd's contender keys, a Consul semaphore's);
-/// for a Consul leader key, whose line names only its holder, its acquire began before the
-/// action, [`NEWCOMER_WINDOW`] or more (`asked`; seed 2246 of Consul: 5 ms before, its first read
-/// after).
+/// contenders in line at the moment settle, and the checks excuse nothing for them. In line:
+/// its contender key among the server's line before the action (etcd), or, where the lines name
+/// only holders (Consul), its acquire begun [`NEWCOMER_WINDOW`] or more before the action
+/// (`asked`; seed 2246 of Consul: begun 5 ms before, its first read after).
 fn newcomer(s: &Span, newest: &Span, asked: Option<u128>, key: &str, seen: &Seen) -> bool {
     let Ok(seq) = newest.seq.parse::<Sequencer>() else {
         return false;
     };
-    let contender = format!("{}/{}", seq.key(), seq.holder());
-    let under = format!("{key}/");
+    // An etcd contender key names its lease, which every acquire of the process reuses: its
+    // create revision tells one turn from another.
+    let contender = format!("{key}/{}", seq.holder());
     (seen.actions.iter())
         .filter(|a| a.took_lease(&s.seq) && s.last <= a.at + ns(NOTICE))
         .any(|a| {
-            let line: Vec<&(String, u64)> = (a.lined.iter())
-                .filter(|(k, _)| k.starts_with(&under))
-                .collect();
-            if line.is_empty() {
-                return asked.is_some_and(|asked| asked + ns(NEWCOMER_WINDOW) >= a.at);
+            if seen.lines_show_waiters {
+                !(a.lined.iter()).any(|(k, index)| *k == contender && *index == seq.index())
+            } else {
+                asked.is_some_and(|asked| asked + ns(NEWCOMER_WINDOW) >= a.at)
             }
-            // A Consul semaphore's contender key names its session; an etcd contender key its
-            // lease, which every acquire of the process reuses: its create revision tells turns.
-            !line
-                .iter()
-                .any(|(k, index)| *k == seq.key() || (*k == contender && *index == seq.index()))
         })
 }
 

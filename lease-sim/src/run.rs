@@ -155,6 +155,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
     let rng = Rng::new(schedule.seed);
     let net = Net::new(rng.fork("net"), NetConfig::default());
     let model = model(&schedule);
+    let lines_show_waiters = model.line_shows_waiters();
     let sim = Rc::new(Sim {
         settings: Settings {
             ttl: schedule.ttl,
@@ -167,7 +168,10 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
         slots: RefCell::new(Vec::new()),
         graveyard: RefCell::new(Vec::new()),
         started: RefCell::new(0),
-        seen: RefCell::new(Seen::default()),
+        seen: RefCell::new(Seen {
+            lines_show_waiters,
+            ..Seen::default()
+        }),
         violations: RefCell::new(Vec::new()),
         start: Instant::now(),
         seeds: RefCell::new(rng.fork("processes")),

@@ -53,6 +53,13 @@ pub trait Server: 'static {
     /// and their creation indexes.
     fn line(&self, key: &str) -> Vec<(String, u64)>;
 
+    /// Whether [`line`](Self::line) names every contender, waiting or not (etcd: a contender's
+    /// key is its place in line from its join on), or only the holders (Consul: a leader key's
+    /// waiters only read it; a semaphore contender writes its key in the transaction that admits
+    /// it). Where it does not, the checks tell a contender that was in line by when it began to
+    /// ask.
+    fn line_shows_waiters(&self) -> bool;
+
     /// A copy of `key` as an operator would keep it to write it back (Consul's `.lock`), if it
     /// exists; `None` on etcd, whose locks have no key of their own to re-create.
     fn copy_key(&self, key: &str) -> Option<KeyCopy>;

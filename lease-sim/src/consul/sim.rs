@@ -134,6 +134,10 @@ impl Server for Model {
         line
     }
 
+    fn line_shows_waiters(&self) -> bool {
+        false
+    }
+
     fn copy_key(&self, key: &str) -> Option<KeyCopy> {
         self.entry(key).map(|e| KeyCopy {
             key: e.key,

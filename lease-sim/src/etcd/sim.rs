@@ -131,6 +131,10 @@ impl Server for Model {
         line
     }
 
+    fn line_shows_waiters(&self) -> bool {
+        true
+    }
+
     fn copy_key(&self, _key: &str) -> Option<KeyCopy> {
         None
     }
