@@ -208,7 +208,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
     let seen = sim.seen.borrow().clone();
     let mut violations = sim.violations.borrow().clone();
     violations.extend(check::safety(&history, &seen));
-    violations.extend(check::sequencers_rise(&history));
+    violations.extend(check::sequencers_rise(&history, &seen));
     violations.extend(check::acquires_within_bounds(&history, &seen));
     Outcome {
         backend: sim.model.name(),
