@@ -21,10 +21,10 @@ use crate::trace::Trace;
 use crate::world::Process;
 
 /// How often a holder writes.
-const WRITE_EVERY: Duration = Duration::from_millis(100);
+pub const WRITE_EVERY: Duration = Duration::from_millis(100);
 
 /// How often a holder writes while the pace is dense ([`Pace::dense_for`]).
-const DENSE_EVERY: Duration = Duration::from_millis(1);
+pub const DENSE_EVERY: Duration = Duration::from_millis(1);
 
 /// How often every holder writes: every [`WRITE_EVERY`], and every [`DENSE_EVERY`] for a while
 /// after the simulation asks (an operator's action: the moments when an old holder and a new one
