@@ -67,7 +67,7 @@ impl Hold for KeyHold {
             Some(left) => (&KEEP, Some(left)),
             None => (&RELEASE, None),
         };
-        let left_ms = left.map(|l| l.as_millis().to_string()).unwrap_or_default();
+        let left_ms = kept_ms(left);
         let args: Vec<&[u8]> = vec![
             self.holder.as_bytes(),
             self.kind.as_str().as_bytes(),
@@ -136,7 +136,7 @@ impl Detached {
             };
             let mut conn = opened.conn;
             let script: &Script = if left.is_some() { &KEEP } else { &RELEASE };
-            let left_ms = left.map(|l| l.as_millis().to_string()).unwrap_or_default();
+            let left_ms = kept_ms(left);
             let answer: Result<redis::Value, RedisFailure> = redis::cmd("EVAL")
                 .arg(script.source)
                 .arg(1)
@@ -151,5 +151,26 @@ impl Detached {
                 tracing::debug!(%error, "a detached release failed; the lease expires with its TTL");
             }
         })
+    }
+}
+
+/// The whole milliseconds to keep a released key for (`KEEP`'s argument; empty for none),
+/// rounded up: a lease kept until its release time must not expire before it, and Redis counts
+/// whole milliseconds (`conformance`'s `release_at_outlives_the_holders_shutdown`, which once saw
+/// 2,999.9 ms kept as 2,999 and a contender in before the time).
+fn kept_ms(left: Option<Duration>) -> String {
+    left.map(|l| l.as_nanos().div_ceil(1_000_000).to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_time_is_rounded_up_to_whole_milliseconds() {
+        assert_eq!(kept_ms(Some(Duration::from_micros(2_999_900))), "3000");
+        assert_eq!(kept_ms(Some(Duration::from_millis(5))), "5");
+        assert_eq!(kept_ms(None), "");
     }
 }
