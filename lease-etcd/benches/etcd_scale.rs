@@ -303,7 +303,8 @@ async fn run(n: usize, hold: Duration) -> Figures {
     f.rss_kb_per_lease = (rss_kb() - rss_before) / n as f64;
 
     // (etcd serves /metrics on a port of its own: the scrapes are no connection to its client
-    // port.)
+    // port.) Counted once every hold is up (each begins with one read of its key).
+    server.await_watchers(f.acquired, STALL).await;
     let msgs = server.metric_total("grpc_server_msg_received_total").await;
     let calls = server.metric_total("grpc_server_started_total").await;
     tokio::time::sleep(hold).await;

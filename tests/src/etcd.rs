@@ -300,6 +300,18 @@ impl Server {
             .sum()
     }
 
+    /// Waits (up to `bound`, else panics) until etcd has at least `watchers` watchers: a
+    /// client's holds have all begun once there is one per lease (each reads its key once, then
+    /// watches it), so a count of messages taken from then on is of holding alone.
+    pub async fn await_watchers(&self, watchers: usize, bound: Duration) {
+        crate::within(bound, &format!("etcd to have {watchers} watchers"), async {
+            while self.metric_total("etcd_debugging_mvcc_watcher_total").await < watchers as f64 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+    }
+
     /// An `etcdctl` command pointed at this etcd (API 3).
     pub fn etcdctl(&self) -> Command {
         etcdctl(&self.url())

@@ -121,6 +121,8 @@ async fn a_thousand_leases_outlive_two_ttls_on_two_connections() {
 
     // 500 leader keys, and 500 slots over 100 semaphores.
     let leases = acquire_all(&etcd, specs("many", 500, 500, 5)).await;
+    // Counted once every hold is up (each begins with one read of its key).
+    server.await_watchers(leases.len(), EVENT).await;
     let messages = server.metric_total("grpc_server_msg_received_total").await;
     assert_none_lost_for(&leases, 2 * TTL + Duration::from_secs(1), "while held").await;
     let idle = server.metric_total("grpc_server_msg_received_total").await - messages;
