@@ -173,6 +173,10 @@ enum Op {
     },
     Txn(Vec<TxnOp>),
     Sleep(u64),
+    /// The session's end (its check's TTL ran out), awaited on each side by polling its info,
+    /// within [`SESSION_END_BOUND`]: how soon a Consul agent on a loaded machine syncs a critical
+    /// check to its server is not a figure a sleep can rely on (1.6 s after a 1 s TTL was not).
+    AwaitSessionEnd(Sess),
     /// A blocking query answered by a write under its prefix while it waits.
     WatchThenWrite {
         prefix: String,
@@ -511,7 +515,7 @@ fn render_call(op: &Op, side: Side, names: &Names) -> Option<Request> {
                 .collect();
             Request::new(Method::PUT, "/v1/txn").json(&Value::Array(body))
         }
-        Op::Sleep(_) | Op::WatchThenWrite { .. } => return None,
+        Op::Sleep(_) | Op::AwaitSessionEnd(_) | Op::WatchThenWrite { .. } => return None,
     })
 }
 
@@ -537,6 +541,29 @@ impl Answer {
             self.headers,
             String::from_utf8_lossy(&self.body)
         )
+    }
+}
+
+/// How long a session whose check's TTL ran out may take to end, on either side.
+const SESSION_END_BOUND: Duration = Duration::from_secs(30);
+
+/// Polls a session's info until it answers that the session is gone; its last answer, or none
+/// within [`SESSION_END_BOUND`].
+async fn await_session_end(http: &reqwest::Client, base: &str, info: &Request) -> Option<Answer> {
+    let deadline = Instant::now() + SESSION_END_BOUND;
+    loop {
+        let answer = send(http, base, info).await;
+        let gone = answer.status == 200
+            && answer
+                .json()
+                .is_some_and(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty));
+        if gone {
+            return Some(answer);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -1214,7 +1241,7 @@ fn scripts(p: &str) -> Vec<Vec<Op>> {
             checked_session(&check, "release"),
             lock(0, b"t"),
             get(),
-            Op::Sleep(1600),
+            Op::AwaitSessionEnd(s(0)),
             get(),
             Op::SessionInfo(s(0)),
             checked_session(&check, "release"),
@@ -1443,6 +1470,43 @@ impl Run {
                 };
                 Ok((none.clone(), none))
             }
+            Op::AwaitSessionEnd(session) => {
+                let info = Op::SessionInfo(session.clone());
+                let (Some(real_info), Some(model_info)) = (
+                    render(&info, Side::Real, &self.names),
+                    render(&info, Side::Model, &self.names),
+                ) else {
+                    return Err("a session's info renders".to_owned());
+                };
+                let (real, model) = tokio::join!(
+                    await_session_end(&self.http, &self.real, &real_info),
+                    await_session_end(&self.http, &self.model_url, &model_info)
+                );
+                match (real, model) {
+                    (Some(real), Some(model)) => Ok((real, model)),
+                    (real, model) => {
+                        let never =
+                            |a: &Option<Answer>| if a.is_some() { "ended" } else { "never ended" };
+                        let why = format!(
+                            "within {SESSION_END_BOUND:?}, the session on Consul {}, on the model {}",
+                            never(&real),
+                            never(&model)
+                        );
+                        let none = Answer {
+                            status: 0,
+                            headers: BTreeMap::new(),
+                            body: Vec::new(),
+                            took: Duration::ZERO,
+                        };
+                        Err(report(
+                            &self.names,
+                            &why,
+                            real.as_ref().unwrap_or(&none),
+                            model.as_ref().unwrap_or(&none),
+                        ))
+                    }
+                }
+            }
             Op::WatchThenWrite {
                 prefix,
                 index,
@@ -1590,6 +1654,7 @@ fn resolve(op: &Op, sessions: &[String], model: &Model, names: &Names) -> Op {
     match op {
         Op::SessionRenew(s) => Op::SessionRenew(sess(s)),
         Op::SessionInfo(s) => Op::SessionInfo(sess(s)),
+        Op::AwaitSessionEnd(s) => Op::AwaitSessionEnd(sess(s)),
         Op::SessionDestroy(s) => Op::SessionDestroy(sess(s)),
         Op::KvGet(k) => Op::KvGet(key(k)),
         Op::KvRelease {
