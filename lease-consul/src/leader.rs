@@ -113,6 +113,9 @@ struct Acquired {
 /// alone until `LeaseSpec::settle_time` after that was seen. The contender keeps watching while
 /// it settles, so a holder that takes the key meanwhile and loses it the same way is seen too;
 /// every state read, whether from the watch or after a refused acquire, is judged the same way.
+/// A holder that came and went between two reads (the watch answers with the latest state; a
+/// refused acquire means another contender won) shows in what the two imply: the key gone, or
+/// a LockIndex never seen held, is such a loss, and the contender settles for it as well.
 async fn contend(
     client: &Client,
     session: &str,
@@ -170,8 +173,11 @@ struct Contention<'a> {
     index: Option<u64>,
     /// A state already read (after a refused acquire), to judge before waiting for the next.
     read: Option<Option<KvEntry>>,
-    /// The last state judged: judged again when a settle ends with nothing new.
-    last: Option<KvEntry>,
+    /// The last state judged (judged again when a settle ends with nothing new); `None` until
+    /// one was.
+    last: Option<Option<KvEntry>>,
+    /// The state judged before `last`; `None` until two were.
+    previous: Option<Option<KvEntry>>,
     lock_delay_pause: Duration,
     /// The other session last seen holding the key, and its lock-delay once read.
     seen_holder: Option<(String, Option<Duration>)>,
@@ -203,6 +209,7 @@ impl<'a> Contention<'a> {
             index: None,
             read: None,
             last: None,
+            previous: None,
             lock_delay_pause: LOCK_DELAY_FIRST_PAUSE,
             seen_holder: None,
             settle_until: None,
@@ -251,11 +258,11 @@ impl<'a> Contention<'a> {
                         listing.get(self.key).cloned()
                     }
                     None if self.past_deadline(Instant::now()) => return Err(self.busy()),
-                    None => self.last.clone(),
+                    None => self.last.clone().flatten(),
                 }
             }
         };
-        self.last.clone_from(&entry);
+        self.previous = self.last.replace(entry.clone());
         Ok(entry)
     }
 
@@ -291,27 +298,41 @@ impl<'a> Contention<'a> {
         Ok(true)
     }
 
-    /// After the holder last seen let go: settle if it may still be stopping its work.
+    /// After the holder last seen let go, or one this contender did not see: settle if it may
+    /// still be stopping its work.
     async fn settle_after_last_holder(&mut self, entry: Option<&KvEntry>) {
-        let Some((previous, lock_delay)) = self.seen_holder.take() else {
-            return;
-        };
-        let settle = match entry {
-            // Deleted under its holder: no lock-delay applies.
-            None => Some(self.spec.settle_after_removal()),
-            // Released. Cleanly (its session still exists, or its lock-delay protects the key,
-            // and Consul refuses us while it runs), or by an invalidation Consul does not delay.
-            Some(_) if lock_delay.is_some_and(|d| d >= self.spec.settle_time()) => None,
-            // Released cleanly by this very client.
-            Some(_) if self.released.contains(&previous) => None,
-            Some(_) => match self.http.session_exists(&previous).await {
-                Ok(true) => None,
-                Ok(false) | Err(_) => Some(self.spec.settle_time()),
+        let unseen = self.previous.as_ref().and_then(|previous| {
+            unseen_holding(previous.as_ref(), entry).map(|loss| match loss {
+                UnseenLoss::Removed => self.spec.settle_after_removal(),
+                UnseenLoss::Released => self.spec.settle_time(),
+            })
+        });
+        let seen = match self.seen_holder.take() {
+            None => None,
+            Some((previous, lock_delay)) => match entry {
+                // Deleted under its holder: no lock-delay applies.
+                None => Some(self.spec.settle_after_removal()),
+                // Released. Cleanly (its session still exists, or its lock-delay protects the
+                // key, and Consul refuses us while it runs), or by an invalidation Consul does
+                // not delay.
+                Some(_) if lock_delay.is_some_and(|d| d >= self.spec.settle_time()) => None,
+                // Released cleanly by this very client.
+                Some(_) if self.released.contains(&previous) => None,
+                Some(_) => match self.http.session_exists(&previous).await {
+                    Ok(true) => None,
+                    Ok(false) | Err(_) => Some(self.spec.settle_time()),
+                },
             },
         };
-        if let Some(settle) = settle {
-            self.settle_until = Some(Instant::now() + settle);
+        if let Some(settle) = seen.max(unseen) {
+            self.settle_for(settle);
         }
+    }
+
+    /// Leaves the key alone for `settle` from now, or longer if a settle already runs longer.
+    fn settle_for(&mut self, settle: Duration) {
+        let until = Instant::now() + settle;
+        self.settle_until = Some(self.settle_until.map_or(until, |u| u.max(until)));
     }
 
     /// Whether a settle is still running (busy if it would outlast the deadline).
@@ -381,7 +402,7 @@ impl<'a> Contention<'a> {
             }
             if !failed.contains(&lock_op) {
                 // The key itself was ours to take: try again on the same state.
-                self.read = Some(self.last.clone());
+                self.read = Some(self.last.clone().flatten());
                 return Ok(Attempt::Again);
             }
         }
@@ -402,6 +423,11 @@ impl<'a> Contention<'a> {
         if let Ok(false) = self.http.session_exists(self.session).await {
             return Ok(true);
         }
+        if entry.is_none() {
+            // Refused a key that is not there: another contender took it and lost it to a
+            // deletion before this read (or Consul's lock-delay outlives the key).
+            self.settle_for(self.spec.settle_after_removal());
+        }
         let pause_until = Instant::now() + self.lock_delay_pause;
         if self.past_deadline(pause_until) {
             return Err(self.busy());
@@ -411,6 +437,32 @@ impl<'a> Contention<'a> {
         self.lock_delay_pause = (self.lock_delay_pause * 2).min(LOCK_DELAY_MAX_PAUSE);
         self.index = None;
         Ok(false)
+    }
+}
+
+/// How a holder this contender never saw lost the key, judged from two states read one after
+/// the other with the holding between them (the watch answers with the latest state only; a
+/// refused acquire means someone else won).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnseenLoss {
+    /// The key went (or went and came back): deleted, maybe under its holder.
+    Removed,
+    /// The key was taken and released in between, perhaps by an invalidation.
+    Released,
+}
+
+fn unseen_holding(before: Option<&KvEntry>, now: Option<&KvEntry>) -> Option<UnseenLoss> {
+    match (before, now) {
+        (Some(_), None) => Some(UnseenLoss::Removed),
+        (_, Some(now)) if now.holder().is_some() || now.lock_index == 0 => None,
+        (Some(before), Some(now)) if now.create_index != before.create_index => {
+            Some(UnseenLoss::Removed)
+        }
+        (Some(before), Some(now)) if now.lock_index > before.lock_index => {
+            Some(UnseenLoss::Released)
+        }
+        (None, Some(_)) => Some(UnseenLoss::Released),
+        _ => None,
     }
 }
 
@@ -561,4 +613,62 @@ pub(crate) async fn check_sequencer(http: &ConsulHttp, sequencer: &Sequencer) ->
         lost = Some(LostReason::KeyDeleted);
     }
     session::judged::<LeaderKey>(http, sequencer.holder(), lost).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(session: Option<&str>, lock_index: u64, create_index: u64) -> KvEntry {
+        KvEntry {
+            key: "k".into(),
+            flags: LEADER_FLAGS,
+            value: None,
+            session: session.map(str::to_owned),
+            lock_index,
+            modify_index: create_index + lock_index,
+            create_index,
+        }
+    }
+
+    #[test]
+    fn a_holding_between_two_reads_is_judged_a_loss() {
+        let unheld = key(None, 13, 5);
+        // Gone since: deleted, perhaps under a holder never seen.
+        assert_eq!(
+            unseen_holding(Some(&unheld), None),
+            Some(UnseenLoss::Removed)
+        );
+        // Gone and created again by an acquire, then released.
+        let recreated = key(None, 1, 40);
+        assert_eq!(
+            unseen_holding(Some(&unheld), Some(&recreated)),
+            Some(UnseenLoss::Removed)
+        );
+        // Taken and released in between.
+        let next = key(None, 14, 5);
+        assert_eq!(
+            unseen_holding(Some(&unheld), Some(&next)),
+            Some(UnseenLoss::Released)
+        );
+        assert_eq!(
+            unseen_holding(None, Some(&recreated)),
+            Some(UnseenLoss::Released)
+        );
+    }
+
+    #[test]
+    fn states_that_hide_no_holding_are_not() {
+        let unheld = key(None, 13, 5);
+        assert_eq!(unseen_holding(Some(&unheld), Some(&unheld)), None);
+        assert_eq!(unseen_holding(None, None), None);
+        // A holder now seen is judged when it lets go.
+        let held = key(Some("s"), 14, 5);
+        assert_eq!(unseen_holding(Some(&unheld), Some(&held)), None);
+        // The holder last seen released it: judged by its session, not here.
+        let released = key(None, 14, 5);
+        assert_eq!(unseen_holding(Some(&held), Some(&released)), None);
+        // A key never locked (not a holding).
+        assert_eq!(unseen_holding(None, Some(&key(None, 0, 9))), None);
+    }
 }
