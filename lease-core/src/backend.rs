@@ -26,7 +26,7 @@ use std::sync::Arc;
 mod keeper;
 
 pub use crate::lease::{Fence, PAUSE_TOLERANCE};
-pub use keeper::{ACQUIRE_SLACK, Hold, Keepers, RELEASE_BOUND, instrument_acquire};
+pub use keeper::{ACQUIRE_SLACK, ATTEMPT_BOUND, Hold, Keepers, RELEASE_BOUND, instrument_acquire};
 
 use crate::observer::LeaderObserver;
 use crate::{BoxFuture, Error, Lease, LeaseSpec, Sequencer};

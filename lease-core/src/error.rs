@@ -241,8 +241,10 @@ pub enum Error {
     },
 
     /// An acquire with [`Wait::UpTo`](crate::Wait::UpTo) that the backend did not answer within
-    /// its wait (and [`ACQUIRE_SLACK`](crate::backend::ACQUIRE_SLACK)): the server or the
-    /// network is down, slow or overloaded. Nothing was taken (whatever the backend had begun is
+    /// its wait (and [`ACQUIRE_SLACK`](crate::backend::ACQUIRE_SLACK)), or with
+    /// [`Wait::Never`](crate::Wait::Never) within
+    /// [`ATTEMPT_BOUND`](crate::backend::ATTEMPT_BOUND): the server or the network is down,
+    /// slow or overloaded. Nothing was taken (whatever the backend had begun is
     /// given back); [`Backend::reachability`](crate::Backend::reachability) says more.
     #[error(
         "no answer acquiring lease {key:?} within its wait ({waited:?}): the server or the network \

@@ -57,7 +57,9 @@ pub enum Wait {
     Forever,
     /// Up to this long, then [`Error::Busy`].
     UpTo(Duration),
-    /// Not at all: one attempt, then [`Error::Busy`].
+    /// Not at all: one attempt, then [`Error::Busy`]. An attempt the backend does not answer
+    /// within [`ATTEMPT_BOUND`](crate::backend::ATTEMPT_BOUND) (a server or network down or
+    /// slow) answers [`Error::AcquireTimedOut`].
     Never,
 }
 

@@ -30,6 +30,11 @@ pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
 /// there.
 pub const ACQUIRE_SLACK: Duration = Duration::from_millis(500);
 
+/// How long the one attempt of a [`Wait::Never`](crate::Wait::Never) acquire may take before
+/// [`instrument_acquire`] ends it: longer than any backend's single request (Consul's 10 s) and
+/// connect (5 s) together, so that a server that answers at all answers first.
+pub const ATTEMPT_BOUND: Duration = Duration::from_secs(15);
+
 /// What a backend does while it holds one lease: the part of the backend contract that
 /// [`Keepers::start`] drives.
 ///
@@ -442,8 +447,9 @@ async fn hold_until_due<H: Hold>(state: &LeaseState, hold: &mut H, stop: &Cancel
 /// caller's (the lease's `lease.hold` span follows from it), recording the acquisition's
 /// metrics (the `metrics` module) under `backend`'s label, and held to the spec's wait: with
 /// [`Wait::UpTo(d)`](crate::Wait::UpTo), an acquire the backend has not answered within `d` plus
-/// [`ACQUIRE_SLACK`] is dropped (a backend's acquire is cancel safe: what it had taken is given
-/// back) and answers [`Error::AcquireTimedOut`], however slow or silent the server is.
+/// [`ACQUIRE_SLACK`] (with [`Wait::Never`](crate::Wait::Never), within [`ATTEMPT_BOUND`]) is
+/// dropped (a backend's acquire is cancel safe: what it had taken is given back) and answers
+/// [`Error::AcquireTimedOut`], however slow or silent the server is.
 ///
 /// ```
 /// use lease_core::backend::instrument_acquire;
@@ -467,11 +473,13 @@ pub fn instrument_acquire<'a>(
         backend = backend.as_str()
     );
     let bounded = async move {
-        let Wait::UpTo(wait) = spec.wait_policy() else {
-            return acquire.await;
+        let bound = match spec.wait_policy() {
+            Wait::Forever => return acquire.await,
+            Wait::UpTo(wait) => wait.saturating_add(ACQUIRE_SLACK),
+            Wait::Never => ATTEMPT_BOUND,
         };
         let started = Instant::now();
-        match tokio::time::timeout(wait.saturating_add(ACQUIRE_SLACK), acquire).await {
+        match tokio::time::timeout(bound, acquire).await {
             Ok(acquired) => acquired,
             Err(_) => Err(Error::AcquireTimedOut {
                 key: spec.key().to_owned(),
@@ -546,8 +554,9 @@ mod tests {
         (lease, tokio::spawn(keeper))
     }
 
-    /// An acquire the backend never answers ends at its wait plus the slack, naming the key;
-    /// `Wait::Forever` is not bounded, and an answer in time is the backend's.
+    /// An acquire the backend never answers ends at its wait plus the slack (`Wait::Never`: at
+    /// the attempt's bound), naming the key; `Wait::Forever` is not bounded, and an answer in
+    /// time is the backend's.
     #[tokio::test(start_paused = true)]
     async fn an_acquire_ends_within_its_wait_whatever_the_backend_does() {
         let spec = LeaseSpec::leader("jobs/nightly").wait(Wait::UpTo(Duration::from_secs(2)));
@@ -569,6 +578,16 @@ mod tests {
             })
         });
         assert!(answered.await.is_err_and(|e| e.is_busy()));
+        let never = spec.clone().wait(Wait::Never);
+        let started = Instant::now();
+        let silent = instrument_acquire(BackendKind::Memory, &never, std::future::pending());
+        match silent.await {
+            Err(Error::AcquireTimedOut { waited, .. }) => {
+                assert_eq!(waited, ATTEMPT_BOUND);
+                assert_eq!(started.elapsed(), waited);
+            }
+            other => panic!("expected AcquireTimedOut, got {other:?}"),
+        }
         let forever = spec.clone().wait(Wait::Forever);
         let slow = instrument_acquire(BackendKind::Memory, &forever, async {
             tokio::time::sleep(Duration::from_secs(3600)).await;
