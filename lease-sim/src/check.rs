@@ -40,9 +40,11 @@ pub const NEWCOMER_WINDOW: Duration = Duration::from_millis(10);
 pub const ACQUIRE_SLACK: Duration =
     lease_core::backend::ACQUIRE_SLACK.saturating_add(Duration::from_millis(1));
 
-/// How long a `Wait::Never` acquire may take: one attempt, which the backend bounds by its
-/// requests' timeouts (Consul's 10 s, and a connect's 5 s).
-pub const ONE_ATTEMPT: Duration = Duration::from_secs(16);
+/// How long a `Wait::Never` acquire may take: its one attempt, which lease-core ends at
+/// [`lease_core::backend::ATTEMPT_BOUND`] (seed 4543 of etcd: 17.5 s over a link 776 ms slower
+/// each way, before it did), and a millisecond for the timer's tick.
+pub const ONE_ATTEMPT: Duration =
+    lease_core::backend::ATTEMPT_BOUND.saturating_add(Duration::from_millis(1));
 
 /// A span of time in which a process could not hear from the server (or did not run).
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +139,7 @@ pub fn safety(history: &History, seen: &Seen) -> Vec<String> {
             .collect();
         let spans = History::from_lines(lines).spans();
         for (at, open) in over_limit(&spans, limit) {
-            let Some(newest) = open.iter().max_by_key(|s| s.first) else {
+            let Some(newest) = newest_granted(&open) else {
                 continue;
             };
             let asked = asked_since(history, newest, key);
@@ -159,6 +161,21 @@ pub fn safety(history: &History, seen: &Seen) -> Vec<String> {
         }
     }
     broken
+}
+
+/// The holder of `open` the server granted last: of holders of one key, the greatest sequencer
+/// (a grant whose answer reached its holder late may first write after its successor did: seed
+/// 9771 of etcd, read at the head of the line 1 ms before an operator deleted its key, first
+/// writing 19 ms after a newcomer took the emptied line); otherwise the last to begin writing.
+fn newest_granted(open: &[Span]) -> Option<&Span> {
+    let seqs: Option<Vec<Sequencer>> = open.iter().map(|s| s.seq.parse().ok()).collect();
+    match seqs {
+        Some(seqs) if seqs.windows(2).all(|w| w[0].key() == w[1].key()) => (open.iter())
+            .zip(&seqs)
+            .max_by_key(|(s, seq)| (seq.order(), s.first))
+            .map(|(s, _)| s),
+        _ => open.iter().max_by_key(|s| s.first),
+    }
 }
 
 /// Each instant at which more than `limit` spans were open, with the spans open then (the first
@@ -257,10 +274,18 @@ fn newcomer(s: &Span, newest: &Span, asked: Option<u128>, key: &str, seen: &Seen
 /// But for the documented exception (see [`safety`]): a holder whose lease an operator took
 /// while it was cut off may write first only after its successor did, on a grant that reached
 /// it late; fencing refuses those writes, as the sequencer is older (seed 1233 of etcd: a grant
-/// on its way over a link 400 ms slow, its key deleted by an armed action meanwhile).
+/// on its way over a link 400 ms slow, its key deleted by an armed action meanwhile), or, cut
+/// off or not, on a grant whose answer was on its way when the action came, within [`NOTICE`]
+/// of it (seed 9771 of etcd: 37 ms).
 pub fn sequencers_rise(history: &History, seen: &Seen) -> Vec<String> {
     let mut by_key: BTreeMap<String, Vec<(u128, Sequencer)>> = BTreeMap::new();
-    for span in (history.spans().into_iter()).filter(|s| !excused(s, s.first, seen)) {
+    let stale_grant = |s: &Span| {
+        (seen.actions.iter())
+            .any(|a| a.at <= s.first && s.first <= a.at + ns(NOTICE) && a.took_lease(&s.seq))
+    };
+    for span in
+        (history.spans().into_iter()).filter(|s| !excused(s, s.first, seen) && !stale_grant(s))
+    {
         if let Ok(seq) = span.seq.parse::<Sequencer>() {
             by_key
                 .entry(seq.key().to_owned())
