@@ -149,3 +149,33 @@ fn etcd_a_grant_that_arrives_after_its_successor_wrote() {
 fn etcd_a_key_deleted_before_its_holder_s_watch_is_synced() {
     passes("etcd", 13766);
 }
+
+/// A holder the contender never saw: the key was released (LockIndex 13), another contender
+/// won the race for it (14), and an operator deleted it 2 ms later, under that holder, which
+/// heard 41 ms late. The contender in line, refused, read the key absent and took it at once,
+/// without settling, 35 ms after the deletion. A contender now judges two states read one after
+/// the other by what they imply happened between: a key gone, or a LockIndex it did not see,
+/// is a loss it settles for (seeds 10112 and 11643 the same).
+#[test]
+fn consul_a_holder_the_contender_never_saw_loses_the_key() {
+    passes("consul", 3301);
+}
+
+/// In the checker: a leader waiter read itself at the head of the line 1 ms before an operator
+/// deleted its key; a newcomer joined the emptied line and took it; the waiter's grant reached it
+/// 37 ms after the deletion and it wrote 3 ms on it, after the newcomer had begun. The documented
+/// newcomer exception, but the checks took the holder that wrote last for the newest, and its
+/// older sequencer for one out of order. The newest is now the last the server granted, and a
+/// grant on its way when an action took it is left out of the sequencers' order (fencing refuses
+/// its writes).
+#[test]
+fn etcd_a_grant_on_its_way_when_its_key_was_deleted_under_a_newcomer() {
+    passes("etcd", 9771);
+}
+
+/// A `Wait::Never` acquire took 17.5 s over a link 776 ms slower each way (each of its requests
+/// within its own timeout). lease-core now ends the one attempt at `backend::ATTEMPT_BOUND`.
+#[test]
+fn etcd_an_acquire_that_does_not_wait_ends_within_one_attempt() {
+    passes("etcd", 4543);
+}
