@@ -31,9 +31,9 @@ pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
 pub const ACQUIRE_SLACK: Duration = Duration::from_millis(500);
 
 /// How long the one attempt of a [`Wait::Never`](crate::Wait::Never) acquire may take before
-/// [`instrument_acquire`] ends it: longer than any backend's single request (Consul's 10 s) and
-/// connect (5 s) together, so that a server that answers at all answers first.
-pub const ATTEMPT_BOUND: Duration = Duration::from_secs(15);
+/// [`instrument_acquire`] ends it: longer than a backend's own retries of one attempt against
+/// a server that refuses (a Consul agent at its connection limit), so that its own error comes first.
+pub const ATTEMPT_BOUND: Duration = Duration::from_secs(30);
 
 /// What a backend does while it holds one lease: the part of the backend contract that
 /// [`Keepers::start`] drives.
