@@ -530,6 +530,16 @@ struct Answer {
 }
 
 impl Answer {
+    /// What an operation that sends no request of its own answers (a sleep, a wait).
+    fn none() -> Answer {
+        Answer {
+            status: 0,
+            headers: BTreeMap::new(),
+            body: Vec::new(),
+            took: Duration::ZERO,
+        }
+    }
+
     fn json(&self) -> Option<Value> {
         serde_json::from_slice(&self.body).ok()
     }
@@ -1462,13 +1472,7 @@ impl Run {
         match op {
             Op::Sleep(ms) => {
                 tokio::time::sleep(Duration::from_millis(*ms)).await;
-                let none = Answer {
-                    status: 0,
-                    headers: BTreeMap::new(),
-                    body: Vec::new(),
-                    took: Duration::ZERO,
-                };
-                Ok((none.clone(), none))
+                Ok((Answer::none(), Answer::none()))
             }
             Op::AwaitSessionEnd(session) => {
                 let info = Op::SessionInfo(session.clone());
@@ -1492,12 +1496,7 @@ impl Run {
                             never(&real),
                             never(&model)
                         );
-                        let none = Answer {
-                            status: 0,
-                            headers: BTreeMap::new(),
-                            body: Vec::new(),
-                            took: Duration::ZERO,
-                        };
+                        let none = Answer::none();
                         Err(report(
                             &self.names,
                             &why,
