@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::client::Client;
 use super::kind::{LEADER_FLAGS, OtherKind, Verdict};
-use super::session::{self, ReleasedSessions, Renewals, Session, SessionEnd, SessionLock};
+use super::session::{self, Holding, ReleasedSessions, Renewals, Session, SessionEnd, SessionLock};
 use super::watch::{Interest, Listing, Watched};
 use super::wire::{ApiError, Behavior, ConsulHttp, KvEntry, TxnOp};
 use lease_core::semaphore::{SEMAPHORE_FLAGS, lock_key};
@@ -115,7 +115,8 @@ struct Acquired {
 /// every state read, whether from the watch or after a refused acquire, is judged the same way.
 /// A holder that came and went between two reads (the watch answers with the latest state; a
 /// refused acquire means another contender won) shows in what the two imply: the key gone, or
-/// a LockIndex never seen held, is such a loss, and the contender settles for it as well.
+/// a LockIndex never seen held, is such a loss, and the contender settles for it as well,
+/// unless this client gave that holding back itself (see `ReleasedSessions`).
 async fn contend(
     client: &Client,
     session: &str,
@@ -302,9 +303,15 @@ impl<'a> Contention<'a> {
     /// still be stopping its work.
     async fn settle_after_last_holder(&mut self, entry: Option<&KvEntry>) {
         let unseen = self.previous.as_ref().and_then(|previous| {
-            unseen_holding(previous.as_ref(), entry).map(|loss| match loss {
-                UnseenLoss::Removed => self.spec.settle_after_removal(),
-                UnseenLoss::Released => self.spec.settle_time(),
+            unseen_holding(previous.as_ref(), entry).and_then(|loss| match (loss, entry) {
+                (UnseenLoss::Removed, _) => Some(self.spec.settle_after_removal()),
+                // Given back by this very client: its work has stopped.
+                (UnseenLoss::Released, Some(now))
+                    if self.released.gave_back(&self.holding(now)) =>
+                {
+                    None
+                }
+                (UnseenLoss::Released, _) => Some(self.spec.settle_time()),
             })
         });
         let seen = match self.seen_holder.take() {
@@ -326,6 +333,15 @@ impl<'a> Contention<'a> {
         };
         if let Some(settle) = seen.max(unseen) {
             self.settle_for(settle);
+        }
+    }
+
+    /// The holding `entry` (a state of the key) shows the last holder had.
+    fn holding(&self, entry: &KvEntry) -> Holding {
+        Holding {
+            key: self.key.to_owned(),
+            create_index: entry.create_index,
+            lock_index: entry.lock_index,
         }
     }
 
@@ -492,11 +508,12 @@ async fn read_raw(
 /// Turns a successful contention into a lease and starts its holder task.
 fn into_lease(
     spec: &LeaseSpec,
-    session: Session,
+    mut session: Session,
     renewals: Renewals,
     acquired: Acquired,
     backend: Arc<dyn Backend>,
 ) -> Lease {
+    session.holds(acquired.create_index, acquired.lock_index);
     let lock = LeaderKey {
         key: spec.key().to_owned(),
         lock_index: acquired.lock_index,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::end::{Renewals, SessionEnd};
-use super::released::ReleasedSessions;
+use super::released::{Holding, ReleasedSessions};
 use crate::client::Client;
 use crate::keepalive::Heartbeat;
 use crate::kind::LEADER_FLAGS;
@@ -26,6 +26,8 @@ pub(crate) struct Session {
     fence: Fence,
     /// A leader key this session may hold: released before the session is destroyed.
     key: Option<String>,
+    /// The CreateIndex and LockIndex it holds that key at, once the acquire's answer said.
+    held_at: Option<(u64, u64)>,
     ended: bool,
     /// The heartbeat the session is tied to (kept registered while the session lives).
     _heartbeat: Option<Arc<Heartbeat>>,
@@ -82,6 +84,7 @@ impl Session {
                 id,
                 fence,
                 key: None,
+                held_at: None,
                 ended: false,
                 _heartbeat: heartbeat,
             },
@@ -113,11 +116,28 @@ impl Session {
         self.key = Some(key.to_owned());
     }
 
+    /// Marks the key [`Session::may_hold`] named as held, created at `create_index`, at
+    /// LockIndex `lock_index`: its give-back is then recognised by this client's contenders.
+    pub(crate) fn holds(&mut self, create_index: u64, lock_index: u64) {
+        self.held_at = Some((create_index, lock_index));
+    }
+
+    /// What this session holds, as far as it knows.
+    fn holding(&self) -> Option<Holding> {
+        let (key, (create_index, lock_index)) = (self.key.clone()?, self.held_at?);
+        Some(Holding {
+            key,
+            create_index,
+            lock_index,
+        })
+    }
+
     /// Gives everything back cleanly: releases the leader key (no lock-delay for the next
     /// holder), then destroys the session.
     pub(crate) async fn give_back(&mut self) -> Result<(), Error> {
         self.ended = true;
-        let released = Some(self.client.released());
+        let holding = self.holding();
+        let released = Some((self.client.released(), holding.as_ref()));
         give_back(self.wire(), released, &self.id, self.key.as_deref()).await
     }
 
@@ -264,6 +284,7 @@ impl Drop for Session {
         }
         // An acquire that was cancelled, or a session dropped with its runtime: give it back in
         // the background, or from a detached runtime if this one is ending.
+        let holding = self.holding();
         let (client, id, key) = (
             Arc::clone(&self.client),
             std::mem::take(&mut self.id),
@@ -274,7 +295,7 @@ impl Drop for Session {
         let heartbeat = self._heartbeat.take();
         client.keepers().clone().spawn_clean_up(
             async move {
-                let released = Some(client.released());
+                let released = Some((client.released(), holding.as_ref()));
                 if let Err(error) = give_back(client.wire(), released, &id, key.as_deref()).await {
                     tracing::warn!(session = %id, %error, "could not destroy session; it expires with its TTL or heartbeat check");
                 }
@@ -300,23 +321,24 @@ fn detached_give_back(
     }))
 }
 
-/// Releases `key` (if any) and destroys session `id`; a clean release is recorded in
-/// `released` (the client's; none on the detached runtime, where nobody contends any more).
+/// Releases `key` (if any) and destroys session `id`. The give-back, and the `holding` given
+/// back, are recorded first in `released` (the client's; none on the detached runtime, where
+/// nobody contends any more): see [`ReleasedSessions`].
 async fn give_back(
     http: &ConsulHttp,
-    released_sessions: Option<&ReleasedSessions>,
+    released: Option<(&ReleasedSessions, Option<&Holding>)>,
     id: &str,
     key: Option<&str>,
 ) -> Result<(), Error> {
+    if let Some((sessions, holding)) = released.filter(|_| key.is_some()) {
+        sessions.record(id, holding);
+    }
     // Destroying the session also releases the key if the release fails (subject to lock-delay
     // then), so do it in every case.
     let released = match key {
         Some(key) => release_key(http, key, id).await,
         None => Ok(()),
     };
-    if let Some(sessions) = released_sessions.filter(|_| key.is_some() && released.is_ok()) {
-        sessions.record(id);
-    }
     released.and(destroy(http, id).await)
 }
 

@@ -17,4 +17,4 @@ mod released;
 pub(crate) use end::{Renewals, SessionEnd};
 pub(crate) use hold::{SessionLock, judged, start_lease};
 pub(crate) use life::Session;
-pub(crate) use released::ReleasedSessions;
+pub(crate) use released::{Holding, ReleasedSessions};
