@@ -25,7 +25,10 @@
 //! first refused, dropped or unreachable request (or a 429 answer) on, the whole client sends one
 //! request at a time, each after a jittered pause that doubles from 100 ms up to 2 s; so a process
 //! sends at most 20 requests per second during an outage, however many leases it holds or waits
-//! for. The first answer of any kind (the agent is talking again) opens the gate.
+//! for. The first answer of any kind (the agent is talking again) opens the gate. A request
+//! waits at a closed gate for [`GATE_WAIT`] at most, then fails with the error that closed it
+//! (which names the agent's connection limit): queued behind every retry of a process's leases,
+//! a new acquire took 15 s and more to learn why the agent refuses it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -35,6 +38,8 @@ use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use lease_core::backoff::Backoff;
+
+use super::ApiError;
 
 /// The default number of connections one client may open to the agent.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 8;
@@ -46,6 +51,9 @@ pub(crate) const MIN_CONNECTIONS: usize = 4;
 /// bounds an outage's request rate at 1 / 50 ms = 20 per second.
 const GATE_FIRST: Duration = Duration::from_millis(100);
 const GATE_MAX: Duration = Duration::from_secs(2);
+/// The longest a request waits at a closed gate before it fails with the outage's error: a few
+/// of the longest pauses. Nothing is sent meanwhile, so the bound does not raise the rate.
+pub(crate) const GATE_WAIT: Duration = Duration::from_secs(5);
 
 /// The requests in flight that watches may never take: the heartbeat, renewals, acquisitions
 /// and releases always find one.
@@ -146,17 +154,18 @@ impl Budget {
 
     /// Waits until a request of `kind` may be sent: through the outage gate, then (a brief one)
     /// for its share of the connections. A watch's read needs no more: its watch holds a slot.
-    /// The request holds the admission until its answer has been read.
-    pub(crate) async fn admit(&self, kind: Kind) -> Admission<'_> {
-        self.gate.pass().await;
+    /// The request holds the admission until its answer has been read. Fails with the outage's
+    /// error when the gate stays closed to it for [`GATE_WAIT`].
+    pub(crate) async fn admit(&self, kind: Kind) -> Result<Admission<'_>, ApiError> {
+        self.gate.pass().await?;
         let brief = match kind {
             Kind::Brief => self.brief.acquire().await.ok(),
             Kind::Watch => None,
         };
-        Admission {
+        Ok(Admission {
             budget: self,
             brief,
-        }
+        })
     }
 
     /// Pays one slot of debt, if there is any.
@@ -171,10 +180,10 @@ impl Budget {
         self.gate.open();
     }
 
-    /// A request was refused, dropped or could not reach the agent. Returns whether this began
-    /// an outage (the caller warns once per outage).
-    pub(crate) fn refused(&self) -> bool {
-        self.gate.close()
+    /// A request was refused, dropped or could not reach the agent (`error`). Returns whether
+    /// this began an outage (the caller warns once per outage).
+    pub(crate) fn refused(&self, error: &ApiError) -> bool {
+        self.gate.close(error)
     }
 }
 
@@ -194,6 +203,8 @@ struct GateState {
     /// When the next request may pass a closed gate.
     next: Instant,
     closed: bool,
+    /// The latest refusal: what a request that waits too long at the closed gate fails with.
+    cause: Option<ApiError>,
 }
 
 impl Default for Gate {
@@ -205,6 +216,7 @@ impl Default for Gate {
                 backoff: Backoff::new(GATE_FIRST, GATE_MAX),
                 next: Instant::now(),
                 closed: false,
+                cause: None,
             }),
             opened: Notify::new(),
         }
@@ -212,29 +224,45 @@ impl Default for Gate {
 }
 
 impl Gate {
-    async fn pass(&self) {
+    /// Waits for this request's turn: at once while the gate is open; at a closed gate, one
+    /// request per pause, in arrival order, for at most [`GATE_WAIT`].
+    async fn pass(&self) -> Result<(), ApiError> {
         if !self.closed.load(Ordering::Acquire) {
-            return;
+            return Ok(());
         }
-        let _turn = self.turnstile.lock().await;
-        loop {
-            let opened = self.opened.notified();
-            let next = {
-                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                if !state.closed {
-                    return;
+        let give_up = Instant::now() + GATE_WAIT;
+        let turn = async {
+            let _turn = self.turnstile.lock().await;
+            loop {
+                let opened = self.opened.notified();
+                let next = {
+                    let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    if !state.closed {
+                        return;
+                    }
+                    let now = Instant::now();
+                    if state.next <= now {
+                        state.next = now + state.backoff.next_pause();
+                        return;
+                    }
+                    state.next
+                };
+                tokio::select! {
+                    biased;
+                    () = tokio::time::sleep_until(next) => {}
+                    () = opened => {}
                 }
-                let now = Instant::now();
-                if state.next <= now {
-                    state.next = now + state.backoff.next_pause();
-                    return;
+            }
+        };
+        match tokio::time::timeout_at(give_up, turn).await {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                match &state.cause {
+                    Some(cause) if state.closed => Err(cause.clone()),
+                    // Opened just now: go ahead.
+                    _ => Ok(()),
                 }
-                state.next
-            };
-            tokio::select! {
-                biased;
-                () = tokio::time::sleep_until(next) => {}
-                () = opened => {}
             }
         }
     }
@@ -254,8 +282,9 @@ impl Gate {
         self.opened.notify_waiters();
     }
 
-    fn close(&self) -> bool {
+    fn close(&self, cause: &ApiError) -> bool {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.cause = Some(cause.clone());
         let began = !state.closed;
         if began {
             state.closed = true;
@@ -273,11 +302,32 @@ mod tests {
 
     use super::*;
 
+    fn refusal() -> ApiError {
+        ApiError::pool(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )))
+    }
+
+    /// Admits a request at an open gate.
+    async fn admitted_now(budget: &Budget) -> Admission<'_> {
+        budget.admit(Kind::Brief).await.expect("an open gate")
+    }
+
+    /// Admits a request, waiting again whenever the closed gate sends it away (as its caller's
+    /// retries do).
+    async fn admitted(budget: &Budget) -> Admission<'_> {
+        loop {
+            if let Ok(admission) = budget.admit(Kind::Brief).await {
+                return admission;
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_closed_gate_admits_at_most_twenty_requests_a_second() {
         let budget = Arc::new(Budget::new(8, false));
-        assert!(budget.refused());
-        assert!(!budget.refused(), "one outage, one warning");
+        assert!(budget.refused(&refusal()));
+        assert!(!budget.refused(&refusal()), "one outage, one warning");
         let passed = Arc::new(AtomicUsize::new(0));
         let outage = Arc::new(AtomicBool::new(true));
         let started = Instant::now();
@@ -286,10 +336,10 @@ mod tests {
                 let (budget, passed) = (Arc::clone(&budget), Arc::clone(&passed));
                 let outage = Arc::clone(&outage);
                 tokio::spawn(async move {
-                    let _permit = budget.admit(Kind::Brief).await;
+                    let _permit = admitted(&budget).await;
                     passed.fetch_add(1, Ordering::Relaxed);
                     if outage.load(Ordering::Relaxed) {
-                        budget.refused();
+                        budget.refused(&refusal());
                     } else {
                         budget.answered();
                     }
@@ -313,6 +363,37 @@ mod tests {
         );
     }
 
+    /// A request that waits at the closed gate longer than `GATE_WAIT` fails with the error
+    /// that closed it, having sent nothing; once the gate opens, it passes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_at_a_closed_gate_no_longer_than_gate_wait() {
+        let budget = Arc::new(Budget::new(8, false));
+        budget.refused(&refusal());
+        // Ten requests queued ahead, each passing after a pause of up to 2 s, each refused.
+        let ahead: Vec<_> = (0..10)
+            .map(|_| {
+                let budget = Arc::clone(&budget);
+                tokio::spawn(async move {
+                    if budget.admit(Kind::Brief).await.is_ok() {
+                        budget.refused(&refusal());
+                    }
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        let error = budget.admit(Kind::Brief).await.map(drop).unwrap_err();
+        assert_eq!(started.elapsed(), GATE_WAIT);
+        assert!(matches!(error, ApiError::Transport(_)), "{error:?}");
+        budget.answered();
+        let opened = Instant::now();
+        drop(admitted(&budget).await);
+        assert_eq!(opened.elapsed(), Duration::ZERO);
+        for task in ahead {
+            task.await.unwrap();
+        }
+    }
+
     /// A pool that counts its connections gets all of them for requests; one that cannot keeps
     /// one for its connect race.
     #[tokio::test]
@@ -321,13 +402,13 @@ mod tests {
             let budget = Budget::new(5, counted);
             let mut held = Vec::new();
             for _ in 0..admitted {
-                held.push(budget.admit(Kind::Brief).await);
+                held.push(admitted_now(&budget).await);
             }
             let one_more =
                 tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Brief)).await;
             assert!(one_more.is_err(), "request {} was admitted", admitted + 1);
             drop(held);
-            let _next = budget.admit(Kind::Brief).await;
+            let _next = admitted_now(&budget).await;
         }
         assert_eq!(
             Budget::new(1, false).max_watches(),
@@ -343,7 +424,7 @@ mod tests {
         let budget = Budget::new(8, true);
         let mut brief = Vec::new();
         for _ in 0..8 {
-            brief.push(budget.admit(Kind::Brief).await);
+            brief.push(admitted_now(&budget).await);
         }
         // Eight brief requests in flight, thousands more queued: a watch still starts.
         let mut slots = Vec::new();
@@ -354,7 +435,7 @@ mod tests {
         let one_more = tokio::time::timeout(Duration::from_millis(20), budget.watch_slot()).await;
         assert!(one_more.is_err(), "a watch beyond max_watches started");
         // Its reads are admitted by the slot.
-        let _read = budget.admit(Kind::Watch).await;
+        let _read = budget.admit(Kind::Watch).await.expect("an open gate");
         // The debt is paid by the brief requests that end: two stay admitted, no third.
         brief.truncate(KEPT_FOR_BRIEF);
         let third = tokio::time::timeout(Duration::from_millis(20), budget.admit(Kind::Brief));
@@ -365,7 +446,7 @@ mod tests {
         // Watches that end give their share back.
         slots.clear();
         for _ in 0..6 {
-            brief.push(budget.admit(Kind::Brief).await);
+            brief.push(admitted_now(&budget).await);
         }
         assert_eq!(brief.len(), 8);
     }

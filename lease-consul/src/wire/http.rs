@@ -237,7 +237,7 @@ impl ConsulHttp {
         timeout: Duration,
         kind: Kind,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), ApiError> {
-        let _admission = self.budget.admit(kind).await;
+        let _admission = self.budget.admit(kind).await?;
         self.requests.fetch_add(1, Ordering::Relaxed);
         let write = method != Method::GET;
         if write {
@@ -270,7 +270,7 @@ impl ConsulHttp {
             }
             Err(_) => None,
         };
-        if let Some(error) = refused.filter(|_| self.budget.refused()) {
+        if let Some(error) = refused.filter(|error| self.budget.refused(error)) {
             tracing::warn!(
                 agent = %self.address(),
                 %error,

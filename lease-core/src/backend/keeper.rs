@@ -31,9 +31,10 @@ pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
 pub const ACQUIRE_SLACK: Duration = Duration::from_millis(500);
 
 /// How long the one attempt of a [`Wait::Never`](crate::Wait::Never) acquire may take before
-/// [`instrument_acquire`] ends it: longer than a backend's own retries of one attempt against
-/// a server that refuses (a Consul agent at its connection limit), so that its own error comes first.
-pub const ATTEMPT_BOUND: Duration = Duration::from_secs(30);
+/// [`instrument_acquire`] ends it: longer than a backend's own errors take to come (lease-consul
+/// fails a request that waits 5 s at its outage gate with the refusal, which names the agent's
+/// connection limit), so that those come first.
+pub const ATTEMPT_BOUND: Duration = Duration::from_secs(15);
 
 /// What a backend does while it holds one lease: the part of the backend contract that
 /// [`Keepers::start`] drives.
