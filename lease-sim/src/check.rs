@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::history::{History, Kind, Line, Span};
 use lease_core::Sequencer;
 
-use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
+use crate::schedule::{CRON, LEADER, QUIET, SEMAPHORE, SEMAPHORE_LIMIT};
 
 /// How soon a holder that could not hear of its loss must stop once it can: the longest pause of
 /// a client's outage gate (Consul's, 2 s: its first request after a heal may wait that long) and
@@ -120,13 +120,18 @@ fn key_of(line: &Line) -> &str {
     line.detail.split(' ').next().unwrap_or("")
 }
 
-/// Every key of the workload and its limit.
-pub fn keys() -> [(&'static str, usize); 3] {
+/// Every key of the workload and its limit (the quiet keys whether a schedule has them or not:
+/// one it does not has no lines for them).
+pub fn keys() -> Vec<(&'static str, usize)> {
+    let quiet = QUIET.iter().map(|key| (*key, 1));
     [
         (LEADER, 1),
         (CRON, 1),
         (SEMAPHORE, SEMAPHORE_LIMIT as usize),
     ]
+    .into_iter()
+    .chain(quiet)
+    .collect()
 }
 
 /// The safety violations of `history`.

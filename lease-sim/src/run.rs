@@ -161,6 +161,7 @@ async fn simulate(schedule: Schedule, model: &dyn Fn(&Schedule) -> Rc<dyn Server
         settings: Settings {
             ttl: schedule.ttl,
             lock_delay: schedule.lock_delay,
+            quiet: schedule.quiet,
         },
         schedule,
         net,

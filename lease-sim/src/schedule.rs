@@ -16,6 +16,15 @@ pub const SEMAPHORE: &str = "jobs/sem";
 /// Its limit.
 pub const SEMAPHORE_LIMIT: u32 = 2;
 
+/// Leader keys that stay quiet (no churn writes them), each process campaigning for the first
+/// [`Schedule::quiet`] of them: a client with many quiet blocking reads, one per key while its
+/// budget has room, whose groups then widen into `quiet/` while their reads wait on Consul for up
+/// to 30 s (what the Consul watch groups' blind spot needed, which the churning keys alone never
+/// showed: their reads end within milliseconds).
+pub const QUIET: [&str; 8] = [
+    "quiet/a", "quiet/b", "quiet/c", "quiet/d", "quiet/e", "quiet/f", "quiet/g", "quiet/h",
+];
+
 /// When faults may start, after the processes start.
 const FAULTS_FROM: Duration = Duration::from_secs(3);
 /// The last moment a fault may start.
@@ -40,6 +49,10 @@ pub struct Schedule {
     /// slots than a process has interests make its watch groups share, widen and reshape as
     /// leases come and go.
     pub client_connections: Option<usize>,
+    /// How many of the [`QUIET`] keys every process campaigns for (0 in most schedules; 3 to 8
+    /// in half of those with a connection budget), their new holders' keys deleted by armed
+    /// actions and an operator.
+    pub quiet: usize,
     /// The faults, by start.
     pub faults: Vec<Planned>,
 }
@@ -270,6 +283,16 @@ impl Schedule {
         // watches that share connections with requests) in the rest.
         let client_connections =
             (budget.below(4) == 0).then(|| *budget.pick(&[4, 4, 4, 5, 6, 7]).unwrap_or(&4));
+        // The quiet keys, and their faults, from a stream of their own too.
+        let mut quiet_draws = Rng::new(seed).fork("quiet-campaigns");
+        let quiet = match client_connections {
+            Some(_) if quiet_draws.below(2) == 0 => quiet_draws.between(3, QUIET.len() as u64),
+            _ => 0,
+        } as usize;
+        if quiet > 0 {
+            faults.extend(draw_quiet_faults(&mut quiet_draws, &QUIET[..quiet]));
+            faults.sort_by_key(|p| p.at);
+        }
         Schedule {
             seed,
             processes,
@@ -277,6 +300,7 @@ impl Schedule {
             lock_delay,
             server_knob,
             client_connections,
+            quiet,
             faults,
         }
     }
@@ -337,6 +361,36 @@ fn draw_fault(rng: &mut Rng, processes: usize, ttl: Duration) -> Fault {
     }
 }
 
+/// For the quiet `keys`: one or two armed deletions of a new holder's key, most of them armed
+/// for the first grants (while every client's groups form and widen), and an operator's
+/// deletion.
+fn draw_quiet_faults(rng: &mut Rng, keys: &[&'static str]) -> Vec<Planned> {
+    let mut faults: Vec<Planned> = (0..rng.between(1, 2))
+        .map(|_| Planned {
+            // Most armed before the first grants (a few milliseconds in), the rest any time.
+            at: if rng.below(4) == 0 {
+                rng.duration(Duration::ZERO, FAULTS_UNTIL)
+            } else {
+                rng.duration(Duration::ZERO, Duration::from_millis(2))
+            },
+            fault: Fault::Armed {
+                trap: Trap::DeleteNewHolder {
+                    key: *rng.pick(keys).unwrap_or(&QUIET[0]),
+                    after: rng.duration(Duration::ZERO, Duration::from_millis(300)),
+                },
+                slow: rng.duration(SLOW.0, SLOW.1),
+            },
+        })
+        .collect();
+    faults.push(Planned {
+        at: rng.duration(FAULTS_FROM, FAULTS_UNTIL),
+        fault: Fault::DeleteKey {
+            key: *rng.pick(keys).unwrap_or(&QUIET[0]),
+        },
+    });
+    faults
+}
+
 fn draw_trap(rng: &mut Rng) -> Trap {
     let key = *rng.pick(&[LEADER, CRON, SEMAPHORE]).unwrap_or(&LEADER);
     match rng.below(3) {
@@ -373,6 +427,9 @@ impl fmt::Display for Schedule {
         )?;
         if let Some(budget) = self.client_connections {
             write!(f, ", {budget} connections per client")?;
+        }
+        if self.quiet > 0 {
+            write!(f, ", {} quiet keys", self.quiet)?;
         }
         for planned in &self.faults {
             write!(f, "\n  at {:?}: {:?}", planned.at, planned.fault)?;

@@ -13,10 +13,12 @@ use std::time::Duration;
 use crate::history::Kind;
 use lease_core::backoff::random_below;
 use lease_core::leader::{Campaign, CampaignHandle};
-use lease_core::{Backend, CancellationToken, Lease, LeaseSpec, LeaseWatcher, Wait};
+use lease_core::{
+    Backend, BoxError, BoxFuture, CancellationToken, Lease, LeaseSpec, LeaseWatcher, Wait,
+};
 use tokio::time::Instant;
 
-use crate::schedule::{CRON, LEADER, SEMAPHORE, SEMAPHORE_LIMIT};
+use crate::schedule::{CRON, LEADER, QUIET, SEMAPHORE, SEMAPHORE_LIMIT};
 use crate::trace::Trace;
 use crate::world::Process;
 
@@ -124,6 +126,8 @@ pub struct Settings {
     pub ttl: Duration,
     /// Every lease's lock-delay.
     pub lock_delay: Duration,
+    /// How many of the [`QUIET`] keys every process campaigns for.
+    pub quiet: usize,
 }
 
 impl Settings {
@@ -180,28 +184,14 @@ pub fn start(
         settings.spec(LeaseSpec::leader(LEADER)),
     )?;
     let handle = campaign.handle();
-    let worker = {
-        let shared = shared.clone();
-        move |lease: LeaseWatcher| {
-            let Shared {
-                trace,
-                registry,
-                pace,
-            } = shared.clone();
-            async move {
-                trace.log(pid, Kind::Acquired, &lease.sequencer().to_string(), LEADER);
-                registry.add(pid, lease.clone());
-                let _registered = Registered(registry, lease.clone());
-                loop {
-                    if lease.is_held() {
-                        trace.log(pid, Kind::Write, &lease.sequencer().to_string(), LEADER);
-                    }
-                    pace.next_write(WRITE_EVERY).await;
-                }
-            }
-        }
-    };
-    let campaigning = campaign.run_until(stop.clone(), worker);
+    let campaigning = campaign.run_until(stop.clone(), leader_worker(pid, LEADER, shared));
+    let mut quiet = Vec::new();
+    for key in &QUIET[..settings.quiet] {
+        let spec = settings.spec(LeaseSpec::leader(*key));
+        let campaign = Campaign::try_new(Arc::clone(&backend), spec)?;
+        let worker = leader_worker(pid, key, shared);
+        quiet.push(process.spawn(campaign.run_until(stop.clone(), worker)));
+    }
     let cron = churn(
         pid,
         Arc::clone(&backend),
@@ -220,6 +210,9 @@ pub fn start(
     let done = process.spawn(async move {
         let (campaigned, (), ()) = tokio::join!(campaigning, cron, jobs);
         drop(campaigned);
+        for campaign in quiet {
+            drop(campaign.await);
+        }
         shut_down.shutdown().await;
     });
     Ok(Running {
@@ -229,6 +222,33 @@ pub fn start(
         stop,
         done,
     })
+}
+
+/// The worker of a campaign for leader key `key`: it writes while it leads.
+fn leader_worker(
+    pid: u32,
+    key: &'static str,
+    shared: &Shared,
+) -> impl FnMut(LeaseWatcher) -> BoxFuture<'static, Result<(), BoxError>> + Send + use<> {
+    let shared = shared.clone();
+    move |lease: LeaseWatcher| {
+        let Shared {
+            trace,
+            registry,
+            pace,
+        } = shared.clone();
+        Box::pin(async move {
+            trace.log(pid, Kind::Acquired, &lease.sequencer().to_string(), key);
+            registry.add(pid, lease.clone());
+            let _registered = Registered(registry, lease.clone());
+            loop {
+                if lease.is_held() {
+                    trace.log(pid, Kind::Write, &lease.sequencer().to_string(), key);
+                }
+                pace.next_write(WRITE_EVERY).await;
+            }
+        })
+    }
 }
 
 /// A duration in `low..=high` milliseconds, from the process's seeded draws.
