@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use super::client::EtcdClient;
 use super::pool::{self, LeaseEnd};
 use super::slot::{Slot, holder_of};
+use super::watch::WatchStream;
 use super::wire::proto::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::wire::{ApiError, Wire};
 use lease_core::backend::{Fence, Hold, RELEASE_BOUND};
@@ -452,29 +453,50 @@ async fn announce_release(http: &Wire, key: &str, created: i64) {
 }
 
 /// Completes when the own `key` (created at `created`) is deleted or replaced after revision
-/// `from`. A watch that breaks is opened again from the last revision seen; one that cannot be
-/// (its revision compacted) is replaced by one read of the key.
+/// `from`.
 ///
-/// It begins with that read too: etcd delivers a watch created at a past revision only from its
-/// next sync, up to 100 ms later, as long as a waiter settles; a deletion between the judgment
-/// and the watch (the grant on its way) is heard from the read at once (lease-sim's seed 13766
-/// of etcd).
+/// It watches the key from now, then reads it: etcd sends a watch of the current revision each
+/// change as it commits, but one created at a past revision only from its next sync, up to
+/// 100 ms later, as long as a waiter settles (lease-sim's seeds 13766 and 983 of etcd: a
+/// deletion between the judgment and the watch, and one just after a read that preceded a watch
+/// from its revision). The read, sent once the watch exists, tells what happened before it.
+/// Without that read (it failed), the key is watched from the last revision seen instead. A
+/// watch that breaks is opened again from the last revision it delivered; one that cannot be
+/// (its revision compacted) is replaced by this again.
 async fn watch_own_key(http: &EtcdClient, key: &str, created: i64, from: i64) -> LostReason {
     let mut seen = from;
     let mut backoff = backoff();
     loop {
-        match http.wire().range(&RangeRequest::key(key)).await {
+        let now = match http.watch(&RangeRequest::key(key), 0).await {
+            Ok(stream) => Some(stream),
+            Err(error) => {
+                tracing::debug!(%error, key, "could not watch the own key; reading it");
+                None
+            }
+        };
+        let read = match http.wire().range(&RangeRequest::key(key)).await {
             Ok(read) => match read.kvs.first() {
                 Some(kv) if kv.create_revision == created => {
                     seen = seen.max(read.revision());
+                    true
                 }
                 Some(kv) => return taken(kv.create_revision, kv.lease),
                 None => return LostReason::KeyDeleted,
             },
-            // The watch from `seen` tells, later.
-            Err(error) => tracing::debug!(%error, key, "could not read the own key; watching it"),
-        }
-        match watch_from(http, key, created, &mut seen).await {
+            Err(error) => {
+                tracing::debug!(%error, key, "could not read the own key; watching it");
+                false
+            }
+        };
+        let lost = match now {
+            Some(stream) if read => watch_events(stream, key, created, &mut seen).await,
+            // What came before the watch, a watch from the last revision seen tells.
+            _ => match http.watch(&RangeRequest::key(key), seen + 1).await {
+                Ok(stream) => watch_events(stream, key, created, &mut seen).await,
+                Err(_) => None,
+            },
+        };
+        match lost {
             Some(reason) => return reason,
             // The watch broke; whatever happened meanwhile, the read tells.
             None => backoff.wait().await,
@@ -482,14 +504,13 @@ async fn watch_own_key(http: &EtcdClient, key: &str, created: i64, from: i64) ->
     }
 }
 
-/// Watches `key` after revision `seen`, advancing it; `None` when the watch broke.
-async fn watch_from(
-    http: &EtcdClient,
+/// Follows `stream`, a watch of `key`, advancing `seen`; `None` when it broke.
+async fn watch_events(
+    mut stream: WatchStream,
     key: &str,
     created: i64,
     seen: &mut i64,
 ) -> Option<LostReason> {
-    let mut stream = http.watch(&RangeRequest::key(key), *seen + 1).await.ok()?;
     loop {
         let batch = match stream.next().await {
             Ok(batch) => batch,

@@ -300,6 +300,11 @@ impl Watches {
             return;
         };
         watcher.answered |= message.created || message.canceled;
+        if message.created && watcher.create.start_revision == 0 {
+            // A watch from now has seen everything up to its creation: opened again after a
+            // break, it goes on from there.
+            watcher.create.start_revision = message.revision() + 1;
+        }
         if let Some(last) = message.events.last() {
             let revision = last.kv.as_ref().map_or(0, |kv| kv.mod_revision);
             watcher.create.start_revision = watcher.create.start_revision.max(revision + 1);

@@ -375,7 +375,7 @@ fn draw_quiet_faults(rng: &mut Rng, keys: &[&'static str]) -> Vec<Planned> {
             },
             fault: Fault::Armed {
                 trap: Trap::DeleteNewHolder {
-                    key: *rng.pick(keys).unwrap_or(&QUIET[0]),
+                    key: rng.pick(keys).unwrap_or(&QUIET[0]),
                     after: rng.duration(Duration::ZERO, Duration::from_millis(300)),
                 },
                 slow: rng.duration(SLOW.0, SLOW.1),
@@ -385,7 +385,7 @@ fn draw_quiet_faults(rng: &mut Rng, keys: &[&'static str]) -> Vec<Planned> {
     faults.push(Planned {
         at: rng.duration(FAULTS_FROM, FAULTS_UNTIL),
         fault: Fault::DeleteKey {
-            key: *rng.pick(keys).unwrap_or(&QUIET[0]),
+            key: rng.pick(keys).unwrap_or(&QUIET[0]),
         },
     });
     faults
