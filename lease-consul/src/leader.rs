@@ -125,8 +125,11 @@ async fn contend(
     deadline: Option<Instant>,
 ) -> Result<Contended, Error> {
     let mut contention = Contention::new(client, session, spec, started, deadline);
+    let mut watched = client
+        .watches()
+        .watch(Interest::Key(spec.key().to_owned()), false, None);
     loop {
-        let entry = contention.next_state().await?;
+        let entry = contention.next_state(&mut watched).await?;
         if contention.held_by_another(entry.as_ref()).await? {
             continue;
         }
@@ -135,7 +138,7 @@ async fn contend(
             // Wait for the next state or the settle's end, whichever comes first.
             continue;
         }
-        match contention.try_lock().await? {
+        match contention.try_lock_watching(&mut watched).await? {
             Attempt::Acquired(acquired) => return Ok(Contended::Acquired(acquired)),
             Attempt::Again => continue,
             Attempt::Refused => {}
@@ -166,7 +169,6 @@ struct Contention<'a> {
     key: &'a str,
     started: Instant,
     deadline: Option<Instant>,
-    watched: Watched,
     /// Where a semaphore on this name would be, and what the acquire asserts of it (see `kind`).
     semaphore_lock: String,
     semaphore: OtherKind,
@@ -202,9 +204,6 @@ impl<'a> Contention<'a> {
             key,
             started,
             deadline,
-            watched: client
-                .watches()
-                .watch(Interest::Key(key.to_owned()), false, None),
             semaphore_lock: lock_key(key),
             semaphore: OtherKind::Absent,
             index: None,
@@ -230,7 +229,7 @@ impl<'a> Contention<'a> {
 
     /// The next state of the key to judge: one already read, a fresh read, the watch's next
     /// change, or (when a settle ends with nothing new) the last state again.
-    async fn next_state(&mut self) -> Result<Option<KvEntry>, Error> {
+    async fn next_state(&mut self, watched: &mut Watched) -> Result<Option<KvEntry>, Error> {
         let entry = match (self.read.take(), self.index) {
             (Some(entry), _) => entry,
             (None, None) => {
@@ -239,7 +238,6 @@ impl<'a> Contention<'a> {
                 entry
             }
             (None, Some(read_at)) => {
-                let watched = &mut self.watched;
                 let changed = async {
                     loop {
                         if let Ok(listing) = watched.next(read_at + 1).await {
@@ -280,8 +278,20 @@ impl<'a> Contention<'a> {
                 expected: LEADER_FLAGS,
             });
         }
-        let Some(holder) = entry.holder().filter(|h| *h != self.session) else {
+        if !self.note_holder(entry).await {
             return Ok(false);
+        }
+        if self.past_deadline(Instant::now()) {
+            return Err(self.busy());
+        }
+        Ok(true)
+    }
+
+    /// Whether another session holds `entry`: remembered as the holder last seen (with its
+    /// lock-delay, read once).
+    async fn note_holder(&mut self, entry: &KvEntry) -> bool {
+        let Some(holder) = entry.holder().filter(|h| *h != self.session) else {
+            return false;
         };
         if self
             .seen_holder
@@ -293,10 +303,7 @@ impl<'a> Contention<'a> {
             let lock_delay = self.http.session_lock_delay(holder).await.ok().flatten();
             self.seen_holder = Some((holder.to_owned(), lock_delay));
         }
-        if self.past_deadline(Instant::now()) {
-            return Err(self.busy());
-        }
-        Ok(true)
+        true
     }
 
     /// After the holder last seen let go, or one this contender did not see: settle if it may
@@ -364,6 +371,81 @@ impl<'a> Contention<'a> {
             "the last holder lost the key without a release; settling"
         );
         Ok(true)
+    }
+
+    /// [`try_lock`](Self::try_lock), following the watch while it is on its way: an acquire
+    /// that waits its turn for a connection (a client's budget shared by many leases) may find
+    /// the key free only because a holder came and went meanwhile, one the watch showed. Those
+    /// states are judged as any other once the key is ours, and the work starts only when the
+    /// settle they call for ends (lease-sim's Consul seeds 271, 1684, 1805, 2427, 2477: a
+    /// contender took the key 4 ms after an operator deleted it under a holder that had it for
+    /// 1 ms, the listing that showed it held having come while the acquire waited).
+    async fn try_lock_watching(&mut self, watched: &mut Watched) -> Result<Attempt, Error> {
+        let after = self.index.map_or(0, |index| index + 1);
+        let mut meanwhile = Vec::new();
+        let attempt = {
+            let lock = self.try_lock();
+            tokio::pin!(lock);
+            loop {
+                tokio::select! {
+                    biased;
+                    attempt = &mut lock => break attempt?,
+                    Ok(listing) = watched.next(after) => meanwhile.push(listing),
+                }
+            }
+        };
+        if let Attempt::Acquired(acquired) = &attempt {
+            self.judge_meanwhile(&meanwhile, acquired).await;
+            if let Some(until) = self.settle_until.filter(|until| *until > Instant::now()) {
+                tracing::debug!(
+                    ?until,
+                    "a holder came and went while the acquire was on its way; settling before the work starts"
+                );
+                tokio::time::sleep_until(until).await;
+            }
+        }
+        Ok(attempt)
+    }
+
+    /// Judges the states the watch showed while the acquire was on its way (those before it),
+    /// then the key as it was just before the acquisition: released at the LockIndex before
+    /// ours, or gone (our acquire created it again), which tells of a holder seen losing it, or
+    /// of one never seen (see [`unseen_holding`]).
+    async fn judge_meanwhile(&mut self, meanwhile: &[Arc<Listing>], acquired: &Acquired) {
+        for listing in meanwhile
+            .iter()
+            .take_while(|listing| listing.index < acquired.modify_index)
+        {
+            let entry = listing.get(self.key).cloned();
+            self.previous = self.last.replace(entry.clone());
+            if let Some(held) = &entry {
+                if self.note_holder(held).await {
+                    continue;
+                }
+            }
+            self.settle_after_last_holder(entry.as_ref()).await;
+        }
+        let unlocked = |last: KvEntry| KvEntry {
+            session: None,
+            lock_index: acquired.lock_index.saturating_sub(1),
+            ..last
+        };
+        let before = match self.last.clone().flatten() {
+            Some(last) if last.create_index == acquired.create_index => Some(unlocked(last)),
+            Some(_) => None,
+            None if acquired.lock_index > 1 => Some(unlocked(KvEntry {
+                key: self.key.to_owned(),
+                flags: LEADER_FLAGS,
+                value: None,
+                session: None,
+                lock_index: 0,
+                modify_index: 0,
+                create_index: acquired.create_index,
+            })),
+            None => None,
+        };
+        self.previous = self.last.replace(before.clone());
+        self.settle_after_last_holder(before.as_ref()).await;
     }
 
     /// `?acquire=` as a transaction: its answer carries the LockIndex, so no read follows (none

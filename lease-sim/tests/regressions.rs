@@ -189,3 +189,13 @@ fn etcd_an_acquire_that_does_not_wait_ends_within_one_attempt() {
 fn etcd_a_hold_watches_its_key_from_now_then_reads_it() {
     passes("etcd", 983);
 }
+
+/// A campaign's acquire waited for a connection of its budget (four, beside seven quiet keys)
+/// while a holder took the key and an operator deleted it 1 ms later; it found the key free and
+/// took it 4 ms after the deletion without settling, although its watch had shown the key held
+/// meanwhile. A contender now follows its watch while its acquire is on its way and settles
+/// for what it showed before the work starts (seeds 1684, 1805, 2427 and 2477 were the same).
+#[test]
+fn consul_a_holder_shown_while_the_acquire_waited_is_settled_for() {
+    passes("consul", 271);
+}
