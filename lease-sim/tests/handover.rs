@@ -40,30 +40,28 @@ fn hand_over(seed: u64) -> Duration {
             .ttl(Duration::from_secs(15))
             .lock_delay(Duration::from_secs(15))
             .wait(Wait::UpTo(Duration::from_secs(60)));
-        let (released_tx, released_rx) = tokio::sync::oneshot::channel();
-        let released_rx = Arc::new(tokio::sync::Mutex::new(Some(released_rx)));
-        let released_tx = Arc::new(std::sync::Mutex::new(Some(released_tx)));
+        // The first task to take the key leads; the other follows, told when the release was.
+        let led = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (released_tx, released_rx) = tokio::sync::watch::channel(None::<Instant>);
         let tenure = Duration::from_micros(rng.below(8_000));
         let contend = |backend: Arc<dyn Backend>, spec: LeaseSpec| {
-            let (released_tx, released_rx) = (Arc::clone(&released_tx), Arc::clone(&released_rx));
+            let (led, released_tx) = (Arc::clone(&led), released_tx.clone());
+            let mut released_rx = released_rx.clone();
             process.spawn(async move {
                 let lease: Lease = backend.acquire(&spec).await.expect("acquired");
-                let leader = released_tx.lock().expect("not poisoned").take();
-                match leader {
-                    Some(released) => {
-                        tokio::time::sleep(tenure).await;
-                        lease.release().await.expect("released");
-                        let _ = released.send(Instant::now());
-                        None
-                    }
-                    None => {
-                        let took = Instant::now();
-                        let release = released_rx.lock().await.take().expect("one follower");
-                        let released_at = release.await.expect("the leader released");
-                        lease.release().await.expect("released");
-                        Some(took.saturating_duration_since(released_at))
-                    }
+                if !led.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(tenure).await;
+                    lease.release().await.expect("released");
+                    released_tx.send_replace(Some(Instant::now()));
+                    return None;
                 }
+                let took = Instant::now();
+                let released_at = *released_rx
+                    .wait_for(Option::is_some)
+                    .await
+                    .expect("the leader released");
+                lease.release().await.expect("released");
+                released_at.map(|at| took.saturating_duration_since(at))
             })
         };
         let first = contend(Arc::clone(&backend), spec.clone());

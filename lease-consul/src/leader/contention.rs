@@ -192,8 +192,13 @@ impl<'a> Contention<'a> {
                 }
             }
         };
-        self.previous = self.last.replace(entry.clone());
+        self.judging(entry.clone());
         Ok(entry)
+    }
+
+    /// `entry` is the state judged next: the last one judged becomes the one before it.
+    fn judging(&mut self, entry: Option<KvEntry>) {
+        self.previous = self.last.replace(entry);
     }
 
     /// Whether another session holds the key (then wait for the next state); refuses a key of
@@ -348,7 +353,7 @@ impl<'a> Contention<'a> {
             .take_while(|listing| listing.index < acquired.modify_index)
         {
             let entry = listing.get(self.key).cloned();
-            self.previous = self.last.replace(entry.clone());
+            self.judging(entry.clone());
             if let Some(held) = &entry {
                 if self.note_holder(held).await {
                     continue;
@@ -356,26 +361,26 @@ impl<'a> Contention<'a> {
             }
             self.settle_after_last_holder(entry.as_ref()).await;
         }
-        let unlocked = |last: KvEntry| KvEntry {
-            session: None,
-            lock_index: acquired.lock_index.saturating_sub(1),
-            ..last
-        };
+        let lock_index = acquired.lock_index.saturating_sub(1);
         let before = match self.last.clone().flatten() {
-            Some(last) if last.create_index == acquired.create_index => Some(unlocked(last)),
+            Some(last) if last.create_index == acquired.create_index => Some(KvEntry {
+                session: None,
+                lock_index,
+                ..last
+            }),
             Some(_) => None,
-            None if acquired.lock_index > 1 => Some(unlocked(KvEntry {
+            None if lock_index > 0 => Some(KvEntry {
                 key: self.key.to_owned(),
                 flags: LEADER_FLAGS,
                 value: None,
                 session: None,
-                lock_index: 0,
+                lock_index,
                 modify_index: 0,
                 create_index: acquired.create_index,
-            })),
+            }),
             None => None,
         };
-        self.previous = self.last.replace(before.clone());
+        self.judging(before.clone());
         self.settle_after_last_holder(before.as_ref()).await;
     }
 

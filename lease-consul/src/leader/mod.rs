@@ -13,11 +13,11 @@
 //! invalidated session from an operator's `?release=`), and when the session's renew loop gives
 //! up (invalidated, or self-fenced).
 
+mod contention;
+
 use std::sync::Arc;
 
 use tokio::time::Instant;
-
-mod contention;
 
 use super::client::Client;
 use super::kind::LEADER_FLAGS;
